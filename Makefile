@@ -1,0 +1,107 @@
+# kvwire build. `make` builds the libraries, tools and tests; `make check`
+# runs unit tests (ASan+UBSan, host) and integration tests (real rxe, in the
+# test bed); `make demo` runs the main job; `make bench` the benchmarks.
+
+PREFIX    ?= /usr/local
+BUILD     ?= build
+CC        ?= cc
+SONAME_MAJOR := 0
+VERSION   := 0.1.0
+
+WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+             -Wno-missing-field-initializers
+CPPFLAGS  += -D_GNU_SOURCE -Iinclude -Isrc
+CFLAGS    ?= -O2 -g
+CFLAGS    += -std=c11 $(WARN) -fPIC -fvisibility=hidden -pthread
+LDLIBS    := -libverbs -lrdmacm -lzmq -ldl -pthread
+SAN       := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+
+LIB_SRCS  := $(sort $(wildcard src/*/*.c))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+SAN_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/san/%.o)
+
+TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))
+INTEG     := $(patsubst tests/integration/%.c,$(BUILD)/integration/%,$(wildcard tests/integration/*_test.c))
+TEST_SUPPORT_SRCS := $(wildcard tests/support/*.c)
+
+STATIC    := $(BUILD)/libkvwire.a
+SHARED    := $(BUILD)/libkvwire.so.$(VERSION)
+PC        := $(BUILD)/kvwire.pc
+
+.PHONY: all deps check unit integration demo bench install clean format
+all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/san/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O1 $(SAN) -MMD -MP -c $< -o $@
+
+$(STATIC): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJS) src/kvwire.map
+	$(CC) -shared -Wl,-soname,libkvwire.so.$(SONAME_MAJOR) -Wl,--version-script=src/kvwire.map \
+	    -Wl,--no-undefined -o $@ $(LIB_OBJS) $(LDLIBS)
+	ln -sf libkvwire.so.$(VERSION) $(BUILD)/libkvwire.so.$(SONAME_MAJOR)
+	ln -sf libkvwire.so.$(SONAME_MAJOR) $(BUILD)/libkvwire.so
+
+$(PC): Makefile
+	@mkdir -p $(BUILD)
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvwire\nDescription: KV cache transfer over RDMA\nVersion: %s\nRequires.private: libibverbs librdmacm libzmq\nLibs: -L$${libdir} -lkvwire\nLibs.private: -ldl -pthread\nCflags: -I$${includedir}\n' \
+	    '$(PREFIX)' '$(VERSION)' > $@
+
+$(BUILD)/%: tools/%.c $(STATIC)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
+
+# Unit tests: host only, ASan + UBSan, library objects built with sanitizers.
+$(BUILD)/unit/test_%: tests/unit/test_%.c $(SAN_OBJS) $(TEST_SUPPORT_SRCS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(SAN) $< $(TEST_SUPPORT_SRCS) $(SAN_OBJS) \
+	    -o $@ $(LDLIBS) -lcmocka -lm
+
+# Integration tests run inside the TCG guest: plain optimized builds.
+$(BUILD)/integration/%: tests/integration/%.c $(STATIC) $(TEST_SUPPORT_SRCS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT_SRCS) -o $@ $(STATIC) $(LDLIBS) -lcmocka -lm
+
+check: deps all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory integration
+
+unit: $(UNIT)
+	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
+
+integration: $(INTEG) $(TOOLS)
+	tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
+
+demo: deps all
+	tools/kvw-testbed --devices 2 --timeout 900 -- tools/demo.sh $(BUILD)
+
+bench: deps all
+	tools/kvw-testbed --devices 2 --cpus 2 --timeout 3000 -- tools/bench.sh $(BUILD)
+
+install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/kvwire.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libkvwire.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvwire.so.$(SONAME_MAJOR)
+	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvwire.so
+	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+
+format:
+	clang-format -i include/*.h src/*/*.c src/*/*.h tools/*.c tests/*/*.c tests/*/*.h
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,285 @@
+/*
+ * kvwire: move LLM KV cache from a prefill engine to a decode engine over
+ * RDMA (raw ibverbs), with a ZeroMQ control plane.
+ *
+ * This header is the whole public surface of the library.
+ *
+ * Concepts
+ *   engine    One per process and role. Registers the process's KV memory
+ *             (2L regions: the first L are the K layers, the next L the V
+ *             layers; plus aux regions) with one RDMA device, runs one
+ *             control thread (ZeroMQ) and one completion-queue poller thread.
+ *   bootstrap A small directory service. Prefill engines register their
+ *             control endpoint under (engine rank); decode engines look them
+ *             up. It runs embedded in a prefill process (kvw_bootstrap_create)
+ *             or standalone (tools/kvw-bootstrap).
+ *   room      A 64-bit request id chosen by the caller, unique per request
+ *             across the whole deployment (the "bootstrap room").
+ *   sender    Prefill side of one request: init(pages, aux), send(source
+ *             page indices), poll.
+ *   receiver  Decode side of one request: init(destination page indices,
+ *             aux), poll. Decode learns that the data landed from its own
+ *             completion queue (the request's last RDMA write carries an
+ *             immediate); no control message follows the data.
+ *
+ * Thread safety
+ *   kvw_engine_* functions on one engine may be called from any thread.
+ *   Senders and receivers of the same engine may be used concurrently from
+ *   different threads; one sender or receiver must not be used by two
+ *   threads at once. kvw_*_poll() is cheap (no syscall, no lock contention
+ *   with the data path beyond a short per-request lock) and may be called
+ *   in a busy loop. Destroy a request before its engine.
+ *
+ * Errors
+ *   Functions return kvw_status_t (KVW_OK == 0, errors < 0); output
+ *   parameters are suffixed _p, come last, and are written only on success.
+ *   The library never prints or exits: it reports through the log handler
+ *   (kvw_set_log_handler), by default silent below WARN and to stderr.
+ */
+#ifndef KVWIRE_H
+#define KVWIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVW_API __attribute__((visibility("default")))
+
+#define KVW_VERSION_MAJOR 0
+#define KVW_VERSION_MINOR 1
+
+/* ---------------------------------------------------------------- status */
+
+/* X(name, value, message): one table makes the enum, the names and
+ * kvw_strerror() together so they cannot drift apart. */
+#define KVW_STATUS_MAP(X)                                                                          \
+    X(OK, 0, "success")                                                                            \
+    X(ERR_INVALID, -1, "invalid argument")                                                         \
+    X(ERR_NO_MEMORY, -2, "out of memory")                                                          \
+    X(ERR_NO_DEVICE, -3, "no usable RDMA device")                                                  \
+    X(ERR_VERBS, -4, "RDMA verbs call failed")                                                     \
+    X(ERR_REGISTER, -5, "memory registration failed")                                              \
+    X(ERR_CONTROL, -6, "control plane (ZeroMQ) error")                                             \
+    X(ERR_PROTOCOL, -7, "malformed or unexpected message from peer")                               \
+    X(ERR_OUT_OF_RANGE, -8, "page or aux index outside the registered region")                     \
+    X(ERR_MISMATCH, -9, "peers disagree on layout (layers, item lengths or page counts)")          \
+    X(ERR_TIMEOUT, -10, "timed out")                                                               \
+    X(ERR_PEER, -11, "peer failed or disconnected")                                                \
+    X(ERR_TRANSFER, -12, "RDMA transfer completed with an error")                                  \
+    X(ERR_STATE, -13, "call not allowed in the current state")                                     \
+    X(ERR_NOT_FOUND, -14, "not found")                                                             \
+    X(ERR_EXISTS, -15, "already exists")                                                           \
+    X(ERR_UNSUPPORTED, -16, "not supported on this device or build")
+
+typedef enum {
+#define KVW_STATUS_ENUM(name, value, msg) KVW_##name = value,
+    KVW_STATUS_MAP(KVW_STATUS_ENUM)
+#undef KVW_STATUS_ENUM
+} kvw_status_t;
+
+/* Static English text for a status; never NULL ("unknown status" for values
+ * outside the table). */
+KVW_API const char *kvw_strerror(kvw_status_t status);
+/* Static name of a status, e.g. "KVW_ERR_TIMEOUT"; never NULL. */
+KVW_API const char *kvw_status_name(kvw_status_t status);
+
+/* --------------------------------------------------------------- logging */
+
+typedef enum {
+    KVW_LOG_ERROR = 0,
+    KVW_LOG_WARN = 1,
+    KVW_LOG_INFO = 2,
+    KVW_LOG_DEBUG = 3,
+} kvw_log_level_t;
+
+/* Called from any library thread, possibly concurrently; must not call back
+ * into kvwire. msg is valid only during the call. */
+typedef void (*kvw_log_fn)(void *arg, kvw_log_level_t level, const char *msg);
+
+/* Install a process-wide log handler (NULL restores the default, which
+ * writes to stderr) and the most verbose level delivered. Thread-safe, but
+ * meant to be called once at start-up. The initial level is KVW_LOG_WARN,
+ * or KVW_LOG_LEVEL=error|warn|info|debug from the environment. */
+KVW_API void kvw_set_log_handler(kvw_log_fn fn, void *arg, kvw_log_level_t max_level);
+
+/* ---------------------------------------------------------------- config */
+
+/* Tuning knobs. kvw_config_init() fills the defaults below and then applies
+ * the KVW_* environment variable named beside each field. */
+typedef struct kvw_config {
+    uint32_t sq_depth;           /* KVW_SQ_DEPTH, 512: send WRs outstanding per QP */
+    uint32_t rq_depth;           /* KVW_RQ_DEPTH, 256: receives posted per QP (decode) */
+    uint32_t chain_max;          /* KVW_CHAIN_MAX, 64: WRs linked per ibv_post_send */
+    uint32_t signal_every;       /* KVW_SIGNAL_EVERY, 32: signal every Nth WR (and chain ends) */
+    uint32_t poll_spin_us;       /* KVW_POLL_SPIN_US, 50: busy-poll this long before sleeping */
+    uint32_t bootstrap_timeout_ms; /* KVW_BOOTSTRAP_TIMEOUT_MS, 30000: connect + request */
+    uint32_t transfer_timeout_ms;  /* KVW_TRANSFER_TIMEOUT_MS, 60000: data posted -> landed */
+    uint32_t heartbeat_ms;       /* KVW_HEARTBEAT_MS, 1000: control-plane liveness ping */
+    uint32_t peer_timeout_ms;    /* KVW_PEER_TIMEOUT_MS, 5000: silent peer is declared dead */
+    int32_t gid_index;           /* KVW_GID_INDEX, -1: -1 picks RoCEv2 IPv4-mapped GID */
+    uint8_t ib_port;             /* KVW_IB_PORT, 1 */
+    uint8_t qp_timeout;          /* KVW_QP_TIMEOUT, 14: ACK timeout 4.096us*2^n */
+    uint8_t qp_retry_cnt;        /* KVW_QP_RETRY_CNT, 7 */
+    uint8_t qp_rnr_retry;        /* KVW_QP_RNR_RETRY, 7 */
+} kvw_config_t;
+
+/* Fill defaults, then apply KVW_* environment overrides. Returns
+ * KVW_ERR_INVALID (and logs which variable) if a variable does not parse or
+ * is out of range; cfg then holds the defaults for that field. */
+KVW_API kvw_status_t kvw_config_init(kvw_config_t *cfg);
+/* Write "name = value (ENV_VAR)" lines for every field to out. */
+KVW_API void kvw_config_print(const kvw_config_t *cfg, FILE *out);
+
+/* ---------------------------------------------------------------- engine */
+
+typedef enum { KVW_ROLE_PREFILL = 0, KVW_ROLE_DECODE = 1 } kvw_role_t;
+
+/* One registered memory region. The caller owns the memory, which must stay
+ * valid until kvw_engine_destroy() returns. item_len is the bytes per page
+ * index (per aux index for aux regions); len must be a multiple of it. */
+typedef struct kvw_region {
+    void *addr;
+    size_t len;
+    size_t item_len;
+} kvw_region_t;
+
+typedef struct kvw_engine_params {
+    kvw_role_t role;
+    uint32_t engine_rank; /* prefill: rank it registers under; decode: informational */
+    /* RDMA device by name ("rxe0", "mlx5_0"), or NULL to find it from
+     * local_ip with librdmacm. */
+    const char *device;
+    /* IP address of this host on the RDMA network; the control endpoint
+     * binds here (ephemeral port) and the device is found from it when
+     * device is NULL. Required. */
+    const char *local_ip;
+    /* Prefill: "host:port" of the bootstrap service to register with.
+     * Decode: ignored (each receiver names its bootstrap address). */
+    const char *bootstrap_addr;
+    uint32_t num_layers;            /* L; kv_regions has 2L entries */
+    const kvw_region_t *kv_regions; /* K layers 0..L-1, then V layers 0..L-1 */
+    uint32_t num_aux;
+    const kvw_region_t *aux_regions; /* may be NULL when num_aux == 0 */
+    const kvw_config_t *config;     /* NULL: kvw_config_init() defaults */
+} kvw_engine_params_t;
+
+typedef struct kvw_engine kvw_engine_t;
+
+/* Create an engine: open the device, register every region once, start the
+ * control and poller threads, and (prefill) register with the bootstrap
+ * service. Blocks for at most config.bootstrap_timeout_ms. The params and
+ * region arrays are copied; the memory they describe is not. On error
+ * nothing is left allocated or registered. */
+KVW_API kvw_status_t kvw_engine_create(const kvw_engine_params_t *params,
+                                       kvw_engine_t **engine_p);
+/* Stop the threads, fail any request still in flight, deregister and free.
+ * Accepts NULL. All senders/receivers must have been destroyed. */
+KVW_API void kvw_engine_destroy(kvw_engine_t *engine);
+
+/* Name of the opened device and the GID index chosen; valid for the
+ * engine's lifetime. */
+KVW_API const char *kvw_engine_device_name(const kvw_engine_t *engine);
+KVW_API int kvw_engine_gid_index(const kvw_engine_t *engine);
+/* "tcp://ip:port" the engine's control socket is bound to. */
+KVW_API const char *kvw_engine_endpoint(const kvw_engine_t *engine);
+
+/* Monotonic counters of one engine (all since creation). */
+typedef struct kvw_counters {
+    uint64_t bytes_posted;      /* payload bytes in posted RDMA writes */
+    uint64_t wrs_posted;        /* work requests posted */
+    uint64_t chains_posted;     /* ibv_post_send calls (doorbells) */
+    uint64_t completions;       /* completion entries retired (send and recv) */
+    uint64_t errors;            /* error completions and failed posts */
+    uint64_t requests_ok;       /* requests that reached Success */
+    uint64_t requests_failed;   /* requests that reached Failed */
+    uint64_t cq_sleeps;         /* times the poller blocked on the completion channel */
+} kvw_counters_t;
+
+/* Snapshot the counters; thread-safe, values are each exact but not taken
+ * atomically together. */
+KVW_API void kvw_engine_counters(const kvw_engine_t *engine, kvw_counters_t *counters_p);
+
+/* -------------------------------------------------------------- requests */
+
+typedef enum {
+    KVW_POLL_FAILED = 0,
+    KVW_POLL_BOOTSTRAPPING = 1,
+    KVW_POLL_WAITING_FOR_INPUT = 2,
+    KVW_POLL_TRANSFERRING = 3,
+    KVW_POLL_SUCCESS = 4,
+} kvw_poll_t;
+
+/* Static name of a poll state ("Failed", "Bootstrapping", ...). */
+KVW_API const char *kvw_poll_name(kvw_poll_t state);
+
+#define KVW_NO_AUX UINT32_MAX
+
+typedef struct kvw_sender kvw_sender_t;
+typedef struct kvw_receiver kvw_receiver_t;
+
+/* Prefill side. Create a sender for room on a prefill engine. Its state is
+ * Bootstrapping until decode's request for the room arrives, then
+ * WaitingForInput; Transferring after kvw_sender_send(); Success once every
+ * write of the request has completed. */
+KVW_API kvw_status_t kvw_sender_create(kvw_engine_t *engine, uint64_t room,
+                                       kvw_sender_t **sender_p);
+/* Declare how many pages will be sent and which aux item (or KVW_NO_AUX). */
+KVW_API kvw_status_t kvw_sender_init(kvw_sender_t *sender, size_t num_pages,
+                                     uint32_t aux_index);
+/* Hand over the source page indices (num_pages of them, as in init); they
+ * are checked against the registered regions and copied. Returns
+ * KVW_ERR_OUT_OF_RANGE / KVW_ERR_MISMATCH without posting anything when they
+ * do not fit, and the request turns Failed. The transfer starts as soon as
+ * decode's request is known. */
+KVW_API kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *page_indices,
+                                     size_t num_pages);
+KVW_API kvw_poll_t kvw_sender_poll(const kvw_sender_t *sender);
+/* Why a Failed sender failed: status (return value) and a static-lifetime
+ * message (valid until the sender is destroyed) in *reason_p if not NULL.
+ * KVW_OK if it has not failed. */
+KVW_API kvw_status_t kvw_sender_failure(const kvw_sender_t *sender, const char **reason_p);
+/* Accepts NULL. A sender destroyed while Transferring waits (bounded by the
+ * transfer timeout) until no write of it is outstanding, so its memory is
+ * never written after return. */
+KVW_API void kvw_sender_destroy(kvw_sender_t *sender);
+
+/* Decode side. Create a receiver for room, fetching its data from the
+ * prefill engine registered as prefill_rank at bootstrap_addr ("host:port").
+ * Bootstrapping until the peer is looked up and connected (once per peer),
+ * then WaitingForInput; Transferring after kvw_receiver_init(); Success when
+ * the request's last write has landed in this engine's memory. */
+KVW_API kvw_status_t kvw_receiver_create(kvw_engine_t *engine, const char *bootstrap_addr,
+                                         uint32_t prefill_rank, uint64_t room,
+                                         kvw_receiver_t **receiver_p);
+/* Destination page indices (copied, checked against the local regions) and
+ * aux index (or KVW_NO_AUX). May be called while still Bootstrapping: the
+ * request is sent once the peer is connected. */
+KVW_API kvw_status_t kvw_receiver_init(kvw_receiver_t *receiver, const uint64_t *page_indices,
+                                       size_t num_pages, uint32_t aux_index);
+KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
+KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver,
+                                          const char **reason_p);
+/* Accepts NULL. */
+KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
+
+/* ------------------------------------------------------------- bootstrap */
+
+typedef struct kvw_bootstrap kvw_bootstrap_t;
+
+/* Start a bootstrap service bound to bind_addr "ip:port" (port 0 picks an
+ * ephemeral port) on its own thread. */
+KVW_API kvw_status_t kvw_bootstrap_create(const char *bind_addr, kvw_bootstrap_t **bootstrap_p);
+/* "ip:port" it actually listens on; valid for its lifetime. */
+KVW_API const char *kvw_bootstrap_addr(const kvw_bootstrap_t *bootstrap);
+/* Accepts NULL. */
+KVW_API void kvw_bootstrap_destroy(kvw_bootstrap_t *bootstrap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVWIRE_H */

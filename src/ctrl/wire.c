@@ -1,0 +1,390 @@
+#include "ctrl/wire.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Header: magic u32, version u16, type u16, body length u32. */
+
+typedef struct writer {
+    uint8_t *p, *end;
+    int overflow;
+} writer_t;
+
+typedef struct reader {
+    const uint8_t *p, *end;
+    int short_read;
+} reader_t;
+
+static void put(writer_t *w, const void *src, size_t n)
+{
+    if (w->overflow || (size_t)(w->end - w->p) < n) {
+        w->overflow = 1;
+        return;
+    }
+    memcpy(w->p, src, n);
+    w->p += n;
+}
+
+static void put_le(writer_t *w, uint64_t v, size_t n)
+{
+    uint8_t b[8];
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    put(w, b, n);
+}
+
+static void put_str(writer_t *w, const char *s)
+{
+    size_t n = strnlen(s, KVW_WIRE_REASON_MAX);
+    put_le(w, n, 2);
+    put(w, s, n);
+}
+
+static int take(reader_t *r, void *dst, size_t n)
+{
+    if (r->short_read || (size_t)(r->end - r->p) < n) {
+        r->short_read = 1;
+        return 0;
+    }
+    memcpy(dst, r->p, n);
+    r->p += n;
+    return 1;
+}
+
+static uint64_t get_le(reader_t *r, size_t n)
+{
+    uint8_t b[8];
+    uint64_t v = 0;
+    if (!take(r, b, n))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+static size_t remaining(const reader_t *r)
+{
+    return r->short_read ? 0 : (size_t)(r->end - r->p);
+}
+
+/* Strings: u16 length, bytes, no NUL inside, shorter than the buffer. */
+static int get_str(reader_t *r, char *dst, size_t cap)
+{
+    size_t n = get_le(r, 2);
+    if (r->short_read || n >= cap || n > remaining(r))
+        return 0;
+    take(r, dst, n);
+    dst[n] = '\0';
+    return strlen(dst) == n;
+}
+
+enum { QP_INFO_LEN = 4 + 4 + 2 + 1 + 1 + 16, REGION_LEN = 8 + 8 + 8 + 4 };
+
+static void put_qp(writer_t *w, const kvw_qp_info_t *q)
+{
+    put_le(w, q->qpn, 4);
+    put_le(w, q->psn, 4);
+    put_le(w, q->lid, 2);
+    put_le(w, q->mtu, 1);
+    put_le(w, q->link_layer, 1);
+    put(w, q->gid, 16);
+}
+
+static void get_qp(reader_t *r, kvw_qp_info_t *q)
+{
+    q->qpn = (uint32_t)get_le(r, 4);
+    q->psn = (uint32_t)get_le(r, 4);
+    q->lid = (uint16_t)get_le(r, 2);
+    q->mtu = (uint8_t)get_le(r, 1);
+    q->link_layer = (uint8_t)get_le(r, 1);
+    take(r, q->gid, 16);
+}
+
+static size_t hello_regions(const kvw_msg_t *m)
+{
+    return 2 * (size_t)m->u.hello.num_layers + m->u.hello.num_aux;
+}
+
+size_t kvw__wire_size(const kvw_msg_t *m)
+{
+    size_t body = 0;
+    switch (m->type) {
+    case KVW_MSG_BS_REGISTER:
+    case KVW_MSG_BS_LOOKUP_REPLY:
+        body = 4 + 4 + 2 + strnlen(m->u.bs.endpoint, KVW_WIRE_ENDPOINT_MAX);
+        break;
+    case KVW_MSG_BS_LOOKUP:
+    case KVW_MSG_BS_REGISTER_ACK:
+        body = 4 + 4;
+        break;
+    case KVW_MSG_HELLO:
+    case KVW_MSG_HELLO_ACK:
+        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + hello_regions(m) * REGION_LEN;
+        break;
+    case KVW_MSG_REQUEST:
+        body = 8 + 4 + 4 + 4 + 8 * (size_t)m->u.request.num_pages;
+        break;
+    case KVW_MSG_REQUEST_FAILED:
+        body = 8 + 4 + 2 + strnlen(m->u.failed.reason, KVW_WIRE_REASON_MAX);
+        break;
+    case KVW_MSG_PING:
+    case KVW_MSG_PONG:
+        body = 8;
+        break;
+    }
+    return KVW_WIRE_HEADER_LEN + body;
+}
+
+static int type_known(uint16_t t)
+{
+    return (t >= KVW_MSG_BS_REGISTER && t <= KVW_MSG_BS_LOOKUP_REPLY) || t == KVW_MSG_HELLO ||
+           t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
+           t == KVW_MSG_PING || t == KVW_MSG_PONG;
+}
+
+static void encode_body(writer_t *w, const kvw_msg_t *m)
+{
+    switch (m->type) {
+    case KVW_MSG_BS_REGISTER:
+    case KVW_MSG_BS_LOOKUP_REPLY:
+    case KVW_MSG_BS_LOOKUP:
+    case KVW_MSG_BS_REGISTER_ACK:
+        put_le(w, (uint32_t)m->status, 4);
+        put_le(w, m->u.bs.rank, 4);
+        if (m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_LOOKUP_REPLY)
+            put_str(w, m->u.bs.endpoint);
+        break;
+    case KVW_MSG_HELLO:
+    case KVW_MSG_HELLO_ACK:
+        put_le(w, (uint32_t)m->status, 4);
+        put_le(w, m->u.hello.engine_id, 8);
+        put_qp(w, &m->u.hello.qp);
+        put_le(w, m->u.hello.num_layers, 4);
+        put_le(w, m->u.hello.num_aux, 4);
+        for (size_t i = 0; i < hello_regions(m); i++) {
+            const kvw_wire_region_t *g = &m->u.hello.regions[i];
+            put_le(w, g->addr, 8);
+            put_le(w, g->len, 8);
+            put_le(w, g->item_len, 8);
+            put_le(w, g->rkey, 4);
+        }
+        break;
+    case KVW_MSG_REQUEST:
+        put_le(w, m->u.request.room, 8);
+        put_le(w, m->u.request.token, 4);
+        put_le(w, m->u.request.aux_index, 4);
+        put_le(w, m->u.request.num_pages, 4);
+        for (uint32_t i = 0; i < m->u.request.num_pages; i++)
+            put_le(w, m->u.request.pages[i], 8);
+        break;
+    case KVW_MSG_REQUEST_FAILED:
+        put_le(w, m->u.failed.room, 8);
+        put_le(w, (uint32_t)m->status, 4);
+        put_str(w, m->u.failed.reason);
+        break;
+    case KVW_MSG_PING:
+    case KVW_MSG_PONG:
+        put_le(w, m->u.ping.engine_id, 8);
+        break;
+    }
+}
+
+kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    if (!type_known(m->type))
+        return KVW_ERR_INVALID;
+    if ((m->type == KVW_MSG_HELLO || m->type == KVW_MSG_HELLO_ACK) &&
+        hello_regions(m) > KVW_WIRE_MAX_REGIONS)
+        return KVW_ERR_INVALID;
+    if (m->type == KVW_MSG_REQUEST && m->u.request.num_pages > KVW_WIRE_MAX_PAGES)
+        return KVW_ERR_INVALID;
+    size_t size = kvw__wire_size(m);
+    if (size > cap || size > KVW_WIRE_MAX_MSG)
+        return KVW_ERR_INVALID;
+    writer_t w = {buf, buf + cap, 0};
+    put_le(&w, KVW_WIRE_MAGIC, 4);
+    put_le(&w, KVW_WIRE_VERSION, 2);
+    put_le(&w, m->type, 2);
+    put_le(&w, size - KVW_WIRE_HEADER_LEN, 4);
+    encode_body(&w, m);
+    if (w.overflow || (size_t)(w.p - buf) != size)
+        return KVW_ERR_INVALID;
+    *len_p = size;
+    return KVW_OK;
+}
+
+static kvw_status_t fail(char *reason, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static kvw_status_t fail(char *reason, size_t size, const char *fmt, ...)
+{
+    if (reason && size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(reason, size, fmt, ap);
+        va_end(ap);
+    }
+    return KVW_ERR_PROTOCOL;
+}
+
+static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
+{
+    m->status = (int32_t)get_le(r, 4);
+    m->u.hello.engine_id = get_le(r, 8);
+    get_qp(r, &m->u.hello.qp);
+    m->u.hello.num_layers = (uint32_t)get_le(r, 4);
+    m->u.hello.num_aux = (uint32_t)get_le(r, 4);
+    if (r->short_read)
+        return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
+    size_t n = hello_regions(m);
+    /* Bound counts by the bytes actually present before allocating. */
+    if (n > KVW_WIRE_MAX_REGIONS || n * REGION_LEN != remaining(r))
+        return fail(reason, rsize, "%s: %u layers + %u aux do not match %zu body bytes",
+                    kvw__wire_type_name(m->type), m->u.hello.num_layers, m->u.hello.num_aux,
+                    remaining(r));
+    m->u.hello.regions = n ? calloc(n, sizeof(kvw_wire_region_t)) : NULL;
+    if (n && !m->u.hello.regions)
+        return KVW_ERR_NO_MEMORY;
+    for (size_t i = 0; i < n; i++) {
+        kvw_wire_region_t *g = &m->u.hello.regions[i];
+        g->addr = get_le(r, 8);
+        g->len = get_le(r, 8);
+        g->item_len = get_le(r, 8);
+        g->rkey = (uint32_t)get_le(r, 4);
+        if (!g->item_len || g->len % g->item_len || g->addr + g->len < g->addr) {
+            free(m->u.hello.regions);
+            m->u.hello.regions = NULL;
+            return fail(reason, rsize, "region %zu: length %llu not a multiple of item %llu",
+                        i, (unsigned long long)g->len, (unsigned long long)g->item_len);
+        }
+    }
+    return KVW_OK;
+}
+
+static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
+{
+    m->u.request.room = get_le(r, 8);
+    m->u.request.token = (uint32_t)get_le(r, 4);
+    m->u.request.aux_index = (uint32_t)get_le(r, 4);
+    m->u.request.num_pages = (uint32_t)get_le(r, 4);
+    if (r->short_read)
+        return fail(reason, rsize, "REQUEST truncated");
+    uint32_t n = m->u.request.num_pages;
+    if (n > KVW_WIRE_MAX_PAGES || (size_t)n * 8 != remaining(r))
+        return fail(reason, rsize, "REQUEST: %u pages do not match %zu body bytes", n,
+                    remaining(r));
+    m->u.request.pages = n ? malloc((size_t)n * 8) : NULL;
+    if (n && !m->u.request.pages)
+        return KVW_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < n; i++)
+        m->u.request.pages[i] = get_le(r, 8);
+    return KVW_OK;
+}
+
+static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
+{
+    switch (m->type) {
+    case KVW_MSG_BS_REGISTER:
+    case KVW_MSG_BS_LOOKUP_REPLY:
+    case KVW_MSG_BS_LOOKUP:
+    case KVW_MSG_BS_REGISTER_ACK:
+        m->status = (int32_t)get_le(r, 4);
+        m->u.bs.rank = (uint32_t)get_le(r, 4);
+        if ((m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_LOOKUP_REPLY) &&
+            !get_str(r, m->u.bs.endpoint, sizeof(m->u.bs.endpoint)))
+            return fail(reason, rsize, "%s: bad endpoint string", kvw__wire_type_name(m->type));
+        return KVW_OK;
+    case KVW_MSG_HELLO:
+    case KVW_MSG_HELLO_ACK:
+        return decode_hello(r, m, reason, rsize);
+    case KVW_MSG_REQUEST:
+        return decode_request(r, m, reason, rsize);
+    case KVW_MSG_REQUEST_FAILED:
+        m->u.failed.room = get_le(r, 8);
+        m->status = (int32_t)get_le(r, 4);
+        if (!get_str(r, m->u.failed.reason, sizeof(m->u.failed.reason)))
+            return fail(reason, rsize, "REQUEST_FAILED: bad reason string");
+        return KVW_OK;
+    case KVW_MSG_PING:
+    case KVW_MSG_PONG:
+        m->u.ping.engine_id = get_le(r, 8);
+        return KVW_OK;
+    }
+    return fail(reason, rsize, "unknown message type %u", m->type);
+}
+
+kvw_status_t kvw__wire_decode(const uint8_t *buf, size_t len, kvw_msg_t *m_p, char *reason,
+                              size_t reason_size)
+{
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    if (len < KVW_WIRE_HEADER_LEN)
+        return fail(reason, reason_size, "message of %zu bytes is shorter than the header", len);
+    reader_t r = {buf, buf + len, 0};
+    uint32_t magic = (uint32_t)get_le(&r, 4);
+    uint16_t version = (uint16_t)get_le(&r, 2);
+    m.type = (uint16_t)get_le(&r, 2);
+    uint32_t body = (uint32_t)get_le(&r, 4);
+    if (magic != KVW_WIRE_MAGIC)
+        return fail(reason, reason_size, "bad magic 0x%08x (not a kvwire peer?)", magic);
+    if (version != KVW_WIRE_VERSION)
+        return fail(reason, reason_size, "peer speaks wire version %u, we speak %u", version,
+                    KVW_WIRE_VERSION);
+    if (!type_known(m.type))
+        return fail(reason, reason_size, "unknown message type %u", m.type);
+    if (body != len - KVW_WIRE_HEADER_LEN || len > KVW_WIRE_MAX_MSG)
+        return fail(reason, reason_size, "%s: header says %u body bytes, got %zu",
+                    kvw__wire_type_name(m.type), body, len - KVW_WIRE_HEADER_LEN);
+    kvw_status_t st = decode_body(&r, &m, reason, reason_size);
+    if (st)
+        return st;
+    if (r.short_read || remaining(&r) != 0) {
+        kvw__wire_free(&m);
+        return fail(reason, reason_size, "%s: %s", kvw__wire_type_name(m.type),
+                    r.short_read ? "truncated" : "trailing bytes");
+    }
+    *m_p = m;
+    return KVW_OK;
+}
+
+void kvw__wire_free(kvw_msg_t *m)
+{
+    if (!m)
+        return;
+    if (m->type == KVW_MSG_HELLO || m->type == KVW_MSG_HELLO_ACK) {
+        free(m->u.hello.regions);
+        m->u.hello.regions = NULL;
+    } else if (m->type == KVW_MSG_REQUEST) {
+        free(m->u.request.pages);
+        m->u.request.pages = NULL;
+    }
+}
+
+const char *kvw__wire_type_name(uint16_t type)
+{
+    switch (type) {
+    case KVW_MSG_BS_REGISTER:
+        return "BS_REGISTER";
+    case KVW_MSG_BS_REGISTER_ACK:
+        return "BS_REGISTER_ACK";
+    case KVW_MSG_BS_LOOKUP:
+        return "BS_LOOKUP";
+    case KVW_MSG_BS_LOOKUP_REPLY:
+        return "BS_LOOKUP_REPLY";
+    case KVW_MSG_HELLO:
+        return "HELLO";
+    case KVW_MSG_HELLO_ACK:
+        return "HELLO_ACK";
+    case KVW_MSG_REQUEST:
+        return "REQUEST";
+    case KVW_MSG_REQUEST_FAILED:
+        return "REQUEST_FAILED";
+    case KVW_MSG_PING:
+        return "PING";
+    case KVW_MSG_PONG:
+        return "PONG";
+    }
+    return "UNKNOWN";
+}

@@ -1,0 +1,82 @@
+/* Control-plane wire format: versioned, little-endian, length-checked binary
+ * messages. Every field from the network is validated here, before any other
+ * layer sees it. Pure: no I/O. */
+#ifndef KVW_CTRL_WIRE_H
+#define KVW_CTRL_WIRE_H
+
+#include "kvwire.h"
+#include "verbs/qp.h"
+
+#define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
+#define KVW_WIRE_VERSION 1
+#define KVW_WIRE_HEADER_LEN 12
+#define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
+#define KVW_WIRE_REASON_MAX 160
+#define KVW_WIRE_MAX_REGIONS 8448          /* 2 x 4096 layers + 256 aux */
+#define KVW_WIRE_MAX_PAGES (1u << 22)      /* 4 Mi pages per request */
+#define KVW_WIRE_MAX_MSG (64u << 20)       /* bounds what a peer can make us buffer */
+
+typedef enum {
+    KVW_MSG_BS_REGISTER = 1,     /* prefill -> bootstrap: rank, endpoint */
+    KVW_MSG_BS_REGISTER_ACK = 2, /* bootstrap -> prefill: status */
+    KVW_MSG_BS_LOOKUP = 3,       /* decode -> bootstrap: rank */
+    KVW_MSG_BS_LOOKUP_REPLY = 4, /* bootstrap -> decode: status, endpoint */
+    KVW_MSG_HELLO = 10,          /* decode -> prefill: QP info + memory table */
+    KVW_MSG_HELLO_ACK = 11,      /* prefill -> decode: status, QP info + memory table */
+    KVW_MSG_REQUEST = 20,        /* decode -> prefill: room, token, aux, dst pages */
+    KVW_MSG_REQUEST_FAILED = 21, /* prefill -> decode: room, status, reason */
+    KVW_MSG_PING = 30,           /* decode -> prefill: liveness */
+    KVW_MSG_PONG = 31,
+} kvw_msg_type_t;
+
+/* One registered region as a peer sees it. */
+typedef struct kvw_wire_region {
+    uint64_t addr, len, item_len;
+    uint32_t rkey;
+} kvw_wire_region_t;
+
+typedef struct kvw_msg {
+    uint16_t type;
+    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED */
+    union {
+        struct {
+            uint32_t rank;
+            char endpoint[KVW_WIRE_ENDPOINT_MAX]; /* REGISTER, LOOKUP_REPLY */
+        } bs;
+        struct {
+            uint64_t engine_id;
+            kvw_qp_info_t qp;
+            uint32_t num_layers, num_aux;
+            kvw_wire_region_t *regions; /* 2*num_layers + num_aux; owned by the msg */
+        } hello;
+        struct {
+            uint64_t room;
+            uint32_t token; /* decode's id for the request, echoed as the immediate */
+            uint32_t aux_index;
+            uint32_t num_pages;
+            uint64_t *pages; /* owned by the msg */
+        } request;
+        struct {
+            uint64_t room;
+            char reason[KVW_WIRE_REASON_MAX];
+        } failed;
+        struct {
+            uint64_t engine_id;
+        } ping;
+    } u;
+} kvw_msg_t;
+
+/* Bytes kvw__wire_encode() will write for m. */
+size_t kvw__wire_size(const kvw_msg_t *m);
+/* Encode m into buf (cap bytes). KVW_ERR_INVALID if it does not fit or m
+ * breaks a limit. */
+kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size_t *len_p);
+/* Decode and validate. On success *m_p may own arrays: free with
+ * kvw__wire_free(). On failure nothing is allocated and, if reason is not
+ * NULL, it says what was wrong. */
+kvw_status_t kvw__wire_decode(const uint8_t *buf, size_t len, kvw_msg_t *m_p, char *reason,
+                              size_t reason_size);
+void kvw__wire_free(kvw_msg_t *m);
+const char *kvw__wire_type_name(uint16_t type);
+
+#endif

@@ -1,0 +1,290 @@
+/* Engine lifecycle: validate parameters, open the device, register every
+ * region once, bind the control socket, publish it, start the threads; and
+ * undo all of it in reverse order. */
+#include "engine/engine.h"
+
+#include "common/config.h"
+#include "common/log.h"
+#include "ctrl/bootstrap.h"
+#include "ctrl/zsock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t kvw__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void kvw__wake(int fd)
+{
+    uint64_t one = 1;
+    if (write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        KVW_WARN("eventfd wake failed: %s", strerror(errno));
+}
+
+static kvw_status_t check_region(const char *kind, uint32_t i, const kvw_region_t *g)
+{
+    if (!g->addr || !g->len || !g->item_len || g->len % g->item_len) {
+        KVW_ERROR("%s region %u: addr %p, len %zu, item_len %zu: need a non-empty region whose "
+                  "length is a multiple of its item length",
+                  kind, i, g->addr, g->len, g->item_len);
+        return KVW_ERR_INVALID;
+    }
+    return KVW_OK;
+}
+
+static kvw_status_t check_params(const kvw_engine_params_t *p)
+{
+    if (!p || (p->role != KVW_ROLE_PREFILL && p->role != KVW_ROLE_DECODE) || !p->local_ip ||
+        !p->num_layers || !p->kv_regions || (p->num_aux && !p->aux_regions) ||
+        2ull * p->num_layers + p->num_aux > KVW_WIRE_MAX_REGIONS) {
+        KVW_ERROR("engine params: need a role, local_ip, num_layers > 0 with 2L kv_regions, and "
+                  "aux_regions when num_aux > 0 (at most %u regions)",
+                  KVW_WIRE_MAX_REGIONS);
+        return KVW_ERR_INVALID;
+    }
+    for (uint32_t i = 0; i < 2 * p->num_layers; i++)
+        if (check_region("kv", i, &p->kv_regions[i]))
+            return KVW_ERR_INVALID;
+    for (uint32_t i = 0; i < p->num_aux; i++)
+        if (check_region("aux", i, &p->aux_regions[i]))
+            return KVW_ERR_INVALID;
+    return KVW_OK;
+}
+
+static uint64_t random_id(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+        v = kvw__now_ns() ^ ((uint64_t)getpid() << 32);
+    return v;
+}
+
+static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
+{
+    uint32_t kv = 2 * p->num_layers, n = kv + p->num_aux;
+    e->num_layers = p->num_layers;
+    e->num_aux = p->num_aux;
+    e->regions = calloc(n, sizeof(*e->regions));
+    e->mrs = calloc(n, sizeof(*e->mrs));
+    if (!e->regions || !e->mrs)
+        return KVW_ERR_NO_MEMORY;
+    memcpy(e->regions, p->kv_regions, kv * sizeof(*e->regions));
+    if (p->num_aux)
+        memcpy(e->regions + kv, p->aux_regions, p->num_aux * sizeof(*e->regions));
+    e->local_max_pages = UINT64_MAX;
+    e->local_max_aux = p->num_aux ? UINT64_MAX : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t items = e->regions[i].len / e->regions[i].item_len;
+        uint64_t *max = i < kv ? &e->local_max_pages : &e->local_max_aux;
+        if (items < *max)
+            *max = items;
+    }
+    return KVW_OK;
+}
+
+static kvw_status_t register_regions(kvw_engine_t *e)
+{
+    uint32_t n = 2 * e->num_layers + e->num_aux;
+    for (uint32_t i = 0; i < n; i++) {
+        kvw_status_t st = kvw__mem_register(e->dev, e->regions[i].addr, e->regions[i].len,
+                                            &e->mrs[i]);
+        if (st)
+            return st;
+    }
+    return KVW_OK;
+}
+
+static kvw_status_t open_channel(kvw_engine_t *e)
+{
+    e->channel = e->dev->ops->create_comp_channel(e->dev->ctx);
+    if (!e->channel) {
+        KVW_ERROR("%s: ibv_create_comp_channel failed: %s", e->dev->name, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    /* Non-blocking: the poller drains events after poll() says the fd is ready. */
+    int flags = fcntl(e->channel->fd, F_GETFL);
+    fcntl(e->channel->fd, F_SETFL, flags | O_NONBLOCK);
+    e->poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    e->control_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->poller_wake_fd < 0 || e->control_wake_fd < 0) {
+        KVW_ERROR("eventfd failed: %s", strerror(errno));
+        return KVW_ERR_NO_MEMORY;
+    }
+    return KVW_OK;
+}
+
+static kvw_status_t open_control(kvw_engine_t *e)
+{
+    e->zctx = zmq_ctx_new();
+    if (!e->zctx)
+        return KVW_ERR_CONTROL;
+    if (e->role == KVW_ROLE_DECODE)
+        return KVW_OK; /* decode only dials out, one DEALER per peer */
+    e->router = kvw__zsocket(e->zctx, ZMQ_ROUTER, e->cfg.heartbeat_ms);
+    char bind[KVW_WIRE_ENDPOINT_MAX];
+    size_t len = sizeof(e->endpoint);
+    snprintf(bind, sizeof(bind), "tcp://%s:*", e->local_ip);
+    if (!e->router || zmq_bind(e->router, bind) ||
+        zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
+        KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));
+        return KVW_ERR_CONTROL;
+    }
+    if (!e->bootstrap_addr[0])
+        return KVW_OK;
+    return kvw__bootstrap_register(e->zctx, e->bootstrap_addr, e->rank, e->endpoint,
+                                   e->cfg.bootstrap_timeout_ms);
+}
+
+static kvw_status_t start_threads(kvw_engine_t *e)
+{
+    if (pthread_create(&e->poller_thread, NULL, kvw__poller_main, e))
+        return KVW_ERR_NO_MEMORY;
+    e->poller_started = true;
+    pthread_setname_np(e->poller_thread, "kvw-poller");
+    if (pthread_create(&e->control_thread, NULL, kvw__control_main, e))
+        return KVW_ERR_NO_MEMORY;
+    e->control_started = true;
+    pthread_setname_np(e->control_thread, "kvw-control");
+    return KVW_OK;
+}
+
+static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
+{
+    kvw_status_t st = p->config ? KVW_OK : kvw_config_init(&e->cfg);
+    if (p->config)
+        e->cfg = *p->config;
+    if (st || (st = kvw__config_validate(&e->cfg)))
+        return st;
+    e->role = p->role;
+    e->rank = p->engine_rank;
+    e->id = random_id();
+    snprintf(e->local_ip, sizeof(e->local_ip), "%s", p->local_ip);
+    if (p->bootstrap_addr)
+        snprintf(e->bootstrap_addr, sizeof(e->bootstrap_addr), "%s", p->bootstrap_addr);
+    if (e->role == KVW_ROLE_DECODE) {
+        e->tokens = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tokens));
+        e->token_gen = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->token_gen));
+        if (!e->tokens || !e->token_gen)
+            return KVW_ERR_NO_MEMORY;
+    }
+    if ((st = copy_layout(e, p)))
+        return st;
+    if ((st = kvw__dev_open(p->device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)))
+        return st;
+    if ((st = register_regions(e)) || (st = open_channel(e)) || (st = open_control(e)))
+        return st;
+    return start_threads(e);
+}
+
+kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t **engine_p)
+{
+    if (!engine_p || check_params(params))
+        return KVW_ERR_INVALID;
+    kvw_engine_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return KVW_ERR_NO_MEMORY;
+    e->poller_wake_fd = e->control_wake_fd = -1;
+    pthread_mutex_init(&e->lock, NULL);
+    kvw_status_t st = init_engine(e, params);
+    if (st) {
+        kvw_engine_destroy(e);
+        return st;
+    }
+    KVW_INFO("%s engine rank %u on %s (GID %d), control %s", e->role ? "decode" : "prefill",
+             e->rank, e->dev->name, e->dev->gid_index, e->endpoint[0] ? e->endpoint : "-");
+    *engine_p = e;
+    return KVW_OK;
+}
+
+static void fail_remaining(kvw_engine_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    for (kvw_req_t *r = e->reqs; r; r = r->next)
+        kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");
+    pthread_mutex_unlock(&e->lock);
+}
+
+void kvw_engine_destroy(kvw_engine_t *e)
+{
+    if (!e)
+        return;
+    atomic_store(&e->stop, true);
+    if (e->control_started) {
+        kvw__wake(e->control_wake_fd);
+        pthread_join(e->control_thread, NULL);
+    }
+    if (e->poller_started) {
+        kvw__wake(e->poller_wake_fd);
+        pthread_join(e->poller_thread, NULL);
+    }
+    fail_remaining(e);
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++)
+        kvw__peer_destroy(e->peers[i]);
+    if (e->router)
+        zmq_close(e->router);
+    if (e->zctx)
+        zmq_ctx_term(e->zctx);
+    if (e->channel)
+        e->dev->ops->destroy_comp_channel(e->channel);
+    if (e->mrs)
+        for (uint32_t i = 0; i < 2 * e->num_layers + e->num_aux; i++)
+            kvw__mem_deregister(e->dev, &e->mrs[i]);
+    kvw__dev_close(e->dev);
+    if (e->poller_wake_fd >= 0)
+        close(e->poller_wake_fd);
+    if (e->control_wake_fd >= 0)
+        close(e->control_wake_fd);
+    /* Requests the user never destroyed are the user's leak to fix; the
+     * engine only drops its own references. */
+    while (e->reqs) {
+        kvw_req_t *r = e->reqs;
+        e->reqs = r->next;
+        r->prev = r->next = NULL;
+        kvw__req_unref(r);
+    }
+    free(e->tokens);
+    free(e->token_gen);
+    free(e->regions);
+    free(e->mrs);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+const char *kvw_engine_device_name(const kvw_engine_t *e)
+{
+    return e->dev->name;
+}
+
+int kvw_engine_gid_index(const kvw_engine_t *e)
+{
+    return e->dev->gid_index;
+}
+
+const char *kvw_engine_endpoint(const kvw_engine_t *e)
+{
+    return e->endpoint;
+}
+
+void kvw_engine_counters(const kvw_engine_t *e, kvw_counters_t *c)
+{
+    kvw_engine_counters_t *k = (kvw_engine_counters_t *)&e->counters;
+    c->bytes_posted = atomic_load(&k->bytes);
+    c->wrs_posted = atomic_load(&k->wrs);
+    c->chains_posted = atomic_load(&k->chains);
+    c->completions = atomic_load(&k->completions);
+    c->errors = atomic_load(&k->errors);
+    c->requests_ok = atomic_load(&k->ok);
+    c->requests_failed = atomic_load(&k->failed);
+    c->cq_sleeps = atomic_load(&k->sleeps);
+}

@@ -1,0 +1,167 @@
+/* Engine internals shared by engine.c (lifecycle), peer.c (connections),
+ * request.c (senders and receivers), control.c (ZeroMQ thread) and
+ * poller.c (completion-queue thread).
+ *
+ * Threads and ownership
+ *   engine->lock guards the request list, the ready queue, the token table,
+ *   request fields marked (lock), and peer attachment. The poller thread
+ *   alone touches a peer's txq, active and in-flight queues; the control
+ *   thread alone touches ZeroMQ sockets. A request's state is atomic so
+ *   poll() never takes the lock. */
+#ifndef KVW_ENGINE_ENGINE_H
+#define KVW_ENGINE_ENGINE_H
+
+#include "ctrl/wire.h"
+#include "engine/txq.h"
+#include "mem/mem.h"
+#include "plan/plan.h"
+#include "verbs/qp.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+enum {
+    KVW_MAX_PEERS = 256,     /* connections over an engine's life, dead ones included */
+    KVW_TOKEN_BITS = 16,     /* receivers in flight per decode engine: 65536 */
+    KVW_IDENTITY_LEN = 12,   /* decode DEALER routing id: engine id + peer index */
+};
+
+typedef enum { PEER_LOOKUP, PEER_HELLO, PEER_CONNECTED, PEER_DEAD } kvw_peer_state_t;
+
+typedef struct kvw_req kvw_req_t;
+typedef struct kvw_peer kvw_peer_t;
+
+struct kvw_peer {
+    kvw_engine_t *engine;
+    uint32_t index;
+    _Atomic int state;          /* kvw_peer_state_t */
+    kvw_qp_t *qp;
+    kvw_plan_region_t *regions; /* 2L + A, local paired with remote */
+    uint64_t remote_max_pages;  /* pages every remote KV region can hold */
+    uint64_t remote_max_aux;    /* items every remote aux region can hold */
+    char dead_reason[KVW_WIRE_REASON_MAX];
+
+    /* control thread only */
+    void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */
+    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
+    uint32_t rank;
+    uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
+    uint64_t last_seen_ns, next_ping_ns, deadline_ns;
+
+    /* poller thread only */
+    kvw_txq_t txq;
+    bool txq_ready;
+    kvw_req_t *active_head, *active_tail;     /* writes left to post */
+    kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
+    struct ibv_recv_wr *rwrs;                 /* decode: zero-SGE receives for immediates */
+};
+
+struct kvw_req {
+    kvw_engine_t *engine;
+    kvw_role_t role;
+    uint64_t room;
+    _Atomic int state; /* kvw_poll_t */
+    _Atomic int refs;  /* user handle + engine list + poller queues */
+    kvw_status_t fail_status;
+    char fail_reason[KVW_WIRE_REASON_MAX];
+    kvw_req_t *prev, *next; /* engine->reqs (lock) */
+    kvw_req_t *qnext;       /* ready queue (lock) or a poller queue */
+    kvw_peer_t *peer;       /* (lock) */
+    uint64_t deadline_ns;   /* (lock) Bootstrapping / Transferring limit, 0 = none */
+    bool has_user;          /* (lock) a sender/receiver handle refers to it */
+    bool user_gone;         /* (lock) handle destroyed */
+    bool notify_failure;    /* (lock) prefill: tell decode it failed */
+
+    /* sender */
+    bool inited, have_src, have_dst;
+    size_t num_pages;
+    uint32_t aux_index;
+    uint64_t *src_pages, *dst_pages;
+    uint32_t dst_aux, token;
+    kvw_run_t *runs;
+    kvw_plan_t plan;
+    kvw_plan_cursor_t cursor;
+    uint64_t writes_total, writes_built, last_seq;
+
+    /* receiver */
+    uint32_t prefill_rank;
+    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
+    bool request_due; /* (lock) init done, REQUEST not yet sent */
+    uint64_t *pages;
+    size_t npages;
+    uint32_t aux;
+};
+
+typedef struct kvw_engine_counters {
+    _Atomic uint64_t bytes, wrs, chains, completions, errors, ok, failed, sleeps;
+} kvw_engine_counters_t;
+
+struct kvw_engine {
+    kvw_role_t role;
+    uint32_t rank;
+    uint64_t id;
+    kvw_config_t cfg;
+    char local_ip[64];
+    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
+    kvw_dev_t *dev;
+    uint32_t num_layers, num_aux;
+    kvw_region_t *regions; /* 2L + A */
+    kvw_mr_t *mrs;
+    uint64_t local_max_pages, local_max_aux;
+    struct ibv_comp_channel *channel;
+    int poller_wake_fd, control_wake_fd; /* eventfds */
+    void *zctx, *router;
+    char endpoint[KVW_WIRE_ENDPOINT_MAX];
+    pthread_t control_thread, poller_thread;
+    bool control_started, poller_started;
+    atomic_bool stop;
+
+    pthread_mutex_t lock;
+    kvw_peer_t *peers[KVW_MAX_PEERS];
+    _Atomic uint32_t num_peers;
+    kvw_req_t *reqs;
+    kvw_req_t *ready_head, *ready_tail;
+    kvw_req_t **tokens; /* decode: slot -> receiver */
+    uint16_t *token_gen;
+    uint32_t token_hint;
+    kvw_engine_counters_t counters;
+};
+
+/* engine.c */
+uint64_t kvw__now_ns(void);
+void kvw__wake(int fd);
+
+/* request.c */
+void kvw__req_unref(kvw_req_t *r);
+/* Move r to Failed (once; later calls are ignored) with a reason. */
+void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kvw__req_succeed(kvw_req_t *r);
+/* (lock) Both page lists known: plan and hand to the poller. */
+kvw_status_t kvw__sender_start_locked(kvw_req_t *r);
+/* (lock) Check decode's request against local layout and the sender. */
+kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
+                                               const kvw_msg_t *m, char *why, size_t why_size);
+kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
+kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
+kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
+
+/* peer.c */
+kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p);
+kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p);
+void kvw__peer_destroy(kvw_peer_t *p);
+kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *hello, char *why,
+                                     size_t why_size);
+void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m_p);
+kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n);
+/* Declare p dead (once): QP to ERR so nothing more lands, then fail every
+ * request attached to it. Any thread; takes the lock. */
+void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* control.c / poller.c */
+void *kvw__control_main(void *arg);
+void *kvw__poller_main(void *arg);
+
+#endif

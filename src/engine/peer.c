@@ -1,0 +1,159 @@
+/* Peers: one RC QP per (prefill engine, decode engine) pair, created during
+ * the handshake, with the two memory tables paired region by region. */
+#include "engine/engine.h"
+
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
+{
+    kvw_peer_t *p = calloc(1, sizeof(*p));
+    uint32_t n = 2 * e->num_layers + e->num_aux;
+    if (!p)
+        return KVW_ERR_NO_MEMORY;
+    p->engine = e;
+    p->regions = calloc(n, sizeof(*p->regions));
+    kvw_status_t st = p->regions ? KVW_OK : KVW_ERR_NO_MEMORY;
+    if (!st)
+        st = kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth,
+                            e->role == KVW_ROLE_DECODE ? e->cfg.rq_depth : 1, &p->qp);
+    if (st) {
+        kvw__peer_destroy(p);
+        return st;
+    }
+    *peer_p = p;
+    return KVW_OK;
+}
+
+/* Make p visible to the poller (append-only array). */
+kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p)
+{
+    uint32_t n = atomic_load(&e->num_peers);
+    if (n == KVW_MAX_PEERS) {
+        KVW_ERROR("engine has had %u peer connections, the most it supports", n);
+        return KVW_ERR_NO_MEMORY;
+    }
+    p->index = n;
+    e->peers[n] = p;
+    atomic_store(&e->num_peers, n + 1);
+    kvw__wake(e->poller_wake_fd); /* so a sleeping poller arms the new CQ */
+    return KVW_OK;
+}
+
+void kvw__peer_destroy(kvw_peer_t *p)
+{
+    if (!p)
+        return;
+    if (p->sock)
+        zmq_close(p->sock);
+    if (p->bs_sock)
+        zmq_close(p->bs_sock);
+    kvw__txq_fini(&p->txq);
+    kvw__qp_destroy(p->qp);
+    free(p->rwrs);
+    free(p->regions);
+    free(p);
+}
+
+void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
+{
+    const kvw_engine_t *e = p->engine;
+    uint32_t n = 2 * e->num_layers + e->num_aux;
+    memset(m, 0, sizeof(*m));
+    m->type = type;
+    m->u.hello.engine_id = e->id;
+    kvw__qp_local_info(p->qp, &m->u.hello.qp);
+    m->u.hello.num_layers = e->num_layers;
+    m->u.hello.num_aux = e->num_aux;
+    m->u.hello.regions = calloc(n, sizeof(kvw_wire_region_t));
+    if (!m->u.hello.regions) {
+        m->u.hello.num_layers = m->u.hello.num_aux = 0; /* encodes; the peer rejects it */
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        m->u.hello.regions[i] = (kvw_wire_region_t){
+            e->mrs[i].addr, e->regions[i].len, e->regions[i].item_len, e->mrs[i].rkey};
+}
+
+/* The peer's table must match ours region for region: same layer and aux
+ * counts and the same item length, or pages would land misaligned. */
+kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *why, size_t size)
+{
+    const kvw_engine_t *e = p->engine;
+    if (h->u.hello.num_layers != e->num_layers || h->u.hello.num_aux != e->num_aux) {
+        snprintf(why, size, "peer has %u layers and %u aux regions, we have %u and %u",
+                 h->u.hello.num_layers, h->u.hello.num_aux, e->num_layers, e->num_aux);
+        return KVW_ERR_MISMATCH;
+    }
+    uint32_t kv = 2 * e->num_layers, n = kv + e->num_aux;
+    p->remote_max_pages = UINT64_MAX;
+    p->remote_max_aux = e->num_aux ? UINT64_MAX : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvw_wire_region_t *r = &h->u.hello.regions[i];
+        if (r->item_len != e->regions[i].item_len) {
+            snprintf(why, size, "%s region %u: peer item length %llu, ours %zu",
+                     i < kv ? "kv" : "aux", i < kv ? i : i - kv,
+                     (unsigned long long)r->item_len, e->regions[i].item_len);
+            return KVW_ERR_MISMATCH;
+        }
+        uint64_t items = r->len / r->item_len;
+        uint64_t *max = i < kv ? &p->remote_max_pages : &p->remote_max_aux;
+        if (items < *max)
+            *max = items;
+        p->regions[i] = (kvw_plan_region_t){.local_addr = e->mrs[i].addr,
+                                            .remote_addr = r->addr,
+                                            .item_len = r->item_len,
+                                            .lkey = e->mrs[i].lkey,
+                                            .rkey = r->rkey};
+    }
+    return KVW_OK;
+}
+
+kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
+{
+    if (!p->rwrs) {
+        p->rwrs = calloc(n, sizeof(*p->rwrs));
+        if (!p->rwrs)
+            return KVW_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        p->rwrs[i] = (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &p->rwrs[i + 1] : NULL};
+    struct ibv_recv_wr *bad = NULL;
+    if (p->engine->dev->ops->post_recv(p->qp->qp, p->rwrs, &bad)) {
+        KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    return KVW_OK;
+}
+
+void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+{
+    kvw_engine_t *e = p->engine;
+    int expected = PEER_CONNECTED;
+    if (atomic_load(&p->state) == PEER_DEAD)
+        return;
+    char why[KVW_WIRE_REASON_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&e->lock);
+    if (atomic_load(&p->state) != PEER_DEAD) {
+        expected = atomic_exchange(&p->state, PEER_DEAD);
+        snprintf(p->dead_reason, sizeof(p->dead_reason), "%s", why);
+        KVW_WARN("peer %u: %s", p->index, why);
+        for (kvw_req_t *r = e->reqs; r; r = r->next)
+            if (r->peer == p)
+                kvw__req_fail(r, st, "%s", why);
+    }
+    pthread_mutex_unlock(&e->lock);
+    /* Only a QP that got connected can have WRs to flush or memory exposed. */
+    if (expected == PEER_CONNECTED)
+        kvw__qp_set_error(p->qp);
+}

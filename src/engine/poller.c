@@ -1,0 +1,276 @@
+/* The completion-queue poller: one thread per engine. It moves ready
+ * requests onto their peer's send queue in doorbell-batched chains, retires
+ * completions, and drives request states. When idle it spins briefly, then
+ * sleeps on the completion channel so an idle engine burns no core. */
+#include "engine/engine.h"
+
+#include "common/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { WC_BATCH = 32, IDLE_SLEEP_MS = 1000 };
+
+static void queue_push(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
+{
+    r->qnext = NULL;
+    if (*tail)
+        (*tail)->qnext = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
+{
+    kvw_req_t *r = *head;
+    if (r) {
+        *head = r->qnext;
+        if (!*head)
+            *tail = NULL;
+        r->qnext = NULL;
+    }
+    return r;
+}
+
+/* Requests whose both page lists are known, handed over by other threads. */
+static int drain_ready(kvw_engine_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = e->ready_head;
+    e->ready_head = e->ready_tail = NULL;
+    pthread_mutex_unlock(&e->lock);
+    int n = 0;
+    while (r) {
+        kvw_req_t *next = r->qnext;
+        queue_push(&r->peer->active_head, &r->peer->active_tail, r);
+        r = next;
+        n++;
+    }
+    return n;
+}
+
+/* A dead peer's queued requests were already failed by kvw__peer_kill();
+ * the poller only drops its references. */
+static void drop_queues(kvw_peer_t *p)
+{
+    kvw_req_t *r;
+    while ((r = queue_pop(&p->active_head, &p->active_tail)))
+        kvw__req_unref(r);
+    while ((r = queue_pop(&p->inflight_head, &p->inflight_tail)))
+        kvw__req_unref(r);
+}
+
+static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, uint64_t chains0, uint64_t wrs0,
+                             uint64_t bytes0)
+{
+    atomic_fetch_add_explicit(&e->counters.chains, q->chains - chains0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.wrs, q->wrs_posted - wrs0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.bytes, q->bytes_posted - bytes0, memory_order_relaxed);
+}
+
+static int next_write(kvw_req_t *r, kvw_write_t *w)
+{
+    if (r->writes_total)
+        return kvw__plan_next(&r->plan, &r->cursor, w);
+    /* Nothing to copy: one zero-length write carries the immediate. */
+    *w = (kvw_write_t){.remote_addr = r->plan.regions[0].remote_addr,
+                       .rkey = r->plan.regions[0].rkey};
+    return 1;
+}
+
+/* Build r's next writes into the open chain; returns how many. */
+static uint32_t build_writes(kvw_txq_t *q, kvw_req_t *r, uint32_t room)
+{
+    uint64_t total = r->writes_total ? r->writes_total : 1;
+    uint32_t built = 0;
+    kvw_write_t w;
+    while (built < room && r->writes_built < total && next_write(r, &w)) {
+        int last = r->writes_built + 1 == total;
+        r->last_seq = kvw__txq_add(q, &w, last, r->token);
+        r->writes_built++;
+        built++;
+    }
+    return built;
+}
+
+static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
+{
+    if (!p->active_head)
+        return 0;
+    if (!p->txq_ready) {
+        if (kvw__txq_init(&p->txq, e->dev->ops, p->qp->qp, e->cfg.sq_depth, e->cfg.chain_max,
+                          e->cfg.signal_every)) {
+            kvw__peer_kill(p, KVW_ERR_NO_MEMORY, "no memory for the send queue");
+            return 0;
+        }
+        p->txq_ready = true;
+    }
+    kvw_txq_t *q = &p->txq;
+    uint64_t chains0 = q->chains, wrs0 = q->wrs_posted, bytes0 = q->bytes_posted;
+    int work = 0;
+    kvw_req_t *r;
+    while ((r = p->active_head)) {
+        uint32_t room = kvw__txq_room(q);
+        if (!room) {
+            if (!q->pending || kvw__txq_flush(q))
+                break; /* out of credits (or the post failed: handled below) */
+            continue;
+        }
+        /* Stop feeding a request that failed meanwhile (destroyed, timed out). */
+        if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
+            queue_pop(&p->active_head, &p->active_tail);
+            if (r->writes_built)
+                queue_push(&p->inflight_head, &p->inflight_tail, r); /* still on the wire */
+            else
+                kvw__req_unref(r);
+            continue;
+        }
+        work += (int)build_writes(q, r, room);
+        if (r->writes_built == (r->writes_total ? r->writes_total : 1)) {
+            queue_pop(&p->active_head, &p->active_tail);
+            queue_push(&p->inflight_head, &p->inflight_tail, r);
+        }
+    }
+    if (q->pending && kvw__txq_flush(q)) {
+        atomic_fetch_add(&e->counters.errors, 1);
+        kvw__peer_kill(p, KVW_ERR_VERBS, "posting to the send queue failed");
+    }
+    publish_counters(e, q, chains0, wrs0, bytes0);
+    return work;
+}
+
+static void retire_inflight(kvw_peer_t *p)
+{
+    kvw_req_t *r;
+    while ((r = p->inflight_head) && r->last_seq < p->txq.completed) {
+        queue_pop(&p->inflight_head, &p->inflight_tail);
+        kvw__req_succeed(r);
+        kvw__req_unref(r);
+    }
+}
+
+static uint64_t room_of_seq(const kvw_peer_t *p, uint64_t seq)
+{
+    for (const kvw_req_t *r = p->inflight_head; r; r = r->qnext)
+        if (r->last_seq >= seq)
+            return r->room;
+    return p->active_head ? p->active_head->room : UINT64_MAX;
+}
+
+static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+{
+    atomic_fetch_add(&e->counters.errors, 1);
+    if (atomic_load(&p->state) == PEER_DEAD)
+        return; /* the flush that follows a kill */
+    if (e->role == KVW_ROLE_PREFILL)
+        kvw__peer_kill(p, KVW_ERR_TRANSFER,
+                       "RDMA write (room %llu) completed with %s (vendor error 0x%x)",
+                       (unsigned long long)room_of_seq(p, wc->wr_id),
+                       ibv_wc_status_str(wc->status), wc->vendor_err);
+    else
+        kvw__peer_kill(p, KVW_ERR_TRANSFER, "receive completed with %s (vendor error 0x%x)",
+                       ibv_wc_status_str(wc->status), wc->vendor_err);
+}
+
+static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+{
+    uint32_t token = ntohl(wc->imm_data);
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__token_lookup_locked(e, token);
+    if (r && r->peer == p)
+        kvw__req_succeed(r);
+    else
+        KVW_WARN("immediate for unknown request token 0x%x (destroyed receiver?)", token);
+    pthread_mutex_unlock(&e->lock);
+    /* Give the receive back at once so the peer never meets an empty queue. */
+    struct ibv_recv_wr *bad, *wr = &p->rwrs[wc->wr_id];
+    wr->next = NULL;
+    if (e->dev->ops->post_recv(p->qp->qp, wr, &bad))
+        kvw__peer_kill(p, KVW_ERR_VERBS, "re-posting a receive failed: %s", strerror(errno));
+}
+
+static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
+{
+    struct ibv_wc wc[WC_BATCH];
+    int n = e->dev->ops->poll_cq(p->qp->cq, WC_BATCH, wc);
+    if (n < 0) {
+        kvw__peer_kill(p, KVW_ERR_VERBS, "ibv_poll_cq failed");
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        if (wc[i].status != IBV_WC_SUCCESS)
+            on_error_completion(e, p, &wc[i]);
+        else if (e->role == KVW_ROLE_PREFILL)
+            kvw__txq_retire(&p->txq, wc[i].wr_id);
+        else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM)
+            on_immediate(e, p, &wc[i]);
+    }
+    if (n > 0) {
+        atomic_fetch_add_explicit(&e->counters.completions, (uint64_t)n, memory_order_relaxed);
+        if (e->role == KVW_ROLE_PREFILL)
+            retire_inflight(p);
+    }
+    if (atomic_load(&p->state) == PEER_DEAD)
+        drop_queues(p);
+    return n;
+}
+
+static int run_once(kvw_engine_t *e)
+{
+    int work = drain_ready(e);
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = e->peers[i];
+        if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED)
+            work += post_peer(e, p);
+        work += poll_peer(e, p);
+    }
+    return work;
+}
+
+/* Arm every CQ, look once more (a completion may have slipped in before the
+ * arm), then block until a completion event or a wake-up. */
+static void sleep_on_channel(kvw_engine_t *e)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++)
+        e->dev->ops->req_notify_cq(e->peers[i]->qp->cq, 0);
+    if (run_once(e) > 0)
+        return;
+    struct pollfd fds[2] = {{e->channel->fd, POLLIN, 0}, {e->poller_wake_fd, POLLIN, 0}};
+    atomic_fetch_add_explicit(&e->counters.sleeps, 1, memory_order_relaxed);
+    if (poll(fds, 2, IDLE_SLEEP_MS) <= 0)
+        return;
+    struct ibv_cq *cq;
+    void *ctx;
+    while (fds[0].revents && e->dev->ops->get_cq_event(e->channel, &cq, &ctx) == 0)
+        e->dev->ops->ack_cq_events(cq, 1);
+    uint64_t v;
+    if (fds[1].revents && read(e->poller_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        KVW_WARN("poller wake read failed: %s", strerror(errno));
+}
+
+void *kvw__poller_main(void *arg)
+{
+    kvw_engine_t *e = arg;
+    uint64_t spin_ns = (uint64_t)e->cfg.poll_spin_us * 1000ull;
+    uint64_t last_work = kvw__now_ns();
+    while (!atomic_load(&e->stop)) {
+        if (run_once(e) > 0) {
+            last_work = kvw__now_ns();
+            continue;
+        }
+        if (kvw__now_ns() - last_work < spin_ns)
+            continue;
+        sleep_on_channel(e);
+        last_work = kvw__now_ns();
+    }
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++)
+        drop_queues(e->peers[i]);
+    return NULL;
+}

@@ -1,0 +1,438 @@
+/* Senders and receivers: the public per-request API and the state changes
+ * shared by the control and poller threads. */
+#include "engine/engine.h"
+
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvw_sender {
+    kvw_req_t req;
+};
+struct kvw_receiver {
+    kvw_req_t req;
+};
+
+/* ------------------------------------------------------------ lifecycle */
+
+kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
+{
+    /* Both handle types wrap a kvw_req_t as their only member. */
+    kvw_req_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->engine = e;
+    r->role = role;
+    r->room = room;
+    r->aux_index = r->aux = KVW_NO_AUX;
+    atomic_init(&r->state, KVW_POLL_BOOTSTRAPPING);
+    atomic_init(&r->refs, 1); /* the engine list's reference */
+    r->deadline_ns = kvw__now_ns() + (uint64_t)e->cfg.bootstrap_timeout_ms * 1000000ull;
+    r->next = e->reqs;
+    if (e->reqs)
+        e->reqs->prev = r;
+    e->reqs = r;
+    return r;
+}
+
+static void unlink_locked(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (e->reqs == r)
+        e->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+void kvw__req_unref(kvw_req_t *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    free(r->src_pages);
+    free(r->dst_pages);
+    free(r->runs);
+    free(r->pages);
+    free(r);
+}
+
+kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
+{
+    for (kvw_req_t *r = e->reqs; r; r = r->next)
+        if (r->room == room && r->role == role)
+            return r;
+    return NULL;
+}
+
+void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
+{
+    int s = atomic_load(&r->state);
+    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS)
+        return;
+    r->fail_status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->fail_reason, sizeof(r->fail_reason), fmt, ap);
+    va_end(ap);
+    /* Release: the reason is visible to whoever sees Failed. */
+    if (atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_FAILED)) {
+        atomic_fetch_add(&r->engine->counters.failed, 1);
+        KVW_INFO("room %llu failed: %s: %s", (unsigned long long)r->room, kvw_strerror(st),
+                 r->fail_reason);
+    }
+}
+
+void kvw__req_succeed(kvw_req_t *r)
+{
+    int s = KVW_POLL_TRANSFERRING;
+    if (atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_SUCCESS))
+        atomic_fetch_add(&r->engine->counters.ok, 1);
+}
+
+static kvw_poll_t req_poll(const kvw_req_t *r)
+{
+    return (kvw_poll_t)atomic_load(&r->state);
+}
+
+static kvw_status_t req_failure(const kvw_req_t *r, const char **reason_p)
+{
+    if (atomic_load(&r->state) != KVW_POLL_FAILED)
+        return KVW_OK;
+    if (reason_p)
+        *reason_p = r->fail_reason;
+    return r->fail_status;
+}
+
+static void req_destroy(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    r->user_gone = true;
+    if (r->role == KVW_ROLE_DECODE && e->tokens[r->token & 0xffff] == r)
+        e->tokens[r->token & 0xffff] = NULL;
+    kvw__req_fail(r, KVW_ERR_STATE, "destroyed by the caller");
+    unlink_locked(r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__req_unref(r); /* the engine list's reference */
+    kvw__req_unref(r); /* the caller's */
+}
+
+/* --------------------------------------------------------------- sender */
+
+static kvw_status_t fail_sender_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+    kvw__req_fail(r, st, "%s", why);
+    if (r->have_dst) {
+        r->notify_failure = true; /* decode is waiting: tell it */
+        kvw__wake(r->engine->control_wake_fd);
+    }
+    return st;
+}
+
+kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    r->runs = r->num_pages ? calloc(r->num_pages, sizeof(*r->runs)) : NULL;
+    if (r->num_pages && !r->runs)
+        return fail_sender_locked(r, KVW_ERR_NO_MEMORY, "no memory to plan the transfer");
+    kvw_plan_t *p = &r->plan;
+    p->num_runs = kvw__plan_runs(r->src_pages, r->dst_pages, r->num_pages, r->runs);
+    p->runs = r->runs;
+    p->regions = r->peer->regions;
+    p->num_layers = e->num_layers;
+    p->num_aux = e->num_aux;
+    p->has_aux = r->aux_index != KVW_NO_AUX;
+    p->aux_src = r->aux_index;
+    p->aux_dst = r->dst_aux;
+    p->max_msg = e->dev->max_msg_sz;
+    r->writes_total = kvw__plan_count(p);
+    int s = atomic_load(&r->state);
+    if (s == KVW_POLL_FAILED)
+        return r->fail_status;
+    atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+    r->deadline_ns = kvw__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * 1000000ull;
+    atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
+    r->qnext = NULL;
+    if (e->ready_tail)
+        e->ready_tail->qnext = r;
+    else
+        e->ready_head = r;
+    e->ready_tail = r;
+    kvw__wake(e->poller_wake_fd);
+    return KVW_OK;
+}
+
+kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
+                                               const kvw_msg_t *m, char *why, size_t size)
+{
+    uint32_t n = m->u.request.num_pages;
+    if (r->have_dst) {
+        snprintf(why, size, "duplicate request for room %llu", (unsigned long long)r->room);
+        return KVW_ERR_EXISTS;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (m->u.request.pages[i] >= peer->remote_max_pages) {
+            snprintf(why, size, "destination page %llu (index %u) outside decode's regions "
+                     "(%llu pages)", (unsigned long long)m->u.request.pages[i], i,
+                     (unsigned long long)peer->remote_max_pages);
+            return KVW_ERR_OUT_OF_RANGE;
+        }
+    if (m->u.request.aux_index != KVW_NO_AUX && m->u.request.aux_index >= peer->remote_max_aux) {
+        snprintf(why, size, "destination aux index %u outside decode's aux regions (%llu items)",
+                 m->u.request.aux_index, (unsigned long long)peer->remote_max_aux);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    if (r->inited && (r->num_pages != n ||
+                      (r->aux_index == KVW_NO_AUX) != (m->u.request.aux_index == KVW_NO_AUX))) {
+        snprintf(why, size, "decode asks for %u pages%s, prefill sends %zu%s", n,
+                 m->u.request.aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
+                 r->aux_index == KVW_NO_AUX ? "" : " + aux");
+        return KVW_ERR_MISMATCH;
+    }
+    r->dst_pages = n ? malloc((size_t)n * sizeof(uint64_t)) : NULL;
+    if (n && !r->dst_pages)
+        return KVW_ERR_NO_MEMORY;
+    if (n)
+        memcpy(r->dst_pages, m->u.request.pages, (size_t)n * sizeof(uint64_t));
+    r->dst_aux = m->u.request.aux_index;
+    r->token = m->u.request.token;
+    r->peer = peer;
+    r->have_dst = true;
+    if (!r->inited)
+        r->num_pages = n;
+    if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING && !r->have_src)
+        atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
+    r->deadline_ns = 0; /* waiting for prefill's own compute has no limit */
+    return r->have_src ? kvw__sender_start_locked(r) : KVW_OK;
+}
+
+kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **sender_p)
+{
+    if (!e || !sender_p || e->role != KVW_ROLE_PREFILL)
+        return KVW_ERR_INVALID;
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    kvw_status_t st = KVW_OK;
+    if (r && r->has_user) {
+        st = KVW_ERR_EXISTS; /* a live sender already owns this room */
+    } else if (!r && !(r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room))) {
+        st = KVW_ERR_NO_MEMORY;
+    }
+    if (!st) {
+        r->has_user = true; /* adopt a request decode sent ahead of us, if any */
+        atomic_fetch_add(&r->refs, 1);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!st)
+        *sender_p = (kvw_sender_t *)r;
+    return st;
+}
+
+kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_index)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    char why[KVW_WIRE_REASON_MAX];
+    kvw_status_t st = KVW_OK;
+    pthread_mutex_lock(&e->lock);
+    if (r->inited || atomic_load(&r->state) == KVW_POLL_FAILED) {
+        st = KVW_ERR_STATE;
+    } else if (num_pages > e->local_max_pages || num_pages > KVW_WIRE_MAX_PAGES) {
+        snprintf(why, sizeof(why), "%zu pages exceed the %llu the regions hold", num_pages,
+                 (unsigned long long)e->local_max_pages);
+        st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+    } else if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {
+        snprintf(why, sizeof(why), "aux index %u outside the aux regions (%llu items)",
+                 aux_index, (unsigned long long)e->local_max_aux);
+        st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+    } else if (r->have_dst && (r->num_pages != num_pages ||
+                               (aux_index == KVW_NO_AUX) != (r->dst_aux == KVW_NO_AUX))) {
+        snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s",
+                 num_pages, aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
+                 r->dst_aux == KVW_NO_AUX ? "" : " + aux");
+        st = fail_sender_locked(r, KVW_ERR_MISMATCH, why);
+    } else {
+        r->inited = true;
+        r->num_pages = num_pages;
+        r->aux_index = aux_index;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+kvw_status_t kvw_sender_send(kvw_sender_t *s, const uint64_t *pages, size_t n)
+{
+    if (!s || (n && !pages))
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    char why[KVW_WIRE_REASON_MAX];
+    kvw_status_t st = KVW_OK;
+    pthread_mutex_lock(&e->lock);
+    if (!r->inited || r->have_src || atomic_load(&r->state) == KVW_POLL_FAILED) {
+        st = KVW_ERR_STATE;
+        goto out;
+    }
+    if (n != r->num_pages) {
+        snprintf(why, sizeof(why), "send() got %zu pages, init() declared %zu", n, r->num_pages);
+        st = fail_sender_locked(r, KVW_ERR_MISMATCH, why);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (pages[i] >= e->local_max_pages) {
+            snprintf(why, sizeof(why), "source page %llu (index %zu) outside the registered "
+                     "regions (%llu pages)", (unsigned long long)pages[i], i,
+                     (unsigned long long)e->local_max_pages);
+            st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+            goto out;
+        }
+    r->src_pages = n ? malloc(n * sizeof(uint64_t)) : NULL;
+    if (n && !r->src_pages) {
+        st = fail_sender_locked(r, KVW_ERR_NO_MEMORY, "no memory for the page list");
+        goto out;
+    }
+    if (n)
+        memcpy(r->src_pages, pages, n * sizeof(uint64_t));
+    r->have_src = true;
+    if (r->have_dst)
+        st = kvw__sender_start_locked(r);
+out:
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+kvw_poll_t kvw_sender_poll(const kvw_sender_t *s)
+{
+    return req_poll(&s->req);
+}
+
+kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
+{
+    return req_failure(&s->req, reason_p);
+}
+
+void kvw_sender_destroy(kvw_sender_t *s)
+{
+    if (s)
+        req_destroy(&s->req);
+}
+
+/* ------------------------------------------------------------- receiver */
+
+kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token)
+{
+    kvw_req_t *r = e->tokens[token & 0xffff];
+    return r && r->token == token ? r : NULL;
+}
+
+static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    uint32_t slots = 1u << KVW_TOKEN_BITS;
+    for (uint32_t i = 0; i < slots; i++) {
+        uint32_t slot = (e->token_hint + i) & (slots - 1);
+        if (!e->tokens[slot]) {
+            /* The generation makes a late immediate for a reused slot miss. */
+            uint16_t gen = ++e->token_gen[slot];
+            r->token = ((uint32_t)gen << 16) | slot;
+            e->tokens[slot] = r;
+            e->token_hint = slot + 1;
+            return KVW_OK;
+        }
+    }
+    KVW_ERROR("more than %u receivers in flight on one engine", slots);
+    return KVW_ERR_NO_MEMORY;
+}
+
+kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr,
+                                 uint32_t prefill_rank, uint64_t room, kvw_receiver_t **recv_p)
+{
+    if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
+        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6)
+        return KVW_ERR_INVALID;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = KVW_OK;
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, room);
+    if (r) {
+        st = KVW_ERR_EXISTS;
+    } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {
+        st = KVW_ERR_NO_MEMORY;
+    } else if ((st = token_alloc_locked(e, r))) {
+        unlink_locked(r);
+        kvw__req_unref(r);
+    } else {
+        r->has_user = true;
+        atomic_fetch_add(&r->refs, 1);
+        r->prefill_rank = prefill_rank;
+        snprintf(r->bootstrap_addr, sizeof(r->bootstrap_addr), "%s", bootstrap_addr);
+        kvw__wake(e->control_wake_fd); /* attach it to a peer */
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!st)
+        *recv_p = (kvw_receiver_t *)r;
+    return st;
+}
+
+kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t n,
+                               uint32_t aux_index)
+{
+    if (!rc || (n && !pages))
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &rc->req;
+    kvw_engine_t *e = r->engine;
+    if (n > e->local_max_pages || n > KVW_WIRE_MAX_PAGES)
+        return KVW_ERR_OUT_OF_RANGE;
+    for (size_t i = 0; i < n; i++)
+        if (pages[i] >= e->local_max_pages) {
+            KVW_ERROR("room %llu: destination page %llu (index %zu) outside the registered "
+                      "regions (%llu pages)",
+                      (unsigned long long)r->room, (unsigned long long)pages[i], i,
+                      (unsigned long long)e->local_max_pages);
+            return KVW_ERR_OUT_OF_RANGE;
+        }
+    if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux)
+        return KVW_ERR_OUT_OF_RANGE;
+    uint64_t *copy = n ? malloc(n * sizeof(uint64_t)) : NULL;
+    if (n && !copy)
+        return KVW_ERR_NO_MEMORY;
+    if (n)
+        memcpy(copy, pages, n * sizeof(uint64_t));
+    kvw_status_t st = KVW_OK;
+    pthread_mutex_lock(&e->lock);
+    if (r->pages || r->request_due || atomic_load(&r->state) == KVW_POLL_FAILED ||
+        atomic_load(&r->state) >= KVW_POLL_TRANSFERRING) {
+        st = KVW_ERR_STATE;
+        free(copy);
+    } else {
+        r->pages = copy;
+        r->npages = n;
+        r->aux = aux_index;
+        r->request_due = true;
+        kvw__wake(e->control_wake_fd);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *rc)
+{
+    return req_poll(&rc->req);
+}
+
+kvw_status_t kvw_receiver_failure(const kvw_receiver_t *rc, const char **reason_p)
+{
+    return req_failure(&rc->req, reason_p);
+}
+
+void kvw_receiver_destroy(kvw_receiver_t *rc)
+{
+    if (rc)
+        req_destroy(&rc->req);
+}

@@ -1,0 +1,96 @@
+#include "engine/txq.h"
+
+#include "common/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvw_status_t kvw__txq_init(kvw_txq_t *q, const kvw_verbs_ops_t *ops, struct ibv_qp *qp,
+                           uint32_t depth, uint32_t chain_max, uint32_t signal_every)
+{
+    memset(q, 0, sizeof(*q));
+    q->ops = ops;
+    q->qp = qp;
+    q->depth = depth;
+    q->chain_max = chain_max;
+    q->signal_every = signal_every;
+    q->wrs = calloc(chain_max, sizeof(*q->wrs));
+    q->sges = calloc(chain_max, sizeof(*q->sges));
+    if (!q->wrs || !q->sges) {
+        kvw__txq_fini(q);
+        return KVW_ERR_NO_MEMORY;
+    }
+    return KVW_OK;
+}
+
+void kvw__txq_fini(kvw_txq_t *q)
+{
+    free(q->wrs);
+    free(q->sges);
+    q->wrs = NULL;
+    q->sges = NULL;
+}
+
+uint32_t kvw__txq_room(const kvw_txq_t *q)
+{
+    uint64_t credits = q->depth - (q->posted + q->pending - q->completed);
+    uint32_t chain_room = q->chain_max - q->pending;
+    return credits < chain_room ? (uint32_t)credits : chain_room;
+}
+
+uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t imm)
+{
+    uint32_t i = q->pending++;
+    uint64_t seq = q->posted + i;
+    struct ibv_sge *sge = &q->sges[i];
+    struct ibv_send_wr *wr = &q->wrs[i];
+    *sge = (struct ibv_sge){.addr = w->local_addr, .length = w->len, .lkey = w->lkey};
+    wr->wr_id = seq;
+    wr->next = NULL;
+    wr->sg_list = sge;
+    wr->num_sge = w->len ? 1 : 0; /* a zero-length write carries only the immediate */
+    wr->opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    wr->imm_data = htonl(imm);
+    wr->wr.rdma.remote_addr = w->remote_addr;
+    wr->wr.rdma.rkey = w->rkey;
+    if (++q->since_signal >= q->signal_every) {
+        wr->send_flags = IBV_SEND_SIGNALED;
+        q->since_signal = 0;
+    } else {
+        wr->send_flags = 0;
+    }
+    if (i > 0)
+        q->wrs[i - 1].next = wr;
+    q->bytes_posted += w->len;
+    return seq;
+}
+
+kvw_status_t kvw__txq_flush(kvw_txq_t *q)
+{
+    if (!q->pending)
+        return KVW_OK;
+    uint32_t n = q->pending;
+    /* The chain's end is always signaled so nothing stays unretired. */
+    q->wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
+    q->since_signal = 0;
+    q->pending = 0;
+    struct ibv_send_wr *bad = NULL;
+    int rc = q->ops->post_send(q->qp, q->wrs, &bad);
+    if (rc) {
+        KVW_ERROR("ibv_post_send of a %u-WR chain failed at WR %ld: %s", n,
+                  bad ? (long)(bad - q->wrs) : -1L, strerror(rc > 0 ? rc : errno));
+        return KVW_ERR_VERBS;
+    }
+    q->posted += n;
+    q->chains++;
+    q->wrs_posted += n;
+    return KVW_OK;
+}
+
+void kvw__txq_retire(kvw_txq_t *q, uint64_t seq)
+{
+    if (seq + 1 > q->completed)
+        q->completed = seq + 1;
+}

@@ -1,0 +1,47 @@
+/* Send-queue discipline for one RC QP: WRs are appended to a preallocated
+ * chain and posted with one ibv_post_send (one doorbell); every Nth WR and
+ * the last of each chain are signaled, wr_id carries the WR's sequence
+ * number so one completion retires every earlier WR, and a credit count
+ * keeps the send queue (and so the CQ) from overflowing. No allocation and
+ * no lock after init: only the poller thread touches a txq. */
+#ifndef KVW_ENGINE_TXQ_H
+#define KVW_ENGINE_TXQ_H
+
+#include "kvwire.h"
+#include "plan/plan.h"
+#include "verbs/ops.h"
+
+typedef struct kvw_txq {
+    const kvw_verbs_ops_t *ops;
+    struct ibv_qp *qp;
+    uint32_t depth, chain_max, signal_every;
+    uint64_t posted;    /* sequence number of the next WR to post */
+    uint64_t completed; /* every WR with a smaller sequence number has completed */
+    uint32_t since_signal;
+    uint32_t pending; /* WRs built into the current chain, not yet posted */
+    struct ibv_send_wr *wrs;
+    struct ibv_sge *sges;
+    uint64_t chains, wrs_posted, bytes_posted;
+} kvw_txq_t;
+
+kvw_status_t kvw__txq_init(kvw_txq_t *q, const kvw_verbs_ops_t *ops, struct ibv_qp *qp,
+                           uint32_t depth, uint32_t chain_max, uint32_t signal_every);
+void kvw__txq_fini(kvw_txq_t *q);
+
+/* How many more WRs may be added before a flush (credits and chain room). */
+uint32_t kvw__txq_room(const kvw_txq_t *q);
+/* Append one write (room must be > 0); with_imm makes it an RDMA WRITE with
+ * immediate (imm in host order). Returns the WR's sequence number. */
+uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t imm);
+/* Post the pending chain, its last WR signaled. KVW_ERR_VERBS if the post
+ * failed: the WRs are then not outstanding and the QP must be failed. */
+kvw_status_t kvw__txq_flush(kvw_txq_t *q);
+/* A signaled WR with sequence number seq completed successfully. */
+void kvw__txq_retire(kvw_txq_t *q, uint64_t seq);
+/* WRs posted and not yet known complete. */
+static inline uint64_t kvw__txq_outstanding(const kvw_txq_t *q)
+{
+    return q->posted - q->completed;
+}
+
+#endif

@@ -1,0 +1,160 @@
+#include "verbs/device.h"
+
+#include "common/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvw__gid_is_ipv4_mapped(const union ibv_gid *gid)
+{
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(gid->raw, prefix, sizeof(prefix)) == 0;
+}
+
+static int gid_matches_ip(const union ibv_gid *gid, const char *ip)
+{
+    struct in_addr a;
+    if (!ip || inet_pton(AF_INET, ip, &a) != 1)
+        return 1; /* nothing to match against */
+    return memcmp(gid->raw + 12, &a, 4) == 0;
+}
+
+static void gid_to_text(const union ibv_gid *gid, char *buf, size_t size)
+{
+    if (!inet_ntop(AF_INET6, gid->raw, buf, (socklen_t)size))
+        snprintf(buf, size, "?");
+}
+
+/* RoCE: prefer a RoCEv2 GID that is IPv4-mapped (routable, and GID 0, the
+ * link-local one, hangs on rxe) and carries our IP. InfiniBand: GID 0. */
+static kvw_status_t choose_gid(kvw_dev_t *dev, const struct ibv_port_attr *pa,
+                               const char *local_ip, int requested)
+{
+    if (requested >= 0) {
+        if (requested >= pa->gid_tbl_len) {
+            KVW_ERROR("%s: GID index %d outside the table (%d entries)", dev->name, requested,
+                      pa->gid_tbl_len);
+            return KVW_ERR_INVALID;
+        }
+        dev->gid_index = requested;
+    } else if (pa->link_layer == IBV_LINK_LAYER_INFINIBAND) {
+        dev->gid_index = 0;
+    } else {
+        dev->gid_index = -1;
+        for (int i = 0; i < pa->gid_tbl_len && dev->gid_index < 0; i++) {
+            struct ibv_gid_entry e;
+            if (dev->ops->query_gid_ex(dev->ctx, dev->port, (uint32_t)i, &e))
+                continue; /* empty slots return an error */
+            if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && kvw__gid_is_ipv4_mapped(&e.gid) &&
+                gid_matches_ip(&e.gid, local_ip))
+                dev->gid_index = i;
+        }
+        if (dev->gid_index < 0) {
+            KVW_ERROR("%s port %u: no RoCEv2 IPv4-mapped GID%s%s; is an IPv4 address assigned "
+                      "to its netdev? (set KVW_GID_INDEX to force one)",
+                      dev->name, dev->port, local_ip ? " for " : "", local_ip ? local_ip : "");
+            return KVW_ERR_NO_DEVICE;
+        }
+    }
+    struct ibv_gid_entry e;
+    if (dev->ops->query_gid_ex(dev->ctx, dev->port, (uint32_t)dev->gid_index, &e)) {
+        KVW_ERROR("%s: cannot read GID %d: %s", dev->name, dev->gid_index, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    dev->gid = e.gid;
+    char text[INET6_ADDRSTRLEN];
+    gid_to_text(&dev->gid, text, sizeof(text));
+    KVW_INFO("%s port %u: using GID index %d (%s)", dev->name, dev->port, dev->gid_index, text);
+    return KVW_OK;
+}
+
+static struct ibv_context *open_by_name(const kvw_verbs_ops_t *ops, const char *name)
+{
+    int n = 0;
+    struct ibv_device **list = ops->get_device_list(&n);
+    if (!list) {
+        KVW_ERROR("cannot list RDMA devices: %s", strerror(errno));
+        return NULL;
+    }
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; i < n && !ctx; i++)
+        if (strcmp(ops->get_device_name(list[i]), name) == 0)
+            ctx = ops->open_device(list[i]);
+    if (!ctx)
+        KVW_ERROR("RDMA device '%s' not found among %d device(s)", name, n);
+    ops->free_device_list(list);
+    return ctx;
+}
+
+static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_index)
+{
+    struct ibv_port_attr pa;
+    struct ibv_device_attr da;
+    if (dev->ops->query_port(dev->ctx, dev->port, &pa) || dev->ops->query_device(dev->ctx, &da)) {
+        KVW_ERROR("%s: query port %u failed: %s", dev->name, dev->port, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    if (pa.state != IBV_PORT_ACTIVE) {
+        KVW_ERROR("%s port %u is not active (state %d)", dev->name, dev->port, pa.state);
+        return KVW_ERR_NO_DEVICE;
+    }
+    dev->lid = pa.lid;
+    dev->link_layer = pa.link_layer;
+    dev->active_mtu = pa.active_mtu;
+    dev->max_msg_sz = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
+    dev->max_qp_wr = da.max_qp_wr;
+    return choose_gid(dev, &pa, local_ip, gid_index);
+}
+
+kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
+                           kvw_dev_t **dev_p)
+{
+    kvw_dev_t *dev = calloc(1, sizeof(*dev));
+    if (!dev)
+        return KVW_ERR_NO_MEMORY;
+    dev->ops = kvw__verbs_ops();
+    dev->port = port;
+    kvw_status_t st = KVW_ERR_NO_DEVICE;
+    if (name) {
+        snprintf(dev->name, sizeof(dev->name), "%s", name);
+    } else if (!local_ip) {
+        KVW_ERROR("neither a device name nor a local IP to find one from");
+        goto fail;
+    } else {
+        int rc = dev->ops->device_for_ip(local_ip, dev->name, sizeof(dev->name), &dev->port);
+        if (rc) {
+            KVW_ERROR("no RDMA device owns %s: %s", local_ip, strerror(rc));
+            goto fail;
+        }
+    }
+    dev->ctx = open_by_name(dev->ops, dev->name);
+    if (!dev->ctx)
+        goto fail;
+    st = query_port(dev, local_ip, gid_index);
+    if (st)
+        goto fail;
+    dev->pd = dev->ops->alloc_pd(dev->ctx);
+    if (!dev->pd) {
+        KVW_ERROR("%s: ibv_alloc_pd failed: %s", dev->name, strerror(errno));
+        st = KVW_ERR_VERBS;
+        goto fail;
+    }
+    *dev_p = dev;
+    return KVW_OK;
+fail:
+    kvw__dev_close(dev);
+    return st;
+}
+
+void kvw__dev_close(kvw_dev_t *dev)
+{
+    if (!dev)
+        return;
+    if (dev->pd)
+        dev->ops->dealloc_pd(dev->pd);
+    if (dev->ctx)
+        dev->ops->close_device(dev->ctx);
+    free(dev);
+}

@@ -1,0 +1,34 @@
+/* One opened RDMA device: context, port, chosen GID and the single PD that
+ * every region and QP of an engine uses. */
+#ifndef KVW_VERBS_DEVICE_H
+#define KVW_VERBS_DEVICE_H
+
+#include "kvwire.h"
+#include "verbs/ops.h"
+
+typedef struct kvw_dev {
+    const kvw_verbs_ops_t *ops;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    char name[64];
+    uint8_t port;
+    int gid_index;
+    union ibv_gid gid;
+    uint16_t lid;
+    uint8_t link_layer;      /* IBV_LINK_LAYER_* */
+    enum ibv_mtu active_mtu;
+    uint32_t max_msg_sz;     /* largest single RDMA write the port accepts */
+    int max_qp_wr;
+} kvw_dev_t;
+
+/* Open device `name`, or the device that owns local_ip when name is NULL.
+ * gid_index < 0 picks a RoCEv2 IPv4-mapped GID (matching local_ip if given). */
+kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
+                           kvw_dev_t **dev_p);
+void kvw__dev_close(kvw_dev_t *dev);
+
+/* Pure helper, exposed for tests: is this GID an IPv4-mapped address
+ * (::ffff:a.b.c.d)? */
+int kvw__gid_is_ipv4_mapped(const union ibv_gid *gid);
+
+#endif

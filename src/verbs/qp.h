@@ -1,0 +1,39 @@
+/* RC queue pairs connected by hand from exchanged QP info (no rdma_cm on the
+ * data path: the peers already talk over the control plane). */
+#ifndef KVW_VERBS_QP_H
+#define KVW_VERBS_QP_H
+
+#include "verbs/device.h"
+
+/* What a peer needs to connect to one of our QPs; sent over the wire. */
+typedef struct kvw_qp_info {
+    uint32_t qpn;
+    uint32_t psn;
+    uint16_t lid;
+    uint8_t mtu;        /* enum ibv_mtu of the sender's port */
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
+    uint8_t gid[16];
+} kvw_qp_info_t;
+
+typedef struct kvw_qp {
+    kvw_dev_t *dev;
+    struct ibv_cq *cq; /* one CQ per QP for sends and receives: sized so it cannot overrun */
+    struct ibv_qp *qp;
+    uint32_t psn;
+    uint32_t sq_depth, rq_depth;
+} kvw_qp_t;
+
+/* Create an RC QP and its CQ (bound to channel if not NULL, with cq_ctx).
+ * The QP is left in INIT. */
+kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
+                            uint32_t sq_depth, uint32_t rq_depth, kvw_qp_t **qp_p);
+void kvw__qp_local_info(const kvw_qp_t *qp, kvw_qp_info_t *info_p);
+/* INIT -> RTR -> RTS towards remote. */
+kvw_status_t kvw__qp_connect(kvw_qp_t *qp, const kvw_qp_info_t *remote, const kvw_config_t *cfg);
+/* Move to ERR: every outstanding WR completes with a flush error and the
+ * peer can no longer write into our memory through this QP. */
+void kvw__qp_set_error(kvw_qp_t *qp);
+/* Accepts NULL and half-built QPs. */
+void kvw__qp_destroy(kvw_qp_t *qp);
+
+#endif

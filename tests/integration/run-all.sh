@@ -1,0 +1,16 @@
+#!/bin/sh
+# Runs every integration test inside one test-bed boot; exits non-zero if any
+# fails. Usage: run-all.sh BUILD_DIR
+set -u
+build=${1:-build}
+failed=0
+for t in "$build"/integration/*_test; do
+    echo "== $t"
+    if ! "$t"; then
+        echo "FAILED: $t"
+        failed=$((failed + 1))
+    fi
+done
+[ -x tests/integration/engine_scenarios.sh ] && { tests/integration/engine_scenarios.sh "$build" || failed=$((failed + 1)); }
+echo "integration: $failed failed"
+[ "$failed" -eq 0 ]
