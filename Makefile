@@ -29,6 +29,9 @@ STATIC    := $(BUILD)/libkvwire.a
 SHARED    := $(BUILD)/libkvwire.so.$(VERSION)
 PC        := $(BUILD)/kvwire.pc
 
+# Keep sanitizer objects between unit-test links.
+.SECONDARY: $(SAN_OBJS)
+
 .PHONY: all deps check unit integration demo bench install clean format
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
 

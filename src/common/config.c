@@ -95,7 +95,7 @@ kvw_status_t kvw_config_init(kvw_config_t *cfg)
             continue;
         char *end;
         errno = 0;
-        long long v = strtoll(text, &end, 0);
+        long long v = strtoll(text, &end, 10);
         if (errno || *end || v < f->min || v > f->max) {
             KVW_ERROR("config: %s='%s' is not an integer in [%" PRId64 ", %" PRId64
                       "]; keeping %" PRId64,

@@ -35,9 +35,14 @@ static void put_le(writer_t *w, uint64_t v, size_t n)
     put(w, b, n);
 }
 
-static void put_str(writer_t *w, const char *s)
+/* cap is the receiving buffer's size: strings must leave room for a NUL. */
+static void put_str(writer_t *w, const char *s, size_t cap)
 {
-    size_t n = strnlen(s, KVW_WIRE_REASON_MAX);
+    size_t n = strnlen(s, cap);
+    if (n >= cap) {
+        w->overflow = 1;
+        return;
+    }
     put_le(w, n, 2);
     put(w, s, n);
 }
@@ -154,7 +159,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, (uint32_t)m->status, 4);
         put_le(w, m->u.bs.rank, 4);
         if (m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_LOOKUP_REPLY)
-            put_str(w, m->u.bs.endpoint);
+            put_str(w, m->u.bs.endpoint, sizeof(m->u.bs.endpoint));
         break;
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
@@ -182,7 +187,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
     case KVW_MSG_REQUEST_FAILED:
         put_le(w, m->u.failed.room, 8);
         put_le(w, (uint32_t)m->status, 4);
-        put_str(w, m->u.failed.reason);
+        put_str(w, m->u.failed.reason, sizeof(m->u.failed.reason));
         break;
     case KVW_MSG_PING:
     case KVW_MSG_PONG:
@@ -254,10 +259,11 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
         g->item_len = get_le(r, 8);
         g->rkey = (uint32_t)get_le(r, 4);
         if (!g->item_len || g->len % g->item_len || g->addr + g->len < g->addr) {
+            unsigned long long len = g->len, item_len = g->item_len;
             free(m->u.hello.regions);
             m->u.hello.regions = NULL;
             return fail(reason, rsize, "region %zu: length %llu not a multiple of item %llu",
-                        i, (unsigned long long)g->len, (unsigned long long)g->item_len);
+                        i, len, item_len);
         }
     }
     return KVW_OK;

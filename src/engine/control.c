@@ -92,15 +92,8 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
                         : KVW_ERR_NO_MEMORY;
     if (st && r && !orphan && st != KVW_ERR_EXISTS)
         kvw__req_fail(r, st, "%s", why);
-    if (st && r && orphan) {
-        if (r->prev)
-            r->prev->next = r->next;
-        else
-            e->reqs = r->next;
-        if (r->next)
-            r->next->prev = r->prev;
-        kvw__req_unref(r);
-    }
+    if (st && r && orphan)
+        kvw__req_drop_locked(r);
     pthread_mutex_unlock(&e->lock);
     if (st) {
         KVW_ERROR("request for room %llu rejected before any write: %s",
@@ -175,13 +168,7 @@ static void prefill_tick(kvw_engine_t *e, uint64_t now)
             if (r->peer)
                 send_failed(e, r->peer, r->room, KVW_ERR_TIMEOUT,
                             "prefill created no sender for this room in time");
-            if (r->prev)
-                r->prev->next = r->next;
-            else
-                e->reqs = r->next;
-            if (r->next)
-                r->next->prev = r->prev;
-            kvw__req_unref(r);
+            kvw__req_drop_locked(r);
         } else if (s == KVW_POLL_TRANSFERRING && r->peer) {
             r->deadline_ns = 0;
             pthread_mutex_unlock(&e->lock);

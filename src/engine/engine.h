@@ -122,6 +122,7 @@ struct kvw_engine {
     _Atomic uint32_t num_peers;
     kvw_req_t *reqs;
     kvw_req_t *ready_head, *ready_tail;
+    atomic_bool ready_pending; /* lets the spinning poller skip the lock */
     kvw_req_t **tokens; /* decode: slot -> receiver */
     uint16_t *token_gen;
     uint32_t token_hint;
@@ -145,6 +146,8 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
                                                const kvw_msg_t *m, char *why, size_t why_size);
 kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
 kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
+/* Take r off the engine's request list and drop the list's reference. */
+void kvw__req_drop_locked(kvw_req_t *r);
 kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
 
 /* peer.c */

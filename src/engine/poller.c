@@ -39,6 +39,8 @@ static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
 /* Requests whose both page lists are known, handed over by other threads. */
 static int drain_ready(kvw_engine_t *e)
 {
+    if (!atomic_exchange(&e->ready_pending, false))
+        return 0;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = e->ready_head;
     e->ready_head = e->ready_tail = NULL;

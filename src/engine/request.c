@@ -50,6 +50,12 @@ static void unlink_locked(kvw_req_t *r)
     r->prev = r->next = NULL;
 }
 
+void kvw__req_drop_locked(kvw_req_t *r)
+{
+    unlink_locked(r);
+    kvw__req_unref(r);
+}
+
 void kvw__req_unref(kvw_req_t *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
@@ -116,9 +122,8 @@ static void req_destroy(kvw_req_t *r)
     if (r->role == KVW_ROLE_DECODE && e->tokens[r->token & 0xffff] == r)
         e->tokens[r->token & 0xffff] = NULL;
     kvw__req_fail(r, KVW_ERR_STATE, "destroyed by the caller");
-    unlink_locked(r);
+    kvw__req_drop_locked(r);
     pthread_mutex_unlock(&e->lock);
-    kvw__req_unref(r); /* the engine list's reference */
     kvw__req_unref(r); /* the caller's */
 }
 
@@ -164,6 +169,7 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     else
         e->ready_head = r;
     e->ready_tail = r;
+    atomic_store(&e->ready_pending, true);
     kvw__wake(e->poller_wake_fd);
     return KVW_OK;
 }
@@ -365,8 +371,7 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr,
     } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {
         st = KVW_ERR_NO_MEMORY;
     } else if ((st = token_alloc_locked(e, r))) {
-        unlink_locked(r);
-        kvw__req_unref(r);
+        kvw__req_drop_locked(r);
     } else {
         r->has_user = true;
         atomic_fetch_add(&r->refs, 1);

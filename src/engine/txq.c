@@ -63,7 +63,6 @@ uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t
     }
     if (i > 0)
         q->wrs[i - 1].next = wr;
-    q->bytes_posted += w->len;
     return seq;
 }
 
@@ -86,6 +85,8 @@ kvw_status_t kvw__txq_flush(kvw_txq_t *q)
     q->posted += n;
     q->chains++;
     q->wrs_posted += n;
+    for (uint32_t i = 0; i < n; i++)
+        q->bytes_posted += q->sges[i].length;
     return KVW_OK;
 }
 

@@ -1,0 +1,388 @@
+/* Unit tests for src/common/config.c and src/common/status.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/config.h"
+#include "kvwire.h"
+
+/* ------------------------------------------------------------ helpers */
+
+static const char *const env_names[] = {
+    "KVW_SQ_DEPTH",       "KVW_RQ_DEPTH",          "KVW_CHAIN_MAX",
+    "KVW_SIGNAL_EVERY",   "KVW_POLL_SPIN_US",      "KVW_BOOTSTRAP_TIMEOUT_MS",
+    "KVW_TRANSFER_TIMEOUT_MS", "KVW_HEARTBEAT_MS", "KVW_PEER_TIMEOUT_MS",
+    "KVW_GID_INDEX",      "KVW_IB_PORT",           "KVW_QP_TIMEOUT",
+    "KVW_QP_RETRY_CNT",   "KVW_QP_RNR_RETRY",
+};
+#define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
+
+static char log_buf[4096];
+static int log_count;
+
+static void capture_log(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    log_count++;
+    size_t used = strlen(log_buf);
+    snprintf(log_buf + used, sizeof(log_buf) - used, "%s\n", msg);
+}
+
+static void clear_env(void)
+{
+    for (size_t i = 0; i < NUM_ENV; i++)
+        unsetenv(env_names[i]);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    clear_env();
+    log_buf[0] = '\0';
+    log_count = 0;
+    kvw_set_log_handler(capture_log, NULL, KVW_LOG_DEBUG);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    clear_env();
+    kvw_set_log_handler(NULL, NULL, KVW_LOG_WARN);
+    return 0;
+}
+
+static void assert_defaults(const kvw_config_t *c)
+{
+    assert_int_equal(c->sq_depth, 512);
+    assert_int_equal(c->rq_depth, 256);
+    assert_int_equal(c->chain_max, 64);
+    assert_int_equal(c->signal_every, 32);
+    assert_int_equal(c->poll_spin_us, 50);
+    assert_int_equal(c->bootstrap_timeout_ms, 30000);
+    assert_int_equal(c->transfer_timeout_ms, 60000);
+    assert_int_equal(c->heartbeat_ms, 1000);
+    assert_int_equal(c->peer_timeout_ms, 5000);
+    assert_int_equal(c->gid_index, -1);
+    assert_int_equal(c->ib_port, 1);
+    assert_int_equal(c->qp_timeout, 14);
+    assert_int_equal(c->qp_retry_cnt, 7);
+    assert_int_equal(c->qp_rnr_retry, 7);
+}
+
+/* ------------------------------------------------------------ config */
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    kvw_config_t c;
+    memset(&c, 0x5a, sizeof(c));
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_defaults(&c);
+    assert_int_equal(kvw__config_validate(&c), KVW_OK);
+    assert_int_equal(log_count, 0);
+    assert_int_equal(kvw_config_init(NULL), KVW_ERR_INVALID);
+}
+
+static void test_env_overrides(void **state)
+{
+    (void)state;
+    setenv("KVW_SQ_DEPTH", "1024", 1);
+    setenv("KVW_RQ_DEPTH", "16", 1);
+    setenv("KVW_CHAIN_MAX", "128", 1);
+    setenv("KVW_SIGNAL_EVERY", "1", 1);
+    setenv("KVW_POLL_SPIN_US", "0", 1);
+    setenv("KVW_BOOTSTRAP_TIMEOUT_MS", "3600000", 1);
+    setenv("KVW_TRANSFER_TIMEOUT_MS", "10", 1);
+    setenv("KVW_HEARTBEAT_MS", "250", 1);
+    setenv("KVW_PEER_TIMEOUT_MS", "50", 1);
+    setenv("KVW_GID_INDEX", "3", 1);
+    setenv("KVW_IB_PORT", "255", 1);
+    setenv("KVW_QP_TIMEOUT", "31", 1);
+    setenv("KVW_QP_RETRY_CNT", "0", 1);
+    setenv("KVW_QP_RNR_RETRY", "6", 1);
+    kvw_config_t c;
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.sq_depth, 1024);
+    assert_int_equal(c.rq_depth, 16);
+    assert_int_equal(c.chain_max, 128);
+    assert_int_equal(c.signal_every, 1);
+    assert_int_equal(c.poll_spin_us, 0);
+    assert_int_equal(c.bootstrap_timeout_ms, 3600000);
+    assert_int_equal(c.transfer_timeout_ms, 10);
+    assert_int_equal(c.heartbeat_ms, 250);
+    assert_int_equal(c.peer_timeout_ms, 50);
+    assert_int_equal(c.gid_index, 3);
+    assert_int_equal(c.ib_port, 255);
+    assert_int_equal(c.qp_timeout, 31);
+    assert_int_equal(c.qp_retry_cnt, 0);
+    assert_int_equal(c.qp_rnr_retry, 6);
+    assert_int_equal(kvw__config_validate(&c), KVW_OK);
+    assert_int_equal(log_count, 0);
+
+    /* gid_index accepts its -1 sentinel explicitly. */
+    setenv("KVW_GID_INDEX", "-1", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.gid_index, -1);
+
+    /* An empty variable is ignored. */
+    clear_env();
+    setenv("KVW_SQ_DEPTH", "", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_defaults(&c);
+}
+
+typedef struct bad_case {
+    const char *env, *value;
+} bad_case_t;
+
+static void test_env_bad_values(void **state)
+{
+    (void)state;
+    static const bad_case_t bad[] = {
+        {"KVW_SQ_DEPTH", "abc"},
+        {"KVW_SQ_DEPTH", "1024abc"},
+        {"KVW_SQ_DEPTH", "1024 "},
+        {"KVW_SQ_DEPTH", "15"},
+        {"KVW_SQ_DEPTH", "16385"},
+        {"KVW_SQ_DEPTH", "-1"},
+        {"KVW_SQ_DEPTH", "99999999999999999999999"},
+        {"KVW_SQ_DEPTH", "4294967808"}, /* 2^32 + 512: must not wrap to 512 */
+        {"KVW_RQ_DEPTH", "0"},
+        {"KVW_CHAIN_MAX", "0"},
+        {"KVW_CHAIN_MAX", "4097"},
+        {"KVW_SIGNAL_EVERY", "0"},
+        {"KVW_POLL_SPIN_US", "1000001"},
+        {"KVW_BOOTSTRAP_TIMEOUT_MS", "9"},
+        {"KVW_TRANSFER_TIMEOUT_MS", "3600001"},
+        {"KVW_HEARTBEAT_MS", "1.5"},
+        {"KVW_PEER_TIMEOUT_MS", "49"},
+        {"KVW_GID_INDEX", "-2"},
+        {"KVW_GID_INDEX", "256"},
+        {"KVW_IB_PORT", "0"},
+        {"KVW_IB_PORT", "256"}, /* must not wrap to 0 in a uint8_t */
+        {"KVW_QP_TIMEOUT", "0"},
+        {"KVW_QP_TIMEOUT", "32"},
+        {"KVW_QP_RETRY_CNT", "8"},
+        {"KVW_QP_RNR_RETRY", "x7"},
+        {"KVW_QP_RNR_RETRY", "-"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        clear_env();
+        log_buf[0] = '\0';
+        log_count = 0;
+        setenv(bad[i].env, bad[i].value, 1);
+        /* A good override elsewhere still applies. */
+        int other_is_hb = strcmp(bad[i].env, "KVW_HEARTBEAT_MS") == 0;
+        setenv(other_is_hb ? "KVW_PEER_TIMEOUT_MS" : "KVW_HEARTBEAT_MS", "777", 1);
+        kvw_config_t c;
+        kvw_status_t st = kvw_config_init(&c);
+        if (st != KVW_ERR_INVALID)
+            fail_msg("%s='%s' returned %s", bad[i].env, bad[i].value, kvw_status_name(st));
+        if (other_is_hb)
+            assert_int_equal(c.peer_timeout_ms, 777);
+        else
+            assert_int_equal(c.heartbeat_ms, 777);
+        /* The bad field holds its default. */
+        if (other_is_hb)
+            c.peer_timeout_ms = 5000;
+        else
+            c.heartbeat_ms = 1000;
+        assert_defaults(&c);
+        /* The log names the variable. */
+        assert_true(log_count >= 1);
+        if (!strstr(log_buf, bad[i].env))
+            fail_msg("log for %s='%s' does not name it: %s", bad[i].env, bad[i].value, log_buf);
+    }
+}
+
+static void test_validate(void **state)
+{
+    (void)state;
+    kvw_config_t c;
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+
+    c.chain_max = c.sq_depth / 2;
+    assert_int_equal(kvw__config_validate(&c), KVW_OK);
+    c.chain_max = c.sq_depth / 2 + 1;
+    assert_int_equal(kvw__config_validate(&c), KVW_ERR_INVALID);
+
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    c.sq_depth = 16;
+    c.chain_max = 9;
+    c.signal_every = 8;
+    assert_int_equal(kvw__config_validate(&c), KVW_ERR_INVALID);
+    c.chain_max = 8;
+    assert_int_equal(kvw__config_validate(&c), KVW_OK);
+    c.signal_every = 9;
+    assert_int_equal(kvw__config_validate(&c), KVW_ERR_INVALID);
+
+    /* Per-field ranges, for a config edited by the caller. */
+    static const struct {
+        size_t off;
+        int size;
+        int64_t v;
+    } out_of_range[] = {
+        {offsetof(kvw_config_t, sq_depth), 4, 15},
+        {offsetof(kvw_config_t, sq_depth), 4, 16385},
+        {offsetof(kvw_config_t, chain_max), 4, 0},
+        {offsetof(kvw_config_t, signal_every), 4, 0},
+        {offsetof(kvw_config_t, heartbeat_ms), 4, 9},
+        {offsetof(kvw_config_t, gid_index), 4, -2},
+        {offsetof(kvw_config_t, ib_port), 1, 0},
+        {offsetof(kvw_config_t, qp_timeout), 1, 32},
+        {offsetof(kvw_config_t, qp_retry_cnt), 1, 8},
+        {offsetof(kvw_config_t, qp_rnr_retry), 1, 255},
+    };
+    for (size_t i = 0; i < sizeof(out_of_range) / sizeof(out_of_range[0]); i++) {
+        assert_int_equal(kvw_config_init(&c), KVW_OK);
+        char *p = (char *)&c + out_of_range[i].off;
+        if (out_of_range[i].size == 4) {
+            int32_t v = (int32_t)out_of_range[i].v;
+            memcpy(p, &v, 4);
+        } else {
+            *(uint8_t *)p = (uint8_t)out_of_range[i].v;
+        }
+        if (kvw__config_validate(&c) != KVW_ERR_INVALID)
+            fail_msg("field at offset %zu = %lld accepted", out_of_range[i].off,
+                     (long long)out_of_range[i].v);
+    }
+}
+
+static void test_print(void **state)
+{
+    (void)state;
+    setenv("KVW_SQ_DEPTH", "2048", 1);
+    setenv("KVW_GID_INDEX", "2", 1);
+    kvw_config_t c;
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    assert_non_null(f);
+    kvw_config_print(&c, f);
+    fclose(f);
+    assert_non_null(text);
+
+    static const struct {
+        const char *name, *env;
+        long long value;
+    } want[] = {
+        {"sq_depth", "KVW_SQ_DEPTH", 2048},
+        {"rq_depth", "KVW_RQ_DEPTH", 256},
+        {"chain_max", "KVW_CHAIN_MAX", 64},
+        {"signal_every", "KVW_SIGNAL_EVERY", 32},
+        {"poll_spin_us", "KVW_POLL_SPIN_US", 50},
+        {"bootstrap_timeout_ms", "KVW_BOOTSTRAP_TIMEOUT_MS", 30000},
+        {"transfer_timeout_ms", "KVW_TRANSFER_TIMEOUT_MS", 60000},
+        {"heartbeat_ms", "KVW_HEARTBEAT_MS", 1000},
+        {"peer_timeout_ms", "KVW_PEER_TIMEOUT_MS", 5000},
+        {"gid_index", "KVW_GID_INDEX", 2},
+        {"ib_port", "KVW_IB_PORT", 1},
+        {"qp_timeout", "KVW_QP_TIMEOUT", 14},
+        {"qp_retry_cnt", "KVW_QP_RETRY_CNT", 7},
+        {"qp_rnr_retry", "KVW_QP_RNR_RETRY", 7},
+    };
+    const size_t n = sizeof(want) / sizeof(want[0]);
+    assert_int_equal(n, NUM_ENV);
+    int seen[sizeof(want) / sizeof(want[0])] = {0};
+    size_t lines = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char name[64], env[64];
+        long long value;
+        if (sscanf(line, " %63s = %lld (%63[^)])", name, &value, env) != 3)
+            fail_msg("unparsable config line: '%s'", line);
+        lines++;
+        size_t k;
+        for (k = 0; k < n; k++)
+            if (strcmp(name, want[k].name) == 0)
+                break;
+        if (k == n)
+            fail_msg("unexpected field '%s'", name);
+        assert_int_equal(seen[k], 0);
+        seen[k] = 1;
+        assert_string_equal(env, want[k].env);
+        assert_int_equal(value, want[k].value);
+    }
+    assert_int_equal(lines, n);
+    free(text);
+
+    /* Negative values print as such. */
+    c.gid_index = -1;
+    f = open_memstream(&text, &size);
+    assert_non_null(f);
+    kvw_config_print(&c, f);
+    fclose(f);
+    assert_non_null(strstr(text, "= -1"));
+    free(text);
+}
+
+/* ------------------------------------------------------------ status */
+
+static void test_status_strings(void **state)
+{
+    (void)state;
+    static const struct {
+        kvw_status_t st;
+        const char *name, *msg;
+    } all[] = {
+#define KVW_TEST_STATUS(name, value, msg) {KVW_##name, "KVW_" #name, msg},
+        KVW_STATUS_MAP(KVW_TEST_STATUS)
+#undef KVW_TEST_STATUS
+    };
+    const size_t n = sizeof(all) / sizeof(all[0]);
+    assert_int_equal(n, 17);
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(kvw_status_name(all[i].st), all[i].name);
+        assert_string_equal(kvw_strerror(all[i].st), all[i].msg);
+        assert_string_not_equal(kvw_strerror(all[i].st), "unknown status");
+        for (size_t j = 0; j < i; j++) {
+            assert_int_not_equal(all[i].st, all[j].st);
+            assert_string_not_equal(kvw_status_name(all[i].st), kvw_status_name(all[j].st));
+        }
+    }
+    assert_string_equal(kvw_status_name(KVW_OK), "KVW_OK");
+    assert_string_equal(kvw_status_name(KVW_ERR_TIMEOUT), "KVW_ERR_TIMEOUT");
+    assert_string_equal(kvw_strerror(KVW_OK), "success");
+    assert_int_equal(KVW_ERR_UNSUPPORTED, -16);
+
+    static const int unknown[] = {1, 2, -17, -100, 12345, INT32_MIN, INT32_MAX};
+    for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+        assert_string_equal(kvw_strerror((kvw_status_t)unknown[i]), "unknown status");
+        assert_string_equal(kvw_status_name((kvw_status_t)unknown[i]), "KVW_UNKNOWN");
+    }
+}
+
+static void test_poll_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kvw_poll_name(KVW_POLL_FAILED), "Failed");
+    assert_string_equal(kvw_poll_name(KVW_POLL_BOOTSTRAPPING), "Bootstrapping");
+    assert_string_equal(kvw_poll_name(KVW_POLL_WAITING_FOR_INPUT), "WaitingForInput");
+    assert_string_equal(kvw_poll_name(KVW_POLL_TRANSFERRING), "Transferring");
+    assert_string_equal(kvw_poll_name(KVW_POLL_SUCCESS), "Success");
+    assert_string_equal(kvw_poll_name((kvw_poll_t)5), "Unknown");
+    assert_string_equal(kvw_poll_name((kvw_poll_t)1000), "Unknown");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_overrides, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_bad_values, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_validate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_print, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_status_strings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_poll_names, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("config", tests, NULL, NULL);
+}

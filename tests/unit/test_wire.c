@@ -1,0 +1,682 @@
+/* Unit tests for src/ctrl/wire.c: round trips and rejection of malformed
+ * input. Runs under ASan/LSan, so every failure path is also checked for
+ * leaks and out-of-bounds reads. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ctrl/wire.h"
+
+#define BUF_CAP 4096
+
+/* ------------------------------------------------------------ helpers */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Patch the header's body length to match len. */
+static void fix_body_len(uint8_t *buf, size_t len)
+{
+    put32(buf + 8, (uint32_t)(len - KVW_WIRE_HEADER_LEN));
+}
+
+static size_t encode_ok(const kvw_msg_t *m, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    assert_int_equal(kvw__wire_encode(m, buf, cap, &len), KVW_OK);
+    assert_int_equal(len, kvw__wire_size(m));
+    return len;
+}
+
+/* Decode must fail with KVW_ERR_PROTOCOL, give a reason, and leave the
+ * output untouched. Under LSan, any allocation leaked here is reported. */
+static void expect_reject(const uint8_t *buf, size_t len)
+{
+    kvw_msg_t out;
+    memset(&out, 0xab, sizeof(out));
+    kvw_msg_t before = out;
+    char reason[KVW_WIRE_REASON_MAX];
+    reason[0] = '\0';
+    /* Copy into an exact-size heap buffer so ASan sees any read past len. */
+    uint8_t *copy = malloc(len ? len : 1);
+    assert_non_null(copy);
+    if (len)
+        memcpy(copy, buf, len);
+    kvw_status_t st = kvw__wire_decode(copy, len, &out, reason, sizeof(reason));
+    free(copy);
+    if (st != KVW_ERR_PROTOCOL)
+        fail_msg("decode of %zu bytes returned %d (%s), want KVW_ERR_PROTOCOL", len, st,
+                 kvw_status_name(st));
+    assert_true(strlen(reason) > 0);
+    assert_memory_equal(&out, &before, sizeof(out));
+    /* A NULL reason buffer is allowed too. */
+    copy = malloc(len ? len : 1);
+    assert_non_null(copy);
+    if (len)
+        memcpy(copy, buf, len);
+    assert_int_equal(kvw__wire_decode(copy, len, &out, NULL, 0), KVW_ERR_PROTOCOL);
+    free(copy);
+}
+
+static void decode_ok(const uint8_t *buf, size_t len, kvw_msg_t *out)
+{
+    char reason[KVW_WIRE_REASON_MAX] = "";
+    uint8_t *copy = malloc(len);
+    assert_non_null(copy);
+    memcpy(copy, buf, len);
+    kvw_status_t st = kvw__wire_decode(copy, len, out, reason, sizeof(reason));
+    free(copy);
+    if (st != KVW_OK)
+        fail_msg("decode failed: %s (%s)", kvw_status_name(st), reason);
+}
+
+static void assert_qp_equal(const kvw_qp_info_t *a, const kvw_qp_info_t *b)
+{
+    assert_int_equal(a->qpn, b->qpn);
+    assert_int_equal(a->psn, b->psn);
+    assert_int_equal(a->lid, b->lid);
+    assert_int_equal(a->mtu, b->mtu);
+    assert_int_equal(a->link_layer, b->link_layer);
+    assert_memory_equal(a->gid, b->gid, 16);
+}
+
+/* Field-by-field comparison of what the wire carries for m->type. */
+static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
+{
+    assert_int_equal(a->type, b->type);
+    switch (a->type) {
+    case KVW_MSG_BS_REGISTER:
+    case KVW_MSG_BS_LOOKUP_REPLY:
+        assert_string_equal(a->u.bs.endpoint, b->u.bs.endpoint);
+        /* fall through */
+    case KVW_MSG_BS_REGISTER_ACK:
+    case KVW_MSG_BS_LOOKUP:
+        assert_int_equal(a->status, b->status);
+        assert_int_equal(a->u.bs.rank, b->u.bs.rank);
+        break;
+    case KVW_MSG_HELLO:
+    case KVW_MSG_HELLO_ACK:
+        assert_int_equal(a->status, b->status);
+        assert_int_equal(a->u.hello.engine_id, b->u.hello.engine_id);
+        assert_qp_equal(&a->u.hello.qp, &b->u.hello.qp);
+        assert_int_equal(a->u.hello.num_layers, b->u.hello.num_layers);
+        assert_int_equal(a->u.hello.num_aux, b->u.hello.num_aux);
+        for (size_t i = 0; i < 2 * (size_t)a->u.hello.num_layers + a->u.hello.num_aux; i++) {
+            const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
+            assert_int_equal(x->addr, y->addr);
+            assert_int_equal(x->len, y->len);
+            assert_int_equal(x->item_len, y->item_len);
+            assert_int_equal(x->rkey, y->rkey);
+        }
+        break;
+    case KVW_MSG_REQUEST:
+        assert_int_equal(a->u.request.room, b->u.request.room);
+        assert_int_equal(a->u.request.token, b->u.request.token);
+        assert_int_equal(a->u.request.aux_index, b->u.request.aux_index);
+        assert_int_equal(a->u.request.num_pages, b->u.request.num_pages);
+        for (uint32_t i = 0; i < a->u.request.num_pages; i++)
+            assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
+        break;
+    case KVW_MSG_REQUEST_FAILED:
+        assert_int_equal(a->status, b->status);
+        assert_int_equal(a->u.failed.room, b->u.failed.room);
+        assert_string_equal(a->u.failed.reason, b->u.failed.reason);
+        break;
+    case KVW_MSG_PING:
+    case KVW_MSG_PONG:
+        assert_int_equal(a->u.ping.engine_id, b->u.ping.engine_id);
+        break;
+    default:
+        fail_msg("unexpected type %u", a->type);
+    }
+}
+
+static void roundtrip(const kvw_msg_t *m)
+{
+    uint8_t buf[BUF_CAP];
+    size_t len = encode_ok(m, buf, sizeof(buf));
+    /* Header: magic, version, type, body length. */
+    assert_int_equal(buf[0] | buf[1] << 8 | buf[2] << 16 | (uint32_t)buf[3] << 24,
+                     KVW_WIRE_MAGIC);
+    assert_int_equal(buf[4] | buf[5] << 8, KVW_WIRE_VERSION);
+    assert_int_equal(buf[6] | buf[7] << 8, m->type);
+    assert_int_equal(buf[8] | buf[9] << 8 | buf[10] << 16 | (uint32_t)buf[11] << 24,
+                     len - KVW_WIRE_HEADER_LEN);
+    kvw_msg_t out;
+    memset(&out, 0, sizeof(out));
+    decode_ok(buf, len, &out);
+    assert_msg_equal(m, &out);
+    /* Encoding the decoded message gives the same bytes. */
+    uint8_t buf2[BUF_CAP];
+    size_t len2 = encode_ok(&out, buf2, sizeof(buf2));
+    assert_int_equal(len2, len);
+    assert_memory_equal(buf, buf2, len);
+    kvw__wire_free(&out);
+    /* free is idempotent on the cleared pointers and accepts NULL. */
+    kvw__wire_free(&out);
+    kvw__wire_free(NULL);
+}
+
+static kvw_wire_region_t sample_regions[5] = {
+    {0x7f0000001000ull, 4096 * 16, 4096, 0x1111},
+    {0x7f0000100000ull, 4096 * 16, 4096, 0x2222},
+    {0x7f0000200000ull, 8192 * 8, 8192, 0x3333},
+    {0x7f0000300000ull, 8192 * 8, 8192, 0xffffffffu},
+    {0x10, 48 * 3, 48, 0},
+};
+
+static kvw_msg_t sample_hello(uint16_t type)
+{
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = type;
+    m.status = type == KVW_MSG_HELLO_ACK ? KVW_ERR_MISMATCH : 0;
+    m.u.hello.engine_id = 0x0123456789abcdefull;
+    m.u.hello.qp = (kvw_qp_info_t){.qpn = 0xabcdef, .psn = 0x123456, .lid = 0xbeef, .mtu = 5,
+                                   .link_layer = 2};
+    for (int i = 0; i < 16; i++)
+        m.u.hello.qp.gid[i] = (uint8_t)(0xf0 + i);
+    m.u.hello.num_layers = 2;
+    m.u.hello.num_aux = 1;
+    m.u.hello.regions = sample_regions;
+    return m;
+}
+
+static uint64_t sample_pages[4] = {0, 1, 0xffffffffffffffffull, 0x123456789ull};
+
+static kvw_msg_t sample_request(void)
+{
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_REQUEST;
+    m.u.request.room = 0xfedcba9876543210ull;
+    m.u.request.token = 77;
+    m.u.request.aux_index = KVW_NO_AUX;
+    m.u.request.num_pages = 4;
+    m.u.request.pages = sample_pages;
+    return m;
+}
+
+/* ------------------------------------------------------------ round trips */
+
+static void test_roundtrip_bs(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_BS_REGISTER;
+    m.u.bs.rank = 3;
+    strcpy(m.u.bs.endpoint, "tcp://10.0.0.1:5555");
+    roundtrip(&m);
+
+    m.type = KVW_MSG_BS_LOOKUP_REPLY;
+    m.status = KVW_ERR_NOT_FOUND;
+    roundtrip(&m);
+
+    /* Longest endpoint that fits (127 chars + NUL), and the empty one. */
+    memset(m.u.bs.endpoint, 'e', KVW_WIRE_ENDPOINT_MAX - 1);
+    m.u.bs.endpoint[KVW_WIRE_ENDPOINT_MAX - 1] = '\0';
+    roundtrip(&m);
+    m.u.bs.endpoint[0] = '\0';
+    roundtrip(&m);
+
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_BS_REGISTER_ACK;
+    m.status = KVW_ERR_EXISTS;
+    m.u.bs.rank = 0xffffffffu;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 8);
+
+    m.type = KVW_MSG_BS_LOOKUP;
+    m.status = 0;
+    m.u.bs.rank = 12;
+    roundtrip(&m);
+}
+
+static void test_roundtrip_hello(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+    roundtrip(&m);
+    m = sample_hello(KVW_MSG_HELLO_ACK);
+    roundtrip(&m);
+    /* No regions at all (e.g. an ACK carrying only a status). */
+    m.u.hello.num_layers = 0;
+    m.u.hello.num_aux = 0;
+    m.u.hello.regions = NULL;
+    roundtrip(&m);
+    /* Aux only. */
+    m.u.hello.num_aux = 1;
+    m.u.hello.regions = &sample_regions[4];
+    roundtrip(&m);
+}
+
+static void test_roundtrip_request(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_request();
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 20 + 4 * 8);
+    m.u.request.num_pages = 0;
+    m.u.request.pages = NULL;
+    m.u.request.aux_index = 5;
+    roundtrip(&m);
+}
+
+static void test_roundtrip_request_failed(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_REQUEST_FAILED;
+    m.status = KVW_ERR_OUT_OF_RANGE;
+    m.u.failed.room = 42;
+    strcpy(m.u.failed.reason, "page 9999 outside the registered region");
+    roundtrip(&m);
+    /* Longest reason that fits. */
+    memset(m.u.failed.reason, 'r', KVW_WIRE_REASON_MAX - 1);
+    m.u.failed.reason[KVW_WIRE_REASON_MAX - 1] = '\0';
+    roundtrip(&m);
+    m.u.failed.reason[0] = '\0';
+    roundtrip(&m);
+}
+
+static void test_roundtrip_ping_pong(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_PING;
+    m.u.ping.engine_id = 0xdeadbeefcafef00dull;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 8);
+    m.type = KVW_MSG_PONG;
+    roundtrip(&m);
+}
+
+static void test_type_names(void **state)
+{
+    (void)state;
+    static const uint16_t types[] = {KVW_MSG_BS_REGISTER, KVW_MSG_BS_REGISTER_ACK,
+                                     KVW_MSG_BS_LOOKUP,   KVW_MSG_BS_LOOKUP_REPLY,
+                                     KVW_MSG_HELLO,       KVW_MSG_HELLO_ACK,
+                                     KVW_MSG_REQUEST,     KVW_MSG_REQUEST_FAILED,
+                                     KVW_MSG_PING,        KVW_MSG_PONG};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        assert_non_null(kvw__wire_type_name(types[i]));
+        assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
+    }
+    assert_string_equal(kvw__wire_type_name(KVW_MSG_REQUEST), "REQUEST");
+    assert_string_equal(kvw__wire_type_name(0), "UNKNOWN");
+    assert_string_equal(kvw__wire_type_name(999), "UNKNOWN");
+}
+
+/* ------------------------------------------------------------ rejections */
+
+static void truncations(const kvw_msg_t *m)
+{
+    uint8_t buf[BUF_CAP];
+    size_t len = encode_ok(m, buf, sizeof(buf));
+    for (size_t n = 0; n < len; n++) {
+        /* As cut off: the header disagrees with the length. */
+        expect_reject(buf, n);
+        /* And with the header patched to agree: the body itself is short. */
+        if (n >= KVW_WIRE_HEADER_LEN) {
+            uint8_t patched[BUF_CAP];
+            memcpy(patched, buf, n);
+            fix_body_len(patched, n);
+            expect_reject(patched, n);
+        }
+    }
+}
+
+static void test_reject_truncated_hello(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+    truncations(&m);
+}
+
+static void test_reject_truncated_request(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_request();
+    truncations(&m);
+}
+
+static void test_reject_truncated_strings(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_BS_REGISTER;
+    strcpy(m.u.bs.endpoint, "tcp://1.2.3.4:1");
+    truncations(&m);
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_REQUEST_FAILED;
+    strcpy(m.u.failed.reason, "no");
+    truncations(&m);
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_PING;
+    truncations(&m);
+}
+
+static void test_reject_trailing_byte(void **state)
+{
+    (void)state;
+    kvw_msg_t msgs[5];
+    memset(msgs, 0, sizeof(msgs));
+    msgs[0] = sample_hello(KVW_MSG_HELLO);
+    msgs[1] = sample_request();
+    msgs[2].type = KVW_MSG_PING;
+    msgs[3].type = KVW_MSG_BS_LOOKUP;
+    msgs[4].type = KVW_MSG_REQUEST_FAILED;
+    strcpy(msgs[4].u.failed.reason, "x");
+    for (size_t i = 0; i < 5; i++) {
+        uint8_t buf[BUF_CAP];
+        size_t len = encode_ok(&msgs[i], buf, sizeof(buf));
+        buf[len] = 0;
+        expect_reject(buf, len + 1); /* header disagrees */
+        fix_body_len(buf, len + 1);
+        expect_reject(buf, len + 1); /* header agrees: trailing byte in the body */
+    }
+}
+
+static void test_reject_bad_header(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_request();
+    uint8_t buf[BUF_CAP], bad[BUF_CAP];
+    size_t len = encode_ok(&m, buf, sizeof(buf));
+
+    memcpy(bad, buf, len);
+    put32(bad, KVW_WIRE_MAGIC ^ 1);
+    expect_reject(bad, len);
+    memcpy(bad, buf, len);
+    put32(bad, 0);
+    expect_reject(bad, len);
+
+    memcpy(bad, buf, len);
+    put16(bad + 4, KVW_WIRE_VERSION + 1);
+    expect_reject(bad, len);
+    memcpy(bad, buf, len);
+    put16(bad + 4, 0);
+    expect_reject(bad, len);
+
+    static const uint16_t unknown[] = {0, 5, 9, 12, 19, 22, 29, 32, 0xffff};
+    for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+        memcpy(bad, buf, len);
+        put16(bad + 6, unknown[i]);
+        expect_reject(bad, len);
+    }
+
+    /* Body length disagreeing with the bytes present, both ways. */
+    const uint32_t body = (uint32_t)(len - KVW_WIRE_HEADER_LEN);
+    const uint32_t bodies[] = {0, 1, body - 8, body - 1, body + 1, body + 8, 0x7fffffff,
+                               0xffffffff};
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        memcpy(bad, buf, len);
+        put32(bad + 8, bodies[i]);
+        expect_reject(bad, len);
+    }
+}
+
+/* A REQUEST header + body claiming num_pages with `present` pages. */
+static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
+{
+    size_t body = 20 + 8 * (size_t)present;
+    put32(buf, KVW_WIRE_MAGIC);
+    put16(buf + 4, KVW_WIRE_VERSION);
+    put16(buf + 6, KVW_MSG_REQUEST);
+    put32(buf + 8, (uint32_t)body);
+    put64(buf + 12, 1);          /* room */
+    put32(buf + 20, 2);          /* token */
+    put32(buf + 24, KVW_NO_AUX); /* aux */
+    put32(buf + 28, num_pages);
+    for (uint32_t i = 0; i < present; i++)
+        put64(buf + 32 + 8 * i, i);
+    return KVW_WIRE_HEADER_LEN + body;
+}
+
+static void test_reject_request_page_count(void **state)
+{
+    (void)state;
+    uint8_t buf[BUF_CAP];
+    /* Sanity: a forged consistent request decodes. */
+    size_t len = forge_request(buf, 3, 3);
+    kvw_msg_t out;
+    decode_ok(buf, len, &out);
+    assert_int_equal(out.u.request.num_pages, 3);
+    assert_int_equal(out.u.request.pages[2], 2);
+    kvw__wire_free(&out);
+
+    expect_reject(buf, forge_request(buf, 0xffffffffu, 0));
+    expect_reject(buf, forge_request(buf, 0xffffffffu, 2));
+    expect_reject(buf, forge_request(buf, 0x20000000u, 0)); /* 8*n wraps a uint32 */
+    expect_reject(buf, forge_request(buf, KVW_WIRE_MAX_PAGES + 1, 1));
+    expect_reject(buf, forge_request(buf, 4, 3));
+    expect_reject(buf, forge_request(buf, 2, 3));
+    expect_reject(buf, forge_request(buf, 1, 0));
+}
+
+/* A HELLO with the given counts and `present` valid regions. */
+static size_t forge_hello(uint8_t *buf, uint32_t num_layers, uint32_t num_aux, uint32_t present)
+{
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+    m.u.hello.num_layers = 0;
+    m.u.hello.num_aux = present; /* encode `present` regions as aux, then patch counts */
+    kvw_wire_region_t regions[8];
+    assert_true(present <= 8);
+    for (uint32_t i = 0; i < present; i++)
+        regions[i] = (kvw_wire_region_t){0x1000 * (i + 1), 64, 16, i};
+    m.u.hello.regions = present ? regions : NULL;
+    size_t len = encode_ok(&m, buf, BUF_CAP);
+    /* num_layers and num_aux sit right before the regions. */
+    size_t counts = len - (size_t)present * 28 - 8;
+    put32(buf + counts, num_layers);
+    put32(buf + counts + 4, num_aux);
+    return len;
+}
+
+static void test_reject_hello_counts(void **state)
+{
+    (void)state;
+    uint8_t buf[BUF_CAP];
+    kvw_msg_t out;
+    /* Sanity: 1 layer + 1 aux with 3 regions present decodes. */
+    size_t len = forge_hello(buf, 1, 1, 3);
+    decode_ok(buf, len, &out);
+    assert_int_equal(out.u.hello.num_layers, 1);
+    assert_int_equal(out.u.hello.num_aux, 1);
+    assert_int_equal(out.u.hello.regions[2].addr, 0x3000);
+    kvw__wire_free(&out);
+
+    expect_reject(buf, forge_hello(buf, 0xffffffffu, 0, 0));
+    expect_reject(buf, forge_hello(buf, 0x80000000u, 0, 0)); /* 2*n wraps a uint32 to 0 */
+    expect_reject(buf, forge_hello(buf, 0x80000000u, 2, 2)); /* ... or to num_aux */
+    expect_reject(buf, forge_hello(buf, 0, 0xffffffffu, 1));
+    expect_reject(buf, forge_hello(buf, 0xffffffffu, 0xffffffffu, 2));
+    expect_reject(buf, forge_hello(buf, 4096, 257, 0)); /* 8449 > KVW_WIRE_MAX_REGIONS */
+    expect_reject(buf, forge_hello(buf, 2, 0, 3));      /* 4 claimed, 3 present */
+    expect_reject(buf, forge_hello(buf, 1, 0, 3));      /* 2 claimed, 3 present */
+}
+
+static void test_reject_bad_region(void **state)
+{
+    (void)state;
+    kvw_wire_region_t regions[3] = {
+        {0x1000, 4096, 1024, 1}, {0x9000, 4096, 1024, 2}, {0x20000, 48, 16, 3}};
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO_ACK);
+    m.u.hello.num_layers = 1;
+    m.u.hello.num_aux = 1;
+    m.u.hello.regions = regions;
+    uint8_t buf[BUF_CAP];
+
+    static const kvw_wire_region_t bad[] = {
+        {0x1000, 4096, 0, 1},                        /* item_len 0 */
+        {0x1000, 0, 0, 1},                           /* item_len 0, len 0 */
+        {0x1000, 4097, 1024, 1},                     /* len not a multiple */
+        {0x1000, 1000, 1024, 1},                     /* len shorter than one item */
+        {0xfffffffffffff000ull, 0x2000, 0x1000, 1},  /* addr + len wraps */
+    };
+    for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+        for (size_t slot = 0; slot < 3; slot++) {
+            kvw_wire_region_t copy[3];
+            memcpy(copy, regions, sizeof(copy));
+            copy[slot] = bad[b];
+            m.u.hello.regions = copy;
+            size_t len = encode_ok(&m, buf, sizeof(buf));
+            expect_reject(buf, len);
+        }
+    }
+}
+
+static void test_reject_bad_strings(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_BS_LOOKUP_REPLY;
+    strcpy(m.u.bs.endpoint, "tcp://10.0.0.2:7000");
+    uint8_t buf[BUF_CAP];
+    size_t len = encode_ok(&m, buf, sizeof(buf));
+    const size_t str_at = KVW_WIRE_HEADER_LEN + 8; /* u16 length, then bytes */
+
+    /* Embedded NUL inside the declared length. */
+    uint8_t bad[BUF_CAP];
+    memcpy(bad, buf, len);
+    bad[str_at + 2 + 5] = '\0';
+    expect_reject(bad, len);
+    /* NUL as the last declared byte. */
+    memcpy(bad, buf, len);
+    bad[len - 1] = '\0';
+    expect_reject(bad, len);
+
+    /* Declared length beyond the bytes present (header consistent). */
+    memcpy(bad, buf, len);
+    put16(bad + str_at, (uint16_t)(strlen(m.u.bs.endpoint) + 1));
+    expect_reject(bad, len);
+    put16(bad + str_at, 0xffff);
+    expect_reject(bad, len);
+
+    /* Declared length that does not fit the destination: 128 chars present. */
+    size_t n = KVW_WIRE_ENDPOINT_MAX;
+    memcpy(bad, buf, str_at);
+    put16(bad + str_at, (uint16_t)n);
+    memset(bad + str_at + 2, 'a', n);
+    fix_body_len(bad, str_at + 2 + n);
+    expect_reject(bad, str_at + 2 + n);
+    /* ...while 127 chars are accepted. */
+    put16(bad + str_at, (uint16_t)(n - 1));
+    fix_body_len(bad, str_at + 2 + n - 1);
+    kvw_msg_t out;
+    decode_ok(bad, str_at + 2 + n - 1, &out);
+    assert_int_equal(strlen(out.u.bs.endpoint), n - 1);
+
+    /* REQUEST_FAILED reason of KVW_WIRE_REASON_MAX bytes does not fit. */
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_REQUEST_FAILED;
+    strcpy(m.u.failed.reason, "x");
+    len = encode_ok(&m, buf, sizeof(buf));
+    const size_t rs_at = KVW_WIRE_HEADER_LEN + 12;
+    n = KVW_WIRE_REASON_MAX;
+    memcpy(bad, buf, rs_at);
+    put16(bad + rs_at, (uint16_t)n);
+    memset(bad + rs_at + 2, 'b', n);
+    fix_body_len(bad, rs_at + 2 + n);
+    expect_reject(bad, rs_at + 2 + n);
+    /* Embedded NUL in the reason. */
+    memcpy(bad, buf, len);
+    bad[len - 1] = '\0';
+    expect_reject(bad, len);
+}
+
+/* ------------------------------------------------------------ encode */
+
+static void test_encode_refuses(void **state)
+{
+    (void)state;
+    kvw_msg_t msgs[3];
+    msgs[0] = sample_hello(KVW_MSG_HELLO);
+    msgs[1] = sample_request();
+    memset(&msgs[2], 0, sizeof(msgs[2]));
+    msgs[2].type = KVW_MSG_BS_REGISTER;
+    strcpy(msgs[2].u.bs.endpoint, "tcp://h:1");
+    for (size_t i = 0; i < 3; i++) {
+        size_t size = kvw__wire_size(&msgs[i]);
+        uint8_t *buf = malloc(size);
+        assert_non_null(buf);
+        size_t len = 12345;
+        for (size_t cap = 0; cap < size; cap++) {
+            assert_int_equal(kvw__wire_encode(&msgs[i], buf, cap, &len), KVW_ERR_INVALID);
+            assert_int_equal(len, 12345); /* output written only on success */
+        }
+        /* Exactly enough room works (ASan checks nothing is written past it). */
+        assert_int_equal(kvw__wire_encode(&msgs[i], buf, size, &len), KVW_OK);
+        assert_int_equal(len, size);
+        free(buf);
+    }
+
+    uint8_t buf[BUF_CAP];
+    size_t len = 0;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = 99; /* unknown */
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+
+    /* Over the limits (the arrays are never touched). */
+    m = sample_hello(KVW_MSG_HELLO);
+    m.u.hello.num_layers = 4096;
+    m.u.hello.num_aux = 257;
+    m.u.hello.regions = NULL;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    m = sample_request();
+    m.u.request.num_pages = KVW_WIRE_MAX_PAGES + 1;
+    m.u.request.pages = NULL;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_bs),
+        cmocka_unit_test(test_roundtrip_hello),
+        cmocka_unit_test(test_roundtrip_request),
+        cmocka_unit_test(test_roundtrip_request_failed),
+        cmocka_unit_test(test_roundtrip_ping_pong),
+        cmocka_unit_test(test_type_names),
+        cmocka_unit_test(test_reject_truncated_hello),
+        cmocka_unit_test(test_reject_truncated_request),
+        cmocka_unit_test(test_reject_truncated_strings),
+        cmocka_unit_test(test_reject_trailing_byte),
+        cmocka_unit_test(test_reject_bad_header),
+        cmocka_unit_test(test_reject_request_page_count),
+        cmocka_unit_test(test_reject_hello_counts),
+        cmocka_unit_test(test_reject_bad_strings),
+        cmocka_unit_test(test_encode_refuses),
+        /* Last: until the use-after-free in decode_hello's region check is
+         * fixed, ASan aborts the process here. */
+        cmocka_unit_test(test_reject_bad_region),
+    };
+    return cmocka_run_group_tests_name("wire", tests, NULL, NULL);
+}
