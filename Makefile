@@ -56,10 +56,15 @@ $(SHARED): $(LIB_OBJS) src/kvwire.map
 	ln -sf libkvwire.so.$(VERSION) $(BUILD)/libkvwire.so.$(SONAME_MAJOR)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(BUILD)/libkvwire.so
 
+# The prefix is baked in, so install regenerates it for its own PREFIX.
+define write_pc
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvwire\nDescription: KV cache transfer over RDMA\nVersion: %s\nRequires.private: libibverbs librdmacm libzmq\nLibs: -L$${libdir} -lkvwire\nLibs.private: -ldl -pthread\nCflags: -I$${includedir}\n' \
+	    '$(1)' '$(VERSION)' > $(2)
+endef
+
 $(PC): Makefile
 	@mkdir -p $(BUILD)
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvwire\nDescription: KV cache transfer over RDMA\nVersion: %s\nRequires.private: libibverbs librdmacm libzmq\nLibs: -L$${libdir} -lkvwire\nLibs.private: -ldl -pthread\nCflags: -I$${includedir}\n' \
-	    '$(PREFIX)' '$(VERSION)' > $@
+	$(call write_pc,$(PREFIX),$@)
 
 $(BUILD)/%: tools/%.c $(STATIC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
@@ -89,7 +94,12 @@ demo: deps all
 	tools/kvw-testbed --devices 2 --timeout 900 -- tools/demo.sh $(BUILD)
 
 bench: deps all
-	tools/kvw-testbed --devices 2 --cpus 2 --timeout 3000 -- tools/bench.sh $(BUILD)
+	tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- tools/bench.sh $(BUILD)
+
+# Host only (no RDMA): library instructions per work request under callgrind
+# (Debian package valgrind).
+wrcost: $(BUILD)/kvw-wrcost
+	$(BUILD)/kvw-wrcost
 
 install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
@@ -98,7 +108,7 @@ install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libkvwire.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvwire.so.$(SONAME_MAJOR)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvwire.so
-	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	$(call write_pc,$(PREFIX),$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvwire.pc)
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 
 format:

@@ -242,9 +242,10 @@ KVW_API kvw_poll_t kvw_sender_poll(const kvw_sender_t *sender);
  * message (valid until the sender is destroyed) in *reason_p if not NULL.
  * KVW_OK if it has not failed. */
 KVW_API kvw_status_t kvw_sender_failure(const kvw_sender_t *sender, const char **reason_p);
-/* Accepts NULL. A sender destroyed while Transferring waits (bounded by the
- * transfer timeout) until no write of it is outstanding, so its memory is
- * never written after return. */
+/* Accepts NULL. A sender destroyed while Transferring stops being fed; the
+ * writes already posted finish in the background (they only read prefill
+ * memory, which stays registered until the engine is destroyed), and decode
+ * then fails the request by its transfer timeout. */
 KVW_API void kvw_sender_destroy(kvw_sender_t *sender);
 
 /* Decode side. Create a receiver for room, fetching its data from the
@@ -263,7 +264,10 @@ KVW_API kvw_status_t kvw_receiver_init(kvw_receiver_t *receiver, const uint64_t 
 KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
 KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver,
                                           const char **reason_p);
-/* Accepts NULL. */
+/* Accepts NULL. Destroy after Success or Failed: a receiver destroyed while
+ * Transferring stops waiting, but writes the prefill already posted may
+ * still land in its pages. (A receiver that times out instead moves the
+ * peer's QP to the error state first, so nothing lands after Failed.) */
 KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
 /* ------------------------------------------------------------- bootstrap */

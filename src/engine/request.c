@@ -127,6 +127,15 @@ static void req_destroy(kvw_req_t *r)
     kvw__req_unref(r); /* the caller's */
 }
 
+/* Index of the first page >= limit, or n when all fit. */
+static size_t first_out_of_range(const uint64_t *pages, size_t n, uint64_t limit)
+{
+    size_t i = 0;
+    while (i < n && pages[i] < limit)
+        i++;
+    return i;
+}
+
 /* --------------------------------------------------------------- sender */
 
 static kvw_status_t fail_sender_locked(kvw_req_t *r, kvw_status_t st, const char *why)
@@ -182,13 +191,13 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
         snprintf(why, size, "duplicate request for room %llu", (unsigned long long)r->room);
         return KVW_ERR_EXISTS;
     }
-    for (uint32_t i = 0; i < n; i++)
-        if (m->u.request.pages[i] >= peer->remote_max_pages) {
-            snprintf(why, size, "destination page %llu (index %u) outside decode's regions "
-                     "(%llu pages)", (unsigned long long)m->u.request.pages[i], i,
-                     (unsigned long long)peer->remote_max_pages);
-            return KVW_ERR_OUT_OF_RANGE;
-        }
+    size_t bad = first_out_of_range(m->u.request.pages, n, peer->remote_max_pages);
+    if (bad < n) {
+        snprintf(why, size, "destination page %llu (index %zu) outside decode's regions "
+                 "(%llu pages)", (unsigned long long)m->u.request.pages[bad], bad,
+                 (unsigned long long)peer->remote_max_pages);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
     if (m->u.request.aux_index != KVW_NO_AUX && m->u.request.aux_index >= peer->remote_max_aux) {
         snprintf(why, size, "destination aux index %u outside decode's aux regions (%llu items)",
                  m->u.request.aux_index, (unsigned long long)peer->remote_max_aux);
@@ -292,14 +301,14 @@ kvw_status_t kvw_sender_send(kvw_sender_t *s, const uint64_t *pages, size_t n)
         st = fail_sender_locked(r, KVW_ERR_MISMATCH, why);
         goto out;
     }
-    for (size_t i = 0; i < n; i++)
-        if (pages[i] >= e->local_max_pages) {
-            snprintf(why, sizeof(why), "source page %llu (index %zu) outside the registered "
-                     "regions (%llu pages)", (unsigned long long)pages[i], i,
-                     (unsigned long long)e->local_max_pages);
-            st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
-            goto out;
-        }
+    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
+    if (bad < n) {
+        snprintf(why, sizeof(why), "source page %llu (index %zu) outside the registered "
+                 "regions (%llu pages)", (unsigned long long)pages[bad], bad,
+                 (unsigned long long)e->local_max_pages);
+        st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+        goto out;
+    }
     r->src_pages = n ? malloc(n * sizeof(uint64_t)) : NULL;
     if (n && !r->src_pages) {
         st = fail_sender_locked(r, KVW_ERR_NO_MEMORY, "no memory for the page list");
@@ -394,14 +403,14 @@ kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t
     kvw_engine_t *e = r->engine;
     if (n > e->local_max_pages || n > KVW_WIRE_MAX_PAGES)
         return KVW_ERR_OUT_OF_RANGE;
-    for (size_t i = 0; i < n; i++)
-        if (pages[i] >= e->local_max_pages) {
-            KVW_ERROR("room %llu: destination page %llu (index %zu) outside the registered "
-                      "regions (%llu pages)",
-                      (unsigned long long)r->room, (unsigned long long)pages[i], i,
-                      (unsigned long long)e->local_max_pages);
-            return KVW_ERR_OUT_OF_RANGE;
-        }
+    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
+    if (bad < n) {
+        KVW_ERROR("room %llu: destination page %llu (index %zu) outside the registered "
+                  "regions (%llu pages)",
+                  (unsigned long long)r->room, (unsigned long long)pages[bad], bad,
+                  (unsigned long long)e->local_max_pages);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
     if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux)
         return KVW_ERR_OUT_OF_RANGE;
     uint64_t *copy = n ? malloc(n * sizeof(uint64_t)) : NULL;

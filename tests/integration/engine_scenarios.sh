@@ -34,8 +34,11 @@ scenario() {
     ppid=$!
     pids=""
     k=0
+    # "auto": no device name, so the engine finds it from the IP (librdmacm)
+    if [ "$ddev" = auto ]; then devopt=""; else devopt="--dev $ddev"; fi
     while [ $k -lt "$ndec" ]; do
-        "$xfer" decode --dev "$ddev" --ip "$dip" --bootstrap-file "$work/bs" \
+        # shellcheck disable=SC2086
+        "$xfer" decode $devopt --ip "$dip" --bootstrap-file "$work/bs" \
             --decoder-index $k "$@" >"$work/decode$k.log" 2>&1 &
         pids="$pids $!"
         k=$((k + 1))
@@ -67,8 +70,8 @@ scenario "many rooms in flight: 32 small requests at once, one page each side ra
     "$dev0" "$ip0" "$dev1" "$ip1" 1 \
     --layers 4 --item 4096 --pool 512 --pages 8 --requests 64 --inflight 32 \
     --contig 1 --dst-contig 1 --aux-item 64 --aux-items 32 --seed 13
-scenario "two decode engines against one prefill" \
-    "$dev0" "$ip0" "$dev1" "$ip1" 2 \
+scenario "two decode engines against one prefill, decode device found from its IP" \
+    "$dev0" "$ip0" auto "$ip1" 2 \
     --layers 8 --item 2048 --pool 128 --pages 24 --requests 6 --inflight 3 \
     --contig 5 --dst-contig 2 --aux-item 128 --aux-items 4 --seed 14
 
