@@ -32,7 +32,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS)
 
-.PHONY: all deps check unit integration demo bench install clean format
+.PHONY: all deps check unit integration demo bench wrcost install clean format
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
 
 deps:

@@ -21,6 +21,7 @@ BUILD_PKGS=(
 TESTBED_PKGS=(
     qemu-system-x86 linux-image-amd64 busybox-static kmod iproute2 cpio
     procps coreutils util-linux
+    valgrind
 )
 
 usage() {

@@ -1,0 +1,172 @@
+#!/bin/sh
+# kvwire vs perftest, run inside the test bed by `make bench`.
+# For each size, REPS interleaved reps of: ib_write_bw (rxe0 -> rxe0, -n
+# iteration mode) then kvwire-bench moving the same number of bytes in
+# WRs of the same size, also rxe0 -> rxe0 (prefill and decode engines on the
+# same device; the steadier topology). Reports the median of the per-rep
+# ratios kvwire/perftest and the raw values. Rules:
+# /work/shared/docs/rxe-test-bed.md (noisy guest: ratios, interleaved, median).
+#   2k   fragmented KV pages, one 2 KiB page per WR, vs ib_write_bw -s 2048
+#        and vs ib_write_bw -s 2048 --post_list 32 (message rate)
+#   64k  contiguous blocks, 32 x 2 KiB pages per run = one 64 KiB WR
+#   1m   contiguous blocks, 512 x 2 KiB pages per run = one 1 MiB WR
+#   lat  ib_write_lat -s 8 vs one 1-layer, 8-byte-item request (p50)
+# Usage: bench.sh BUILD_DIR     env: REPS (5), SIZES ("2k 64k 1m lat")
+set -u
+build=${1:-build}
+reps=${REPS:-5}
+sizes=${SIZES:-"2k 64k 1m lat"}
+dev=${KVW_TB_DEV0:?run inside tools/kvw-testbed} ip=${KVW_TB_IP0}
+gid=${KVW_TB_GID_INDEX0:-1}
+work=$(mktemp -d)
+raw=$work/raw.tsv # size rep metric value
+trap 'rm -rf "$work"' EXIT
+: >"$raw"
+fails=0
+
+note() { printf '%s\n' "$*" >&2; }
+rec() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$raw"; }
+
+# perftest BYTES_PER_SEC of `ib_write_bw ARGS` (server and client on $dev).
+# perftest's MB is reported from MsgRate (exact) when precise enough.
+pt_bw() { # size iters extra...
+    size=$1 iters=$2
+    shift 2
+    ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s "$size" "$@" >"$work/srv.out" 2>&1 &
+    spid=$!
+    sleep 1.5
+    ok=1
+    for _ in 1 2 3; do
+        if ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s "$size" "$@" "$ip" \
+            >"$work/cli.out" 2>&1; then
+            ok=0
+            break
+        fi
+        sleep 1
+    done
+    wait "$spid" 2>/dev/null
+    if [ $ok -ne 0 ]; then
+        note "ib_write_bw -s $size $* failed:"
+        tail -5 "$work/cli.out" >&2
+        echo 0
+        return
+    fi
+    # "#bytes #iterations BW-peak BW-average[MB/sec] MsgRate[Mpps]"
+    awk -v s="$size" '$1 == s && NF >= 5 { bw = $4; mr = $5 }
+        END { b = mr * 1e6 * s; m = bw * 1048576; d = bw * 1e6
+              # MsgRate has 6 decimals: trust it when it has >= 4 digits,
+              # else take BW avg in perftest MB (2^20 B).
+              if (mr >= 0.001) printf "%.0f\n", b; else printf "%.0f\n", m }' "$work/cli.out"
+}
+
+kv() { # tag rep args... -> prints GB/s etc into raw, returns json line in $work/kv.json
+    tag=$1 rep=$2
+    shift 2
+    if ! "$build/kvwire-bench" --dev0 "$dev" --ip0 "$ip" --dev1 "$dev" --ip1 "$ip" --quiet \
+        --json "$@" >"$work/kv.json" 2>"$work/kv.err"; then
+        note "kvwire-bench $* FAILED:"
+        cat "$work/kv.json" "$work/kv.err" >&2
+        fails=$((fails + 1))
+        return 1
+    fi
+    j=$(tail -1 "$work/kv.json")
+    for k in GBps req_per_s wrs_per_s bytes_per_wr chains_per_req p50_ms p99_ms \
+        prefill_cpu_s_per_GB decode_cpu_s_per_GB prefill_cq_sleeps; do
+        v=$(printf '%s\n' "$j" | sed -n "s/.*\"$k\":\([-0-9.e+]*\).*/\1/p")
+        rec "$tag" "$rep" "kv_$k" "$v"
+    done
+}
+
+k2k="--workload fragmented --contig 1 --item 2048 --layers 4 --tokens 64 --requests 8 --warmup 1 --inflight 4"
+k64k="--workload contiguous --item 2048 --layers 4 --tokens 32 --requests 16 --warmup 2 --inflight 4"
+k1m="--workload contiguous --item 2048 --layers 2 --tokens 512 --requests 4 --warmup 1 --inflight 2"
+klat="--workload contiguous --item 8 --layers 1 --tokens 1 --requests 40 --warmup 5 --inflight 1 --poll-us 0"
+
+note "== kvwire bench: $dev ($ip) -> itself, $reps reps, sizes: $sizes"
+t_start=$(date +%s)
+rep=1
+while [ $rep -le "$reps" ]; do
+    for s in $sizes; do
+        case $s in
+        2k)
+            rec 2k $rep pt_bw "$(pt_bw 2048 4096)"
+            rec 2k $rep pt_bw_pl32 "$(pt_bw 2048 4096 --post_list 32)"
+            # shellcheck disable=SC2086
+            kv 2k $rep $k2k
+            ;;
+        64k)
+            rec 64k $rep pt_bw "$(pt_bw 65536 128)"
+            # shellcheck disable=SC2086
+            kv 64k $rep $k64k
+            ;;
+        1m)
+            rec 1m $rep pt_bw "$(pt_bw 1048576 16)"
+            # shellcheck disable=SC2086
+            kv 1m $rep $k1m
+            ;;
+        lat)
+            ib_write_lat -d "$dev" -x "$gid" -F -n 500 -s 8 >"$work/srv.out" 2>&1 &
+            spid=$!
+            sleep 1.5
+            ib_write_lat -d "$dev" -x "$gid" -F -n 500 -s 8 "$ip" >"$work/cli.out" 2>&1
+            wait "$spid" 2>/dev/null
+            # "#bytes #iter t_min t_max t_typical t_avg t_stdev 99% 99.9%"
+            rec lat $rep pt_lat_us "$(awk '$1 == 8 && NF >= 8 { print $5 }' "$work/cli.out")"
+            # shellcheck disable=SC2086
+            kv lat $rep $klat
+            ;;
+        esac
+        note "   rep $rep $s done ($(($(date +%s) - t_start)) s)"
+    done
+    rep=$((rep + 1))
+done
+
+echo
+echo "== raw values (bytes/s for pt_bw*, us for pt_lat_us, kvwire JSON fields)"
+sort -k1,1 -k3,3 -k2,2n "$raw" | awk -F'\t' '{ printf "  %-4s rep %s  %-26s %s\n", $1, $2, $3, $4 }'
+
+echo
+echo "== kvwire / perftest, median of per-rep ratios ($reps reps, interleaved, rxe0 -> rxe0)"
+awk -F'\t' '
+    { v[$1, $2, $3] = $4; sz[$1] = 1; if ($2 > maxrep) maxrep = $2 }
+    function med(a, n,   i, j, t) {
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+        return n ? (n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2) : -1
+    }
+    function ratio(s, num, numscale, den, what, target,   r, n, k, x, y, rs, m, ms, c1, c2) {
+        n = 0; rs = ""
+        for (r = 1; r <= maxrep; r++) {
+            x = v[s, r, num]; y = v[s, r, den]
+            if (x !~ /^[0-9.]+$/ || y !~ /^[0-9.]+$/ || y + 0 == 0) continue # skips "inf", failed runs
+            a[++n] = x * numscale / y; rs = rs sprintf(" %.2f", a[n])
+        }
+        if (!n) { printf "| %-4s | %-40s | n/a | %s |  |\n", s, what, target; return }
+        m = med(a, n)
+        printf "| %-4s | %-40s | %.2fx | %s | %s |\n", s, what, m, target, rs
+        delete a
+    }
+    END {
+        print "| size | comparison | median ratio | target | per-rep ratios |"
+        print "|---|---|---|---|---|"
+        if (("2k") in sz) {
+            ratio("2k", "kv_GBps", 1e9, "pt_bw", "2 KiB fragmented vs ib_write_bw", "-")
+            ratio("2k", "kv_GBps", 1e9, "pt_bw_pl32", "2 KiB fragmented vs --post_list 32", ">= 0.90x")
+        }
+        if (("64k") in sz) ratio("64k", "kv_GBps", 1e9, "pt_bw", "64 KiB contiguous vs ib_write_bw", ">= 0.95x")
+        if (("1m") in sz) ratio("1m", "kv_GBps", 1e9, "pt_bw", "1 MiB contiguous vs ib_write_bw", ">= 0.95x")
+        if (("lat") in sz) ratio("lat", "kv_p50_ms", 1000, "pt_lat_us", "8 B request p50 / ib_write_lat typical", "(latency: lower is better)")
+    }' "$raw"
+echo
+echo "== kvwire CPU-s per GB (median over reps) and doorbells"
+awk -F'\t' '
+    $3 ~ /^kv_(prefill_cpu_s_per_GB|decode_cpu_s_per_GB|chains_per_req|bytes_per_wr|wrs_per_s|p50_ms|p99_ms)$/ { k = $1 " " $3; n[k]++; x[k, n[k]] = $4; keys[k] = 1 }
+    END {
+        for (k in keys) {
+            m = n[k]
+            for (i = 1; i <= m; i++) a[i] = x[k, i]
+            for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+            printf "  %-34s %s\n", k, m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
+        }
+    }' "$raw" | sort
+echo "== bench done in $(($(date +%s) - t_start)) s, $fails kvwire run(s) failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,667 @@
+/* kvwire-bench: throughput, message rate and latency of KV-cache transfers
+ * through the public API. One invocation runs both sides: after parsing it
+ * forks; the child is the prefill engine (--dev0/--ip0, with an embedded
+ * bootstrap service whose address goes to the parent through a pipe), the
+ * parent the decode engine (--dev1/--ip1), which drives the requests,
+ * measures, verifies the bytes and prints the report.
+ *
+ *   kvwire-bench --ip0 IP [--dev0 NAME] [--ip1 IP] [--dev1 NAME]
+ *                [--workload contiguous|fragmented] [--contig C]
+ *                [--layers L] [--kv-heads H] [--head-dim D] [--dtype-bytes B]
+ *                [--page-tokens T] [--item BYTES] [--tokens N]
+ *                [--requests N] [--warmup N] [--inflight N] [--seed S]
+ *                [--verify N|all] [--poll-us US] [--json] [--quiet]
+ *
+ * Item (bytes per page per layer, K or V) = kv_heads*head_dim*dtype_bytes*
+ * page_tokens unless --item; pages per request = ceil(tokens/page_tokens).
+ * contiguous: each request's pages are one run on both sides (one WR per
+ * K/V layer). fragmented: runs of 1..2C-1 pages (mean C) placed in random
+ * order on each side (one WR per run per K/V layer).
+ *
+ * Timing: warmup requests run to completion first; the measured window is
+ * from the first measured kvw_receiver_init() to the last Success, with
+ * --inflight requests kept in flight (a new one starts as one finishes).
+ * Latency is per request, receiver init -> Success as seen by decode's
+ * polling (--poll-us between polls; 0 = sched_yield). CPU-s/GB is each
+ * process's getrusage (all threads) over its window / GB moved. Prefill's
+ * window is from all warmup senders Success to all senders Success.
+ *
+ * Verification: each request gets its own destination pages when the pool
+ * fits --max-pool-mb; then every byte of the first --verify requests
+ * (default all) is checked after the window. Otherwise destination pages
+ * are reused and the first --verify requests are checked as they finish. */
+#include "kvwire.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct opts {
+    const char *dev0, *ip0, *dev1, *ip1;
+    bool fragmented, json, quiet;
+    uint64_t layers, kv_heads, head_dim, dtype, page_tokens, item, tokens, contig;
+    uint64_t requests, warmup, inflight, seed, verify, poll_us, max_pool_mb;
+    /* derived */
+    uint64_t pages, total, dst_windows, src_windows, pool;
+} opts_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+static void die(const char *side, const char *what, kvw_status_t st, const char *why)
+{
+    fprintf(stderr, "\nkvwire-bench %s: %s: %s (%s)%s%s\n", side, what, kvw_strerror(st),
+            kvw_status_name(st), why ? ": " : "", why ? why : "");
+    exit(1);
+}
+
+/* ------------------------------------------------ deterministic contents */
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+/* Word w of source page `page` in KV region `region`. */
+static uint64_t content(uint64_t seed, uint64_t region, uint64_t page, uint64_t w)
+{
+    return mix(seed ^ mix((region << 40) ^ (page << 20) ^ w));
+}
+
+/* ------------------------------------------------------------ workload */
+
+/* A request's pages as runs: same run lengths on both sides, each side's
+ * runs placed in its own random order inside the request's window. */
+typedef struct req_plan {
+    uint64_t room;
+    uint64_t *src, *dst;
+    uint64_t runs; /* runs contiguous on both sides (what the library plans) */
+} req_plan_t;
+
+static void shuffle(uint64_t *a, uint64_t n, uint64_t seed)
+{
+    for (uint64_t i = n; i > 1; i--) {
+        uint64_t j = mix(seed + i) % i, t = a[i - 1];
+        a[i - 1] = a[j];
+        a[j] = t;
+    }
+}
+
+static void plan_req(const opts_t *o, uint64_t k, req_plan_t *rp)
+{
+    uint64_t n = o->pages, rs = mix(o->seed ^ (k * 0x9e3779b97f4a7c15ull));
+    rp->room = 0x6b7677000000ull + k; /* "kvw" + k */
+    rp->src = malloc(n * sizeof(uint64_t));
+    rp->dst = malloc(n * sizeof(uint64_t));
+    uint64_t src_base = (k % o->src_windows) * n, dst_base = (k % o->dst_windows) * n;
+    if (!o->fragmented) {
+        for (uint64_t i = 0; i < n; i++) {
+            rp->src[i] = src_base + i;
+            rp->dst[i] = dst_base + i;
+        }
+    } else {
+        /* run lengths 1..2C-1 (mean C) */
+        uint64_t *len = malloc(n * sizeof(uint64_t)), nr = 0;
+        for (uint64_t left = n, x = rs; left; nr++) {
+            x = mix(x + 1);
+            uint64_t l = o->contig <= 1 ? 1 : 1 + x % (2 * o->contig - 1);
+            len[nr] = l < left ? l : left;
+            left -= len[nr];
+        }
+        uint64_t *order = malloc(nr * sizeof(uint64_t)), *off = malloc(nr * sizeof(uint64_t));
+        for (int side = 0; side < 2; side++) {
+            for (uint64_t i = 0; i < nr; i++)
+                order[i] = i;
+            shuffle(order, nr, rs + 7 + (uint64_t)side * 1000003);
+            for (uint64_t i = 0, pos = 0; i < nr; i++) { /* place runs in shuffled order */
+                off[order[i]] = pos;
+                pos += len[order[i]];
+            }
+            uint64_t *out = side ? rp->dst : rp->src, base = side ? dst_base : src_base;
+            for (uint64_t r = 0, i = 0; r < nr; r++)
+                for (uint64_t j = 0; j < len[r]; j++)
+                    out[i++] = base + off[r] + j;
+        }
+        free(len);
+        free(order);
+        free(off);
+    }
+    rp->runs = 0;
+    for (uint64_t i = 0; i < n; i++)
+        rp->runs += i == 0 || rp->src[i] != rp->src[i - 1] + 1 || rp->dst[i] != rp->dst[i - 1] + 1;
+}
+
+static void free_req(req_plan_t *rp)
+{
+    free(rp->src);
+    free(rp->dst);
+    rp->src = rp->dst = NULL;
+}
+
+/* ------------------------------------------------------------- memory */
+
+typedef struct memory {
+    kvw_region_t *kv;
+    uint64_t n;
+} memory_t;
+
+static void alloc_memory(const opts_t *o, memory_t *m, bool prefill)
+{
+    m->n = 2 * o->layers;
+    m->kv = calloc(m->n, sizeof(kvw_region_t));
+    uint64_t pages = prefill ? o->src_windows * o->pages : o->dst_windows * o->pages;
+    uint64_t len = pages * o->item;
+    for (uint64_t r = 0; r < m->n; r++) {
+        void *p = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
+        if (!p)
+            die(prefill ? "prefill" : "decode", "allocating KV memory", KVW_ERR_NO_MEMORY, NULL);
+        if (prefill) {
+            uint64_t *w = p;
+            for (uint64_t pg = 0; pg < pages; pg++)
+                for (uint64_t i = 0; i < o->item / 8; i++)
+                    w[pg * (o->item / 8) + i] = content(o->seed, r, pg, i);
+        } else {
+            memset(p, 0, len);
+        }
+        m->kv[r] = (kvw_region_t){p, len, o->item};
+    }
+}
+
+static void free_memory(memory_t *m)
+{
+    for (uint64_t r = 0; r < m->n; r++)
+        free(m->kv[r].addr);
+    free(m->kv);
+}
+
+static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, bool prefill,
+                                 const char *bootstrap)
+{
+    kvw_engine_params_t p = {
+        .role = prefill ? KVW_ROLE_PREFILL : KVW_ROLE_DECODE,
+        .engine_rank = 0,
+        .device = prefill ? o->dev0 : o->dev1,
+        .local_ip = prefill ? o->ip0 : o->ip1,
+        .bootstrap_addr = bootstrap,
+        .num_layers = (uint32_t)o->layers,
+        .kv_regions = m->kv,
+    };
+    kvw_engine_t *e;
+    kvw_status_t st = kvw_engine_create(&p, &e);
+    if (st)
+        die(prefill ? "prefill" : "decode", "creating the engine", st, NULL);
+    return e;
+}
+
+/* Bytes wrong in request rp's destination pages. */
+static uint64_t verify_req(const opts_t *o, const memory_t *m, const req_plan_t *rp)
+{
+    uint64_t bad = 0, words = o->item / 8;
+    for (uint64_t r = 0; r < m->n; r++)
+        for (uint64_t i = 0; i < o->pages; i++) {
+            const uint64_t *w = (const uint64_t *)((const uint8_t *)m->kv[r].addr +
+                                                   rp->dst[i] * o->item);
+            for (uint64_t j = 0; j < words; j++)
+                bad += w[j] != content(o->seed, r, rp->src[i], j);
+        }
+    return bad * 8;
+}
+
+/* ------------------------------------------------------------- prefill */
+
+typedef struct prefill_result {
+    int rc;
+    double cpu_s, wall_s;
+    uint64_t wrs, chains, bytes, completions, errors, cq_sleeps, failed;
+    char why[160];
+} prefill_result_t;
+
+static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
+{
+    prefill_result_t res = {0};
+    memory_t m;
+    alloc_memory(o, &m, true);
+    char bind[96];
+    snprintf(bind, sizeof(bind), "%s:0", o->ip0);
+    kvw_bootstrap_t *bs;
+    kvw_status_t st = kvw_bootstrap_create(bind, &bs);
+    if (st)
+        die("prefill", "starting the embedded bootstrap service", st, NULL);
+    kvw_engine_t *e = make_engine(o, &m, true, kvw_bootstrap_addr(bs));
+    char addr[128];
+    snprintf(addr, sizeof(addr), "%s", kvw_bootstrap_addr(bs));
+    if (write(addr_fd, addr, strlen(addr) + 1) < 0)
+        exit(1);
+    close(addr_fd);
+
+    kvw_sender_t **s = calloc(o->total, sizeof(*s));
+    for (uint64_t k = 0; k < o->total; k++) {
+        req_plan_t rp;
+        plan_req(o, k, &rp);
+        st = kvw_sender_create(e, rp.room, &s[k]);
+        if (!st)
+            st = kvw_sender_init(s[k], o->pages, KVW_NO_AUX);
+        if (!st)
+            st = kvw_sender_send(s[k], rp.src, o->pages);
+        free_req(&rp);
+        if (st)
+            die("prefill", "starting a sender", st, NULL);
+    }
+    kvw_counters_t c0 = {0}, c1;
+    double t0 = 0, cpu0 = 0;
+    uint64_t next = 0; /* senders below this are done */
+    bool started = o->warmup == 0;
+    if (started) {
+        t0 = now_s();
+        cpu0 = cpu_s();
+        kvw_engine_counters(e, &c0);
+    }
+    while (next < o->total) {
+        kvw_poll_t p = kvw_sender_poll(s[next]);
+        if (p == KVW_POLL_FAILED) {
+            const char *why = "";
+            kvw_status_t fst = kvw_sender_failure(s[next], &why);
+            snprintf(res.why, sizeof(res.why), "room %" PRIu64 ": %s: %s", next,
+                     kvw_strerror(fst), why);
+            res.failed++;
+        }
+        if (p == KVW_POLL_SUCCESS || p == KVW_POLL_FAILED) {
+            next++;
+            if (!started && next == o->warmup) {
+                started = true;
+                t0 = now_s();
+                cpu0 = cpu_s();
+                kvw_engine_counters(e, &c0);
+            }
+            continue;
+        }
+        usleep(o->poll_us > 200 ? (useconds_t)o->poll_us : 200);
+    }
+    res.wall_s = now_s() - t0;
+    res.cpu_s = cpu_s() - cpu0;
+    kvw_engine_counters(e, &c1);
+    res.wrs = c1.wrs_posted - c0.wrs_posted;
+    res.chains = c1.chains_posted - c0.chains_posted;
+    res.bytes = c1.bytes_posted - c0.bytes_posted;
+    res.completions = c1.completions - c0.completions;
+    res.errors = c1.errors;
+    res.cq_sleeps = c1.cq_sleeps - c0.cq_sleeps;
+    res.rc = res.failed != 0;
+    for (uint64_t k = 0; k < o->total; k++)
+        kvw_sender_destroy(s[k]);
+    free(s);
+    if (write(result_fd, &res, sizeof(res)) != (ssize_t)sizeof(res))
+        res.rc = 1;
+    close(result_fd);
+    /* Keep the engine up until decode has seen every request land. */
+    char b;
+    while (read(done_fd, &b, 1) < 0 && errno == EINTR)
+        ;
+    kvw_engine_destroy(e);
+    kvw_bootstrap_destroy(bs);
+    free_memory(&m);
+    return res.rc;
+}
+
+/* -------------------------------------------------------------- decode */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(const double *sorted, uint64_t n, double p)
+{
+    if (!n)
+        return 0;
+    uint64_t i = (uint64_t)ceil(p * (double)n) - 1;
+    return sorted[i < n ? i : n - 1];
+}
+
+typedef struct slot {
+    kvw_receiver_t *rx;
+    req_plan_t rp;
+    uint64_t k;
+    double start;
+    bool busy;
+} slot_t;
+
+/* Run requests [from, to) keeping o->inflight in flight. */
+static void run_phase(const opts_t *o, kvw_engine_t *e, const char *bootstrap, const memory_t *m,
+                      uint64_t from, uint64_t to, double *lat, uint64_t *bad, uint64_t *verified,
+                      double t_start)
+{
+    slot_t *sl = calloc(o->inflight, sizeof(slot_t));
+    uint64_t next = from, done = from;
+    double last_progress = now_s();
+    bool measured = from >= o->warmup;
+    while (done < to) {
+        bool progress = false;
+        for (uint64_t j = 0; j < o->inflight; j++) {
+            slot_t *x = &sl[j];
+            if (!x->busy && next < to) {
+                x->k = next++;
+                plan_req(o, x->k, &x->rp);
+                kvw_status_t st = kvw_receiver_create(e, bootstrap, 0, x->rp.room, &x->rx);
+                x->start = now_s();
+                if (!st)
+                    st = kvw_receiver_init(x->rx, x->rp.dst, o->pages, KVW_NO_AUX);
+                if (st)
+                    die("decode", "starting a receiver", st, NULL);
+                x->busy = true;
+                progress = true;
+            }
+            if (!x->busy)
+                continue;
+            kvw_poll_t p = kvw_receiver_poll(x->rx);
+            if (p != KVW_POLL_SUCCESS && p != KVW_POLL_FAILED)
+                continue;
+            double t = now_s();
+            if (p == KVW_POLL_FAILED) {
+                const char *why = "";
+                kvw_status_t st = kvw_receiver_failure(x->rx, &why);
+                die("decode", "a request failed", st, why);
+            }
+            lat[x->k] = t - x->start;
+            /* Destination pages reused by later requests: check now. */
+            if (o->dst_windows < o->total && *verified < o->verify) {
+                *bad += verify_req(o, m, &x->rp);
+                (*verified)++;
+            }
+            kvw_receiver_destroy(x->rx);
+            free_req(&x->rp);
+            x->busy = false;
+            done++;
+            progress = true;
+        }
+        if (!o->quiet && now_s() - last_progress > 0.5) {
+            last_progress = now_s();
+            double dt = last_progress - t_start;
+            uint64_t mdone = measured ? done - o->warmup : 0;
+            fprintf(stderr, "\r[kvwire-bench] %s %" PRIu64 "/%" PRIu64 " requests, %.2f MB/s   ",
+                    measured ? "measuring" : "warming up", measured ? mdone : done,
+                    measured ? o->requests : o->warmup,
+                    measured && dt > 0
+                        ? (double)mdone * (double)o->pages * (double)o->item * 2.0 *
+                              (double)o->layers / dt / 1e6
+                        : 0.0);
+        }
+        if (!progress) {
+            if (o->poll_us)
+                usleep((useconds_t)o->poll_us);
+            else
+                sched_yield();
+        }
+    }
+    free(sl);
+}
+
+static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, int done_fd)
+{
+    char bootstrap[128] = "";
+    ssize_t got = 0;
+    while (got < (ssize_t)sizeof(bootstrap) - 1) {
+        ssize_t n = read(addr_fd, bootstrap + got, sizeof(bootstrap) - 1 - (size_t)got);
+        if (n <= 0)
+            break;
+        got += n;
+        if (memchr(bootstrap, '\0', (size_t)got))
+            break;
+    }
+    close(addr_fd);
+    if (!got || !bootstrap[0]) {
+        fprintf(stderr, "kvwire-bench: the prefill process failed before publishing its "
+                        "bootstrap address\n");
+        waitpid(child, NULL, 0);
+        return 1;
+    }
+    memory_t m;
+    alloc_memory(o, &m, false);
+    kvw_engine_t *e = make_engine(o, &m, false, NULL);
+    double *lat = calloc(o->total, sizeof(double));
+    uint64_t bad = 0, verified = 0;
+    if (o->warmup)
+        run_phase(o, e, bootstrap, &m, 0, o->warmup, lat, &bad, &verified, now_s());
+    double t0 = now_s(), cpu0 = cpu_s();
+    run_phase(o, e, bootstrap, &m, o->warmup, o->total, lat, &bad, &verified, t0);
+    double dt = now_s() - t0, cpu = cpu_s() - cpu0;
+    if (!o->quiet)
+        fprintf(stderr, "\r%70s\r", "");
+
+    /* Every request had its own destination pages: verify after the window. */
+    if (o->dst_windows >= o->total)
+        for (uint64_t k = 0; k < o->total && verified < o->verify; k++, verified++) {
+            req_plan_t rp;
+            plan_req(o, k, &rp);
+            bad += verify_req(o, &m, &rp);
+            free_req(&rp);
+        }
+
+    prefill_result_t pr = {.rc = 1};
+    ssize_t n = read(result_fd, &pr, sizeof(pr));
+    close(result_fd);
+    close(done_fd); /* prefill may tear down now */
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (n != (ssize_t)sizeof(pr)) {
+        fprintf(stderr, "kvwire-bench: no result from the prefill process\n");
+        pr.rc = 1;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status))
+        pr.rc = 1;
+
+    /* Expected WRs (max message well above these sizes: no splits). */
+    uint64_t runs = 0;
+    for (uint64_t k = o->warmup; k < o->total; k++) {
+        req_plan_t rp;
+        plan_req(o, k, &rp);
+        runs += rp.runs;
+        free_req(&rp);
+    }
+    uint64_t want_wrs = 2 * o->layers * runs;
+    double bytes = (double)o->requests * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
+    qsort(lat + o->warmup, o->requests, sizeof(double), cmp_double);
+    double p50 = pct(lat + o->warmup, o->requests, 0.50) * 1e3;
+    double p99 = pct(lat + o->warmup, o->requests, 0.99) * 1e3;
+    double gbps = bytes / dt / 1e9, reqs = (double)o->requests / dt, wrs = (double)pr.wrs / dt;
+    double msg = pr.wrs ? (double)pr.bytes / (double)pr.wrs : 0;
+    double chains_per_req = (double)pr.chains / (double)o->requests;
+    double dcpu_gb = cpu / (bytes / 1e9), pcpu_gb = pr.cpu_s / (bytes / 1e9);
+    int rc = pr.rc || bad != 0 || pr.wrs != want_wrs || (uint64_t)pr.bytes != (uint64_t)bytes;
+
+    if (!o->quiet) {
+        printf("kvwire-bench: %s, %" PRIu64 " layers x K/V x %" PRIu64 " pages x %" PRIu64
+               " B items (%s%s -> %s%s)\n",
+               o->fragmented ? "fragmented" : "contiguous", o->layers, o->pages, o->item,
+               o->dev0 ? o->dev0 : "", o->ip0, o->dev1 ? o->dev1 : "", o->ip1);
+        printf("  %-26s %" PRIu64 " measured (+%" PRIu64 " warmup), %" PRIu64 " in flight\n",
+               "requests", o->requests, o->warmup, o->inflight);
+        printf("  %-26s %.3f MB in %.3f s\n", "moved", bytes / 1e6, dt);
+        printf("  %-26s %.4f GB/s (%.2f MB/s)\n", "throughput", gbps, gbps * 1e3);
+        printf("  %-26s %.2f\n", "requests/s", reqs);
+        printf("  %-26s %.0f (%.0f B/WR; %" PRIu64 " WRs, planned %" PRIu64 ")\n", "WRs/s", wrs,
+               msg, pr.wrs, want_wrs);
+        printf("  %-26s %.2f (%.1f WRs/chain)\n", "chains (doorbells)/request", chains_per_req,
+               pr.chains ? (double)pr.wrs / (double)pr.chains : 0.0);
+        printf("  %-26s p50 %.3f ms, p99 %.3f ms\n", "latency init->Success", p50, p99);
+        printf("  %-26s prefill %.2f, decode %.2f (%.3f / %.3f CPU-s over %.3f / %.3f s)\n",
+               "CPU-s per GB", pcpu_gb, dcpu_gb, pr.cpu_s, cpu, pr.wall_s, dt);
+        printf("  %-26s %" PRIu64 " requests, %" PRIu64 " bytes wrong%s\n", "verified", verified,
+               bad, o->dst_windows >= o->total ? " (checked after the window)" : "");
+        if (pr.why[0])
+            printf("  prefill failure: %s\n", pr.why);
+        if (pr.wrs != want_wrs)
+            printf("  WRs posted (%" PRIu64 ") differ from the plan (%" PRIu64 ")\n", pr.wrs,
+                   want_wrs);
+        printf("  result: %s\n", rc ? "FAILED" : "ok");
+    }
+    if (o->json)
+        printf("{\"workload\":\"%s\",\"layers\":%" PRIu64 ",\"pages\":%" PRIu64
+               ",\"item\":%" PRIu64 ",\"contig\":%" PRIu64 ",\"requests\":%" PRIu64
+               ",\"inflight\":%" PRIu64 ",\"bytes\":%.0f,\"seconds\":%.6f,\"GBps\":%.6f,"
+               "\"MBps\":%.3f,\"req_per_s\":%.3f,\"wrs\":%" PRIu64 ",\"wrs_planned\":%" PRIu64
+               ",\"wrs_per_s\":%.1f,\"bytes_per_wr\":%.1f,\"chains\":%" PRIu64
+               ",\"chains_per_req\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
+               "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"prefill_cpu_s_per_GB\":%.3f,"
+               "\"decode_cpu_s_per_GB\":%.3f,\"prefill_cq_sleeps\":%" PRIu64
+               ",\"verified\":%" PRIu64 ",\"bad_bytes\":%" PRIu64 ",\"ok\":%s}\n",
+               o->fragmented ? "fragmented" : "contiguous", o->layers, o->pages, o->item,
+               o->contig, o->requests, o->inflight, bytes, dt, gbps, gbps * 1e3, reqs, pr.wrs,
+               want_wrs, wrs, msg, pr.chains, chains_per_req, p50, p99, pr.cpu_s, cpu, pcpu_gb,
+               dcpu_gb, pr.cq_sleeps, verified, bad, rc ? "false" : "true");
+    free(lat);
+    kvw_engine_destroy(e);
+    free_memory(&m);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: kvwire-bench --ip0 IP [--dev0 NAME] [--ip1 IP] [--dev1 NAME]\n"
+            "  workload: --workload contiguous|fragmented (contiguous) --contig C (4)\n"
+            "  model:    --layers L (32) --kv-heads H (8) --head-dim D (128) --dtype-bytes B (2)\n"
+            "            --page-tokens T (1) | --item BYTES;  --tokens N per request (1024)\n"
+            "  run:      --requests N (16) --warmup N (2) --inflight N (4) --seed S (1)\n"
+            "            --verify N|all (all) --poll-us US (50; 0 = yield) --max-pool-mb MB (512)\n"
+            "  output:   --json (one JSON line) --quiet (no table, no progress)\n");
+    exit(2);
+}
+
+static void parse(int argc, char **argv, opts_t *o)
+{
+    *o = (opts_t){.layers = 32, .kv_heads = 8, .head_dim = 128, .dtype = 2, .page_tokens = 1,
+                  .tokens = 1024, .contig = 4, .requests = 16, .warmup = 2, .inflight = 4,
+                  .seed = 1, .verify = UINT64_MAX, .poll_us = 50, .max_pool_mb = 512};
+    static const struct option lo[] = {
+        {"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},         {"dev1", 1, 0, 'D'},
+        {"ip1", 1, 0, 'I'},         {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
+        {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},    {"head-dim", 1, 0, 'h'},
+        {"dtype-bytes", 1, 0, 'b'}, {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
+        {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},    {"warmup", 1, 0, 'W'},
+        {"inflight", 1, 0, 'f'},    {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
+        {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'}, {"json", 0, 0, 'j'},
+        {"quiet", 0, 0, 'q'},       {"help", 0, 0, '?'},        {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
+        switch (c) {
+        case 'd': o->dev0 = optarg; break;
+        case 'i': o->ip0 = optarg; break;
+        case 'D': o->dev1 = optarg; break;
+        case 'I': o->ip1 = optarg; break;
+        case 'w':
+            if (strcmp(optarg, "fragmented") == 0)
+                o->fragmented = true;
+            else if (strcmp(optarg, "contiguous") != 0)
+                usage();
+            break;
+        case 'c': o->contig = v; break;
+        case 'L': o->layers = v; break;
+        case 'H': o->kv_heads = v; break;
+        case 'h': o->head_dim = v; break;
+        case 'b': o->dtype = v; break;
+        case 'T': o->page_tokens = v; break;
+        case 'S': o->item = v; break;
+        case 't': o->tokens = v; break;
+        case 'n': o->requests = v; break;
+        case 'W': o->warmup = v; break;
+        case 'f': o->inflight = v; break;
+        case 's': o->seed = v; break;
+        case 'v': o->verify = strcmp(optarg, "all") == 0 ? UINT64_MAX : v; break;
+        case 'p': o->poll_us = v; break;
+        case 'M': o->max_pool_mb = v; break;
+        case 'j': o->json = true; break;
+        case 'q': o->quiet = true; break;
+        default: usage();
+        }
+    }
+    if (optind != argc || !o->ip0 || !o->layers || !o->page_tokens || !o->tokens ||
+        !o->requests || !o->inflight || !o->contig)
+        usage();
+    if (!o->ip1)
+        o->ip1 = o->ip0;
+    if (!o->dev1)
+        o->dev1 = o->dev0;
+    if (!o->item)
+        o->item = o->kv_heads * o->head_dim * o->dtype * o->page_tokens;
+    if (!o->item || o->item % 8) {
+        fprintf(stderr, "kvwire-bench: item size %" PRIu64 " must be a positive multiple of 8\n",
+                o->item);
+        exit(2);
+    }
+    o->pages = (o->tokens + o->page_tokens - 1) / o->page_tokens;
+    o->total = o->requests + o->warmup;
+    if (o->inflight > o->total)
+        o->inflight = o->total;
+    /* Destination windows: one per request when it fits, else one per slot. */
+    double per_window_mb = (double)o->pages * (double)o->item * 2.0 * (double)o->layers / 1e6;
+    o->dst_windows = per_window_mb * (double)o->total <= (double)o->max_pool_mb ? o->total
+                                                                                 : o->inflight;
+    o->src_windows = o->total < 5 ? o->total : 5;
+    if (per_window_mb * (double)(o->dst_windows > o->src_windows ? o->dst_windows
+                                                                 : o->src_windows) >
+        (double)o->max_pool_mb * 2) {
+        fprintf(stderr, "kvwire-bench: %.0f MB per request x %" PRIu64 " in flight exceeds "
+                        "--max-pool-mb\n", per_window_mb, o->inflight);
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    parse(argc, argv, &o);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int addr_pipe[2], result_pipe[2], done_pipe[2];
+    if (pipe(addr_pipe) || pipe(result_pipe) || pipe(done_pipe)) {
+        perror("kvwire-bench: pipe");
+        return 1;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("kvwire-bench: fork");
+        return 1;
+    }
+    if (pid == 0) {
+        close(addr_pipe[0]);
+        close(result_pipe[0]);
+        close(done_pipe[1]);
+        _exit(run_prefill(&o, addr_pipe[1], result_pipe[1], done_pipe[0]));
+    }
+    close(addr_pipe[1]);
+    close(result_pipe[1]);
+    close(done_pipe[0]);
+    return run_decode(&o, pid, addr_pipe[0], result_pipe[0], done_pipe[1]);
+}
