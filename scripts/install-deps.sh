@@ -13,6 +13,7 @@ BUILD_PKGS=(
     build-essential pkg-config
     libibverbs-dev librdmacm-dev libzmq3-dev libcmocka-dev
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+    valgrind
 )
 # The test bed: a qemu TCG guest running Debian's 6.1 kernel (ships
 # rdma_rxe.ko), booted from a busybox initramfs built with cpio, with rxe
@@ -21,7 +22,6 @@ BUILD_PKGS=(
 TESTBED_PKGS=(
     qemu-system-x86 linux-image-amd64 busybox-static kmod iproute2 cpio
     procps coreutils util-linux
-    valgrind
 )
 
 usage() {

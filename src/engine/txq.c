@@ -22,6 +22,11 @@ kvw_status_t kvw__txq_init(kvw_txq_t *q, const kvw_verbs_ops_t *ops, struct ibv_
         kvw__txq_fini(q);
         return KVW_ERR_NO_MEMORY;
     }
+    /* Links and SGE pointers never change: set them once, not per WR. */
+    for (uint32_t i = 0; i < chain_max; i++) {
+        q->wrs[i].next = i + 1 < chain_max ? &q->wrs[i + 1] : NULL;
+        q->wrs[i].sg_list = &q->sges[i];
+    }
     return KVW_OK;
 }
 
@@ -46,23 +51,23 @@ uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t
     uint64_t seq = q->posted + i;
     struct ibv_sge *sge = &q->sges[i];
     struct ibv_send_wr *wr = &q->wrs[i];
-    *sge = (struct ibv_sge){.addr = w->local_addr, .length = w->len, .lkey = w->lkey};
+    sge->addr = w->local_addr;
+    sge->length = w->len;
+    sge->lkey = w->lkey;
     wr->wr_id = seq;
-    wr->next = NULL;
-    wr->sg_list = sge;
-    wr->num_sge = w->len ? 1 : 0; /* a zero-length write carries only the immediate */
-    wr->opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-    wr->imm_data = htonl(imm);
+    wr->num_sge = w->len != 0; /* a zero-length write carries only the immediate */
+    wr->opcode = IBV_WR_RDMA_WRITE;
+    if (with_imm) {
+        wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr->imm_data = htonl(imm);
+    }
     wr->wr.rdma.remote_addr = w->remote_addr;
     wr->wr.rdma.rkey = w->rkey;
+    wr->send_flags = 0;
     if (++q->since_signal >= q->signal_every) {
         wr->send_flags = IBV_SEND_SIGNALED;
         q->since_signal = 0;
-    } else {
-        wr->send_flags = 0;
     }
-    if (i > 0)
-        q->wrs[i - 1].next = wr;
     return seq;
 }
 
@@ -75,8 +80,10 @@ kvw_status_t kvw__txq_flush(kvw_txq_t *q)
     q->wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
     q->since_signal = 0;
     q->pending = 0;
-    struct ibv_send_wr *bad = NULL;
+    struct ibv_send_wr *bad = NULL, *after = q->wrs[n - 1].next;
+    q->wrs[n - 1].next = NULL; /* end the chain here for this post */
     int rc = q->ops->post_send(q->qp, q->wrs, &bad);
+    q->wrs[n - 1].next = after;
     if (rc) {
         KVW_ERROR("ibv_post_send of a %u-WR chain failed at WR %ld: %s", n,
                   bad ? (long)(bad - q->wrs) : -1L, strerror(rc > 0 ? rc : errno));

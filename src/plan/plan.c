@@ -21,10 +21,17 @@ static uint64_t div_ceil(uint64_t a, uint64_t b)
 
 uint64_t kvw__plan_count(const kvw_plan_t *p)
 {
-    uint64_t total = 0;
-    for (uint32_t s = 0; s < 2 * p->num_layers; s++)
+    uint64_t total = 0, longest = 0;
+    for (size_t r = 0; r < p->num_runs; r++)
+        longest = p->runs[r].count > longest ? p->runs[r].count : longest;
+    for (uint32_t s = 0; s < 2 * p->num_layers; s++) {
+        if (longest * p->regions[s].item_len <= p->max_msg) {
+            total += p->num_runs; /* no run of this layer needs splitting */
+            continue;
+        }
         for (size_t r = 0; r < p->num_runs; r++)
             total += div_ceil(p->runs[r].count * p->regions[s].item_len, p->max_msg);
+    }
     if (p->has_aux)
         for (uint32_t a = 0; a < p->num_aux; a++)
             total += div_ceil(p->regions[2 * p->num_layers + a].item_len, p->max_msg);
@@ -60,9 +67,15 @@ int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
         }
         const kvw_plan_region_t *g = kv_region(p, c->seg);
         const kvw_run_t *r = &p->runs[c->run];
-        uint64_t bytes = r->count * g->item_len;
+        uint64_t item = g->item_len, bytes = r->count * item;
+        if (c->off == 0 && bytes <= p->max_msg) {
+            /* The common case: the whole run is one write. */
+            emit(g, r->src * item, r->dst * item, bytes, w);
+            c->run++;
+            return 1;
+        }
         uint64_t len = bytes - c->off < p->max_msg ? bytes - c->off : p->max_msg;
-        emit(g, r->src * g->item_len + c->off, r->dst * g->item_len + c->off, len, w);
+        emit(g, r->src * item + c->off, r->dst * item + c->off, len, w);
         c->off += len;
         if (c->off == bytes) {
             c->off = 0;
