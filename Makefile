@@ -66,7 +66,7 @@ $(PC): Makefile
 	@mkdir -p $(BUILD)
 	$(call write_pc,$(PREFIX),$@)
 
-$(BUILD)/%: tools/%.c $(STATIC)
+$(BUILD)/%: tools/%.c tools/kvw-tools.h $(STATIC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
 
 # Unit tests: host only, ASan + UBSan, library objects built with sanitizers.

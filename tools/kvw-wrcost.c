@@ -16,6 +16,7 @@
  * build_writes()/post_peer() in src/engine/poller.c, so it is counted as
  * library code; the breakdown also shows the kvw__* functions alone. */
 #include "kvwire.h"
+#include "kvw-tools.h"
 
 #include "engine/txq.h"
 #include "plan/plan.h"
@@ -45,15 +46,6 @@ __attribute__((noinline)) static int wrcost_fake_post_send(struct ibv_qp *qp,
         g_fake_wrs++;
     g_fake_posts++;
     return 0;
-}
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
 }
 
 /* Fragmented pages: chunks of `contig` pages in shuffled order on each side. */

@@ -8,6 +8,7 @@
  * Both sides derive each room's source and destination pages from --seed,
  * so they must be given the same layout and workload options. */
 #include "kvwire.h"
+#include "kvw-tools.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -52,21 +53,6 @@ static void die(const char *what, kvw_status_t st)
 }
 
 /* ------------------------------------------------ deterministic contents */
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-/* The 8-byte word at word offset w of item `page` in region `region`. */
-static uint64_t content(uint64_t seed, uint32_t region, uint64_t page, uint64_t w)
-{
-    return mix(seed ^ mix(((uint64_t)region << 40) ^ (page << 20) ^ w));
-}
 
 static void fill_item(uint8_t *item, uint64_t len, uint64_t seed, uint32_t region, uint64_t page)
 {

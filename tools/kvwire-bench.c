@@ -31,6 +31,7 @@
  * (default all) is checked after the window. Otherwise destination pages
  * are reused and the first --verify requests are checked as they finish. */
 #include "kvwire.h"
+#include "kvw-tools.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -79,21 +80,6 @@ static void die(const char *side, const char *what, kvw_status_t st, const char 
 }
 
 /* ------------------------------------------------ deterministic contents */
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-/* Word w of source page `page` in KV region `region`. */
-static uint64_t content(uint64_t seed, uint64_t region, uint64_t page, uint64_t w)
-{
-    return mix(seed ^ mix((region << 40) ^ (page << 20) ^ w));
-}
 
 /* ------------------------------------------------------------ workload */
 
