@@ -48,23 +48,6 @@ __attribute__((noinline)) static int wrcost_fake_post_send(struct ibv_qp *qp,
     return 0;
 }
 
-/* Fragmented pages: chunks of `contig` pages in shuffled order on each side. */
-static void pick(uint64_t *out, uint64_t n, uint64_t contig, uint64_t seed)
-{
-    uint64_t chunks = (n + contig - 1) / contig;
-    uint64_t *order = malloc(chunks * sizeof(uint64_t));
-    for (uint64_t i = 0; i < chunks; i++)
-        order[i] = i;
-    for (uint64_t i = chunks; i > 1; i--) {
-        uint64_t j = mix(seed + i) % i, t = order[i - 1];
-        order[i - 1] = order[j];
-        order[j] = t;
-    }
-    for (uint64_t i = 0; i < n; i++)
-        out[i] = order[i / contig] * contig + i % contig;
-    free(order);
-}
-
 typedef struct harness {
     kvw_txq_t q;
     kvw_plan_region_t *regions;
@@ -128,8 +111,8 @@ static uint64_t run_workload(const wopts_t *o, uint64_t *chains_p)
                                            .item_len = 2048,
                                            .lkey = (uint32_t)(100 + i),
                                            .rkey = (uint32_t)(200 + i)};
-    pick(src, o->pages, o->contig, 1);
-    pick(dst, o->pages, o->contig, 2);
+    shuffled_chunk_pages(src, o->pages, o->contig, 1);
+    shuffled_chunk_pages(dst, o->pages, o->contig, 2);
     h.src = src;
     h.dst = dst;
     /* Real defaults: 512-deep send queue, 64-WR chains, signal every 32. */

@@ -83,19 +83,10 @@ static uint64_t check_item(const uint8_t *item, uint64_t len, uint64_t seed, uin
 static void pick_pages(uint64_t *out, uint32_t count, uint64_t pool, uint64_t contig,
                        uint64_t seed, uint32_t slot)
 {
-    uint64_t chunks = (count + contig - 1) / contig;
-    uint64_t base = (uint64_t)slot * chunks * contig;
-    uint64_t *order = malloc(chunks * sizeof(uint64_t));
-    for (uint64_t i = 0; i < chunks; i++)
-        order[i] = i;
-    for (uint64_t i = chunks; i > 1; i--) {
-        uint64_t j = mix(seed + i) % i, t = order[i - 1];
-        order[i - 1] = order[j];
-        order[j] = t;
-    }
+    uint64_t base = (uint64_t)slot * ((count + contig - 1) / contig) * contig;
+    shuffled_chunk_pages(out, count, contig, seed);
     for (uint32_t i = 0; i < count; i++)
-        out[i] = (base + order[i / contig] * contig + i % contig) % pool;
-    free(order);
+        out[i] = (base + out[i]) % pool;
 }
 
 typedef struct room_plan {
