@@ -22,6 +22,15 @@
  *             completion queue (the request's last RDMA write carries an
  *             immediate); no control message follows the data.
  *
+ * Failure
+ *   A request fails only itself (bad pages, abort, destroy, timeout), unless
+ *   its connection breaks (QP error, failed post, peer dead or silent): then
+ *   every request on that connection fails with the reason, and the next
+ *   request on that peer pair reconnects. Decode never reports Success unless
+ *   every write of the request landed (the immediate rides the last write,
+ *   and RC delivers in order), and never reports Failed while writes of the
+ *   request can still land.
+ *
  * Thread safety
  *   kvw_engine_* functions on one engine may be called from any thread.
  *   Senders and receivers of the same engine may be used concurrently from
@@ -73,7 +82,8 @@ extern "C" {
     X(ERR_STATE, -13, "call not allowed in the current state")                                     \
     X(ERR_NOT_FOUND, -14, "not found")                                                             \
     X(ERR_EXISTS, -15, "already exists")                                                           \
-    X(ERR_UNSUPPORTED, -16, "not supported on this device or build")
+    X(ERR_UNSUPPORTED, -16, "not supported on this device or build")                              \
+    X(ERR_ABORTED, -17, "request aborted")
 
 typedef enum {
 #define KVW_STATUS_ENUM(name, value, msg) KVW_##name = value,
@@ -118,8 +128,11 @@ typedef struct kvw_config {
     uint32_t poll_spin_us;       /* KVW_POLL_SPIN_US, 50: busy-poll this long before sleeping */
     uint32_t bootstrap_timeout_ms; /* KVW_BOOTSTRAP_TIMEOUT_MS, 30000: connect + request */
     uint32_t transfer_timeout_ms;  /* KVW_TRANSFER_TIMEOUT_MS, 60000: data posted -> landed */
-    uint32_t heartbeat_ms;       /* KVW_HEARTBEAT_MS, 1000: control-plane liveness ping */
-    uint32_t peer_timeout_ms;    /* KVW_PEER_TIMEOUT_MS, 5000: silent peer is declared dead */
+    uint32_t heartbeat_ms;       /* KVW_HEARTBEAT_MS, 500: control-plane liveness ping */
+    /* KVW_PEER_TIMEOUT_MS, 2000: a silent peer is declared dead, and the
+     * longest an abort waits for prefill's acknowledgement. A peer process
+     * that exits is noticed sooner, when its control connection closes. */
+    uint32_t peer_timeout_ms;
     int32_t gid_index;           /* KVW_GID_INDEX, -1: -1 picks RoCEv2 IPv4-mapped GID */
     uint8_t ib_port;             /* KVW_IB_PORT, 1 */
     uint8_t qp_timeout;          /* KVW_QP_TIMEOUT, 14: ACK timeout 4.096us*2^n */
@@ -193,6 +206,11 @@ typedef struct kvw_counters {
     uint64_t wrs_posted;        /* work requests posted */
     uint64_t chains_posted;     /* ibv_post_send calls (doorbells) */
     uint64_t completions;       /* completion entries retired (send and recv) */
+    /* Posted WRs end one of two ways: completed (landed at the peer) or
+     * flushed (failed, or dropped with a broken connection). Once an engine
+     * is idle, wrs_posted == wrs_completed + wrs_flushed. */
+    uint64_t wrs_completed;
+    uint64_t wrs_flushed;
     uint64_t errors;            /* error completions and failed posts */
     uint64_t requests_ok;       /* requests that reached Success */
     uint64_t requests_failed;   /* requests that reached Failed */
@@ -242,10 +260,15 @@ KVW_API kvw_poll_t kvw_sender_poll(const kvw_sender_t *sender);
  * message (valid until the sender is destroyed) in *reason_p if not NULL.
  * KVW_OK if it has not failed. */
 KVW_API kvw_status_t kvw_sender_failure(const kvw_sender_t *sender, const char **reason_p);
-/* Accepts NULL. A sender destroyed while Transferring stops being fed; the
- * writes already posted finish in the background (they only read prefill
- * memory, which stays registered until the engine is destroyed), and decode
- * then fails the request by its transfer timeout. */
+/* Give the request up: it turns Failed (KVW_ERR_ABORTED) at once and no
+ * further write is posted for it. Decode is told once the writes already
+ * posted for the room have completed, so decode's Failed always means that
+ * nothing more lands in its pages. Other requests, on the same connection or
+ * not, are not affected. KVW_ERR_STATE if the request already ended
+ * (Success or Failed). */
+KVW_API kvw_status_t kvw_sender_abort(kvw_sender_t *sender);
+/* Accepts NULL. Destroying a sender that has not ended aborts it first
+ * (kvw_sender_abort); it does not wait. */
 KVW_API void kvw_sender_destroy(kvw_sender_t *sender);
 
 /* Decode side. Create a receiver for room, fetching its data from the
@@ -262,12 +285,25 @@ KVW_API kvw_status_t kvw_receiver_create(kvw_engine_t *engine, const char *boots
 KVW_API kvw_status_t kvw_receiver_init(kvw_receiver_t *receiver, const uint64_t *page_indices,
                                        size_t num_pages, uint32_t aux_index);
 KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
+/* KVW_OK unless Failed; on a page list that kvw_receiver_init() refused the
+ * receiver is Failed with that error, and prefill's sender is told. */
 KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver,
                                           const char **reason_p);
-/* Accepts NULL. Destroy after Success or Failed: a receiver destroyed while
- * Transferring stops waiting, but writes the prefill already posted may
- * still land in its pages. (A receiver that times out instead moves the
- * peer's QP to the error state first, so nothing lands after Failed.) */
+/* Give the request up without blocking. Before the request was sent to
+ * prefill it turns Failed (KVW_ERR_ABORTED) at once. After, it stays
+ * Transferring until prefill confirms that every write it posted for the
+ * room has completed (one control round trip), or, if no confirmation
+ * comes within peer_timeout_ms, until the connection is declared dead and
+ * its QP moved to the error state; then it turns Failed. Invariant: once a
+ * receiver reports Failed, no byte of its request lands in its pages
+ * again, so they may be given to another request at once. Only this
+ * request fails unless the connection itself breaks. (A transfer timeout
+ * aborts the same way, with KVW_ERR_TIMEOUT.) KVW_ERR_STATE if it already
+ * ended. */
+KVW_API kvw_status_t kvw_receiver_abort(kvw_receiver_t *receiver);
+/* Accepts NULL. A receiver that has not ended is aborted first, and destroy
+ * waits for the abort's barrier (at most about peer_timeout_ms), so that
+ * when it returns nothing more lands in the receiver's pages. */
 KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
 /* ------------------------------------------------------------- bootstrap */

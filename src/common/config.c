@@ -30,8 +30,8 @@ static const config_field_t fields[] = {
     FIELD(poll_spin_us, FIELD_U32, 50, 0, 1000000),
     FIELD(bootstrap_timeout_ms, FIELD_U32, 30000, 10, 3600000),
     FIELD(transfer_timeout_ms, FIELD_U32, 60000, 10, 3600000),
-    FIELD(heartbeat_ms, FIELD_U32, 1000, 10, 600000),
-    FIELD(peer_timeout_ms, FIELD_U32, 5000, 50, 3600000),
+    FIELD(heartbeat_ms, FIELD_U32, 500, 10, 600000),
+    FIELD(peer_timeout_ms, FIELD_U32, 2000, 50, 3600000),
     FIELD(gid_index, FIELD_I32, -1, -1, 255),
     FIELD(ib_port, FIELD_U8, 1, 1, 255),
     FIELD(qp_timeout, FIELD_U8, 14, 1, 31),
@@ -132,6 +132,12 @@ kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
     if (cfg->chain_max > cfg->sq_depth / 2 || cfg->signal_every > cfg->sq_depth / 2) {
         KVW_ERROR("config: chain_max (%u) and signal_every (%u) must be at most sq_depth/2 (%u)",
                   cfg->chain_max, cfg->signal_every, cfg->sq_depth / 2);
+        return KVW_ERR_INVALID;
+    }
+    if (cfg->heartbeat_ms >= cfg->peer_timeout_ms) {
+        KVW_ERROR("config: heartbeat_ms (%u) must be below peer_timeout_ms (%u), or a healthy "
+                  "idle peer would be declared dead",
+                  cfg->heartbeat_ms, cfg->peer_timeout_ms);
         return KVW_ERR_INVALID;
     }
     return KVW_OK;

@@ -126,16 +126,19 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
-        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + hello_regions(m) * REGION_LEN;
+        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + 4 + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 8 * (size_t)m->u.request.num_pages;
         break;
     case KVW_MSG_REQUEST_FAILED:
-        body = 8 + 4 + 2 + strnlen(m->u.failed.reason, KVW_WIRE_REASON_MAX);
+    case KVW_MSG_ABORT:
+    case KVW_MSG_BYE:
+        body = 8 + 4 + 4 + 2 + strnlen(m->u.failed.reason, KVW_WIRE_REASON_MAX);
         break;
     case KVW_MSG_PING:
     case KVW_MSG_PONG:
+    case KVW_MSG_CREDIT:
         body = 8;
         break;
     }
@@ -146,7 +149,8 @@ static int type_known(uint16_t t)
 {
     return (t >= KVW_MSG_BS_REGISTER && t <= KVW_MSG_BS_LOOKUP_REPLY) || t == KVW_MSG_HELLO ||
            t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
-           t == KVW_MSG_PING || t == KVW_MSG_PONG;
+           t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
+           t == KVW_MSG_BYE;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -168,6 +172,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_qp(w, &m->u.hello.qp);
         put_le(w, m->u.hello.num_layers, 4);
         put_le(w, m->u.hello.num_aux, 4);
+        put_le(w, m->u.hello.recv_credits, 4);
         for (size_t i = 0; i < hello_regions(m); i++) {
             const kvw_wire_region_t *g = &m->u.hello.regions[i];
             put_le(w, g->addr, 8);
@@ -185,13 +190,19 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
             put_le(w, m->u.request.pages[i], 8);
         break;
     case KVW_MSG_REQUEST_FAILED:
+    case KVW_MSG_ABORT:
+    case KVW_MSG_BYE:
         put_le(w, m->u.failed.room, 8);
+        put_le(w, m->u.failed.token, 4);
         put_le(w, (uint32_t)m->status, 4);
         put_str(w, m->u.failed.reason, sizeof(m->u.failed.reason));
         break;
     case KVW_MSG_PING:
     case KVW_MSG_PONG:
         put_le(w, m->u.ping.engine_id, 8);
+        break;
+    case KVW_MSG_CREDIT:
+        put_le(w, m->u.credit.recvs_posted, 8);
         break;
     }
 }
@@ -241,6 +252,7 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     get_qp(r, &m->u.hello.qp);
     m->u.hello.num_layers = (uint32_t)get_le(r, 4);
     m->u.hello.num_aux = (uint32_t)get_le(r, 4);
+    m->u.hello.recv_credits = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
     size_t n = hello_regions(m);
@@ -308,14 +320,24 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
     case KVW_MSG_REQUEST:
         return decode_request(r, m, reason, rsize);
     case KVW_MSG_REQUEST_FAILED:
+    case KVW_MSG_ABORT:
+    case KVW_MSG_BYE:
         m->u.failed.room = get_le(r, 8);
+        m->u.failed.token = (uint32_t)get_le(r, 4);
         m->status = (int32_t)get_le(r, 4);
         if (!get_str(r, m->u.failed.reason, sizeof(m->u.failed.reason)))
-            return fail(reason, rsize, "REQUEST_FAILED: bad reason string");
+            return fail(reason, rsize, "%s: bad reason string", kvw__wire_type_name(m->type));
+        /* A failure must say why: a status of OK would read as success. */
+        if (m->status >= 0)
+            return fail(reason, rsize, "%s: status %d is not an error",
+                        kvw__wire_type_name(m->type), m->status);
         return KVW_OK;
     case KVW_MSG_PING:
     case KVW_MSG_PONG:
         m->u.ping.engine_id = get_le(r, 8);
+        return KVW_OK;
+    case KVW_MSG_CREDIT:
+        m->u.credit.recvs_posted = get_le(r, 8);
         return KVW_OK;
     }
     return fail(reason, rsize, "unknown message type %u", m->type);
@@ -387,6 +409,12 @@ const char *kvw__wire_type_name(uint16_t type)
         return "REQUEST";
     case KVW_MSG_REQUEST_FAILED:
         return "REQUEST_FAILED";
+    case KVW_MSG_ABORT:
+        return "ABORT";
+    case KVW_MSG_CREDIT:
+        return "CREDIT";
+    case KVW_MSG_BYE:
+        return "BYE";
     case KVW_MSG_PING:
         return "PING";
     case KVW_MSG_PONG:

@@ -8,7 +8,7 @@
 #include "verbs/qp.h"
 
 #define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
-#define KVW_WIRE_VERSION 1
+#define KVW_WIRE_VERSION 2
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -24,9 +24,17 @@ typedef enum {
     KVW_MSG_HELLO = 10,          /* decode -> prefill: QP info + memory table */
     KVW_MSG_HELLO_ACK = 11,      /* prefill -> decode: status, QP info + memory table */
     KVW_MSG_REQUEST = 20,        /* decode -> prefill: room, token, aux, dst pages */
-    KVW_MSG_REQUEST_FAILED = 21, /* prefill -> decode: room, status, reason */
-    KVW_MSG_PING = 30,           /* decode -> prefill: liveness */
+    /* prefill -> decode: room, token, status, reason. Sent only once every
+     * write prefill posted for the room has completed (or none was posted),
+     * so decode may report Failed and reuse the pages at once. */
+    KVW_MSG_REQUEST_FAILED = 21,
+    /* decode -> prefill: room, token, status, reason. Decode gives the room
+     * up; prefill stops and answers REQUEST_FAILED once its writes drained. */
+    KVW_MSG_ABORT = 22,
+    KVW_MSG_PING = 30,   /* decode -> prefill: liveness */
     KVW_MSG_PONG = 31,
+    KVW_MSG_CREDIT = 32, /* decode -> prefill: receives posted so far (cumulative) */
+    KVW_MSG_BYE = 33,    /* either way: status, reason; the connection is dead */
 } kvw_msg_type_t;
 
 /* One registered region as a peer sees it. */
@@ -37,7 +45,7 @@ typedef struct kvw_wire_region {
 
 typedef struct kvw_msg {
     uint16_t type;
-    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED */
+    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED, ABORT, BYE */
     union {
         struct {
             uint32_t rank;
@@ -47,6 +55,7 @@ typedef struct kvw_msg {
             uint64_t engine_id;
             kvw_qp_info_t qp;
             uint32_t num_layers, num_aux;
+            uint32_t recv_credits; /* decode: receives posted for immediates */
             kvw_wire_region_t *regions; /* 2*num_layers + num_aux; owned by the msg */
         } hello;
         struct {
@@ -58,11 +67,15 @@ typedef struct kvw_msg {
         } request;
         struct {
             uint64_t room;
+            uint32_t token;
             char reason[KVW_WIRE_REASON_MAX];
-        } failed;
+        } failed; /* REQUEST_FAILED, ABORT, BYE (room and token unused) */
         struct {
             uint64_t engine_id;
         } ping;
+        struct {
+            uint64_t recvs_posted;
+        } credit;
     } u;
 } kvw_msg_t;
 

@@ -4,6 +4,7 @@
 
 #include "ctrl/wire.h"
 
+#include <stdbool.h>
 #include <zmq.h>
 
 /* Encode m straight into a zmq message and send it (flags: ZMQ_SNDMORE,
@@ -16,8 +17,26 @@ kvw_status_t kvw__zsend_to(void *sock, const void *id, size_t id_len, const kvw_
  * waiting under ZMQ_DONTWAIT. */
 kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, size_t reason_size);
 /* Create a socket with the options every kvwire socket wants: no linger on
- * close, a bounded message size, and ZMTP heartbeats. */
+ * close, a bounded message size, and ZMTP heartbeats (a connection silent
+ * for 4 heartbeats is closed, which its monitor reports). */
 void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms);
+/* A PAIR socket that receives sock's ZMQ_EVENT_DISCONNECTED events (a peer
+ * process that exits closes its TCP connection: this sees it at once).
+ * name must be unique in the context. NULL on failure. */
+void *kvw__zmonitor(void *zctx, void *sock, const char *name);
+/* Read one pending monitor event without blocking: its ZMQ_EVENT_* id, or
+ * 0 when none is waiting. */
+int kvw__zmonitor_event(void *monitor);
+
+/* Fault-injection seam for tests: when set, every message kvw__zsend is
+ * about to send is offered to it first, and a true return drops it as if
+ * the network lost it. Never set in production. */
+typedef bool (*kvw_zdrop_fn)(void *sock, const kvw_msg_t *m);
+extern _Atomic(kvw_zdrop_fn) kvw__zdrop_hook;
+/* Ask the hook once; for senders that frame a message themselves. */
+bool kvw__zdropped(void *sock, const kvw_msg_t *m);
+/* kvw__zsend without asking the hook. */
+kvw_status_t kvw__zsend_raw(void *sock, const kvw_msg_t *m, int flags);
 /* "tcp://host:port" from "host:port" (or copy if it already has tcp://). */
 void kvw__zendpoint(const char *addr, char *buf, size_t size);
 

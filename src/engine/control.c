@@ -1,7 +1,13 @@
 /* The control thread: the engine's only user of ZeroMQ. Prefill serves a
- * ROUTER socket (handshakes, requests, pings); decode dials one DEALER per
- * prefill peer after an asynchronous bootstrap lookup. Every tick it also
- * enforces the timeouts, so a dead peer turns into Failed in bounded time. */
+ * ROUTER socket (handshakes, requests, aborts, pings); decode dials one
+ * DEALER per prefill peer after an asynchronous bootstrap lookup. Every tick
+ * it also enforces the timeouts, so a dead peer turns into Failed in bounded
+ * time.
+ *
+ * Death detection, fastest first: a peer process that exits closes its TCP
+ * connection, which the sockets' monitors report at once; a peer that kills
+ * the connection says BYE; a silent peer (host or link gone) misses
+ * heartbeats for peer_timeout_ms. */
 #include "engine/engine.h"
 
 #include "common/log.h"
@@ -13,32 +19,52 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { TICK_MS = 100, LOOKUP_RETRY_MS = 200, MAX_ITEMS = 2 + 2 * KVW_MAX_PEERS };
+enum {
+    TICK_MS = 100,
+    PROBE_TICK_MS = 10,    /* while probing connections after a disconnect */
+    PROBE_WINDOW_MS = 500, /* how long a disconnect keeps us probing */
+    LOOKUP_RETRY_MS = 200,
+    MAX_ITEMS = 3 + 3 * KVW_MAX_PEERS,
+};
 
 static uint64_t ms_to_ns(uint32_t ms)
 {
     return (uint64_t)ms * 1000000ull;
 }
 
-static void send_failed(kvw_engine_t *e, const kvw_peer_t *p, uint64_t room, kvw_status_t st,
-                        const char *why)
+static kvw_msg_t failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_status_t st,
+                             const char *why)
 {
-    kvw_msg_t m = {.type = KVW_MSG_REQUEST_FAILED, .status = st};
+    kvw_msg_t m = {.type = type, .status = st < 0 ? st : KVW_ERR_PEER};
     m.u.failed.room = room;
+    m.u.failed.token = token;
     snprintf(m.u.failed.reason, sizeof(m.u.failed.reason), "%s", why);
-    kvw__zsend_to(e->router, p->id, sizeof(p->id), &m);
+    return m;
 }
 
 /* =============================================================== prefill */
 
-static kvw_peer_t *peer_by_identity(kvw_engine_t *e, const uint8_t *id, size_t len)
+static void send_failed(kvw_engine_t *e, const kvw_peer_t *p, uint64_t room, uint32_t token,
+                        kvw_status_t st, const char *why)
+{
+    kvw_msg_t m = failure_msg(KVW_MSG_REQUEST_FAILED, room, token, st, why);
+    kvw__zsend_to(e->router, p->id, sizeof(p->id), &m);
+}
+
+/* The newest peer with this identity, dead or alive. */
+static kvw_peer_t *peer_by_identity_any(kvw_engine_t *e, const uint8_t *id, size_t len)
 {
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = np; i-- > 0;) /* newest first: a reconnect replaces */
-        if (len == KVW_IDENTITY_LEN && memcmp(e->peers[i]->id, id, len) == 0 &&
-            atomic_load(&e->peers[i]->state) != PEER_DEAD)
+        if (len == KVW_IDENTITY_LEN && memcmp(e->peers[i]->id, id, len) == 0)
             return e->peers[i];
     return NULL;
+}
+
+static kvw_peer_t *peer_by_identity(kvw_engine_t *e, const uint8_t *id, size_t len)
+{
+    kvw_peer_t *p = peer_by_identity_any(e, id, len);
+    return p && atomic_load(&p->state) != PEER_DEAD ? p : NULL;
 }
 
 static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, const char *why)
@@ -61,7 +87,8 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     if (!st) {
         memcpy(p->id, id, KVW_IDENTITY_LEN);
         p->last_seen_ns = kvw__now_ns();
-        atomic_store(&p->state, PEER_CONNECTED);
+        atomic_store(&p->imm_limit, m->u.hello.recv_credits);
+        atomic_store(&p->state, PEER_CONNECTED); /* not yet visible to other threads */
         pthread_mutex_lock(&e->lock);
         st = kvw__peer_publish_locked(e, p);
         pthread_mutex_unlock(&e->lock);
@@ -75,31 +102,157 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw__peer_hello(p, KVW_MSG_HELLO_ACK, &ack);
     kvw__zsend_to(e->router, id, KVW_IDENTITY_LEN, &ack);
     kvw__wire_free(&ack);
-    KVW_INFO("decode engine %016llx connected as peer %u (QPN %u -> %u)",
+    KVW_INFO("decode engine %016llx connected as peer %u (QPN %u -> %u, %u receive credits)",
              (unsigned long long)m->u.hello.engine_id, p->index, p->qp->qp->qp_num,
-             m->u.hello.qp.qpn);
+             m->u.hello.qp.qpn, m->u.hello.recv_credits);
+}
+
+/* (lock) A request that decode's peer may not touch: it belongs to another
+ * connection. */
+static bool foreign_locked(const kvw_req_t *r, const kvw_peer_t *p)
+{
+    return r->peer && r->peer != p;
+}
+
+/* (lock) r already failed (bad source pages, abort, destroy, timeout)
+ * before decode asked: nothing was posted, answer at once. */
+static void answer_failed_locked(kvw_engine_t *e, kvw_req_t *r, kvw_peer_t *p, uint32_t token)
+{
+    send_failed(e, p, r->room, token, r->fail_status, r->fail_reason);
 }
 
 static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     char why[KVW_WIRE_REASON_MAX] = "";
+    uint64_t room = m->u.request.room;
     pthread_mutex_lock(&e->lock);
-    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, m->u.request.room);
-    bool orphan = !r;
-    if (orphan) /* decode asked before prefill created the sender: keep it */
-        r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, m->u.request.room);
-    kvw_status_t st = r ? kvw__sender_accept_request_locked(r, p, m, why, sizeof(why))
-                        : KVW_ERR_NO_MEMORY;
-    if (st && r && !orphan && st != KVW_ERR_EXISTS)
-        kvw__req_fail(r, st, "%s", why);
-    if (st && r && orphan)
-        kvw__req_drop_locked(r);
-    pthread_mutex_unlock(&e->lock);
-    if (st) {
-        KVW_ERROR("request for room %llu rejected before any write: %s",
-                  (unsigned long long)m->u.request.room, why);
-        send_failed(e, p, m->u.request.room, st, why[0] ? why : kvw_strerror(st));
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    if (r && (r->have_dst || foreign_locked(r, p))) {
+        /* Never answer a duplicate with REQUEST_FAILED: decode would report
+         * Failed while the first request's writes are still landing. */
+        pthread_mutex_unlock(&e->lock);
+        KVW_WARN("room %llu: duplicate request from peer %u ignored", (unsigned long long)room,
+                 p->index);
+        return;
     }
+    if (r && atomic_load(&r->state) == KVW_POLL_FAILED) {
+        answer_failed_locked(e, r, p, m->u.request.token);
+        pthread_mutex_unlock(&e->lock);
+        return;
+    }
+    if (!r) { /* decode asked before prefill created the sender: keep it */
+        r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room);
+        if (!r) {
+            pthread_mutex_unlock(&e->lock);
+            send_failed(e, p, room, m->u.request.token, KVW_ERR_NO_MEMORY,
+                        "prefill is out of memory");
+            return;
+        }
+    }
+    kvw_status_t st = kvw__sender_accept_request_locked(r, p, m, why, sizeof(why));
+    if (st && !r->have_dst) {
+        /* Rejected before any write: fail the sender (a later one adopts the
+         * failure) and tell decode now. */
+        kvw__req_fail(r, st, "%s", why);
+        send_failed(e, p, room, m->u.request.token, st, why);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (st)
+        KVW_ERROR("request for room %llu rejected before any write: %s",
+                  (unsigned long long)room, why[0] ? why : kvw_strerror(st));
+}
+
+/* Decode gave a room up. Stop writing it; REQUEST_FAILED goes back once
+ * every write posted for it has completed (see notify_failures). */
+static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    uint64_t room = m->u.failed.room;
+    char why[KVW_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why), "decode gave the room up: %.120s", m->u.failed.reason);
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    if (r && (foreign_locked(r, p) || (r->have_dst && r->token != m->u.failed.token))) {
+        pthread_mutex_unlock(&e->lock);
+        KVW_WARN("room %llu: abort from peer %u for a request it does not own ignored",
+                 (unsigned long long)room, p->index);
+        return;
+    }
+    if (!r && !(r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room))) {
+        pthread_mutex_unlock(&e->lock);
+        return; /* out of memory: the sender fails by its own timeout */
+    }
+    r->peer = p;
+    r->token = m->u.failed.token;
+    kvw__req_fail(r, (kvw_status_t)m->status, "%s", why);
+    /* Decode waits for this answer before reporting Failed, even when the
+     * request had already succeeded here. */
+    r->have_dst = true;
+    r->notify_failure = true;
+    kvw__wake(e->control_wake_fd);
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding it */
+}
+
+static void on_credit(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    /* Cumulative, so only ever raise it: a reordered or stale CREDIT is harmless. */
+    uint64_t cur = atomic_load(&p->imm_limit);
+    while (m->u.credit.recvs_posted > cur &&
+           !atomic_compare_exchange_weak(&p->imm_limit, &cur, m->u.credit.recvs_posted))
+        ;
+    kvw__wake(e->poller_wake_fd);
+}
+
+static void answer_dead_peer(kvw_engine_t *e, const uint8_t *id, size_t id_len, uint16_t type)
+{
+    kvw_peer_t *dead = peer_by_identity_any(e, id, id_len);
+    if (!dead || type == KVW_MSG_BYE) {
+        KVW_WARN("control: %s from an unknown peer dropped", kvw__wire_type_name(type));
+        return;
+    }
+    /* Decode is still talking on a connection we killed: say so again (our
+     * BYE may have been lost), so it fails its requests now. */
+    pthread_mutex_lock(&e->lock);
+    kvw_msg_t bye = failure_msg(KVW_MSG_BYE, 0, 0, dead->dead_status, dead->dead_reason);
+    pthread_mutex_unlock(&e->lock);
+    kvw__zsend_to(e->router, dead->id, sizeof(dead->id), &bye);
+}
+
+static void dispatch_prefill(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    switch (m->type) {
+    case KVW_MSG_REQUEST:
+        on_request(e, p, m);
+        break;
+    case KVW_MSG_ABORT:
+        on_abort(e, p, m);
+        break;
+    case KVW_MSG_CREDIT:
+        on_credit(e, p, m);
+        break;
+    case KVW_MSG_PING: {
+        kvw_msg_t pong = {.type = KVW_MSG_PONG};
+        pong.u.ping.engine_id = e->id;
+        kvw__zsend_to(e->router, p->id, sizeof(p->id), &pong);
+        break;
+    }
+    case KVW_MSG_BYE:
+        kvw__peer_kill(p, (kvw_status_t)m->status, "decode closed the connection: %.120s",
+                       m->u.failed.reason);
+        break;
+    default:
+        KVW_WARN("control: unexpected %s from peer %u", kvw__wire_type_name(m->type), p->index);
+    }
+}
+
+/* Drain every frame of the current multi-part message. */
+static void skip_rest(void *sock)
+{
+    int more = 0;
+    size_t len = sizeof(more);
+    char sink[64];
+    while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more)
+        zmq_recv(sock, sink, sizeof(sink), 0);
 }
 
 static void serve_router(kvw_engine_t *e)
@@ -110,32 +263,113 @@ static void serve_router(kvw_engine_t *e)
         if (id_len < 0)
             return;
         kvw_msg_t m;
-        char why[KVW_WIRE_REASON_MAX];
+        char why[KVW_WIRE_REASON_MAX] = "";
         kvw_status_t st = kvw__zrecv(e->router, &m, ZMQ_DONTWAIT, why, sizeof(why));
+        skip_rest(e->router);
         if (st) {
-            KVW_WARN("control: dropped a bad message: %s", why);
+            KVW_WARN("control: dropped a bad message: %s", why[0] ? why : kvw_strerror(st));
             continue;
         }
         kvw_peer_t *p = peer_by_identity(e, id, (size_t)id_len);
         if (p)
             p->last_seen_ns = kvw__now_ns();
-        if (m.type == KVW_MSG_HELLO && id_len == KVW_IDENTITY_LEN) {
+        if (m.type == KVW_MSG_HELLO && id_len == KVW_IDENTITY_LEN)
             on_hello(e, id, &m);
-        } else if (!p) {
-            KVW_WARN("control: %s from an unknown or dead peer dropped",
-                     kvw__wire_type_name(m.type));
-        } else if (m.type == KVW_MSG_REQUEST) {
-            on_request(e, p, &m);
-        } else if (m.type == KVW_MSG_PING) {
-            kvw_msg_t pong = {.type = KVW_MSG_PONG};
-            pong.u.ping.engine_id = e->id;
-            kvw__zsend_to(e->router, p->id, sizeof(p->id), &pong);
-        } else {
-            KVW_WARN("control: unexpected %s from peer %u", kvw__wire_type_name(m.type),
-                     p->index);
-        }
+        else if (!p)
+            answer_dead_peer(e, id, (size_t)id_len, m.type);
+        else
+            dispatch_prefill(e, p, &m);
         kvw__wire_free(&m);
     }
+}
+
+/* A ROUTER cannot say which peer's connection closed; with
+ * ZMQ_ROUTER_MANDATORY a send to an identity whose connection is gone
+ * fails with EHOSTUNREACH, so probe each live peer with a PONG. */
+static void probe_connections(kvw_engine_t *e)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = e->peers[i];
+        if (atomic_load(&p->state) != PEER_CONNECTED)
+            continue;
+        kvw_msg_t pong = {.type = KVW_MSG_PONG};
+        pong.u.ping.engine_id = e->id;
+        if (kvw__zdropped(e->router, &pong))
+            continue; /* a lost probe tells nothing */
+        if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+            if (errno == EHOSTUNREACH)
+                kvw__peer_kill(p, KVW_ERR_PEER, "decode engine's control connection closed");
+            continue;
+        }
+        kvw__zsend_raw(e->router, &pong, ZMQ_DONTWAIT);
+    }
+}
+
+static void on_router_monitor(kvw_engine_t *e)
+{
+    int ev;
+    bool disconnected = false;
+    while ((ev = kvw__zmonitor_event(e->router_monitor)) != 0)
+        disconnected |= ev == ZMQ_EVENT_DISCONNECTED;
+    if (!disconnected)
+        return;
+    /* The router drops the identity's pipe a few command rounds after the
+     * event: keep probing for a short window. */
+    e->probe_until_ns = kvw__now_ns() + ms_to_ns(PROBE_WINDOW_MS);
+    probe_connections(e);
+}
+
+/* (lock) Tell decode about failed senders whose writes have all drained. */
+static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    if (!r->notify_failure || !r->drained || !r->peer)
+        return;
+    r->notify_failure = false;
+    if (atomic_load(&r->state) == KVW_POLL_FAILED)
+        send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
+    else /* succeeded before decode's abort arrived: every write has landed */
+        send_failed(e, r->peer, r->room, r->token, KVW_ERR_ABORTED,
+                    "aborted after the transfer had completed");
+}
+
+/* (lock) Returns true when r should leave the list. */
+static bool prefill_request_tick_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+{
+    int s = atomic_load(&r->state);
+    notify_failure_locked(e, r);
+    uint64_t first = atomic_load_explicit(&r->first_post_ns, memory_order_relaxed);
+    if (s == KVW_POLL_TRANSFERRING && first && r->peer &&
+        now - first > ms_to_ns(e->cfg.transfer_timeout_ms)) {
+        /* RC completes in order: a request stuck this long means the
+         * connection is stuck, not the request. */
+        kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT, "room %llu: writes not complete in %u ms",
+                              (unsigned long long)r->room, e->cfg.transfer_timeout_ms);
+        return false;
+    }
+    if (!r->deadline_ns || now < r->deadline_ns)
+        return false;
+    r->deadline_ns = 0;
+    if (r->has_user) {
+        if (s == KVW_POLL_BOOTSTRAPPING)
+            kvw__req_fail(r, KVW_ERR_TIMEOUT, "no request from decode within %u ms",
+                          e->cfg.bootstrap_timeout_ms);
+        return false;
+    }
+    if (!r->user_gone && s != KVW_POLL_FAILED && r->peer) {
+        /* Decode's request was never claimed by a sender: tell decode, and
+         * keep the failure a while for a sender that comes too late. */
+        kvw__req_fail(r, KVW_ERR_TIMEOUT, "prefill created no sender for this room within %u ms",
+                      e->cfg.bootstrap_timeout_ms);
+        send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
+        r->deadline_ns = now + ms_to_ns(e->cfg.bootstrap_timeout_ms);
+        return false;
+    }
+    if (!r->drained || r->notify_failure) {
+        r->deadline_ns = now + ms_to_ns(TICK_MS); /* still owed an answer: look again */
+        return false;
+    }
+    return true;
 }
 
 static void prefill_tick(kvw_engine_t *e, uint64_t now)
@@ -148,40 +382,29 @@ static void prefill_tick(kvw_engine_t *e, uint64_t now)
             kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms",
                            e->cfg.peer_timeout_ms);
     }
+    if (e->probe_until_ns && now < e->probe_until_ns)
+        probe_connections(e);
+    else
+        e->probe_until_ns = 0;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *next;
     for (kvw_req_t *r = e->reqs; r; r = next) {
         next = r->next;
-        int s = atomic_load(&r->state);
-        if (r->notify_failure && r->peer) {
-            r->notify_failure = false;
-            send_failed(e, r->peer, r->room, r->fail_status, r->fail_reason);
-        }
-        if (!r->deadline_ns || now < r->deadline_ns)
-            continue;
-        if (s == KVW_POLL_BOOTSTRAPPING && r->has_user) {
-            kvw__req_fail(r, KVW_ERR_TIMEOUT, "no request from decode within %u ms",
-                          e->cfg.bootstrap_timeout_ms);
-            r->deadline_ns = 0;
-        } else if (!r->has_user && !r->user_gone) {
-            /* decode's request was never claimed by a sender */
-            if (r->peer)
-                send_failed(e, r->peer, r->room, KVW_ERR_TIMEOUT,
-                            "prefill created no sender for this room in time");
+        if (prefill_request_tick_locked(e, r, now))
             kvw__req_drop_locked(r);
-        } else if (s == KVW_POLL_TRANSFERRING && r->peer) {
-            r->deadline_ns = 0;
-            pthread_mutex_unlock(&e->lock);
-            kvw__peer_kill(r->peer, KVW_ERR_TIMEOUT, "room %llu: writes not complete in %u ms",
-                           (unsigned long long)r->room, e->cfg.transfer_timeout_ms);
-            pthread_mutex_lock(&e->lock);
-            next = e->reqs; /* the list may have changed while unlocked */
-        }
     }
     pthread_mutex_unlock(&e->lock);
 }
 
 /* ================================================================ decode */
+
+static void close_monitor(kvw_peer_t *p)
+{
+    if (p->monitor) {
+        zmq_close(p->monitor);
+        p->monitor = NULL;
+    }
+}
 
 static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
 {
@@ -190,8 +413,15 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
     p->sock = kvw__zsocket(e->zctx, ZMQ_DEALER, e->cfg.heartbeat_ms);
     memcpy(p->id, &e->id, 8);
     memcpy(p->id + 8, &p->index, 4);
-    if (!p->sock || zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, p->id, sizeof(p->id)) ||
-        zmq_connect(p->sock, endpoint)) {
+    if (!p->sock || zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, p->id, sizeof(p->id))) {
+        kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot create a socket for prefill at %s: %s",
+                       endpoint, zmq_strerror(errno));
+        return;
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "%016llx-%u", (unsigned long long)e->id, p->index);
+    p->monitor = kvw__zmonitor(e->zctx, p->sock, name); /* optional: heartbeats still work */
+    if (zmq_connect(p->sock, endpoint)) {
         kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot connect to prefill at %s: %s", endpoint,
                        zmq_strerror(errno));
         return;
@@ -200,6 +430,7 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
         kvw__peer_kill(p, KVW_ERR_VERBS, "cannot post receives");
         return;
     }
+    atomic_store(&p->credits_sent, atomic_load(&p->recvs_posted)); /* HELLO carries them */
     kvw_msg_t hello;
     kvw__peer_hello(p, KVW_MSG_HELLO, &hello);
     kvw_status_t st = kvw__zsend(p->sock, &hello, ZMQ_DONTWAIT);
@@ -207,7 +438,7 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
     if (st)
         kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot send handshake to %s", endpoint);
     else
-        atomic_store(&p->state, PEER_HELLO);
+        kvw__peer_transition(p, PEER_LOOKUP, PEER_HELLO);
 }
 
 static void send_lookup(kvw_peer_t *p)
@@ -228,6 +459,8 @@ static void on_bootstrap_reply(kvw_engine_t *e, kvw_peer_t *p)
         if (st || m.type != KVW_MSG_BS_LOOKUP_REPLY) {
             kvw__peer_kill(p, KVW_ERR_PROTOCOL, "bad bootstrap reply from %s: %s",
                            p->bootstrap_addr, st ? why : kvw__wire_type_name(m.type));
+            if (!st)
+                kvw__wire_free(&m);
             return;
         }
         if (m.status == KVW_OK)
@@ -255,17 +488,24 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     uint64_t now = kvw__now_ns();
     p->last_seen_ns = now;
     p->next_ping_ns = now + ms_to_ns(e->cfg.heartbeat_ms);
-    atomic_store(&p->state, PEER_CONNECTED);
+    if (!kvw__peer_transition(p, PEER_HELLO, PEER_CONNECTED))
+        return; /* killed meanwhile: stays dead */
     KVW_INFO("connected to prefill rank %u via %s as peer %u (QPN %u -> %u)", p->rank,
              p->bootstrap_addr, p->index, p->qp->qp->qp_num, m->u.hello.qp.qpn);
+    kvw__wake(e->control_wake_fd); /* send the requests waiting for this peer */
 }
 
+/* Prefill says the room failed and that none of its writes can still land. */
 static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, m->u.failed.room);
-    if (r && r->peer == p)
-        kvw__req_fail(r, (kvw_status_t)m->status, "prefill: %s", m->u.failed.reason);
+    if (r && r->peer == p && r->token == m->u.failed.token) {
+        if (r->aborting)
+            kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
+        else
+            kvw__req_fail(r, (kvw_status_t)m->status, "prefill: %s", m->u.failed.reason);
+    }
     pthread_mutex_unlock(&e->lock);
 }
 
@@ -275,6 +515,7 @@ static void on_prefill_message(kvw_engine_t *e, kvw_peer_t *p)
     char why[KVW_WIRE_REASON_MAX];
     while (p->sock && atomic_load(&p->state) != PEER_DEAD) {
         kvw_status_t st = kvw__zrecv(p->sock, &m, ZMQ_DONTWAIT, why, sizeof(why));
+        skip_rest(p->sock);
         if (st == KVW_ERR_NOT_FOUND)
             return;
         if (st) {
@@ -287,11 +528,23 @@ static void on_prefill_message(kvw_engine_t *e, kvw_peer_t *p)
             on_hello_ack(e, p, &m);
         else if (m.type == KVW_MSG_REQUEST_FAILED)
             on_request_failed(e, p, &m);
+        else if (m.type == KVW_MSG_BYE)
+            kvw__peer_kill(p, (kvw_status_t)m.status, "prefill rank %u closed the connection: "
+                           "%.100s", p->rank, m.u.failed.reason);
         else if (m.type != KVW_MSG_PONG)
             KVW_WARN("unexpected %s from prefill rank %u", kvw__wire_type_name(m.type),
                      p->rank);
         kvw__wire_free(&m);
     }
+}
+
+static void on_decode_monitor(kvw_peer_t *p)
+{
+    int ev;
+    while (p->monitor && (ev = kvw__zmonitor_event(p->monitor)) != 0)
+        if (ev == ZMQ_EVENT_DISCONNECTED)
+            kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u's control connection closed",
+                           p->rank);
 }
 
 static kvw_peer_t *find_decode_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
@@ -311,14 +564,16 @@ static kvw_peer_t *new_decode_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
 {
     kvw_peer_t *p = NULL;
     char ep[KVW_WIRE_ENDPOINT_MAX];
-    if (kvw__peer_create(e, &p) || kvw__peer_publish_locked(e, p)) {
-        kvw__peer_destroy(p);
+    if (kvw__peer_create(e, &p))
         return NULL;
-    }
     p->rank = r->prefill_rank;
     snprintf(p->bootstrap_addr, sizeof(p->bootstrap_addr), "%s", r->bootstrap_addr);
     atomic_store(&p->state, PEER_LOOKUP);
     p->deadline_ns = kvw__now_ns() + ms_to_ns(e->cfg.bootstrap_timeout_ms);
+    if (kvw__peer_publish_locked(e, p)) {
+        kvw__peer_destroy(p);
+        return NULL;
+    }
     kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
     p->bs_sock = kvw__zsocket(e->zctx, ZMQ_DEALER, e->cfg.heartbeat_ms);
     if (p->bs_sock && zmq_connect(p->bs_sock, ep) == 0)
@@ -338,43 +593,93 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
         kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",
                       r->prefill_rank);
+        r->abort_due = true; /* prefill may have it after all */
         return;
     }
+    r->request_sent = true;
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
     r->deadline_ns = kvw__now_ns() + ms_to_ns(e->cfg.transfer_timeout_ms);
 }
 
-static void service_receiver_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+static void send_abort_locked(kvw_req_t *r)
 {
-    int s = atomic_load(&r->state);
-    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS)
-        return;
+    const char *why = r->aborting ? r->abort_reason : r->fail_reason;
+    kvw_status_t st = r->aborting ? r->abort_status : r->fail_status;
+    kvw_msg_t m = failure_msg(KVW_MSG_ABORT, r->room, r->token, st, why);
+    if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
+        r->abort_due = false; /* else retried on the next tick */
+}
+
+/* (lock) Returns the peer r should use, creating the connection if needed;
+ * NULL (and r Failed) when none can be made. */
+static kvw_peer_t *receiver_peer_locked(kvw_engine_t *e, kvw_req_t *r)
+{
     if (!r->peer && !(r->peer = find_decode_peer_locked(e, r)) &&
         !(r->peer = new_decode_peer_locked(e, r))) {
         kvw__req_fail(r, KVW_ERR_NO_MEMORY, "cannot create a connection to prefill");
-        return;
+        r->abort_due = false;
     }
-    if (atomic_load(&r->peer->state) == PEER_CONNECTED) {
+    return r->peer;
+}
+
+static void receiver_deadline_locked(kvw_engine_t *e, kvw_req_t *r, int s)
+{
+    if (r->aborting) {
+        /* No confirmation: only a dead connection guarantees nothing lands. */
+        kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT,
+                              "room %llu: prefill did not confirm the abort within %u ms",
+                              (unsigned long long)r->room, e->cfg.peer_timeout_ms);
+    } else if (s == KVW_POLL_TRANSFERRING) {
+        char why[KVW_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why), "data did not land within %u ms", e->cfg.transfer_timeout_ms);
+        kvw__receiver_start_abort_locked(r, KVW_ERR_TIMEOUT, why);
+    } else if (s == KVW_POLL_BOOTSTRAPPING) {
+        r->deadline_ns = 0;
+        kvw__req_fail(r, KVW_ERR_TIMEOUT, "not connected to prefill rank %u within %u ms",
+                      r->prefill_rank, e->cfg.bootstrap_timeout_ms);
+    }
+}
+
+/* (lock) Returns true when r should leave the list. */
+static bool service_receiver_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+{
+    int s = atomic_load(&r->state);
+    bool ended = s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
+    if (ended && !r->abort_due)
+        return r->user_gone;
+    if (r->user_gone && r->deadline_ns && now > r->deadline_ns)
+        return true; /* an ABORT we could not deliver in time */
+    kvw_peer_t *p = receiver_peer_locked(e, r);
+    if (!p)
+        return r->user_gone;
+    int ps = atomic_load(&p->state);
+    if (ps == PEER_DEAD) {
+        kvw__req_fail(r, KVW_ERR_PEER, "%s", p->dead_reason);
+        r->abort_due = false;
+        return r->user_gone;
+    }
+    if (ps == PEER_CONNECTED) {
         if (s == KVW_POLL_BOOTSTRAPPING)
             atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
-        if (r->request_due)
+        if (r->request_due && !ended)
             send_request_locked(e, r);
-    } else if (atomic_load(&r->peer->state) == PEER_DEAD) {
-        kvw__req_fail(r, KVW_ERR_PEER, "%s", r->peer->dead_reason);
+        if (r->abort_due)
+            send_abort_locked(r);
     }
-    if (r->deadline_ns && now > r->deadline_ns) {
-        if (s == KVW_POLL_TRANSFERRING) {
-            r->deadline_ns = 0;
-            /* Fail the QP too, so no late write can land in pages the
-             * caller will reuse. */
-            kvw__qp_set_error(r->peer->qp);
-            kvw__req_fail(r, KVW_ERR_TIMEOUT, "data did not land within %u ms",
-                          e->cfg.transfer_timeout_ms);
-        } else if (s != KVW_POLL_WAITING_FOR_INPUT) {
-            kvw__req_fail(r, KVW_ERR_TIMEOUT, "not connected to prefill rank %u within %u ms",
-                          r->prefill_rank, e->cfg.bootstrap_timeout_ms);
-        }
-    }
+    if (!ended && !r->user_gone && r->deadline_ns && now > r->deadline_ns)
+        receiver_deadline_locked(e, r, atomic_load(&r->state));
+    return false;
+}
+
+static void send_credits(kvw_engine_t *e, kvw_peer_t *p, bool force)
+{
+    uint64_t posted = atomic_load(&p->recvs_posted), sent = atomic_load(&p->credits_sent);
+    if (posted == sent || (!force && posted - sent < (e->cfg.rq_depth + 3) / 4))
+        return;
+    kvw_msg_t m = {.type = KVW_MSG_CREDIT};
+    m.u.credit.recvs_posted = posted;
+    if (kvw__zsend(p->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
+        atomic_store(&p->credits_sent, posted);
 }
 
 static void decode_peer_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
@@ -393,7 +698,11 @@ static void decode_peer_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
         if (now - p->last_seen_ns > ms_to_ns(e->cfg.peer_timeout_ms)) {
             kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u silent for %u ms", p->rank,
                            e->cfg.peer_timeout_ms);
-        } else if (now >= p->next_ping_ns) {
+            return;
+        }
+        bool ping_due = now >= p->next_ping_ns;
+        send_credits(e, p, ping_due);
+        if (ping_due) {
             kvw_msg_t ping = {.type = KVW_MSG_PING};
             ping.u.ping.engine_id = e->id;
             kvw__zsend(p->sock, &ping, ZMQ_DONTWAIT);
@@ -408,43 +717,111 @@ static void decode_tick(kvw_engine_t *e, uint64_t now)
     for (uint32_t i = 0; i < np; i++)
         decode_peer_tick(e, e->peers[i], now);
     pthread_mutex_lock(&e->lock);
-    for (kvw_req_t *r = e->reqs; r; r = r->next)
-        service_receiver_locked(e, r, now);
+    kvw_req_t *next;
+    for (kvw_req_t *r = e->reqs; r; r = next) {
+        next = r->next;
+        if (service_receiver_locked(e, r, now))
+            kvw__req_drop_locked(r);
+    }
     pthread_mutex_unlock(&e->lock);
+}
+
+/* ========================================================== both roles */
+
+/* A connection we declared dead: tell the other side why (best effort),
+ * then (decode) close the socket so prefill's monitor sees it go too. */
+static void say_bye(kvw_engine_t *e, kvw_peer_t *p)
+{
+    if (!atomic_exchange(&p->bye_due, false))
+        return;
+    pthread_mutex_lock(&e->lock);
+    kvw_msg_t bye = failure_msg(KVW_MSG_BYE, 0, 0, p->dead_status, p->dead_reason);
+    pthread_mutex_unlock(&e->lock);
+    if (e->role == KVW_ROLE_PREFILL) {
+        kvw__zsend_to(e->router, p->id, sizeof(p->id), &bye);
+        return;
+    }
+    close_monitor(p);
+    if (p->sock) {
+        kvw__zsend(p->sock, &bye, ZMQ_DONTWAIT);
+        int linger = 200; /* let the BYE leave; zmq_close does not block on it */
+        zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_close(p->sock);
+        p->sock = NULL;
+    }
+    if (p->bs_sock) {
+        zmq_close(p->bs_sock);
+        p->bs_sock = NULL;
+    }
 }
 
 /* ================================================================= loop */
 
+typedef enum { ITEM_WAKE, ITEM_ROUTER, ITEM_ROUTER_MONITOR, ITEM_BOOTSTRAP, ITEM_PEER,
+               ITEM_PEER_MONITOR } item_kind_t;
+
 typedef struct poll_set {
     zmq_pollitem_t items[MAX_ITEMS];
     kvw_peer_t *peer[MAX_ITEMS];
-    bool bootstrap[MAX_ITEMS];
+    item_kind_t kind[MAX_ITEMS];
     int n;
 } poll_set_t;
 
-static void add_item(poll_set_t *ps, void *sock, int fd, kvw_peer_t *p, bool bs)
+static void add_item(poll_set_t *ps, void *sock, int fd, kvw_peer_t *p, item_kind_t kind)
 {
     ps->items[ps->n] = (zmq_pollitem_t){sock, fd, ZMQ_POLLIN, 0};
     ps->peer[ps->n] = p;
-    ps->bootstrap[ps->n] = bs;
+    ps->kind[ps->n] = kind;
     ps->n++;
 }
 
 static void build_poll_set(kvw_engine_t *e, poll_set_t *ps)
 {
     ps->n = 0;
-    add_item(ps, NULL, e->control_wake_fd, NULL, false);
+    add_item(ps, NULL, e->control_wake_fd, NULL, ITEM_WAKE);
     if (e->router)
-        add_item(ps, e->router, 0, NULL, false);
+        add_item(ps, e->router, 0, NULL, ITEM_ROUTER);
+    if (e->router_monitor)
+        add_item(ps, e->router_monitor, 0, NULL, ITEM_ROUTER_MONITOR);
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = e->peers[i];
+        say_bye(e, p);
         if (atomic_load(&p->state) == PEER_DEAD)
             continue;
         if (p->bs_sock)
-            add_item(ps, p->bs_sock, 0, p, true);
+            add_item(ps, p->bs_sock, 0, p, ITEM_BOOTSTRAP);
         if (p->sock)
-            add_item(ps, p->sock, 0, p, false);
+            add_item(ps, p->sock, 0, p, ITEM_PEER);
+        if (p->monitor)
+            add_item(ps, p->monitor, 0, p, ITEM_PEER_MONITOR);
+    }
+}
+
+static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
+{
+    switch (ps->kind[i]) {
+    case ITEM_WAKE: {
+        uint64_t v;
+        if (read(e->control_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            KVW_WARN("control wake read failed: %s", strerror(errno));
+        break;
+    }
+    case ITEM_ROUTER:
+        serve_router(e);
+        break;
+    case ITEM_ROUTER_MONITOR:
+        on_router_monitor(e);
+        break;
+    case ITEM_BOOTSTRAP:
+        on_bootstrap_reply(e, ps->peer[i]);
+        break;
+    case ITEM_PEER:
+        on_prefill_message(e, ps->peer[i]);
+        break;
+    case ITEM_PEER_MONITOR:
+        on_decode_monitor(ps->peer[i]);
+        break;
     }
 }
 
@@ -458,22 +835,12 @@ void *kvw__control_main(void *arg)
     }
     while (!atomic_load(&e->stop)) {
         build_poll_set(e, ps);
-        if (zmq_poll(ps->items, ps->n, TICK_MS) < 0 && errno != EINTR)
+        long timeout = e->probe_until_ns ? PROBE_TICK_MS : TICK_MS;
+        if (zmq_poll(ps->items, ps->n, timeout) < 0 && errno != EINTR)
             KVW_WARN("zmq_poll failed: %s", zmq_strerror(errno));
-        uint64_t v;
-        if ((ps->items[0].revents & ZMQ_POLLIN) &&
-            read(e->control_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-            KVW_WARN("control wake read failed: %s", strerror(errno));
-        for (int i = 1; i < ps->n; i++) {
-            if (!(ps->items[i].revents & ZMQ_POLLIN))
-                continue;
-            if (!ps->peer[i])
-                serve_router(e);
-            else if (ps->bootstrap[i])
-                on_bootstrap_reply(e, ps->peer[i]);
-            else
-                on_prefill_message(e, ps->peer[i]);
-        }
+        for (int i = 0; i < ps->n; i++)
+            if (ps->items[i].revents & ZMQ_POLLIN)
+                serve_item(e, ps, i);
         uint64_t now = kvw__now_ns();
         if (e->role == KVW_ROLE_PREFILL)
             prefill_tick(e, now);

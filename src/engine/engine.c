@@ -131,9 +131,17 @@ static kvw_status_t open_control(kvw_engine_t *e)
     if (e->role == KVW_ROLE_DECODE)
         return KVW_OK; /* decode only dials out, one DEALER per peer */
     e->router = kvw__zsocket(e->zctx, ZMQ_ROUTER, e->cfg.heartbeat_ms);
-    char bind[KVW_WIRE_ENDPOINT_MAX];
+    char bind[KVW_WIRE_ENDPOINT_MAX], name[32];
     size_t len = sizeof(e->endpoint);
     snprintf(bind, sizeof(bind), "tcp://%s:*", e->local_ip);
+    /* Sends to a vanished identity fail (EHOSTUNREACH) instead of vanishing:
+     * that is how the control thread learns which decode engine went away. */
+    int mandatory = 1;
+    if (e->router)
+        zmq_setsockopt(e->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
+    snprintf(name, sizeof(name), "%016llx", (unsigned long long)e->id);
+    if (e->router)
+        e->router_monitor = kvw__zmonitor(e->zctx, e->router, name);
     if (!e->router || zmq_bind(e->router, bind) ||
         zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
         KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));
@@ -228,9 +236,18 @@ void kvw_engine_destroy(kvw_engine_t *e)
         pthread_join(e->poller_thread, NULL);
     }
     fail_remaining(e);
+    /* Requests handed to the poller after it stopped still hold its reference. */
+    while (e->ready_head) {
+        kvw_req_t *r = e->ready_head;
+        e->ready_head = r->qnext;
+        kvw__req_unref(r);
+    }
+    e->ready_tail = NULL;
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++)
         kvw__peer_destroy(e->peers[i]);
+    if (e->router_monitor)
+        zmq_close(e->router_monitor);
     if (e->router)
         zmq_close(e->router);
     if (e->zctx)
@@ -283,6 +300,8 @@ void kvw_engine_counters(const kvw_engine_t *e, kvw_counters_t *c)
     c->wrs_posted = atomic_load(&k->wrs);
     c->chains_posted = atomic_load(&k->chains);
     c->completions = atomic_load(&k->completions);
+    c->wrs_completed = atomic_load(&k->wrs_completed);
+    c->wrs_flushed = atomic_load(&k->wrs_flushed);
     c->errors = atomic_load(&k->errors);
     c->requests_ok = atomic_load(&k->ok);
     c->requests_failed = atomic_load(&k->failed);

@@ -35,15 +35,25 @@ typedef struct kvw_peer kvw_peer_t;
 struct kvw_peer {
     kvw_engine_t *engine;
     uint32_t index;
-    _Atomic int state;          /* kvw_peer_state_t */
+    _Atomic int state;          /* kvw_peer_state_t; changes only by compare-and-swap */
     kvw_qp_t *qp;
     kvw_plan_region_t *regions; /* 2L + A, local paired with remote */
     uint64_t remote_max_pages;  /* pages every remote KV region can hold */
     uint64_t remote_max_aux;    /* items every remote aux region can hold */
-    char dead_reason[KVW_WIRE_REASON_MAX];
+    char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
+    kvw_status_t dead_status;              /* (lock) */
+    atomic_bool bye_due;        /* dead: the control thread tells the other side */
+
+    /* Immediate credits. Every WRITE_WITH_IMM consumes one receive decode
+     * posted; prefill never has more immediates in flight than decode has
+     * posted receives (cumulative counts, so a lost CREDIT heals). */
+    _Atomic uint64_t imm_limit;    /* prefill: receives decode has posted in all */
+    _Atomic uint64_t recvs_posted; /* decode: receives posted in all */
+    _Atomic uint64_t credits_sent; /* decode: recvs_posted as last told to prefill */
 
     /* control thread only */
     void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */
+    void *monitor;        /* decode: PAIR receiving sock's disconnect events */
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
     uint32_t rank;
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
@@ -52,9 +62,11 @@ struct kvw_peer {
     /* poller thread only */
     kvw_txq_t txq;
     bool txq_ready;
+    bool credit_blocked;                      /* the next immediate waits for a CREDIT */
+    uint64_t imm_posted;                      /* prefill: immediates posted */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
-    struct ibv_recv_wr *rwrs;                 /* decode: zero-SGE receives for immediates */
+    struct ibv_recv_wr *rwrs;                 /* decode: zero-SGE receives, set before publish */
 };
 
 struct kvw_req {
@@ -63,18 +75,20 @@ struct kvw_req {
     uint64_t room;
     _Atomic int state; /* kvw_poll_t */
     _Atomic int refs;  /* user handle + engine list + poller queues */
-    kvw_status_t fail_status;
-    char fail_reason[KVW_WIRE_REASON_MAX];
+    kvw_status_t fail_status;               /* (lock) valid once Failed */
+    char fail_reason[KVW_WIRE_REASON_MAX];  /* (lock) valid once Failed */
     kvw_req_t *prev, *next; /* engine->reqs (lock) */
     kvw_req_t *qnext;       /* ready queue (lock) or a poller queue */
     kvw_peer_t *peer;       /* (lock) */
-    uint64_t deadline_ns;   /* (lock) Bootstrapping / Transferring limit, 0 = none */
+    uint64_t deadline_ns;   /* (lock) limit of the current state, 0 = none */
     bool has_user;          /* (lock) a sender/receiver handle refers to it */
-    bool user_gone;         /* (lock) handle destroyed */
-    bool notify_failure;    /* (lock) prefill: tell decode it failed */
+    bool user_gone;         /* (lock) handle destroyed; kept only as a tombstone */
 
     /* sender */
     bool inited, have_src, have_dst;
+    bool drained;        /* (lock) no write of this request can still be in flight */
+    bool notify_failure; /* (lock) tell decode it failed, once drained */
+    _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
     size_t num_pages;
     uint32_t aux_index;
     uint64_t *src_pages, *dst_pages;
@@ -82,19 +96,25 @@ struct kvw_req {
     kvw_run_t *runs;
     kvw_plan_t plan;
     kvw_plan_cursor_t cursor;
-    uint64_t writes_total, writes_built, last_seq;
+    uint64_t writes_total, writes_built, last_seq; /* poller */
 
     /* receiver */
     uint32_t prefill_rank;
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
-    bool request_due; /* (lock) init done, REQUEST not yet sent */
+    bool request_due;  /* (lock) init done, REQUEST not yet sent */
+    bool request_sent; /* (lock) prefill may be writing into our pages */
+    bool abort_due;    /* (lock) ABORT to send to prefill */
+    bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
+    kvw_status_t abort_status;               /* (lock) */
+    char abort_reason[KVW_WIRE_REASON_MAX];  /* (lock) */
     uint64_t *pages;
     size_t npages;
     uint32_t aux;
 };
 
 typedef struct kvw_engine_counters {
-    _Atomic uint64_t bytes, wrs, chains, completions, errors, ok, failed, sleeps;
+    _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
+        failed, sleeps;
 } kvw_engine_counters_t;
 
 struct kvw_engine {
@@ -112,6 +132,8 @@ struct kvw_engine {
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
     void *zctx, *router;
+    void *router_monitor;   /* PAIR receiving the router's disconnect events */
+    uint64_t probe_until_ns; /* control: probe peers' connections until then */
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
@@ -135,10 +157,19 @@ void kvw__wake(int fd);
 
 /* request.c */
 void kvw__req_unref(kvw_req_t *r);
-/* Move r to Failed (once; later calls are ignored) with a reason. */
+/* (lock) Move r to Failed (once; later calls and ended requests are
+ * ignored) with a reason. */
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void kvw__req_succeed(kvw_req_t *r);
+/* Transferring -> Success; false if r was no longer Transferring. */
+bool kvw__req_succeed(kvw_req_t *r);
+/* (lock) Prefill: fail r and tell decode once its posted writes drained. */
+kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *why);
+/* (lock) Decode: give a sent request up: ABORT to prefill, Failed when it
+ * confirms, the connection killed if it does not within peer_timeout_ms. */
+void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why);
+/* Poller: r left the poller's queues and none of its writes is in flight. */
+void kvw__req_drained(kvw_req_t *r);
 /* (lock) Both page lists known: plan and hand to the poller. */
 kvw_status_t kvw__sender_start_locked(kvw_req_t *r);
 /* (lock) Check decode's request against local layout and the sender. */
@@ -158,10 +189,16 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *hello, char
                                      size_t why_size);
 void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m_p);
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n);
-/* Declare p dead (once): QP to ERR so nothing more lands, then fail every
- * request attached to it. Any thread; takes the lock. */
+/* Declare p dead (once): QP to ERR first, so nothing more lands, then fail
+ * every request attached to it and have the control thread say BYE. Any
+ * thread; kvw__peer_kill takes the lock, the _locked form needs it held. */
 void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Move p from state `from` to `to`; false (and nothing changed) if p was
+ * no longer in `from`, e.g. killed meanwhile. */
+bool kvw__peer_transition(kvw_peer_t *p, kvw_peer_state_t from, kvw_peer_state_t to);
 
 /* control.c / poller.c */
 void *kvw__control_main(void *arg);

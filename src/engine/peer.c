@@ -19,7 +19,12 @@ kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
         return KVW_ERR_NO_MEMORY;
     p->engine = e;
     p->regions = calloc(n, sizeof(*p->regions));
-    kvw_status_t st = p->regions ? KVW_OK : KVW_ERR_NO_MEMORY;
+    /* Decode's receive WRs exist before the peer is published, so the
+     * poller (which re-posts them) sees them initialised. */
+    if (e->role == KVW_ROLE_DECODE)
+        p->rwrs = calloc(e->cfg.rq_depth, sizeof(*p->rwrs));
+    kvw_status_t st = p->regions && (e->role != KVW_ROLE_DECODE || p->rwrs) ? KVW_OK
+                                                                              : KVW_ERR_NO_MEMORY;
     if (!st)
         st = kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth,
                             e->role == KVW_ROLE_DECODE ? e->cfg.rq_depth : 1, &p->qp);
@@ -54,6 +59,8 @@ void kvw__peer_destroy(kvw_peer_t *p)
         zmq_close(p->sock);
     if (p->bs_sock)
         zmq_close(p->bs_sock);
+    if (p->monitor)
+        zmq_close(p->monitor);
     kvw__txq_fini(&p->txq);
     kvw__qp_destroy(p->qp);
     free(p->rwrs);
@@ -71,6 +78,7 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     kvw__qp_local_info(p->qp, &m->u.hello.qp);
     m->u.hello.num_layers = e->num_layers;
     m->u.hello.num_aux = e->num_aux;
+    m->u.hello.recv_credits = (uint32_t)atomic_load(&p->recvs_posted);
     m->u.hello.regions = calloc(n, sizeof(kvw_wire_region_t));
     if (!m->u.hello.regions) {
         m->u.hello.num_layers = m->u.hello.num_aux = 0; /* encodes; the peer rejects it */
@@ -117,11 +125,6 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
 
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
 {
-    if (!p->rwrs) {
-        p->rwrs = calloc(n, sizeof(*p->rwrs));
-        if (!p->rwrs)
-            return KVW_ERR_NO_MEMORY;
-    }
     for (uint32_t i = 0; i < n; i++)
         p->rwrs[i] = (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &p->rwrs[i + 1] : NULL};
     struct ibv_recv_wr *bad = NULL;
@@ -129,13 +132,54 @@ kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
         KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
         return KVW_ERR_VERBS;
     }
+    atomic_fetch_add(&p->recvs_posted, n);
     return KVW_OK;
+}
+
+bool kvw__peer_transition(kvw_peer_t *p, kvw_peer_state_t from, kvw_peer_state_t to)
+{
+    int expected = (int)from;
+    return atomic_compare_exchange_strong(&p->state, &expected, (int)to);
+}
+
+static void peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *why)
+{
+    kvw_engine_t *e = p->engine;
+    if (atomic_exchange(&p->state, PEER_DEAD) == PEER_DEAD)
+        return;
+    /* The QP goes to ERR before any request is reported Failed: once a
+     * decode request says Failed, no write may land in its pages. */
+    kvw__qp_set_error(p->qp);
+    p->dead_status = st;
+    snprintf(p->dead_reason, sizeof(p->dead_reason), "%s", why);
+    KVW_WARN("peer %u: %s", p->index, why);
+    for (kvw_req_t *r = e->reqs; r; r = r->next) {
+        if (r->peer != p)
+            continue;
+        if (r->aborting) /* it was being given up anyway: keep its own reason */
+            kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, why);
+        else
+            kvw__req_fail(r, st, "%s", why);
+        r->abort_due = false;
+        r->notify_failure = false; /* the BYE below tells decode about all of them */
+    }
+    atomic_store(&p->bye_due, true);
+    kvw__wake(e->control_wake_fd);
+    kvw__wake(e->poller_wake_fd); /* it drops the peer's queues */
+}
+
+void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+{
+    char why[KVW_WIRE_REASON_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    peer_kill_locked(p, st, why);
 }
 
 void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
 {
-    kvw_engine_t *e = p->engine;
-    int expected = PEER_CONNECTED;
     if (atomic_load(&p->state) == PEER_DEAD)
         return;
     char why[KVW_WIRE_REASON_MAX];
@@ -143,17 +187,7 @@ void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&e->lock);
-    if (atomic_load(&p->state) != PEER_DEAD) {
-        expected = atomic_exchange(&p->state, PEER_DEAD);
-        snprintf(p->dead_reason, sizeof(p->dead_reason), "%s", why);
-        KVW_WARN("peer %u: %s", p->index, why);
-        for (kvw_req_t *r = e->reqs; r; r = r->next)
-            if (r->peer == p)
-                kvw__req_fail(r, st, "%s", why);
-    }
-    pthread_mutex_unlock(&e->lock);
-    /* Only a QP that got connected can have WRs to flush or memory exposed. */
-    if (expected == PEER_CONNECTED)
-        kvw__qp_set_error(p->qp);
+    pthread_mutex_lock(&p->engine->lock);
+    peer_kill_locked(p, st, why);
+    pthread_mutex_unlock(&p->engine->lock);
 }

@@ -55,23 +55,48 @@ static int drain_ready(kvw_engine_t *e)
     return n;
 }
 
-/* A dead peer's queued requests were already failed by kvw__peer_kill();
- * the poller only drops its references. */
-static void drop_queues(kvw_peer_t *p)
+/* r leaves the poller with no write in flight: it was never posted, or all
+ * its posted writes completed, or its connection died (QP in ERR). */
+static void release(kvw_req_t *r)
+{
+    if (atomic_load(&r->state) != KVW_POLL_SUCCESS)
+        kvw__req_drained(r); /* a failed sender may now tell decode */
+    kvw__req_unref(r);
+}
+
+/* A dead peer's requests were already failed by kvw__peer_kill(); the
+ * poller only lets go of them. WRs not known to have completed never will
+ * land: their QP is in ERR. */
+static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
 {
     kvw_req_t *r;
     while ((r = queue_pop(&p->active_head, &p->active_tail)))
-        kvw__req_unref(r);
+        release(r);
     while ((r = queue_pop(&p->inflight_head, &p->inflight_tail)))
-        kvw__req_unref(r);
+        release(r);
+    if (p->txq_ready && !p->txq.broken) {
+        kvw__txq_fail_at(&p->txq, p->txq.completed);
+        atomic_fetch_add(&e->counters.wrs_flushed, p->txq.wrs_flushed);
+        p->txq.wrs_flushed = 0;
+    }
 }
 
-static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, uint64_t chains0, uint64_t wrs0,
-                             uint64_t bytes0)
+static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, const kvw_txq_t *before)
 {
-    atomic_fetch_add_explicit(&e->counters.chains, q->chains - chains0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->counters.wrs, q->wrs_posted - wrs0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->counters.bytes, q->bytes_posted - bytes0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.chains, q->chains - before->chains,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.wrs, q->wrs_posted - before->wrs_posted,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.bytes, q->bytes_posted - before->bytes_posted,
+                              memory_order_relaxed);
+}
+
+/* Completion accounting: WRs known landed or known lost since the last call. */
+static void publish_outcomes(kvw_engine_t *e, kvw_txq_t *q)
+{
+    atomic_fetch_add_explicit(&e->counters.wrs_completed, q->wrs_ok, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.wrs_flushed, q->wrs_flushed, memory_order_relaxed);
+    q->wrs_ok = q->wrs_flushed = 0;
 }
 
 static int next_write(kvw_req_t *r, kvw_write_t *w)
@@ -84,19 +109,49 @@ static int next_write(kvw_req_t *r, kvw_write_t *w)
     return 1;
 }
 
-/* Build r's next writes into the open chain; returns how many. */
-static uint32_t build_writes(kvw_txq_t *q, kvw_req_t *r, uint32_t room)
+/* The request's last write carries the immediate and consumes one receive
+ * decode posted; without a credit it waits (the connection, not a request,
+ * is out of receives). */
+static bool imm_credit(kvw_peer_t *p)
 {
+    if (p->imm_posted < atomic_load_explicit(&p->imm_limit, memory_order_acquire))
+        return true;
+    p->credit_blocked = true;
+    return false;
+}
+
+/* Build r's next writes into the open chain; returns how many. */
+static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
+{
+    kvw_txq_t *q = &p->txq;
     uint64_t total = r->writes_total ? r->writes_total : 1;
     uint32_t built = 0;
     kvw_write_t w;
-    while (built < room && r->writes_built < total && next_write(r, &w)) {
+    if (!r->writes_built && room)
+        atomic_store_explicit(&r->first_post_ns, kvw__now_ns(), memory_order_relaxed);
+    while (built < room && r->writes_built < total) {
         int last = r->writes_built + 1 == total;
+        if (last && !imm_credit(p))
+            break;
+        if (!next_write(r, &w))
+            break;
         r->last_seq = kvw__txq_add(q, &w, last, r->token);
+        p->imm_posted += (uint64_t)last;
         r->writes_built++;
         built++;
     }
     return built;
+}
+
+/* Stop feeding a request that failed meanwhile (aborted, destroyed): what
+ * it already posted stays in flight and is retired in order. */
+static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
+{
+    queue_pop(&p->active_head, &p->active_tail);
+    if (r->writes_built)
+        queue_push(&p->inflight_head, &p->inflight_tail, r);
+    else
+        release(r);
 }
 
 static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
@@ -111,37 +166,38 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
         }
         p->txq_ready = true;
     }
-    kvw_txq_t *q = &p->txq;
-    uint64_t chains0 = q->chains, wrs0 = q->wrs_posted, bytes0 = q->bytes_posted;
+    kvw_txq_t *q = &p->txq, before = *q;
+    kvw_status_t st = KVW_OK;
     int work = 0;
     kvw_req_t *r;
-    while ((r = p->active_head)) {
+    p->credit_blocked = false;
+    while (!st && !p->credit_blocked && (r = p->active_head)) {
         uint32_t room = kvw__txq_room(q);
         if (!room) {
-            if (!q->pending || kvw__txq_flush(q))
-                break; /* out of credits (or the post failed: handled below) */
+            if (!q->pending)
+                break; /* out of send-queue credits: wait for completions */
+            st = kvw__txq_flush(q);
             continue;
         }
-        /* Stop feeding a request that failed meanwhile (destroyed, timed out). */
         if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
-            queue_pop(&p->active_head, &p->active_tail);
-            if (r->writes_built)
-                queue_push(&p->inflight_head, &p->inflight_tail, r); /* still on the wire */
-            else
-                kvw__req_unref(r);
+            drop_failed_active(p, r);
             continue;
         }
-        work += (int)build_writes(q, r, room);
+        work += (int)build_writes(p, r, room);
         if (r->writes_built == (r->writes_total ? r->writes_total : 1)) {
             queue_pop(&p->active_head, &p->active_tail);
             queue_push(&p->inflight_head, &p->inflight_tail, r);
         }
     }
-    if (q->pending && kvw__txq_flush(q)) {
+    if (!st)
+        st = kvw__txq_flush(q);
+    publish_counters(e, q, &before);
+    if (st) {
+        /* Nothing more may be posted on this QP: a later chain would put an
+         * immediate on the wire after a hole in the request's writes. */
         atomic_fetch_add(&e->counters.errors, 1);
         kvw__peer_kill(p, KVW_ERR_VERBS, "posting to the send queue failed");
     }
-    publish_counters(e, q, chains0, wrs0, bytes0);
     return work;
 }
 
@@ -150,8 +206,10 @@ static void retire_inflight(kvw_peer_t *p)
     kvw_req_t *r;
     while ((r = p->inflight_head) && r->last_seq < p->txq.completed) {
         queue_pop(&p->inflight_head, &p->inflight_tail);
-        kvw__req_succeed(r);
-        kvw__req_unref(r);
+        if (!kvw__req_succeed(r))
+            release(r); /* it failed meanwhile: decode may now be told */
+        else
+            kvw__req_unref(r);
     }
 }
 
@@ -163,19 +221,45 @@ static uint64_t room_of_seq(const kvw_peer_t *p, uint64_t seq)
     return p->active_head ? p->active_head->room : UINT64_MAX;
 }
 
-static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+/* RC completes in order: everything posted before the failing WR landed.
+ * Retire those requests as Success first, then fail the connection. */
+static void on_send_error(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
 {
-    atomic_fetch_add(&e->counters.errors, 1);
-    if (atomic_load(&p->state) == PEER_DEAD)
-        return; /* the flush that follows a kill */
-    if (e->role == KVW_ROLE_PREFILL)
+    bool first = !p->txq.broken;
+    kvw__txq_fail_at(&p->txq, wc->wr_id);
+    retire_inflight(p);
+    if (first && atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER,
                        "RDMA write (room %llu) completed with %s (vendor error 0x%x)",
                        (unsigned long long)room_of_seq(p, wc->wr_id),
                        ibv_wc_status_str(wc->status), wc->vendor_err);
-    else
+    (void)e;
+}
+
+static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+{
+    if (wc->status != IBV_WC_WR_FLUSH_ERR || atomic_load(&p->state) != PEER_DEAD)
+        atomic_fetch_add(&e->counters.errors, 1); /* flushes after a kill are expected */
+    if (e->role == KVW_ROLE_PREFILL)
+        on_send_error(e, p, wc);
+    else if (atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER, "receive completed with %s (vendor error 0x%x)",
                        ibv_wc_status_str(wc->status), wc->vendor_err);
+}
+
+static void repost_receive(kvw_engine_t *e, kvw_peer_t *p, uint64_t index)
+{
+    struct ibv_recv_wr *bad, *wr = &p->rwrs[index];
+    wr->next = NULL;
+    if (e->dev->ops->post_recv(p->qp->qp, wr, &bad)) {
+        kvw__peer_kill(p, KVW_ERR_VERBS, "re-posting a receive failed: %s", strerror(errno));
+        return;
+    }
+    /* Credits go back to prefill in batches (CREDIT, sent by the control
+     * thread), so a busy connection costs one message per quarter queue. */
+    uint64_t posted = atomic_fetch_add(&p->recvs_posted, 1) + 1;
+    if (posted - atomic_load(&p->credits_sent) >= (e->cfg.rq_depth + 3) / 4)
+        kvw__wake(e->control_wake_fd);
 }
 
 static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
@@ -183,16 +267,17 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc
     uint32_t token = ntohl(wc->imm_data);
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__token_lookup_locked(e, token);
-    if (r && r->peer == p)
+    if (r && r->peer == p && r->aborting)
+        /* The last write landed, so nothing more can: the abort is done. */
+        kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
+    else if (r && r->peer == p)
         kvw__req_succeed(r);
     else
-        KVW_WARN("immediate for unknown request token 0x%x (destroyed receiver?)", token);
+        KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
     pthread_mutex_unlock(&e->lock);
     /* Give the receive back at once so the peer never meets an empty queue. */
-    struct ibv_recv_wr *bad, *wr = &p->rwrs[wc->wr_id];
-    wr->next = NULL;
-    if (e->dev->ops->post_recv(p->qp->qp, wr, &bad))
-        kvw__peer_kill(p, KVW_ERR_VERBS, "re-posting a receive failed: %s", strerror(errno));
+    if (wc->wr_id < e->cfg.rq_depth)
+        repost_receive(e, p, wc->wr_id);
 }
 
 static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
@@ -217,7 +302,9 @@ static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
             retire_inflight(p);
     }
     if (atomic_load(&p->state) == PEER_DEAD)
-        drop_queues(p);
+        drop_queues(e, p);
+    if (p->txq_ready)
+        publish_outcomes(e, &p->txq);
     return n;
 }
 
@@ -273,6 +360,6 @@ void *kvw__poller_main(void *arg)
     }
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++)
-        drop_queues(e->peers[i]);
+        drop_queues(e, e->peers[i]);
     return NULL;
 }

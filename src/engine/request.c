@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct kvw_sender {
     kvw_req_t req;
@@ -30,6 +31,7 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     r->aux_index = r->aux = KVW_NO_AUX;
     atomic_init(&r->state, KVW_POLL_BOOTSTRAPPING);
     atomic_init(&r->refs, 1); /* the engine list's reference */
+    r->drained = true;        /* nothing posted yet */
     r->deadline_ns = kvw__now_ns() + (uint64_t)e->cfg.bootstrap_timeout_ms * 1000000ull;
     r->next = e->reqs;
     if (e->reqs)
@@ -93,11 +95,29 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     }
 }
 
-void kvw__req_succeed(kvw_req_t *r)
+bool kvw__req_succeed(kvw_req_t *r)
 {
     int s = KVW_POLL_TRANSFERRING;
-    if (atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_SUCCESS))
-        atomic_fetch_add(&r->engine->counters.ok, 1);
+    if (!atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_SUCCESS))
+        return false;
+    atomic_fetch_add(&r->engine->counters.ok, 1);
+    return true;
+}
+
+static bool req_ended(const kvw_req_t *r)
+{
+    int s = atomic_load(&r->state);
+    return s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
+}
+
+void kvw__req_drained(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    r->drained = true;
+    if (r->notify_failure)
+        kvw__wake(e->control_wake_fd);
+    pthread_mutex_unlock(&e->lock);
 }
 
 static kvw_poll_t req_poll(const kvw_req_t *r)
@@ -114,15 +134,71 @@ static kvw_status_t req_failure(const kvw_req_t *r, const char **reason_p)
     return r->fail_status;
 }
 
-static void req_destroy(kvw_req_t *r)
+static uint64_t ms_ns(uint32_t ms)
+{
+    return (uint64_t)ms * 1000000ull;
+}
+
+/* (lock) A request whose handle is gone stays on the list only while the
+ * other side may still need an answer about it: a failed sender that decode
+ * may yet ask for, or one whose failure decode has not been told; a receiver
+ * whose ABORT is not sent. The control thread drops it afterwards. */
+static void release_handle_locked(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    r->has_user = false;
+    r->user_gone = true;
+    bool answer_owed = r->role == KVW_ROLE_PREFILL
+                           ? atomic_load(&r->state) == KVW_POLL_FAILED
+                           : r->abort_due;
+    if (answer_owed) {
+        r->deadline_ns = kvw__now_ns() + ms_ns(e->cfg.bootstrap_timeout_ms);
+        return;
+    }
+    kvw__req_drop_locked(r);
+}
+
+static void sender_destroy(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
-    r->user_gone = true;
-    if (r->role == KVW_ROLE_DECODE && e->tokens[r->token & 0xffff] == r)
+    if (!req_ended(r))
+        kvw__sender_fail_locked(r, KVW_ERR_ABORTED, "sender destroyed by the caller");
+    release_handle_locked(r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding it */
+    kvw__req_unref(r);           /* the caller's */
+}
+
+/* Abort a receiver that has not ended and wait until it has: when this
+ * returns no write of the request can land any more. The wait is bounded:
+ * without prefill's confirmation the control thread kills the connection
+ * after peer_timeout_ms, which fails the request. */
+static void receiver_end(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    if (!req_ended(r) && !r->aborting)
+        kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, "receiver destroyed by the caller");
+    pthread_mutex_unlock(&e->lock);
+    uint64_t give_up = kvw__now_ns() + 2 * ms_ns(e->cfg.peer_timeout_ms) + ms_ns(1000);
+    while (!req_ended(r) && kvw__now_ns() < give_up) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!req_ended(r))
+        KVW_ERROR("room %llu: receiver destroyed before its abort completed",
+                  (unsigned long long)r->room);
+}
+
+static void receiver_destroy(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    receiver_end(r);
+    pthread_mutex_lock(&e->lock);
+    if (e->tokens[r->token & 0xffff] == r)
         e->tokens[r->token & 0xffff] = NULL;
-    kvw__req_fail(r, KVW_ERR_STATE, "destroyed by the caller");
-    kvw__req_drop_locked(r);
+    release_handle_locked(r);
     pthread_mutex_unlock(&e->lock);
     kvw__req_unref(r); /* the caller's */
 }
@@ -138,13 +214,17 @@ static size_t first_out_of_range(const uint64_t *pages, size_t n, uint64_t limit
 
 /* --------------------------------------------------------------- sender */
 
-static kvw_status_t fail_sender_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
-    KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+    if (st != KVW_ERR_ABORTED)
+        KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
     kvw__req_fail(r, st, "%s", why);
     if (r->have_dst) {
-        r->notify_failure = true; /* decode is waiting: tell it */
-        kvw__wake(r->engine->control_wake_fd);
+        /* Decode is waiting: tell it, but only once no write of ours can
+         * still land in its pages (drained), so its Failed is final. */
+        r->notify_failure = true;
+        if (r->drained)
+            kvw__wake(r->engine->control_wake_fd);
     }
     return st;
 }
@@ -154,7 +234,7 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     kvw_engine_t *e = r->engine;
     r->runs = r->num_pages ? calloc(r->num_pages, sizeof(*r->runs)) : NULL;
     if (r->num_pages && !r->runs)
-        return fail_sender_locked(r, KVW_ERR_NO_MEMORY, "no memory to plan the transfer");
+        return kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory to plan the transfer");
     kvw_plan_t *p = &r->plan;
     p->num_runs = kvw__plan_runs(r->src_pages, r->dst_pages, r->num_pages, r->runs);
     p->runs = r->runs;
@@ -170,8 +250,9 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     if (s == KVW_POLL_FAILED)
         return r->fail_status;
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
-    r->deadline_ns = kvw__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * 1000000ull;
+    r->deadline_ns = 0; /* the transfer clock starts at the first post (first_post_ns) */
     atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
+    r->drained = false;
     r->qnext = NULL;
     if (e->ready_tail)
         e->ready_tail->qnext = r;
@@ -223,7 +304,8 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
         r->num_pages = n;
     if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING && !r->have_src)
         atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
-    r->deadline_ns = 0; /* waiting for prefill's own compute has no limit */
+    if (r->has_user)
+        r->deadline_ns = 0; /* waiting for prefill's own compute has no limit */
     return r->have_src ? kvw__sender_start_locked(r) : KVW_OK;
 }
 
@@ -234,6 +316,10 @@ kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **se
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
     kvw_status_t st = KVW_OK;
+    if (r && r->user_gone && r->drained && !r->notify_failure) {
+        kvw__req_drop_locked(r); /* a destroyed sender's tombstone: the room is new */
+        r = NULL;
+    }
     if (r && r->has_user) {
         st = KVW_ERR_EXISTS; /* a live sender already owns this room */
     } else if (!r && !(r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room))) {
@@ -263,17 +349,17 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
     } else if (num_pages > e->local_max_pages || num_pages > KVW_WIRE_MAX_PAGES) {
         snprintf(why, sizeof(why), "%zu pages exceed the %llu the regions hold", num_pages,
                  (unsigned long long)e->local_max_pages);
-        st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+        st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
     } else if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {
         snprintf(why, sizeof(why), "aux index %u outside the aux regions (%llu items)",
                  aux_index, (unsigned long long)e->local_max_aux);
-        st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+        st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
     } else if (r->have_dst && (r->num_pages != num_pages ||
                                (aux_index == KVW_NO_AUX) != (r->dst_aux == KVW_NO_AUX))) {
         snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s",
                  num_pages, aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
                  r->dst_aux == KVW_NO_AUX ? "" : " + aux");
-        st = fail_sender_locked(r, KVW_ERR_MISMATCH, why);
+        st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
     } else {
         r->inited = true;
         r->num_pages = num_pages;
@@ -298,7 +384,7 @@ kvw_status_t kvw_sender_send(kvw_sender_t *s, const uint64_t *pages, size_t n)
     }
     if (n != r->num_pages) {
         snprintf(why, sizeof(why), "send() got %zu pages, init() declared %zu", n, r->num_pages);
-        st = fail_sender_locked(r, KVW_ERR_MISMATCH, why);
+        st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
         goto out;
     }
     size_t bad = first_out_of_range(pages, n, e->local_max_pages);
@@ -306,12 +392,12 @@ kvw_status_t kvw_sender_send(kvw_sender_t *s, const uint64_t *pages, size_t n)
         snprintf(why, sizeof(why), "source page %llu (index %zu) outside the registered "
                  "regions (%llu pages)", (unsigned long long)pages[bad], bad,
                  (unsigned long long)e->local_max_pages);
-        st = fail_sender_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+        st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
         goto out;
     }
     r->src_pages = n ? malloc(n * sizeof(uint64_t)) : NULL;
     if (n && !r->src_pages) {
-        st = fail_sender_locked(r, KVW_ERR_NO_MEMORY, "no memory for the page list");
+        st = kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory for the page list");
         goto out;
     }
     if (n)
@@ -334,10 +420,25 @@ kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
     return req_failure(&s->req, reason_p);
 }
 
+kvw_status_t kvw_sender_abort(kvw_sender_t *s)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = req_ended(r) ? KVW_ERR_STATE : KVW_OK;
+    if (!st)
+        kvw__sender_fail_locked(r, KVW_ERR_ABORTED, "aborted by prefill");
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding it now, not at the next completion */
+    return st;
+}
+
 void kvw_sender_destroy(kvw_sender_t *s)
 {
     if (s)
-        req_destroy(&s->req);
+        sender_destroy(&s->req);
 }
 
 /* ------------------------------------------------------------- receiver */
@@ -394,6 +495,42 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr,
     return st;
 }
 
+/* (lock) Decode refuses its own request: Failed now, and prefill is told
+ * so its sender fails too instead of waiting for a request that never
+ * comes. Nothing was sent, so nothing can land. */
+static kvw_status_t receiver_reject_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+    kvw__req_fail(r, st, "%s", why);
+    r->request_due = false;
+    r->abort_due = true;
+    kvw__wake(r->engine->control_wake_fd);
+    return st;
+}
+
+static kvw_status_t check_receiver_pages(const kvw_engine_t *e, const uint64_t *pages, size_t n,
+                                         uint32_t aux_index, char *why, size_t size)
+{
+    if (n > e->local_max_pages || n > KVW_WIRE_MAX_PAGES) {
+        snprintf(why, size, "%zu pages exceed the %llu the regions hold", n,
+                 (unsigned long long)e->local_max_pages);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
+    if (bad < n) {
+        snprintf(why, size, "destination page %llu (index %zu) outside the registered regions "
+                 "(%llu pages)", (unsigned long long)pages[bad], bad,
+                 (unsigned long long)e->local_max_pages);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {
+        snprintf(why, size, "aux index %u outside the aux regions (%llu items)", aux_index,
+                 (unsigned long long)e->local_max_aux);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    return KVW_OK;
+}
+
 kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t n,
                                uint32_t aux_index)
 {
@@ -401,34 +538,64 @@ kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t
         return KVW_ERR_INVALID;
     kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
-    if (n > e->local_max_pages || n > KVW_WIRE_MAX_PAGES)
-        return KVW_ERR_OUT_OF_RANGE;
-    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
-    if (bad < n) {
-        KVW_ERROR("room %llu: destination page %llu (index %zu) outside the registered "
-                  "regions (%llu pages)",
-                  (unsigned long long)r->room, (unsigned long long)pages[bad], bad,
-                  (unsigned long long)e->local_max_pages);
-        return KVW_ERR_OUT_OF_RANGE;
+    char why[KVW_WIRE_REASON_MAX];
+    kvw_status_t st = check_receiver_pages(e, pages, n, aux_index, why, sizeof(why));
+    uint64_t *copy = NULL;
+    if (!st && n && !(copy = malloc(n * sizeof(uint64_t)))) {
+        snprintf(why, sizeof(why), "no memory for the page list");
+        st = KVW_ERR_NO_MEMORY;
     }
-    if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux)
-        return KVW_ERR_OUT_OF_RANGE;
-    uint64_t *copy = n ? malloc(n * sizeof(uint64_t)) : NULL;
-    if (n && !copy)
-        return KVW_ERR_NO_MEMORY;
-    if (n)
+    if (copy)
         memcpy(copy, pages, n * sizeof(uint64_t));
-    kvw_status_t st = KVW_OK;
     pthread_mutex_lock(&e->lock);
-    if (r->pages || r->request_due || atomic_load(&r->state) == KVW_POLL_FAILED ||
-        atomic_load(&r->state) >= KVW_POLL_TRANSFERRING) {
-        st = KVW_ERR_STATE;
+    if (r->pages || r->request_due || r->request_sent || req_ended(r)) {
         free(copy);
+        pthread_mutex_unlock(&e->lock);
+        return KVW_ERR_STATE;
+    }
+    if (st) {
+        receiver_reject_locked(r, st, why);
     } else {
         r->pages = copy;
         r->npages = n;
         r->aux = aux_index;
         r->request_due = true;
+        kvw__wake(e->control_wake_fd);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    kvw_engine_t *e = r->engine;
+    r->aborting = true;
+    r->abort_status = st;
+    snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
+    r->abort_due = true;
+    r->deadline_ns = kvw__now_ns() + ms_ns(e->cfg.peer_timeout_ms);
+    KVW_INFO("room %llu: aborting: %s", (unsigned long long)r->room, why);
+    kvw__wake(e->control_wake_fd);
+}
+
+kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
+{
+    if (!rc)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &rc->req;
+    kvw_engine_t *e = r->engine;
+    kvw_status_t st = KVW_OK;
+    pthread_mutex_lock(&e->lock);
+    if (req_ended(r)) {
+        st = KVW_ERR_STATE;
+    } else if (r->request_sent) {
+        if (!r->aborting)
+            kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, "aborted by the caller");
+    } else {
+        /* prefill has no page list of ours: nothing can land, fail now */
+        kvw__req_fail(r, KVW_ERR_ABORTED, "aborted by the caller");
+        r->request_due = false;
+        r->abort_due = true;
         kvw__wake(e->control_wake_fd);
     }
     pthread_mutex_unlock(&e->lock);
@@ -448,5 +615,5 @@ kvw_status_t kvw_receiver_failure(const kvw_receiver_t *rc, const char **reason_
 void kvw_receiver_destroy(kvw_receiver_t *rc)
 {
     if (rc)
-        req_destroy(&rc->req);
+        receiver_destroy(&rc->req);
 }

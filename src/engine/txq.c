@@ -40,6 +40,8 @@ void kvw__txq_fini(kvw_txq_t *q)
 
 uint32_t kvw__txq_room(const kvw_txq_t *q)
 {
+    if (q->post_failed || q->broken)
+        return 0;
     uint64_t credits = q->depth - (q->posted + q->pending - q->completed);
     uint32_t chain_room = q->chain_max - q->pending;
     return credits < chain_room ? (uint32_t)credits : chain_room;
@@ -71,6 +73,14 @@ uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t
     return seq;
 }
 
+/* How many WRs of an n-WR chain ibv_post_send took before failing at bad. */
+static uint32_t accepted_before(const kvw_txq_t *q, const struct ibv_send_wr *bad, uint32_t n)
+{
+    if (!bad || bad < q->wrs || bad >= q->wrs + n)
+        return 0; /* no usable bad_wr: assume none was taken */
+    return (uint32_t)(bad - q->wrs);
+}
+
 kvw_status_t kvw__txq_flush(kvw_txq_t *q)
 {
     if (!q->pending)
@@ -84,21 +94,39 @@ kvw_status_t kvw__txq_flush(kvw_txq_t *q)
     q->wrs[n - 1].next = NULL; /* end the chain here for this post */
     int rc = q->ops->post_send(q->qp, q->wrs, &bad);
     q->wrs[n - 1].next = after;
+    uint32_t taken = n;
     if (rc) {
-        KVW_ERROR("ibv_post_send of a %u-WR chain failed at WR %ld: %s", n,
-                  bad ? (long)(bad - q->wrs) : -1L, strerror(rc > 0 ? rc : errno));
-        return KVW_ERR_VERBS;
+        taken = accepted_before(q, bad, n);
+        q->post_failed = true;
+        KVW_ERROR("ibv_post_send of a %u-WR chain failed at WR %u: %s", n, taken,
+                  strerror(rc > 0 ? rc : errno));
     }
-    q->posted += n;
-    q->chains++;
-    q->wrs_posted += n;
-    for (uint32_t i = 0; i < n; i++)
+    q->posted += taken;
+    q->chains += taken > 0;
+    q->wrs_posted += taken;
+    for (uint32_t i = 0; i < taken; i++)
         q->bytes_posted += q->sges[i].length;
-    return KVW_OK;
+    return rc ? KVW_ERR_VERBS : KVW_OK;
 }
 
 void kvw__txq_retire(kvw_txq_t *q, uint64_t seq)
 {
-    if (seq + 1 > q->completed)
-        q->completed = seq + 1;
+    uint64_t done = seq + 1 < q->posted ? seq + 1 : q->posted; /* never past what was posted */
+    if (q->broken || done <= q->completed)
+        return;
+    q->wrs_ok += done - q->completed;
+    q->completed = done;
+}
+
+void kvw__txq_fail_at(kvw_txq_t *q, uint64_t seq)
+{
+    if (q->broken)
+        return;
+    uint64_t boundary = seq < q->completed ? q->completed : seq;
+    if (boundary > q->posted)
+        boundary = q->posted;
+    q->wrs_ok += boundary - q->completed;
+    q->wrs_flushed += q->posted - boundary;
+    q->completed = boundary;
+    q->broken = true;
 }

@@ -11,37 +11,51 @@
 #include "plan/plan.h"
 #include "verbs/ops.h"
 
+#include <stdbool.h>
+
 typedef struct kvw_txq {
     const kvw_verbs_ops_t *ops;
     struct ibv_qp *qp;
     uint32_t depth, chain_max, signal_every;
     uint64_t posted;    /* sequence number of the next WR to post */
-    uint64_t completed; /* every WR with a smaller sequence number has completed */
+    uint64_t completed; /* every WR with a smaller sequence number has landed */
+    bool post_failed;   /* a post failed: the QP is being failed, post nothing more */
+    bool broken;        /* an error completion: WRs from `completed` on were flushed */
     uint32_t since_signal;
     uint32_t pending; /* WRs built into the current chain, not yet posted */
     struct ibv_send_wr *wrs;
     struct ibv_sge *sges;
     uint64_t chains, wrs_posted, bytes_posted;
+    uint64_t wrs_ok, wrs_flushed; /* posted WRs known landed / known not landed */
 } kvw_txq_t;
 
 kvw_status_t kvw__txq_init(kvw_txq_t *q, const kvw_verbs_ops_t *ops, struct ibv_qp *qp,
                            uint32_t depth, uint32_t chain_max, uint32_t signal_every);
 void kvw__txq_fini(kvw_txq_t *q);
 
-/* How many more WRs may be added before a flush (credits and chain room). */
+/* How many more WRs may be added before a flush (credits and chain room);
+ * 0 for good once a post failed or an error completion arrived. */
 uint32_t kvw__txq_room(const kvw_txq_t *q);
 /* Append one write (room must be > 0); with_imm makes it an RDMA WRITE with
  * immediate (imm in host order). Returns the WR's sequence number. */
 uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t imm);
 /* Post the pending chain, its last WR signaled. KVW_ERR_VERBS if the post
- * failed: the WRs are then not outstanding and the QP must be failed. */
+ * failed: the WRs before ibv_post_send's bad_wr were posted and count as
+ * outstanding (they will complete); the rest are dropped, their sequence
+ * numbers are never used, and the txq posts nothing more: the caller must
+ * fail the QP. */
 kvw_status_t kvw__txq_flush(kvw_txq_t *q);
-/* A signaled WR with sequence number seq completed successfully. */
+/* A signaled WR with sequence number seq completed successfully: it and
+ * every earlier WR landed (RC completes in order). */
 void kvw__txq_retire(kvw_txq_t *q, uint64_t seq);
+/* WR seq completed with an error (or was flushed). The first such report
+ * fixes the outcome of every WR: those before seq landed, seq and all later
+ * ones did not. Later reports change nothing. */
+void kvw__txq_fail_at(kvw_txq_t *q, uint64_t seq);
 /* WRs posted and not yet known complete. */
 static inline uint64_t kvw__txq_outstanding(const kvw_txq_t *q)
 {
-    return q->posted - q->completed;
+    return q->broken ? 0 : q->posted - q->completed;
 }
 
 #endif

@@ -13,11 +13,17 @@ void fake_verbs_reset(void)
     fail_at = 0;
 }
 
-void fake_verbs_fail_post(size_t nth, int rc)
+void fake_verbs_fail_post_at(size_t nth, int rc, size_t wr)
 {
     fail_at = nth ? fake_verbs.num_posts + nth : 0;
     fake_verbs.fail_post = fail_at;
     fake_verbs.fail_rc = rc;
+    fake_verbs.fail_wr = wr;
+}
+
+void fake_verbs_fail_post(size_t nth, int rc)
+{
+    fake_verbs_fail_post_at(nth, rc, 0);
 }
 
 struct ibv_qp *fake_verbs_qp(void)
@@ -57,8 +63,11 @@ static int fake_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
     if (fail_at && call == fail_at) {
         if (p)
             p->failed = 1;
+        struct ibv_send_wr *bad = wr;
+        for (size_t i = 0; i < fake_verbs.fail_wr && bad->next; i++)
+            bad = bad->next;
         if (bad_wr)
-            *bad_wr = wr;
+            *bad_wr = bad;
         return fake_verbs.fail_rc ? fake_verbs.fail_rc : EIO;
     }
     return 0;

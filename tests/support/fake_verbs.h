@@ -38,6 +38,7 @@ typedef struct fake_verbs {
     fake_wr_t wrs[FAKE_MAX_WRS];
     size_t fail_post;      /* 1-based post_send call to fail; 0: never */
     int fail_rc;           /* value returned by the failing post (default EIO) */
+    size_t fail_wr;        /* bad_wr of the failing post: this 0-based WR of its chain */
     size_t post_recv_calls, poll_cq_calls, other_calls;
 } fake_verbs_t;
 
@@ -47,8 +48,12 @@ extern const kvw_verbs_ops_t fake_verbs_ops;
 
 /* Clear the recorder (and the failure injection). */
 void fake_verbs_reset(void);
-/* Make the nth post_send call from now (1-based) fail with rc. */
+/* Make the nth post_send call from now (1-based) fail with rc, at its
+ * first WR (bad_wr = the whole chain). */
 void fake_verbs_fail_post(size_t nth, int rc);
+/* The same, failing at 0-based WR `wr` of that chain: WRs before it count
+ * as taken by the device, as ibv_post_send does. */
+void fake_verbs_fail_post_at(size_t nth, int rc, size_t wr);
 /* A non-NULL opaque qp pointer for tests. */
 struct ibv_qp *fake_verbs_qp(void);
 

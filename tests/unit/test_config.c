@@ -68,8 +68,8 @@ static void assert_defaults(const kvw_config_t *c)
     assert_int_equal(c->poll_spin_us, 50);
     assert_int_equal(c->bootstrap_timeout_ms, 30000);
     assert_int_equal(c->transfer_timeout_ms, 60000);
-    assert_int_equal(c->heartbeat_ms, 1000);
-    assert_int_equal(c->peer_timeout_ms, 5000);
+    assert_int_equal(c->heartbeat_ms, 500);
+    assert_int_equal(c->peer_timeout_ms, 2000);
     assert_int_equal(c->gid_index, -1);
     assert_int_equal(c->ib_port, 1);
     assert_int_equal(c->qp_timeout, 14);
@@ -102,7 +102,7 @@ static void test_env_overrides(void **state)
     setenv("KVW_BOOTSTRAP_TIMEOUT_MS", "3600000", 1);
     setenv("KVW_TRANSFER_TIMEOUT_MS", "10", 1);
     setenv("KVW_HEARTBEAT_MS", "250", 1);
-    setenv("KVW_PEER_TIMEOUT_MS", "50", 1);
+    setenv("KVW_PEER_TIMEOUT_MS", "300", 1);
     setenv("KVW_GID_INDEX", "3", 1);
     setenv("KVW_IB_PORT", "255", 1);
     setenv("KVW_QP_TIMEOUT", "31", 1);
@@ -118,7 +118,7 @@ static void test_env_overrides(void **state)
     assert_int_equal(c.bootstrap_timeout_ms, 3600000);
     assert_int_equal(c.transfer_timeout_ms, 10);
     assert_int_equal(c.heartbeat_ms, 250);
-    assert_int_equal(c.peer_timeout_ms, 50);
+    assert_int_equal(c.peer_timeout_ms, 300);
     assert_int_equal(c.gid_index, 3);
     assert_int_equal(c.ib_port, 255);
     assert_int_equal(c.qp_timeout, 31);
@@ -192,9 +192,9 @@ static void test_env_bad_values(void **state)
             assert_int_equal(c.heartbeat_ms, 777);
         /* The bad field holds its default. */
         if (other_is_hb)
-            c.peer_timeout_ms = 5000;
+            c.peer_timeout_ms = 2000;
         else
-            c.heartbeat_ms = 1000;
+            c.heartbeat_ms = 500;
         assert_defaults(&c);
         /* The log names the variable. */
         assert_true(log_count >= 1);
@@ -282,8 +282,8 @@ static void test_print(void **state)
         {"poll_spin_us", "KVW_POLL_SPIN_US", 50},
         {"bootstrap_timeout_ms", "KVW_BOOTSTRAP_TIMEOUT_MS", 30000},
         {"transfer_timeout_ms", "KVW_TRANSFER_TIMEOUT_MS", 60000},
-        {"heartbeat_ms", "KVW_HEARTBEAT_MS", 1000},
-        {"peer_timeout_ms", "KVW_PEER_TIMEOUT_MS", 5000},
+        {"heartbeat_ms", "KVW_HEARTBEAT_MS", 500},
+        {"peer_timeout_ms", "KVW_PEER_TIMEOUT_MS", 2000},
         {"gid_index", "KVW_GID_INDEX", 2},
         {"ib_port", "KVW_IB_PORT", 1},
         {"qp_timeout", "KVW_QP_TIMEOUT", 14},
@@ -339,7 +339,7 @@ static void test_status_strings(void **state)
 #undef KVW_TEST_STATUS
     };
     const size_t n = sizeof(all) / sizeof(all[0]);
-    assert_int_equal(n, 17);
+    assert_int_equal(n, 18);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(kvw_status_name(all[i].st), all[i].name);
         assert_string_equal(kvw_strerror(all[i].st), all[i].msg);
@@ -353,8 +353,9 @@ static void test_status_strings(void **state)
     assert_string_equal(kvw_status_name(KVW_ERR_TIMEOUT), "KVW_ERR_TIMEOUT");
     assert_string_equal(kvw_strerror(KVW_OK), "success");
     assert_int_equal(KVW_ERR_UNSUPPORTED, -16);
+    assert_int_equal(KVW_ERR_ABORTED, -17);
 
-    static const int unknown[] = {1, 2, -17, -100, 12345, INT32_MIN, INT32_MAX};
+    static const int unknown[] = {1, 2, -18, -100, 12345, INT32_MIN, INT32_MAX};
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
         assert_string_equal(kvw_strerror((kvw_status_t)unknown[i]), "unknown status");
         assert_string_equal(kvw_status_name((kvw_status_t)unknown[i]), "KVW_UNKNOWN");

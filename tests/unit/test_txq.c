@@ -249,27 +249,79 @@ static void test_failed_post(void **state)
     assert_int_equal(fake_verbs.num_posts, 2);
     assert_true(fake_verbs.posts[1].failed);
     assert_int_equal(fake_verbs.posts[1].count, 3);
-    /* Nothing of the failed chain counts as posted or outstanding. */
+    /* bad_wr was the first WR: nothing of the failed chain was posted. */
     assert_int_equal(q.posted, 5);
     assert_int_equal(q.chains, 1);
     assert_int_equal(q.wrs_posted, 5);
     assert_int_equal(q.pending, 0);
     assert_int_equal(kvw__txq_outstanding(&q), 5);
-    assert_int_equal(kvw__txq_room(&q), 8);
-
-    /* Failing a later post: the 2nd from now. */
-    fake_verbs_fail_post(2, -1);
-    errno = EAGAIN;
-    kvw__txq_add(&q, &w, 0, 0);
-    assert_int_equal(kvw__txq_flush(&q), KVW_OK);
-    assert_int_equal(q.posted, 6);
-    assert_int_equal(fake_verbs.wrs[fake_verbs.posts[2].first].wr_id, 5);
-    kvw__txq_add(&q, &w, 0, 0);
-    assert_int_equal(kvw__txq_flush(&q), KVW_ERR_VERBS);
-    assert_int_equal(q.posted, 6);
-    assert_int_equal(q.chains, 2);
-    assert_int_equal(errors_logged, 2); /* each failed post is logged once */
+    /* A failed post ends the txq: no room, so no later chain can reuse the
+     * dropped sequence numbers or post after a hole. */
+    assert_int_equal(kvw__txq_room(&q), 0);
+    assert_int_equal(errors_logged, 1);
     kvw_set_log_handler(NULL, NULL, KVW_LOG_WARN);
+    kvw__txq_fini(&q);
+}
+
+/* ibv_post_send stops at bad_wr: the WRs before it were posted and will
+ * complete, so they must count as posted and outstanding. */
+static void test_failed_post_mid_chain(void **state)
+{
+    (void)state;
+    kvw_txq_t q;
+    kvw_set_log_handler(count_log, NULL, KVW_LOG_WARN);
+    assert_int_equal(kvw__txq_init(&q, &fake_verbs_ops, fake_verbs_qp(), 64, 8, 4), KVW_OK);
+    fake_verbs_fail_post_at(1, EINVAL, 3);
+    for (uint64_t i = 0; i < 6; i++) {
+        kvw_write_t w = write_n(i);
+        kvw__txq_add(&q, &w, 0, 0);
+    }
+    assert_int_equal(kvw__txq_flush(&q), KVW_ERR_VERBS);
+    assert_int_equal(q.posted, 3);
+    assert_int_equal(q.wrs_posted, 3);
+    assert_int_equal(q.chains, 1);
+    assert_int_equal(q.bytes_posted, (100 + 0) + (100 + 1) + (100 + 2));
+    assert_int_equal(kvw__txq_outstanding(&q), 3);
+    assert_int_equal(kvw__txq_room(&q), 0);
+    /* A completion past what was posted cannot retire more than was posted. */
+    kvw__txq_retire(&q, 5);
+    assert_int_equal(q.completed, 3);
+    assert_int_equal(q.wrs_ok, 3);
+    assert_int_equal(kvw__txq_outstanding(&q), 0);
+    kvw_set_log_handler(NULL, NULL, KVW_LOG_WARN);
+    kvw__txq_fini(&q);
+}
+
+/* RC completes in order: an error at WR k means WRs before k landed and k
+ * and everything after did not; later (flush) errors change nothing. */
+static void test_error_completion_boundary(void **state)
+{
+    (void)state;
+    kvw_txq_t q;
+    assert_int_equal(kvw__txq_init(&q, &fake_verbs_ops, fake_verbs_qp(), 64, 16, 4), KVW_OK);
+    post_writes(&q, 0, 10);
+    kvw__txq_retire(&q, 3); /* a signaled WR: 0..3 landed */
+    assert_int_equal(q.completed, 4);
+    kvw__txq_fail_at(&q, 7);
+    assert_int_equal(q.completed, 7);
+    assert_true(q.broken);
+    assert_int_equal(q.wrs_ok, 7);
+    assert_int_equal(q.wrs_flushed, 3);
+    assert_int_equal(kvw__txq_outstanding(&q), 0);
+    assert_int_equal(kvw__txq_room(&q), 0);
+    kvw__txq_fail_at(&q, 8);  /* the flushes that follow */
+    kvw__txq_retire(&q, 9);   /* nothing can land after an error */
+    assert_int_equal(q.completed, 7);
+    assert_int_equal(q.wrs_ok + q.wrs_flushed, q.wrs_posted);
+    kvw__txq_fini(&q);
+
+    /* A flush at a WR already retired cannot un-land it. */
+    assert_int_equal(kvw__txq_init(&q, &fake_verbs_ops, fake_verbs_qp(), 64, 16, 4), KVW_OK);
+    post_writes(&q, 0, 4);
+    kvw__txq_retire(&q, 3);
+    kvw__txq_fail_at(&q, 2);
+    assert_int_equal(q.wrs_ok, 4);
+    assert_int_equal(q.wrs_flushed, 0);
     kvw__txq_fini(&q);
 }
 
@@ -303,6 +355,8 @@ int main(void)
         cmocka_unit_test_setup(test_credits, setup),
         cmocka_unit_test_setup(test_with_imm_and_zero_length, setup),
         cmocka_unit_test_setup(test_failed_post, setup),
+        cmocka_unit_test_setup(test_failed_post_mid_chain, setup),
+        cmocka_unit_test_setup(test_error_completion_boundary, setup),
         cmocka_unit_test_setup(test_other_fake_ops_fail, setup),
     };
     return cmocka_run_group_tests_name("txq", tests, NULL, NULL);

@@ -121,6 +121,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_qp_equal(&a->u.hello.qp, &b->u.hello.qp);
         assert_int_equal(a->u.hello.num_layers, b->u.hello.num_layers);
         assert_int_equal(a->u.hello.num_aux, b->u.hello.num_aux);
+        assert_int_equal(a->u.hello.recv_credits, b->u.hello.recv_credits);
         for (size_t i = 0; i < 2 * (size_t)a->u.hello.num_layers + a->u.hello.num_aux; i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
             assert_int_equal(x->addr, y->addr);
@@ -138,13 +139,19 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
             assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
         break;
     case KVW_MSG_REQUEST_FAILED:
+    case KVW_MSG_ABORT:
+    case KVW_MSG_BYE:
         assert_int_equal(a->status, b->status);
         assert_int_equal(a->u.failed.room, b->u.failed.room);
+        assert_int_equal(a->u.failed.token, b->u.failed.token);
         assert_string_equal(a->u.failed.reason, b->u.failed.reason);
         break;
     case KVW_MSG_PING:
     case KVW_MSG_PONG:
         assert_int_equal(a->u.ping.engine_id, b->u.ping.engine_id);
+        break;
+    case KVW_MSG_CREDIT:
+        assert_int_equal(a->u.credit.recvs_posted, b->u.credit.recvs_posted);
         break;
     default:
         fail_msg("unexpected type %u", a->type);
@@ -198,6 +205,7 @@ static kvw_msg_t sample_hello(uint16_t type)
         m.u.hello.qp.gid[i] = (uint8_t)(0xf0 + i);
     m.u.hello.num_layers = 2;
     m.u.hello.num_aux = 1;
+    m.u.hello.recv_credits = 256;
     m.u.hello.regions = sample_regions;
     return m;
 }
@@ -288,17 +296,41 @@ static void test_roundtrip_request_failed(void **state)
     (void)state;
     kvw_msg_t m;
     memset(&m, 0, sizeof(m));
-    m.type = KVW_MSG_REQUEST_FAILED;
-    m.status = KVW_ERR_OUT_OF_RANGE;
-    m.u.failed.room = 42;
-    strcpy(m.u.failed.reason, "page 9999 outside the registered region");
+    static const uint16_t types[] = {KVW_MSG_REQUEST_FAILED, KVW_MSG_ABORT, KVW_MSG_BYE};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        memset(&m, 0, sizeof(m));
+        m.type = types[i];
+        m.status = KVW_ERR_OUT_OF_RANGE;
+        m.u.failed.room = 42;
+        m.u.failed.token = 0x00070003;
+        strcpy(m.u.failed.reason, "page 9999 outside the registered region");
+        roundtrip(&m);
+        /* Longest reason that fits. */
+        memset(m.u.failed.reason, 'r', KVW_WIRE_REASON_MAX - 1);
+        m.u.failed.reason[KVW_WIRE_REASON_MAX - 1] = '\0';
+        roundtrip(&m);
+        m.u.failed.reason[0] = '\0';
+        roundtrip(&m);
+        /* A failure that claims success is refused: it would read as Success. */
+        uint8_t buf[BUF_CAP];
+        m.status = KVW_OK;
+        size_t len = encode_ok(&m, buf, sizeof(buf));
+        expect_reject(buf, len);
+        m.status = 5;
+        len = encode_ok(&m, buf, sizeof(buf));
+        expect_reject(buf, len);
+    }
+}
+
+static void test_roundtrip_credit(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_CREDIT;
+    m.u.credit.recvs_posted = 0x123456789abull;
     roundtrip(&m);
-    /* Longest reason that fits. */
-    memset(m.u.failed.reason, 'r', KVW_WIRE_REASON_MAX - 1);
-    m.u.failed.reason[KVW_WIRE_REASON_MAX - 1] = '\0';
-    roundtrip(&m);
-    m.u.failed.reason[0] = '\0';
-    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 8);
 }
 
 static void test_roundtrip_ping_pong(void **state)
@@ -321,7 +353,9 @@ static void test_type_names(void **state)
                                      KVW_MSG_BS_LOOKUP,   KVW_MSG_BS_LOOKUP_REPLY,
                                      KVW_MSG_HELLO,       KVW_MSG_HELLO_ACK,
                                      KVW_MSG_REQUEST,     KVW_MSG_REQUEST_FAILED,
-                                     KVW_MSG_PING,        KVW_MSG_PONG};
+                                     KVW_MSG_ABORT,       KVW_MSG_PING,
+                                     KVW_MSG_PONG,        KVW_MSG_CREDIT,
+                                     KVW_MSG_BYE};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
@@ -374,6 +408,7 @@ static void test_reject_truncated_strings(void **state)
     truncations(&m);
     memset(&m, 0, sizeof(m));
     m.type = KVW_MSG_REQUEST_FAILED;
+    m.status = KVW_ERR_PEER;
     strcpy(m.u.failed.reason, "no");
     truncations(&m);
     memset(&m, 0, sizeof(m));
@@ -391,6 +426,7 @@ static void test_reject_trailing_byte(void **state)
     msgs[2].type = KVW_MSG_PING;
     msgs[3].type = KVW_MSG_BS_LOOKUP;
     msgs[4].type = KVW_MSG_REQUEST_FAILED;
+    msgs[4].status = KVW_ERR_PEER;
     strcpy(msgs[4].u.failed.reason, "x");
     for (size_t i = 0; i < 5; i++) {
         uint8_t buf[BUF_CAP];
@@ -491,8 +527,8 @@ static size_t forge_hello(uint8_t *buf, uint32_t num_layers, uint32_t num_aux, u
         regions[i] = (kvw_wire_region_t){0x1000 * (i + 1), 64, 16, i};
     m.u.hello.regions = present ? regions : NULL;
     size_t len = encode_ok(&m, buf, BUF_CAP);
-    /* num_layers and num_aux sit right before the regions. */
-    size_t counts = len - (size_t)present * 28 - 8;
+    /* num_layers, num_aux and recv_credits sit right before the regions. */
+    size_t counts = len - (size_t)present * 28 - 12;
     put32(buf + counts, num_layers);
     put32(buf + counts + 4, num_aux);
     return len;
@@ -596,9 +632,10 @@ static void test_reject_bad_strings(void **state)
     /* REQUEST_FAILED reason of KVW_WIRE_REASON_MAX bytes does not fit. */
     memset(&m, 0, sizeof(m));
     m.type = KVW_MSG_REQUEST_FAILED;
+    m.status = KVW_ERR_PEER;
     strcpy(m.u.failed.reason, "x");
     len = encode_ok(&m, buf, sizeof(buf));
-    const size_t rs_at = KVW_WIRE_HEADER_LEN + 12;
+    const size_t rs_at = KVW_WIRE_HEADER_LEN + 16;
     n = KVW_WIRE_REASON_MAX;
     memcpy(bad, buf, rs_at);
     put16(bad + rs_at, (uint16_t)n);
@@ -664,6 +701,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_request),
         cmocka_unit_test(test_roundtrip_request_failed),
         cmocka_unit_test(test_roundtrip_ping_pong),
+        cmocka_unit_test(test_roundtrip_credit),
         cmocka_unit_test(test_type_names),
         cmocka_unit_test(test_reject_truncated_hello),
         cmocka_unit_test(test_reject_truncated_request),

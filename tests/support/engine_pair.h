@@ -1,0 +1,77 @@
+/* A prefill and a decode engine in one test process, on the fake NIC
+ * (tests/support/fake_nic.h), talking ZeroMQ over 127.0.0.1 through an
+ * embedded bootstrap service. For unit tests and fault injection: the fake
+ * NIC is not RDMA and nothing here is reported as RDMA.
+ *
+ * Prefill's pages hold deterministic contents; decode's pages start as a
+ * canary pattern, so a test can tell landed bytes from untouched ones. */
+#ifndef KVW_TESTS_ENGINE_PAIR_H
+#define KVW_TESTS_ENGINE_PAIR_H
+
+#include "kvwire.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PAIR_LAYERS 2
+#define PAIR_ITEM 256
+#define PAIR_POOL 64
+#define PAIR_AUX_ITEM 64
+#define PAIR_AUX_ITEMS 8
+#define PAIR_CANARY 0xee
+
+typedef struct engine_pair {
+    kvw_bootstrap_t *bootstrap;
+    kvw_engine_t *prefill, *decode;
+    kvw_config_t cfg, decode_cfg;
+    uint8_t *src[2 * PAIR_LAYERS], *dst[2 * PAIR_LAYERS];
+    uint8_t *src_aux, *dst_aux;
+} engine_pair_t;
+
+/* Test-sized defaults: small queues (chains, signaling and credits all
+ * wrap), short timeouts. */
+void pair_config(kvw_config_t *cfg);
+/* fake_nic_init + ops + bootstrap + both engines ("fake0" prefill, "fake1"
+ * decode). cfg NULL: pair_config(). Returns KVW_OK or the failing status. */
+kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg);
+/* The same with a different config for decode (NULL: cfg). */
+kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg,
+                        const kvw_config_t *decode_cfg);
+/* Destroy engines and bootstrap, restore the real ops, fake_nic_fini. */
+void pair_close(engine_pair_t *p);
+
+/* One request on both sides. */
+typedef struct pair_room {
+    uint64_t room;
+    size_t n;
+    uint64_t src[PAIR_POOL], dst[PAIR_POOL];
+    uint32_t aux_src, aux_dst;
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+} pair_room_t;
+
+/* Fill pr with n source pages and n disjoint destination pages chosen from
+ * seed (slot picks a destination window, so rooms with different slots do
+ * not share pages; n * slots must fit in PAIR_POOL). */
+void pair_pick(pair_room_t *pr, uint64_t room, size_t n, uint64_t seed, uint32_t slot);
+/* Create both handles. */
+kvw_status_t pair_create(engine_pair_t *p, pair_room_t *pr);
+/* Wait until the handle's state is Success or Failed, or timeout_ms. */
+kvw_poll_t pair_wait_sender(const pair_room_t *pr, int timeout_ms);
+kvw_poll_t pair_wait_receiver(const pair_room_t *pr, int timeout_ms);
+/* Wait until the sender leaves Bootstrapping (decode's request arrived). */
+kvw_poll_t pair_wait_sender_ready(const pair_room_t *pr, int timeout_ms);
+/* Bytes in decode's pages of pr that differ from what prefill sent. */
+size_t pair_wrong_bytes(const engine_pair_t *p, const pair_room_t *pr);
+/* Copy / compare decode's pages of pr (all regions and the aux item) to
+ * detect writes that land after Failed. buf holds pair_snapshot_size(). */
+size_t pair_snapshot_size(const pair_room_t *pr);
+void pair_snapshot(const engine_pair_t *p, const pair_room_t *pr, uint8_t *buf);
+bool pair_snapshot_equal(const engine_pair_t *p, const pair_room_t *pr, const uint8_t *buf);
+void pair_destroy_room(pair_room_t *pr);
+
+uint64_t pair_now_ms(void);
+void pair_sleep_ms(int ms);
+
+#endif

@@ -1,0 +1,101 @@
+/* A fake, in-process NIC behind kvw_verbs_ops_t, for unit tests and fault
+ * injection ONLY. It is not RDMA and proves nothing about RDMA: a "remote
+ * write" is a memmove() inside this process, done by a background "wire"
+ * thread so that completions arrive asynchronously, as from a real NIC.
+ *
+ * It mirrors the verbs semantics kvwire relies on: RC QP state machine,
+ * per-QP in-order execution, signaled/unsignaled completions, flush on
+ * error, lkey/rkey and range checks, RNR with rnr_retry (7 = forever),
+ * completion channels with arm/event/ack, send-queue slots freed only when a
+ * covering completion is polled, and CQ overrun detection. Several fake
+ * devices ("fake0", "fake1", ...) share the one wire, so a prefill and a
+ * decode engine in one test process can talk to each other.
+ *
+ *     fake_nic_init(NULL);
+ *     kvw__verbs_set_ops(&fake_nic_ops);
+ *     ... engines with .device = "fake0" / "fake1", .local_ip = "127.0.0.1" ...
+ *     kvw__verbs_set_ops(NULL);
+ *     fake_nic_fini();
+ *
+ * Every function here and every op is thread-safe (one global mutex). */
+#ifndef KVW_TESTS_FAKE_NIC_H
+#define KVW_TESTS_FAKE_NIC_H
+
+#include "verbs/ops.h"
+
+#include <stdint.h>
+
+#define FAKE_NIC_MAX_DEVICES 8
+
+typedef struct fake_nic_config {
+    int num_devices;                      /* 0: 2 */
+    const char *ip[FAKE_NIC_MAX_DEVICES]; /* IPv4 of each device; NULL: "127.0.0.1" */
+    uint32_t max_msg_sz;                  /* port max_msg_sz; 0: 8 MiB */
+    uint32_t retry_us;                    /* how long an unreachable peer is retried before
+                                           * IBV_WC_RETRY_EXC_ERR; 0: fail at once */
+    uint32_t rnr_delay_us;                /* between RNR retries; 0: 640 (min_rnr_timer 12) */
+} fake_nic_config_t;
+
+/* Faults. All counts are 1-based and 0 means off; the counters restart at
+ * every fake_nic_set_faults(). */
+typedef struct fake_nic_faults {
+    uint32_t fault_qp_num; /* count only post_send calls / WRs of this QP; 0: all QPs */
+    /* The fail_post_call-th post_send call accepts WRs [0, fail_post_wr) of
+     * its list and fails at index fail_post_wr (its last WR if the list is
+     * shorter), returning fail_post_rc (0: EIO) with *bad_wr on that WR. */
+    uint64_t fail_post_call;
+    uint32_t fail_post_wr; /* 0-based index into that call's list */
+    int fail_post_rc;
+    /* The error_wr-th send WR the wire executes completes with error_status
+     * (0: IBV_WC_REM_ACCESS_ERR) instead of being applied; its QP goes to
+     * ERR and flushes. */
+    uint64_t error_wr;
+    enum ibv_wc_status error_status;
+    /* Each WR posted from now on executes no earlier than its post time +
+     * delay_us + a pseudo-random 0..delay_jitter_us (from seed). */
+    uint32_t delay_us;
+    uint32_t delay_jitter_us;
+    uint64_t seed;
+} fake_nic_faults_t;
+
+typedef struct fake_nic_stats {
+    uint64_t post_send_calls;
+    uint64_t wrs_accepted;    /* send WRs taken by post_send */
+    uint64_t wrs_succeeded;   /* executed successfully, signaled or not */
+    uint64_t wrs_errored;     /* completed with an error other than a flush */
+    uint64_t wrs_flushed;     /* IBV_WC_WR_FLUSH_ERR, or discarded by destroy_qp */
+    uint64_t wrs_outstanding; /* accepted - succeeded - errored - flushed */
+    uint64_t recvs_posted, recvs_consumed, recvs_flushed;
+    uint64_t cqes;        /* completions produced (polled or not) */
+    uint64_t cq_overruns; /* must stay 0; each is also a fatal error */
+    uint64_t bytes_written;
+    /* Misuse that real verbs would punish (CQ overrun, destroy_cq with
+     * unacked events, ...): counted, the first one described. */
+    uint64_t fatal_errors;
+    char fatal[160];
+    /* Objects not yet destroyed (an engine must leave 0 of each). */
+    uint32_t live_contexts, live_pds, live_mrs, live_channels, live_cqs, live_qps;
+} fake_nic_stats_t;
+
+/* Create the devices and start the wire. cfg may be NULL (defaults).
+ * Returns 0, or -1 with errno (EBUSY if already initialised, EINVAL). */
+int fake_nic_init(const fake_nic_config_t *cfg);
+/* Stop the wire and free every object, even ones the caller leaked. After
+ * this, fake_nic_init() may be called again. */
+void fake_nic_fini(void);
+
+/* Replace the fault set (NULL: no faults) and restart its counters. */
+void fake_nic_set_faults(const fake_nic_faults_t *faults);
+/* The device's "process died": WRs towards its QPs fail with
+ * IBV_WC_RETRY_EXC_ERR, its own QPs send nothing more, yet its objects stay
+ * valid so its engine can still be destroyed. Returns 0, -1 if unknown. */
+int fake_nic_kill_device(const char *name);
+
+void fake_nic_stats(fake_nic_stats_t *stats);
+/* Wait until no send WR can still execute (a WR that RNR-retries forever
+ * for want of a receive counts as done waiting). 0, or -1 on timeout. */
+int fake_nic_quiesce(int timeout_ms);
+
+extern const kvw_verbs_ops_t fake_nic_ops;
+
+#endif

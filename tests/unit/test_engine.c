@@ -1,0 +1,503 @@
+/* The threaded engine itself (control thread, poller, both roles) on the
+ * fake NIC, with faults injected. One test per failure the review found;
+ * each failed before the fix it names. Not RDMA: see tests/support. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ctrl/zsock.h"
+#include "engine/engine.h"
+#include "support/engine_pair.h"
+#include "support/fake_nic.h"
+
+enum { WAIT_MS = 5000 };
+
+static engine_pair_t pair;
+
+static int open_pair(void **state)
+{
+    (void)state;
+    /* KVW_TEST_LOG=1 shows the engines' own account of each test. */
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    return pair_open(&pair, NULL) == KVW_OK ? 0 : -1;
+}
+
+static int close_pair(void **state)
+{
+    (void)state;
+    atomic_store(&kvw__zdrop_hook, NULL);
+    pair_close(&pair);
+    return 0;
+}
+
+static void start(pair_room_t *pr, uint64_t room, size_t n, uint32_t slot)
+{
+    pair_pick(pr, room, n, room * 7919u + 1, slot);
+    assert_int_equal(pair_create(&pair, pr), KVW_OK);
+    assert_int_equal(kvw_receiver_init(pr->r, pr->dst, pr->n, pr->aux_dst), KVW_OK);
+    assert_int_equal(kvw_sender_init(pr->s, pr->n, pr->aux_src), KVW_OK);
+}
+
+static void send_now(pair_room_t *pr)
+{
+    assert_int_equal(kvw_sender_send(pr->s, pr->src, pr->n), KVW_OK);
+}
+
+static void assert_landed(const pair_room_t *pr)
+{
+    const char *why = "";
+    if (pair_wait_receiver(pr, WAIT_MS) != KVW_POLL_SUCCESS)
+        kvw_receiver_failure(pr->r, &why);
+    assert_string_equal(why, "");
+    assert_int_equal(kvw_receiver_poll(pr->r), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wait_sender(pr, WAIT_MS), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wrong_bytes(&pair, pr), 0);
+}
+
+static void assert_failed(const pair_room_t *pr, kvw_status_t want_decode)
+{
+    assert_int_equal(pair_wait_receiver(pr, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(pair_wait_sender(pr, WAIT_MS), KVW_POLL_FAILED);
+    if (want_decode)
+        assert_int_equal(kvw_receiver_failure(pr->r, NULL), want_decode);
+}
+
+/* After quiescing, every posted WR is accounted as landed or flushed. */
+static void assert_counters_balance(void)
+{
+    fake_nic_quiesce(WAIT_MS);
+    kvw_counters_t c;
+    for (int i = 0; i < 200; i++) {
+        kvw_engine_counters(pair.prefill, &c);
+        if (c.wrs_posted == c.wrs_completed + c.wrs_flushed)
+            break;
+        pair_sleep_ms(5);
+    }
+    assert_int_equal(c.wrs_posted, c.wrs_completed + c.wrs_flushed);
+}
+
+/* Decode pages of a Failed request must not change afterwards. */
+static void assert_quiet_after_failed(const pair_room_t *pr, int watch_ms)
+{
+    uint8_t *snap = malloc(pair_snapshot_size(pr));
+    assert_non_null(snap);
+    pair_snapshot(&pair, pr, snap);
+    pair_sleep_ms(watch_ms);
+    fake_nic_quiesce(WAIT_MS);
+    assert_true(pair_snapshot_equal(&pair, pr, snap));
+    free(snap);
+}
+
+static void test_transfer(void **state)
+{
+    (void)state;
+    pair_room_t rooms[4];
+    for (uint32_t i = 0; i < 4; i++)
+        start(&rooms[i], 100 + i, 12, i);
+    for (uint32_t i = 0; i < 4; i++)
+        send_now(&rooms[i]);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_landed(&rooms[i]);
+        pair_destroy_room(&rooms[i]);
+    }
+    assert_counters_balance();
+}
+
+/* Finding 1 and 2: a post failing mid-chain used to be forgotten; later
+ * chains reused its sequence numbers and both sides said Success with
+ * writes missing. Now the connection fails and no Success lies. */
+static void test_failed_post_mid_chain(void **state)
+{
+    (void)state;
+    fake_nic_faults_t f = {.fail_post_call = 2, .fail_post_wr = 3, .delay_us = 2000};
+    pair_room_t a, b;
+    start(&a, 1, 20, 0);
+    start(&b, 2, 20, 1);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_int_equal(pair_wait_sender_ready(&b, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_set_faults(&f);
+    send_now(&a);
+    /* b may already have failed with the connection a's post broke. */
+    kvw_status_t st = kvw_sender_send(b.s, b.src, b.n);
+    assert_true(st == KVW_OK || st == KVW_ERR_STATE);
+    pair_room_t *rooms[] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        kvw_poll_t d = pair_wait_receiver(rooms[i], WAIT_MS);
+        kvw_poll_t s = pair_wait_sender(rooms[i], WAIT_MS);
+        assert_true(d == KVW_POLL_SUCCESS || d == KVW_POLL_FAILED);
+        assert_true(s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED);
+        if (d == KVW_POLL_SUCCESS || s == KVW_POLL_SUCCESS)
+            assert_int_equal(pair_wrong_bytes(&pair, rooms[i]), 0);
+    }
+    /* Room a's writes were cut mid-chain: it cannot have succeeded. */
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_FAILED);
+    kvw_counters_t c;
+    kvw_engine_counters(pair.prefill, &c);
+    assert_true(c.errors >= 1);
+    assert_counters_balance();
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
+/* Finding 3: an error completion failed every request in flight, even
+ * those whose writes (and immediate) had landed before it. */
+static void test_error_completion_retires_landed_first(void **state)
+{
+    (void)state;
+    pair_room_t a, b;
+    start(&a, 1, 4, 0); /* 4 pages, contiguous enough: few writes */
+    start(&b, 2, 16, 1);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_int_equal(pair_wait_sender_ready(&b, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    send_now(&a);
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    /* b's 3rd write fails at the NIC. */
+    fake_nic_faults_t f = {.error_wr = 3, .error_status = IBV_WC_REM_ACCESS_ERR};
+    fake_nic_set_faults(&f);
+    send_now(&b);
+    assert_failed(&b, 0);
+    assert_landed(&a);
+    assert_counters_balance();
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
+/* Finding 3, same batch: a's last WR and b's failing WR complete close
+ * together; a stays Success on both sides. */
+static void test_error_completion_same_batch(void **state)
+{
+    (void)state;
+    pair_room_t a, b;
+    start(&a, 1, 6, 0);
+    start(&b, 2, 6, 1);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_int_equal(pair_wait_sender_ready(&b, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    /* Writes per request: 2 layers x K/V x runs + aux; fail b's first. */
+    uint64_t a_writes = 0;
+    {
+        kvw_counters_t c0, c1;
+        kvw_engine_counters(pair.prefill, &c0);
+        fake_nic_faults_t slow = {.delay_us = 20000};
+        fake_nic_set_faults(&slow);
+        send_now(&a);
+        assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_SUCCESS);
+        kvw_engine_counters(pair.prefill, &c1);
+        a_writes = c1.wrs_posted - c0.wrs_posted;
+    }
+    assert_true(a_writes > 0);
+    assert_landed(&a);
+    fake_nic_faults_t f = {.error_wr = 1};
+    fake_nic_set_faults(&f);
+    send_now(&b);
+    assert_failed(&b, 0);
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_SUCCESS);
+    assert_int_equal(kvw_sender_poll(a.s), KVW_POLL_SUCCESS);
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
+/* Finding 4: prefill-side failures reached decode only by its 60 s
+ * transfer timeout. Each now arrives in one control round trip. */
+static void test_prefill_failure_reaches_decode(void **state)
+{
+    (void)state;
+    /* (a) bad source page, before decode's request arrived */
+    pair_room_t a;
+    pair_pick(&a, 1, 4, 11, 0);
+    assert_int_equal(kvw_sender_create(pair.prefill, a.room, &a.s), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    a.src[2] = PAIR_POOL + 5;
+    assert_int_equal(kvw_sender_send(a.s, a.src, a.n), KVW_ERR_OUT_OF_RANGE);
+    assert_int_equal(kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0,
+                                         a.room, &a.r),
+                     KVW_OK);
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(a.r, NULL), KVW_ERR_OUT_OF_RANGE);
+    assert_true(pair_now_ms() - t0 < 2000);
+    pair_destroy_room(&a);
+
+    /* (b) sender destroyed before send(); decode already waiting */
+    pair_room_t b;
+    start(&b, 2, 4, 1);
+    assert_int_equal(pair_wait_sender_ready(&b, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    kvw_sender_destroy(b.s);
+    b.s = NULL;
+    assert_int_equal(pair_wait_receiver(&b, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(b.r, NULL), KVW_ERR_ABORTED);
+    pair_destroy_room(&b);
+
+    /* (c) sender destroyed mid-transfer: decode fails, and only once no
+     * write can land any more */
+    pair_room_t c;
+    start(&c, 3, 24, 2);
+    assert_int_equal(pair_wait_sender_ready(&c, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_faults_t slow = {.delay_us = 50000};
+    fake_nic_set_faults(&slow);
+    send_now(&c);
+    pair_sleep_ms(5);
+    kvw_sender_destroy(c.s);
+    c.s = NULL;
+    assert_int_equal(pair_wait_receiver(&c, WAIT_MS), KVW_POLL_FAILED);
+    assert_quiet_after_failed(&c, 100);
+    pair_destroy_room(&c);
+
+    /* (d) sender timed out waiting for decode; decode asks later */
+    fake_nic_set_faults(NULL);
+    pair_room_t d;
+    pair_pick(&d, 4, 4, 13, 3);
+    assert_int_equal(kvw_sender_create(pair.prefill, d.room, &d.s), KVW_OK);
+    assert_int_equal(kvw_sender_abort(d.s), KVW_OK); /* as a timeout would */
+    assert_int_equal(kvw_sender_abort(d.s), KVW_ERR_STATE);
+    assert_int_equal(kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0,
+                                         d.room, &d.r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(d.r, d.dst, d.n, d.aux_dst), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&d, WAIT_MS), KVW_POLL_FAILED);
+    pair_destroy_room(&d);
+}
+
+/* Finding 5: one room's timeout or abort moved the shared QP to ERR and
+ * failed every room on the connection. */
+static void test_abort_fails_only_that_room(void **state)
+{
+    (void)state;
+    pair_room_t a, b;
+    start(&a, 1, 24, 0);
+    start(&b, 2, 24, 1);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_int_equal(pair_wait_sender_ready(&b, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_faults_t slow = {.delay_us = 50000};
+    fake_nic_set_faults(&slow);
+    send_now(&a);
+    send_now(&b);
+    pair_sleep_ms(3);
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(kvw_receiver_abort(a.r), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_true(pair_now_ms() - t0 < (uint64_t)pair.cfg.peer_timeout_ms);
+    assert_int_equal(kvw_receiver_failure(a.r, NULL), KVW_ERR_ABORTED);
+    assert_quiet_after_failed(&a, 100);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_landed(&b);
+    assert_int_equal(kvw_receiver_abort(b.r), KVW_ERR_STATE);
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+    /* The connection still serves new rooms. */
+    pair_room_t c;
+    start(&c, 3, 8, 2);
+    send_now(&c);
+    assert_landed(&c);
+    pair_destroy_room(&c);
+    assert_counters_balance();
+}
+
+/* Finding 5, destroy: a receiver destroyed mid-transfer returns only when
+ * nothing more can land in its pages; its neighbour is unaffected. */
+static void test_destroy_receiver_mid_transfer(void **state)
+{
+    (void)state;
+    pair_room_t a, b;
+    start(&a, 1, 24, 0);
+    start(&b, 2, 24, 1);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_int_equal(pair_wait_sender_ready(&b, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_faults_t slow = {.delay_us = 50000};
+    fake_nic_set_faults(&slow);
+    send_now(&a);
+    send_now(&b);
+    pair_sleep_ms(3);
+    kvw_receiver_destroy(a.r);
+    a.r = NULL;
+    uint8_t *snap = malloc(pair_snapshot_size(&a));
+    assert_non_null(snap);
+    pair_snapshot(&pair, &a, snap);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_landed(&b);
+    fake_nic_quiesce(WAIT_MS);
+    assert_true(pair_snapshot_equal(&pair, &a, snap));
+    free(snap);
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
+/* Finding 6: a page list decode itself refused left the receiver looking
+ * healthy and prefill waiting 30 s. */
+static void test_receiver_rejection_is_visible(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    pair_pick(&a, 1, 4, 3, 0);
+    assert_int_equal(pair_create(&pair, &a), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    a.dst[1] = PAIR_POOL;
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_ERR_OUT_OF_RANGE);
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(a.r, &why), KVW_ERR_OUT_OF_RANGE);
+    assert_non_null(strstr(why, "outside"));
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_true(pair_now_ms() - t0 < 2000);
+    assert_int_equal(kvw_sender_failure(a.s, NULL), KVW_ERR_OUT_OF_RANGE);
+    pair_destroy_room(&a);
+}
+
+/* Finding 7: many small requests consumed decode's receives faster than
+ * they came back. With RNR retries off an RNR fails the connection, so
+ * every room succeeding shows immediates never outran the credits. */
+static void test_immediates_are_credited(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.rq_depth = 16;
+    cfg.qp_rnr_retry = 0;
+    assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
+    enum { N = 48 };
+    pair_room_t *rooms = calloc(N, sizeof(*rooms));
+    assert_non_null(rooms);
+    for (uint32_t i = 0; i < N; i++)
+        start(&rooms[i], 1000 + i, 1, i);
+    for (uint32_t i = 0; i < N; i++)
+        assert_int_equal(pair_wait_sender_ready(&rooms[i], WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    for (uint32_t i = 0; i < N; i++)
+        send_now(&rooms[i]);
+    for (uint32_t i = 0; i < N; i++)
+        assert_landed(&rooms[i]);
+    for (uint32_t i = 0; i < N; i++)
+        pair_destroy_room(&rooms[i]);
+    free(rooms);
+}
+
+/* Finding 9: prefill's transfer clock started at enqueue, so requests
+ * queued behind send-queue credits timed out a healthy connection. */
+static void test_transfer_clock_starts_at_first_post(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.sq_depth = 16;
+    cfg.chain_max = 8;
+    cfg.signal_every = 4;
+    cfg.transfer_timeout_ms = 250;
+    kvw_config_t dcfg = cfg;
+    dcfg.transfer_timeout_ms = 10000; /* decode's clock starts at its request: not tested here */
+    assert_int_equal(pair_open2(&pair, &cfg, &dcfg), KVW_OK);
+    enum { N = 8 };
+    pair_room_t rooms[N];
+    for (uint32_t i = 0; i < N; i++)
+        start(&rooms[i], 1 + i, 8, i);
+    for (uint32_t i = 0; i < N; i++)
+        assert_int_equal(pair_wait_sender_ready(&rooms[i], WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    /* ~17 writes per room, 16 in flight, 30 ms each: the last room's
+     * writes start ~8 x 35 ms = 280 ms after it was queued. */
+    fake_nic_faults_t slow = {.delay_us = 30000};
+    fake_nic_set_faults(&slow);
+    for (uint32_t i = 0; i < N; i++)
+        send_now(&rooms[i]);
+    for (uint32_t i = 0; i < N; i++)
+        assert_landed(&rooms[i]);
+    for (uint32_t i = 0; i < N; i++)
+        pair_destroy_room(&rooms[i]);
+}
+
+/* Dropping prefill's control messages: decode declares it dead by
+ * heartbeat within the bound, and the next request reconnects. */
+static void *silenced_router;
+static bool drop_from_router(void *sock, const kvw_msg_t *m)
+{
+    (void)m;
+    return sock == silenced_router;
+}
+
+static void test_silent_prefill(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    silenced_router = pair.prefill->router;
+    atomic_store(&kvw__zdrop_hook, drop_from_router);
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_FAILED);
+    uint64_t took = pair_now_ms() - t0;
+    assert_int_equal(kvw_receiver_failure(a.r, NULL), KVW_ERR_PEER);
+    assert_true(took <= pair.cfg.peer_timeout_ms + 300u);
+    atomic_store(&kvw__zdrop_hook, NULL);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    pair_destroy_room(&a);
+    pair_room_t b;
+    start(&b, 2, 8, 1);
+    send_now(&b);
+    assert_landed(&b);
+    pair_destroy_room(&b);
+}
+
+/* A decode engine that goes away (its sockets close): prefill notices
+ * through its control connection closing, long before the heartbeat
+ * timeout. */
+static void test_decode_exit_noticed_fast(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.heartbeat_ms = 2000;
+    cfg.peer_timeout_ms = 10000;
+    assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_kill_device("fake1");
+    /* Destroying the receiver first would abort; a dead process does not. */
+    kvw_receiver_t *r = a.r;
+    a.r = NULL;
+    (void)r; /* freed with its engine below, as a crash would leave it */
+    uint64_t t0 = pair_now_ms();
+    kvw_engine_t *dec = pair.decode;
+    pair.decode = NULL;
+    kvw_receiver_destroy(r);
+    kvw_engine_destroy(dec);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    uint64_t took = pair_now_ms() - t0;
+    print_message("prefill noticed the decode engine gone after %llu ms\n",
+                  (unsigned long long)took);
+    assert_true(took < 1000);
+    pair_destroy_room(&a);
+}
+
+int main(int argc, char **argv)
+{
+    /* An argument runs only the tests whose name contains it. */
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_transfer, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_failed_post_mid_chain, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_error_completion_retires_landed_first, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_error_completion_same_batch, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_prefill_failure_reaches_decode, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_abort_fails_only_that_room, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_destroy_receiver_mid_transfer, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_receiver_rejection_is_visible, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_immediates_are_credited, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_transfer_clock_starts_at_first_post, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_silent_prefill, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_decode_exit_noticed_fast, open_pair, close_pair),
+    };
+    return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
+}
