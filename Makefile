@@ -19,6 +19,10 @@ SAN       := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_SRCS  := $(sort $(wildcard src/*/*.c))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 SAN_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/san/%.o)
+TSAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/tsan/%.o)
+TSAN      := -fsanitize=thread -fno-omit-frame-pointer
+# The threaded tests: the engine on the fake NIC, its chaos schedules and the NIC itself.
+TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos fake_nic)
 
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))
@@ -30,9 +34,9 @@ SHARED    := $(BUILD)/libkvwire.so.$(VERSION)
 PC        := $(BUILD)/kvwire.pc
 
 # Keep sanitizer objects between unit-test links.
-.SECONDARY: $(SAN_OBJS)
+.SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check unit integration demo bench wrcost install clean format
+.PHONY: all deps check unit integration tsan chaos demo bench wrcost install clean format
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
 
 deps:
@@ -69,6 +73,10 @@ $(PC): Makefile
 $(BUILD)/%: tools/%.c tools/kvw-tools.h $(STATIC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
 
+$(BUILD)/tsan/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O1 $(TSAN) -MMD -MP -c $< -o $@
+
 # Unit tests: host only, ASan + UBSan, library objects built with sanitizers.
 $(BUILD)/unit/test_%: tests/unit/test_%.c $(SAN_OBJS) $(TEST_SUPPORT_SRCS)
 	@mkdir -p $(dir $@)
@@ -80,13 +88,28 @@ $(BUILD)/integration/%: tests/integration/%.c $(STATIC) $(TEST_SUPPORT_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT_SRCS) -o $@ $(STATIC) $(LDLIBS) -lcmocka -lm
 
+$(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(TSAN) $< $(TEST_SUPPORT_SRCS) $(TSAN_OBJS) \
+	    -o $@ $(LDLIBS) -lcmocka -lm
+
 check: deps all
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory tsan
 	@$(MAKE) --no-print-directory integration
 
 unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
 
+# ThreadSanitizer over the threaded engine (both roles, control and poller
+# threads, the fake NIC's wire thread); any report fails the run.
+tsan: $(TSAN_TESTS)
+	@set -e; for t in $(TSAN_TESTS); do echo "== $$t (ThreadSanitizer)"; \
+	    KVW_CHAOS_SCHEDULES=$${KVW_TSAN_CHAOS_SCHEDULES:-200} TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$(CURDIR)/tests/tsan.supp" $$t; done
+
+# The long chaos run: many more seeded fault schedules than make check's.
+chaos: $(BUILD)/unit/test_chaos
+	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
 integration: $(INTEG) $(TOOLS)
 	tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
 

@@ -71,7 +71,10 @@ static void *bootstrap_main(void *arg)
     kvw_bootstrap_t *b = arg;
     while (!atomic_load(&b->stop)) {
         zmq_pollitem_t item = {b->sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, POLL_MS) > 0)
+        int n = zmq_poll(&item, 1, POLL_MS);
+        if (n < 0 && errno == ETERM)
+            break; /* kvw_bootstrap_destroy() shut the context down */
+        if (n > 0)
             serve_one(b);
     }
     return NULL;
@@ -137,6 +140,8 @@ void kvw_bootstrap_destroy(kvw_bootstrap_t *b)
     if (!b)
         return;
     atomic_store(&b->stop, true);
+    /* Makes the thread's zmq_poll return (ETERM) now, not at its next tick. */
+    zmq_ctx_shutdown(b->zctx);
     pthread_join(b->thread, NULL);
     zmq_close(b->sock);
     zmq_ctx_term(b->zctx);

@@ -181,8 +181,10 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         pthread_mutex_unlock(&e->lock);
         return; /* out of memory: the sender fails by its own timeout */
     }
-    r->peer = p;
-    r->token = m->u.failed.token;
+    if (!r->have_dst) { /* else both are set already, and the poller reads them */
+        r->peer = p;
+        r->token = m->u.failed.token;
+    }
     kvw__req_fail(r, (kvw_status_t)m->status, "%s", why);
     /* Decode waits for this answer before reporting Failed, even when the
      * request had already succeeded here. */
@@ -339,7 +341,9 @@ static bool prefill_request_tick_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t 
     int s = atomic_load(&r->state);
     notify_failure_locked(e, r);
     uint64_t first = atomic_load_explicit(&r->first_post_ns, memory_order_relaxed);
-    if (s == KVW_POLL_TRANSFERRING && first && r->peer &&
+    /* first may be newer than now (the poller set it after this tick
+     * began): compare without unsigned wrap-around. */
+    if (s == KVW_POLL_TRANSFERRING && first && first < now && r->peer &&
         now - first > ms_to_ns(e->cfg.transfer_timeout_ms)) {
         /* RC completes in order: a request stuck this long means the
          * connection is stuck, not the request. */

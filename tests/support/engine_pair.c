@@ -113,6 +113,10 @@ void pair_close(engine_pair_t *p)
     kvw_engine_destroy(p->decode);
     kvw_engine_destroy(p->prefill);
     kvw_bootstrap_destroy(p->bootstrap);
+    if (p->final_stats) {
+        fake_nic_quiesce(1000);
+        fake_nic_stats(p->final_stats);
+    }
     kvw__verbs_set_ops(NULL);
     fake_nic_fini();
     for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++) {

@@ -27,6 +27,9 @@ typedef struct engine_pair {
     kvw_config_t cfg, decode_cfg;
     uint8_t *src[2 * PAIR_LAYERS], *dst[2 * PAIR_LAYERS];
     uint8_t *src_aux, *dst_aux;
+    /* fake NIC stats taken by pair_close() after both engines were
+     * destroyed, before the NIC itself goes: for leak and balance checks. */
+    struct fake_nic_stats *final_stats;
 } engine_pair_t;
 
 /* Test-sized defaults: small queues (chains, signaling and credits all
@@ -38,7 +41,8 @@ kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg);
 /* The same with a different config for decode (NULL: cfg). */
 kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg,
                         const kvw_config_t *decode_cfg);
-/* Destroy engines and bootstrap, restore the real ops, fake_nic_fini. */
+/* Destroy engines and bootstrap, restore the real ops, fake_nic_fini.
+ * Fills *p->final_stats first when it is set. */
 void pair_close(engine_pair_t *p);
 
 /* One request on both sides. */
