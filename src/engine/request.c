@@ -139,6 +139,23 @@ static uint64_t ms_ns(uint32_t ms)
     return (uint64_t)ms * 1000000ull;
 }
 
+/* (lock) Give up a receiver that has not ended. */
+static void receiver_abort_locked(kvw_req_t *r, const char *why)
+{
+    if (r->aborting)
+        return; /* already waiting for prefill's confirmation */
+    if (r->request_sent) {
+        kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, why);
+        return;
+    }
+    /* Prefill has no page list of ours: nothing can land, fail now, and
+     * tell prefill so that its sender fails too. */
+    kvw__req_fail(r, KVW_ERR_ABORTED, "%s", why);
+    r->request_due = false;
+    r->abort_due = true;
+    kvw__wake(r->engine->control_wake_fd);
+}
+
 /* (lock) A request whose handle is gone stays on the list only while the
  * other side may still need an answer about it: a failed sender that decode
  * may yet ask for, or one whose failure decode has not been told; a receiver
@@ -178,8 +195,8 @@ static void receiver_end(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
-    if (!req_ended(r) && !r->aborting)
-        kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, "receiver destroyed by the caller");
+    if (!req_ended(r))
+        receiver_abort_locked(r, "receiver destroyed by the caller");
     pthread_mutex_unlock(&e->lock);
     uint64_t give_up = kvw__now_ns() + 2 * ms_ns(e->cfg.peer_timeout_ms) + ms_ns(1000);
     while (!req_ended(r) && kvw__now_ns() < give_up) {
@@ -584,20 +601,10 @@ kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
         return KVW_ERR_INVALID;
     kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
-    kvw_status_t st = KVW_OK;
     pthread_mutex_lock(&e->lock);
-    if (req_ended(r)) {
-        st = KVW_ERR_STATE;
-    } else if (r->request_sent) {
-        if (!r->aborting)
-            kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, "aborted by the caller");
-    } else {
-        /* prefill has no page list of ours: nothing can land, fail now */
-        kvw__req_fail(r, KVW_ERR_ABORTED, "aborted by the caller");
-        r->request_due = false;
-        r->abort_due = true;
-        kvw__wake(e->control_wake_fd);
-    }
+    kvw_status_t st = req_ended(r) ? KVW_ERR_STATE : KVW_OK;
+    if (!st)
+        receiver_abort_locked(r, "aborted by the caller");
     pthread_mutex_unlock(&e->lock);
     return st;
 }

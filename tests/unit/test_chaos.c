@@ -56,7 +56,9 @@ typedef struct schedule {
     bool nic_faults;    /* fail a post or a WR: breaks the connection */
     uint32_t drop_pct;  /* % of control messages lost: may break it */
     bool kill_decode;   /* decode's NIC dies mid-transfer */
-    int abort_side[MAX_ROOMS];  /* 0 none, 1 decode aborts, 2 prefill aborts, 3 prefill destroys */
+    /* 0 none, 1 decode aborts, 2 prefill aborts, 3 prefill destroys,
+     * 4 decode destroys (which waits for the abort's barrier) */
+    int abort_side[MAX_ROOMS];
     uint32_t abort_ms[MAX_ROOMS];
     int bad_side[MAX_ROOMS];    /* 0 none, 1 decode page out of range, 2 prefill */
 } schedule_t;
@@ -97,8 +99,8 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
         sc->nic.seed = seed;
     }
     for (uint32_t i = 0; i < sc->rooms; i++) {
-        uint32_t a = below(&r, 8);
-        sc->abort_side[i] = a < 3 ? (int)a + 1 : 0;
+        uint32_t a = below(&r, 10);
+        sc->abort_side[i] = a < 4 ? (int)a + 1 : 0;
         sc->abort_ms[i] = below(&r, 6);
         sc->bad_side[i] = below(&r, 10) == 0 ? 1 + (int)below(&r, 2) : 0;
         if (sc->bad_side[i])
@@ -170,7 +172,7 @@ static void send_room(const schedule_t *sc, room_run_t *rr, uint32_t i)
     rr->pr.src[0] = src_saved;
 }
 
-static void act(const schedule_t *sc, room_run_t *rr, uint32_t i)
+static void act(engine_pair_t *p, const schedule_t *sc, room_run_t *rr, uint32_t i)
 {
     rr->acted = true;
     if (sc->abort_side[i] == 1) {
@@ -180,6 +182,14 @@ static void act(const schedule_t *sc, room_run_t *rr, uint32_t i)
     } else if (sc->abort_side[i] == 3) {
         kvw_sender_destroy(rr->pr.s);
         rr->pr.s = NULL;
+    } else if (sc->abort_side[i] == 4) {
+        kvw_receiver_destroy(rr->pr.r);
+        rr->pr.r = NULL;
+        /* Once destroy returns nothing may land: watch the pages from here. */
+        if (!rr->snap) {
+            rr->snap = malloc(pair_snapshot_size(&rr->pr));
+            pair_snapshot(p, &rr->pr, rr->snap);
+        }
     }
 }
 
@@ -200,8 +210,8 @@ static void drive(engine_pair_t *p, const schedule_t *sc, room_run_t *rooms)
         for (uint32_t i = 0; i < sc->rooms; i++) {
             room_run_t *rr = &rooms[i];
             if (!rr->acted && sc->abort_side[i] && now - t0 >= sc->abort_ms[i])
-                act(sc, rr, i);
-            kvw_poll_t d = kvw_receiver_poll(rr->pr.r);
+                act(p, sc, rr, i);
+            kvw_poll_t d = rr->pr.r ? kvw_receiver_poll(rr->pr.r) : KVW_POLL_FAILED;
             if (d == KVW_POLL_FAILED && !rr->snap) {
                 rr->snap = malloc(pair_snapshot_size(&rr->pr));
                 pair_snapshot(p, &rr->pr, rr->snap);
@@ -252,7 +262,8 @@ static void check_room(engine_pair_t *p, const schedule_t *sc, room_run_t *rr, u
     if (!connection_fault(sc) && !rr->expect_fail &&
         (rr->d != KVW_POLL_SUCCESS || rr->s != KVW_POLL_SUCCESS)) {
         const char *why = "";
-        kvw_receiver_failure(rr->pr.r, &why);
+        if (rr->pr.r)
+            kvw_receiver_failure(rr->pr.r, &why);
         VIOLATION(sc, "I4 room %u failed without a fault of its own or of the connection: %s",
                   i, why);
     }

@@ -327,6 +327,26 @@ static void test_destroy_receiver_mid_transfer(void **state)
     pair_destroy_room(&b);
 }
 
+/* A receiver destroyed before its request went out: prefill's sender
+ * learns at once instead of waiting out its bootstrap timeout. */
+static void test_destroy_receiver_before_request(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    pair_pick(&a, 1, 4, 3, 0);
+    assert_int_equal(pair_create(&pair, &a), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    pair_sleep_ms(20); /* let decode connect */
+    uint64_t t0 = pair_now_ms();
+    kvw_receiver_destroy(a.r);
+    a.r = NULL;
+    assert_true(pair_now_ms() - t0 < 100); /* nothing was sent: no barrier to wait for */
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(a.s, NULL), KVW_ERR_ABORTED);
+    assert_true(pair_now_ms() - t0 < 2000);
+    pair_destroy_room(&a);
+}
+
 /* Finding 6: a page list decode itself refused left the receiver looking
  * healthy and prefill waiting 30 s. */
 static void test_receiver_rejection_is_visible(void **state)
@@ -492,6 +512,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_destroy_receiver_mid_transfer, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_receiver_rejection_is_visible, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_destroy_receiver_before_request, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_immediates_are_credited, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_transfer_clock_starts_at_first_post, open_pair,
