@@ -6,7 +6,15 @@
  *   kvw-xfer decode  --ip IP [--dev NAME] (--bootstrap ADDR | --bootstrap-file FILE) ...
  *
  * Both sides derive each room's source and destination pages from --seed,
- * so they must be given the same layout and workload options. */
+ * so they must be given the same layout and workload options.
+ *
+ * Fault mode (tests/integration/fault_scenarios.sh): any of --abort-room,
+ * --bad-room, --canary-ms, --expect-failed, --may-fail, --ready-file or
+ * --deadline-s injects a fault and/or states which rooms must end Failed;
+ * each side then reports every failed room with its status, reason and
+ * timing, and exits non-zero unless every room ended as expected. Rooms are
+ * named by their number (decoder index * 1000000 + request index), as in
+ * the "room N:" lines. */
 #include "kvwire.h"
 #include "kvw-tools.h"
 
@@ -14,6 +22,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +32,23 @@
 #include <time.h>
 #include <unistd.h>
 
+typedef enum { SIDE_DECODE = 0, SIDE_PREFILL = 1 } side_t;
+
+/* Fault injection and expectations; all off by default. */
+typedef struct faults {
+    bool on;                 /* any option below given: per-room verdicts */
+    int64_t abort_room;      /* -1: none */
+    side_t abort_side;
+    uint32_t abort_after_ms; /* after the room is under way (see usage) */
+    const char *abort_sync;  /* decode writes it when room K's bytes land */
+    int64_t bad_room;        /* -1: none */
+    side_t bad_side;
+    uint32_t canary_ms;      /* decode: watch failed rooms' pages this long */
+    const char *expect_failed, *may_fail; /* room lists: "all" or "A,B,C-D" */
+    const char *ready_file;
+    uint32_t deadline_s;
+} faults_t;
+
 typedef struct opts {
     bool prefill;
     const char *dev, *ip, *bootstrap, *bootstrap_file, *embed_file;
@@ -29,6 +56,7 @@ typedef struct opts {
     uint64_t item, pool, aux_item, aux_items, contig, dst_contig, seed;
     uint32_t idle_check_s;
     bool json, quiet;
+    faults_t f;
 } opts_t;
 
 static double now_s(void)
@@ -37,6 +65,8 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
+
+static double t_start; /* now_s() when the process started */
 
 static double cpu_s(void)
 {
@@ -129,6 +159,12 @@ static uint64_t expected_wrs(const opts_t *o, const room_plan_t *rp)
 
 /* -------------------------------------------------------------- engine */
 
+/* Fault mode fills decode's pool with this byte, so it can see which
+ * destination bytes a request has written, and whether any change after
+ * the request reported Failed. */
+#define CANARY_BYTE 0xA5
+static const uint64_t canary_word = 0xA5A5A5A5A5A5A5A5ull;
+
 typedef struct memory {
     kvw_region_t *kv, *aux;
 } memory_t;
@@ -145,8 +181,8 @@ static void alloc_memory(const opts_t *o, memory_t *m)
         if (o->prefill)
             for (uint64_t p = 0; p < o->pool; p++)
                 fill_item((uint8_t *)m->kv[i].addr + p * o->item, o->item, o->seed, i, p);
-        else
-            memset(m->kv[i].addr, 0, len);
+        else /* fault mode: a canary, to see what a request wrote */
+            memset(m->kv[i].addr, o->f.on ? CANARY_BYTE : 0, len);
     }
     if (o->aux_item) {
         uint64_t len = o->aux_items * o->aux_item;
@@ -156,6 +192,8 @@ static void alloc_memory(const opts_t *o, memory_t *m)
             if (o->prefill)
                 fill_item((uint8_t *)m->aux[0].addr + p * o->aux_item, o->aux_item, o->seed,
                           1u << 20, p);
+        if (!o->prefill && o->f.on)
+            memset(m->aux[0].addr, CANARY_BYTE, len);
     }
 }
 
@@ -211,6 +249,196 @@ static void read_bootstrap_file(const char *path, char *buf, size_t size)
     exit(1);
 }
 
+/* ------------------------------------------------- fault mode: common */
+
+/* Milliseconds of CLOCK_REALTIME: comparable across processes, so a script
+ * can measure from a `kill -9` (date +%s%3N) or from the peer's lines. */
+static long long wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A room list: "all", or comma-separated room numbers and ranges A-B. */
+static bool list_valid(const char *list)
+{
+    if (strcmp(list, "all") == 0)
+        return true;
+    const char *p = list;
+    for (;;) {
+        char *end;
+        if (*p < '0' || *p > '9')
+            return false;
+        strtoull(p, &end, 10);
+        if (*end == '-') {
+            if (end[1] < '0' || end[1] > '9')
+                return false;
+            strtoull(end + 1, &end, 10);
+        }
+        if (*end == '\0')
+            return true;
+        if (*end != ',')
+            return false;
+        p = end + 1;
+    }
+}
+
+static bool in_list(const char *list, uint64_t room)
+{
+    if (!list)
+        return false;
+    if (strcmp(list, "all") == 0)
+        return true;
+    for (const char *p = list; *p;) {
+        char *end;
+        uint64_t a = strtoull(p, &end, 10), b = a;
+        if (*end == '-')
+            b = strtoull(end + 1, &end, 10);
+        if (room >= a && room <= b)
+            return true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return false;
+}
+
+typedef enum { WANT_SUCCESS, WANT_FAILED, WANT_EITHER } want_t;
+
+static want_t room_want(const faults_t *f, uint64_t room)
+{
+    if (in_list(f->expect_failed, room))
+        return WANT_FAILED;
+    return in_list(f->may_fail, room) ? WANT_EITHER : WANT_SUCCESS;
+}
+
+/* --bad-room: the page index handed over in place of a valid one. */
+static uint64_t out_of_range_page(const opts_t *o)
+{
+    return o->pool + 7;
+}
+
+/* Is a fault injected into this room (on either side)? */
+static bool injected(const faults_t *f, uint64_t room)
+{
+    return (int64_t)room == f->abort_room || (int64_t)room == f->bad_room;
+}
+
+/* One request as this process sees it. Times are now_s() values, 0 when
+ * the event has not happened. */
+typedef struct room_state {
+    room_plan_t plan;
+    uint64_t planned_wrs;  /* prefill: expected_wrs() */
+    double t_handed;       /* decode: receiver created (init follows); prefill: send() */
+    double t_under_way;    /* prefill: seen Transferring; decode: first bytes seen landed */
+    double t_fault;        /* abort or bad input, by this process */
+    double t_end;          /* seen Success or Failed */
+    double t_next_look;    /* next scan for landed bytes / look for --abort-sync */
+    double t_synced;       /* prefill: --abort-sync file seen */
+    long long wall_end;
+    const char *fault_what; /* "abort", "bad input" */
+    kvw_poll_t state;
+    bool started, ended;
+    /* decode, --canary-ms: the room's destination bytes as they were at Failed */
+    uint8_t *snap;
+    double watch_until, next_check;
+    uint64_t written_at_failed, changed_items;
+    double changed_after_ms;
+} room_state_t;
+
+static void note_state(room_state_t *rs, kvw_poll_t s)
+{
+    rs->state = s;
+    if (!rs->ended && (s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED)) {
+        rs->ended = true;
+        rs->t_end = now_s();
+        rs->wall_end = wall_ms();
+    }
+}
+
+/* "room 3: abort on decode side: KVW_OK (...) [at 1712345678901 ms]" */
+static void note_fault(room_state_t *rs, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void note_fault(room_state_t *rs, const char *what, const char *fmt, ...)
+{
+    rs->t_fault = now_s();
+    rs->fault_what = what;
+    long long wall = wall_ms();
+    va_list ap;
+    va_start(ap, fmt);
+    printf("room %" PRIu64 ": ", rs->plan.room);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf(" [at %lld ms]\n", wall);
+}
+
+/* "room 3: FAILED after 41 ms: KVW_ERR_ABORTED: reason [since abort, at W ms]":
+ * measured from this process's fault on the room if any, else from its
+ * hand-over (decode: init, prefill: send); W is the wall clock at Failed. */
+static void print_failed(const room_state_t *rs, kvw_status_t st, const char *why)
+{
+    double from = rs->t_fault ? rs->t_fault : rs->t_handed;
+    printf("room %" PRIu64 ": FAILED after %.0f ms: %s: %s [since %s, at %lld ms]\n",
+           rs->plan.room, (rs->t_end - from) * 1e3, kvw_status_name(st), why ? why : "",
+           rs->t_fault ? rs->fault_what : "hand-over", rs->wall_end);
+}
+
+/* Compare a room's end with --expect-failed / --may-fail; say what is wrong. */
+static bool as_expected(const faults_t *f, const room_state_t *rs)
+{
+    want_t w = room_want(f, rs->plan.room);
+    const char *got = !rs->started ? "was never started"
+                      : !rs->ended ? "did not end"
+                      : rs->state == KVW_POLL_SUCCESS ? "ended Success" : "ended Failed";
+    bool ok = w == WANT_EITHER ? rs->ended || !rs->started
+              : w == WANT_FAILED ? rs->ended && rs->state == KVW_POLL_FAILED
+                                 : rs->ended && rs->state == KVW_POLL_SUCCESS;
+    if (!ok)
+        printf("room %" PRIu64 ": NOT AS EXPECTED: should end %s, %s\n", rs->plan.room,
+               w == WANT_FAILED ? "Failed" : "Success", got);
+    return ok;
+}
+
+/* Write a marker file ("ready WALLCLOCK_MS") for the script or the peer
+ * process; written aside and renamed, so it appears whole. */
+static void write_marker(const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fprintf(f, "ready %lld\n", wall_ms()) > 0;
+    ok = f && fclose(f) == 0 && ok && rename(tmp, path) == 0;
+    if (ok)
+        printf("marker %s written\n", path);
+    else
+        fprintf(stderr, "kvw-xfer: cannot write %s: %s\n", path, strerror(errno));
+}
+
+/* --deadline-s: report the rooms still open and leave at once, without
+ * destroying anything (that could wait on the very thing that hangs). */
+static void check_deadline(const opts_t *o, double t0, const room_state_t *rs, uint32_t n)
+{
+    if (!o->f.deadline_s || now_s() - t0 < o->f.deadline_s)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        if (rs[i].started && !rs[i].ended)
+            printf("room %" PRIu64 ": NOT ENDED at the deadline (%s)\n", rs[i].plan.room,
+                   kvw_poll_name(rs[i].state));
+    printf("%s: deadline of %u s passed, giving up\n", o->prefill ? "prefill" : "decode",
+           o->f.deadline_s);
+    fflush(stdout);
+    _exit(3);
+}
+
+/* Backstop for a hang outside the poll loops (e.g. in teardown). */
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "kvw-xfer: deadline passed (hang outside the poll loop)\n";
+    ssize_t n = write(STDOUT_FILENO, msg, sizeof(msg) - 1);
+    (void)n; /* nothing better to do: leaving anyway */
+    _exit(3);
+}
+
 /* ------------------------------------------------------------- prefill */
 
 /* CPU seconds used by this process's thread named `name`. */
@@ -258,6 +486,160 @@ static int idle_check(const opts_t *o)
     return c0 >= 0 && frac < 0.01 ? 0 : 1;
 }
 
+/* Create, init and send one room. --bad-room on prefill hands send() an
+ * out-of-range source page, which it must refuse. */
+static kvw_sender_t *start_sender(const opts_t *o, kvw_engine_t *e, room_state_t *rs)
+{
+    const room_plan_t *rp = &rs->plan;
+    kvw_sender_t *s;
+    kvw_status_t st = kvw_sender_create(e, rp->room, &s);
+    if (!st)
+        st = kvw_sender_init(s, o->pages, rp->aux_src);
+    if (st)
+        die("starting a sender", st);
+    bool bad = o->f.bad_side == SIDE_PREFILL && (int64_t)rp->room == o->f.bad_room;
+    uint64_t *src = rp->src, bad_src[o->pages];
+    if (bad) {
+        memcpy(bad_src, rp->src, sizeof(bad_src));
+        bad_src[o->pages / 2] = out_of_range_page(o);
+        src = bad_src;
+    }
+    rs->t_handed = now_s();
+    rs->started = true;
+    st = kvw_sender_send(s, src, o->pages);
+    if (bad)
+        note_fault(rs, "bad input",
+                   "out-of-range source page %" PRIu64 " (pool %" PRIu64
+                   ") given to kvw_sender_send: %s",
+                   out_of_range_page(o), o->pool, kvw_status_name(st));
+    else if (st)
+        die("starting a sender", st);
+    return s;
+}
+
+/* When prefill's abort clock for a room starts: once it turned Transferring
+ * (decode's request arrived; the library may still serve other rooms first),
+ * or with --abort-sync once decode wrote that its first bytes landed. */
+static double prefill_abort_clock(const opts_t *o, room_state_t *rs)
+{
+    double now = now_s();
+    if (!o->f.abort_sync)
+        return rs->t_under_way;
+    if (!rs->t_synced && now >= rs->t_next_look) {
+        rs->t_next_look = now + 0.005;
+        if (access(o->f.abort_sync, F_OK) == 0)
+            rs->t_synced = now;
+    }
+    return rs->t_synced;
+}
+
+/* --abort-room on prefill: abort --abort-after-ms after the clock above. */
+static void prefill_abort_hook(const opts_t *o, kvw_sender_t *s, room_state_t *rs)
+{
+    if (o->f.abort_side != SIDE_PREFILL || (int64_t)rs->plan.room != o->f.abort_room ||
+        rs->t_fault || rs->ended)
+        return;
+    double t0 = prefill_abort_clock(o, rs);
+    if (!t0 || now_s() - t0 < o->f.abort_after_ms / 1e3)
+        return;
+    double waited_ms = (now_s() - t0) * 1e3;
+    kvw_status_t st = kvw_sender_abort(s);
+    note_fault(rs, "abort", "abort on prefill side, %.0f ms after %s: %s", waited_ms,
+               o->f.abort_sync ? "decode saw its first bytes land" : "it turned Transferring",
+               kvw_status_name(st));
+}
+
+/* Poll every sender until all ended, running the fault-mode hooks. */
+static void wait_senders(const opts_t *o, kvw_engine_t *e, kvw_sender_t **s, room_state_t *rs,
+                         uint32_t total)
+{
+    bool ready = !o->f.ready_file;
+    for (uint32_t ended = 0; ended < total;) {
+        ended = 0;
+        bool transferring = false;
+        for (uint32_t i = 0; i < total; i++) {
+            note_state(&rs[i], kvw_sender_poll(s[i]));
+            if (rs[i].state == KVW_POLL_TRANSFERRING && !rs[i].t_under_way)
+                rs[i].t_under_way = now_s();
+            transferring |= rs[i].state == KVW_POLL_TRANSFERRING;
+            prefill_abort_hook(o, s[i], &rs[i]);
+            ended += rs[i].ended;
+        }
+        if (!ready && transferring) { /* ready: writes are on the wire */
+            kvw_counters_t c;
+            kvw_engine_counters(e, &c);
+            if (c.wrs_posted) {
+                write_marker(o->f.ready_file);
+                ready = true;
+            }
+        }
+        check_deadline(o, t_start, rs, total);
+        usleep(1000);
+    }
+}
+
+/* Fault mode: WRs posted must lie between the plan of the rooms that
+ * succeeded (each posts all of its plan) and the plan of all rooms. */
+static bool prefill_wrs_ok(kvw_engine_t *e, const room_state_t *rs, uint32_t total)
+{
+    uint64_t want_ok = 0, want_all = 0;
+    for (uint32_t i = 0; i < total; i++) {
+        want_all += rs[i].planned_wrs;
+        want_ok += rs[i].state == KVW_POLL_SUCCESS ? rs[i].planned_wrs : 0;
+    }
+    kvw_counters_t c;
+    kvw_engine_counters(e, &c);
+    for (double until = now_s() + 1; /* let flushed WRs of failed rooms retire */
+         c.wrs_posted != c.wrs_completed + c.wrs_flushed && now_s() < until;) {
+        usleep(10000);
+        kvw_engine_counters(e, &c);
+    }
+    bool ok = c.wrs_posted >= want_ok && c.wrs_posted <= want_all;
+    printf("prefill: %" PRIu64 " WRs posted (%s: plan %" PRIu64 " for the rooms that succeeded, "
+           "%" PRIu64 " for all); %" PRIu64 " completed + %" PRIu64 " flushed%s\n",
+           c.wrs_posted, ok ? "within the plan" : "OUTSIDE THE PLAN", want_ok, want_all,
+           c.wrs_completed, c.wrs_flushed,
+           c.wrs_posted == c.wrs_completed + c.wrs_flushed ? "" : " (does not add up)");
+    return ok;
+}
+
+/* Per-room lines, the summary line and the exit status. */
+static int report_prefill(const opts_t *o, kvw_engine_t *e, kvw_sender_t **s, room_state_t *rs,
+                          uint32_t total)
+{
+    uint32_t ok = 0, failed = 0, unexpected = 0;
+    uint64_t want_wrs = 0;
+    for (uint32_t i = 0; i < total; i++) {
+        const char *why = NULL;
+        kvw_status_t st = kvw_sender_failure(s[i], &why);
+        ok += rs[i].state == KVW_POLL_SUCCESS;
+        failed += rs[i].state == KVW_POLL_FAILED;
+        want_wrs += rs[i].planned_wrs;
+        if (st && o->f.on)
+            print_failed(&rs[i], st, why);
+        else if (st)
+            printf("room %u failed: %s: %s\n", i, kvw_strerror(st), why);
+        if (o->f.on)
+            unexpected += !as_expected(&o->f, &rs[i]);
+        kvw_sender_destroy(s[i]);
+    }
+    kvw_counters_t c;
+    kvw_engine_counters(e, &c);
+    printf("prefill: %u ok, %u failed; %" PRIu64 " bytes, %" PRIu64 " WRs (planned %" PRIu64
+           "), %" PRIu64 " chains, %" PRIu64 " completions, %" PRIu64 " errors\n",
+           ok, failed, c.bytes_posted, c.wrs_posted, want_wrs, c.chains_posted, c.completions,
+           c.errors);
+    if (o->f.on) {
+        bool wrs_ok = prefill_wrs_ok(e, rs, total);
+        printf("prefill: verdict: %s\n", !unexpected && wrs_ok ? "every room ended as expected"
+                                                               : "NOT AS EXPECTED");
+        return unexpected || !wrs_ok;
+    }
+    if (!failed && c.wrs_posted != want_wrs)
+        printf("prefill: WR count differs from the plan\n");
+    return failed || c.wrs_posted != want_wrs;
+}
+
 static int run_prefill(const opts_t *o)
 {
     memory_t m;
@@ -281,49 +663,20 @@ static int run_prefill(const opts_t *o)
     }
     uint32_t total = o->requests * o->decoders;
     kvw_sender_t **senders = calloc(total, sizeof(*senders));
-    uint64_t want_wrs = 0;
+    room_state_t *rs = calloc(total, sizeof(*rs));
     for (uint32_t d = 0, i = 0; d < o->decoders; d++)
         for (uint32_t k = 0; k < o->requests; k++, i++) {
-            room_plan_t rp;
-            plan_room(o, d, k, &rp);
-            want_wrs += expected_wrs(o, &rp);
-            kvw_status_t st = kvw_sender_create(e, rp.room, &senders[i]);
-            if (!st)
-                st = kvw_sender_init(senders[i], o->pages, rp.aux_src);
-            if (!st)
-                st = kvw_sender_send(senders[i], rp.src, o->pages);
-            free_room(&rp);
-            if (st)
-                die("starting a sender", st);
+            plan_room(o, d, k, &rs[i].plan);
+            rs[i].planned_wrs = expected_wrs(o, &rs[i].plan);
+            senders[i] = start_sender(o, e, &rs[i]);
         }
-    uint32_t ok = 0, failed = 0;
-    while (ok + failed < total) {
-        ok = failed = 0;
-        for (uint32_t i = 0; i < total; i++) {
-            kvw_poll_t s = kvw_sender_poll(senders[i]);
-            ok += s == KVW_POLL_SUCCESS;
-            failed += s == KVW_POLL_FAILED;
-        }
-        usleep(1000);
-    }
-    for (uint32_t i = 0; i < total; i++) {
-        const char *why = NULL;
-        kvw_status_t st = kvw_sender_failure(senders[i], &why);
-        if (st)
-            printf("room %u failed: %s: %s\n", i, kvw_strerror(st), why);
-        kvw_sender_destroy(senders[i]);
-    }
-    kvw_counters_t c;
-    kvw_engine_counters(e, &c);
-    printf("prefill: %u ok, %u failed; %" PRIu64 " bytes, %" PRIu64 " WRs (planned %" PRIu64
-           "), %" PRIu64 " chains, %" PRIu64 " completions, %" PRIu64 " errors\n",
-           ok, failed, c.bytes_posted, c.wrs_posted, want_wrs, c.chains_posted, c.completions,
-           c.errors);
-    int rc = failed || c.wrs_posted != want_wrs;
-    if (!failed && c.wrs_posted != want_wrs)
-        printf("prefill: WR count differs from the plan\n");
+    wait_senders(o, e, senders, rs, total);
+    int rc = report_prefill(o, e, senders, rs, total);
     if (o->idle_check_s)
         rc |= idle_check(o);
+    for (uint32_t i = 0; i < total; i++)
+        free_room(&rs[i].plan);
+    free(rs);
     free(senders);
     kvw_engine_destroy(e);
     kvw_bootstrap_destroy(bs);
@@ -331,7 +684,161 @@ static int run_prefill(const opts_t *o)
     return rc;
 }
 
-/* -------------------------------------------------------------- decode */
+/* ------------------------------------------------ decode: canary watch */
+
+/* Destination items of a room: 2L per page (K layers, V layers), then aux. */
+static uint64_t room_items(const opts_t *o)
+{
+    return 2ull * o->layers * o->pages + (o->aux_item ? 1 : 0);
+}
+
+static uint8_t *room_item(const opts_t *o, const memory_t *m, const room_plan_t *rp, uint64_t i,
+                          uint64_t *len_p)
+{
+    if (i >= 2ull * o->layers * o->pages) {
+        *len_p = o->aux_item;
+        return (uint8_t *)m->aux[0].addr + rp->aux_dst * o->aux_item;
+    }
+    *len_p = o->item;
+    return (uint8_t *)m->kv[i / o->pages].addr + rp->dst[i % o->pages] * o->item;
+}
+
+/* Items whose first word is no longer the canary, counting up to `enough`. */
+static uint64_t items_begun(const opts_t *o, const memory_t *m, const room_plan_t *rp,
+                            uint64_t enough)
+{
+    uint64_t n = 0, len, w;
+    for (uint64_t i = 0; i < room_items(o) && n < enough; i++) {
+        memcpy(&w, room_item(o, m, rp, i, &len), 8);
+        n += w != canary_word;
+    }
+    return n;
+}
+
+static bool item_written(const uint8_t *p, uint64_t len)
+{
+    for (uint64_t off = 0; off < len; off += 8) {
+        uint64_t w;
+        memcpy(&w, p + off, 8);
+        if (w != canary_word)
+            return true;
+    }
+    return false;
+}
+
+/* At Failed: copy the room's destination bytes, to watch for --canary-ms. */
+static void canary_snapshot(const opts_t *o, const memory_t *m, room_state_t *rs)
+{
+    uint64_t off = 0, len = 0;
+    rs->snap = malloc(2ull * o->layers * o->pages * o->item + o->aux_item);
+    if (!rs->snap)
+        die("allocating a canary snapshot", KVW_ERR_NO_MEMORY);
+    for (uint64_t i = 0; i < room_items(o); i++, off += len) {
+        const uint8_t *p = room_item(o, m, &rs->plan, i, &len);
+        memcpy(rs->snap + off, p, len);
+        rs->written_at_failed += item_written(p, len);
+    }
+    rs->watch_until = rs->t_end + o->f.canary_ms / 1e3;
+    rs->next_check = now_s() + 0.05;
+}
+
+/* Every ~50 ms until watch_until: has any byte changed since the snapshot? */
+static void canary_check(const opts_t *o, const memory_t *m, room_state_t *rs)
+{
+    double now = now_s();
+    if (!rs->snap || now < rs->next_check)
+        return;
+    uint64_t off = 0, len;
+    for (uint64_t i = 0; i < room_items(o); i++, off += len) {
+        const uint8_t *p = room_item(o, m, &rs->plan, i, &len);
+        rs->changed_items += memcmp(p, rs->snap + off, len) != 0;
+    }
+    if (rs->changed_items)
+        rs->changed_after_ms = (now - rs->t_end) * 1e3;
+    if (rs->changed_items || now >= rs->watch_until) {
+        free(rs->snap);
+        rs->snap = NULL;
+    }
+    rs->next_check = now + 0.05;
+}
+
+static bool report_canary(const opts_t *o, const room_state_t *rs)
+{
+    printf("room %" PRIu64 ": canary: %" PRIu64 " of %" PRIu64 " items written at Failed; ",
+           rs->plan.room, rs->written_at_failed, room_items(o));
+    if (rs->changed_items)
+        printf("BYTES LANDED AFTER FAILED: %" PRIu64 " items changed, seen %.0f ms after Failed\n",
+               rs->changed_items, rs->changed_after_ms);
+    else
+        printf("nothing changed in the %u ms after Failed\n", o->f.canary_ms);
+    return rs->changed_items == 0;
+}
+
+/* ------------------------------------------------------- decode: hooks */
+
+typedef struct decode_run {
+    const opts_t *o;
+    const memory_t *m;
+    kvw_engine_t *e;
+    char bootstrap[128];
+    double *lat;
+    uint64_t bad_total;
+    uint32_t failed, not_started, unexpected, canary_bad;
+    bool ready, synced, stop; /* markers written; no new waves */
+} decode_run_t;
+
+
+/* Has the room's data started to land (rate-limited scan of first words)? */
+static bool room_under_way(const opts_t *o, const memory_t *m, room_state_t *rs)
+{
+    double now = now_s();
+    if (rs->t_under_way || rs->state != KVW_POLL_TRANSFERRING || now < rs->t_next_look)
+        return rs->t_under_way != 0;
+    rs->t_next_look = now + 0.005;
+    if (items_begun(o, m, &rs->plan, 1))
+        rs->t_under_way = now;
+    return rs->t_under_way != 0;
+}
+
+/* --abort-room on decode: abort once the room's first bytes have landed and
+ * --abort-after-ms passed, if it has not ended. */
+static void decode_abort_hook(const opts_t *o, const memory_t *m, kvw_receiver_t *rx,
+                              room_state_t *rs)
+{
+    if (o->f.abort_side != SIDE_DECODE || (int64_t)rs->plan.room != o->f.abort_room ||
+        rs->t_fault || rs->ended || !room_under_way(o, m, rs) ||
+        now_s() - rs->t_under_way < o->f.abort_after_ms / 1e3)
+        return;
+    double under_way_ms = (now_s() - rs->t_under_way) * 1e3;
+    uint64_t begun = items_begun(o, m, &rs->plan, UINT64_MAX);
+    kvw_status_t st = kvw_receiver_abort(rx);
+    note_fault(rs, "abort",
+               "abort on decode side, %.0f ms after its first bytes landed (%" PRIu64 " of %" PRIu64
+               " items begun): %s",
+               under_way_ms, begun, room_items(o), kvw_status_name(st));
+}
+
+/* --ready-file on decode: written once bytes of a request have landed;
+ * --abort-sync: once bytes of the --abort-room have. */
+static void decode_marker_hooks(decode_run_t *d, room_state_t *rs, uint32_t n)
+{
+    const opts_t *o = d->o;
+    for (uint32_t j = 0; j < n && (!d->ready || !d->synced); j++) {
+        bool abort_room = (int64_t)rs[j].plan.room == o->f.abort_room;
+        if ((d->ready && !abort_room) || !room_under_way(o, d->m, &rs[j]))
+            continue;
+        if (!d->ready) {
+            write_marker(o->f.ready_file);
+            d->ready = true;
+        }
+        if (!d->synced && abort_room) {
+            write_marker(o->f.abort_sync);
+            d->synced = true;
+        }
+    }
+}
+
+/* ------------------------------------------------------ decode: waves */
 
 static uint64_t verify_room(const opts_t *o, const memory_t *m, const room_plan_t *rp)
 {
@@ -352,82 +859,174 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int run_decode(const opts_t *o)
+/* Create and init one receiver. --bad-room on decode hands init() an
+ * out-of-range destination page, which it must refuse. */
+static kvw_receiver_t *start_receiver(decode_run_t *d, room_state_t *rs)
 {
-    memory_t m;
-    alloc_memory(o, &m);
-    char bootstrap[128];
-    if (o->bootstrap_file)
-        read_bootstrap_file(o->bootstrap_file, bootstrap, sizeof(bootstrap));
-    else
-        snprintf(bootstrap, sizeof(bootstrap), "%s", o->bootstrap);
-    kvw_engine_t *e = make_engine(o, &m, NULL);
+    const opts_t *o = d->o;
+    const room_plan_t *rp = &rs->plan;
+    kvw_receiver_t *rx;
+    kvw_status_t st = kvw_receiver_create(d->e, d->bootstrap, o->rank, rp->room, &rx);
+    rs->t_handed = now_s();
+    rs->started = true;
+    bool bad = o->f.bad_side == SIDE_DECODE && (int64_t)rp->room == o->f.bad_room;
+    if (!st && bad) {
+        uint64_t dst[o->pages];
+        memcpy(dst, rp->dst, sizeof(dst));
+        dst[o->pages / 2] = out_of_range_page(o);
+        st = kvw_receiver_init(rx, dst, o->pages, rp->aux_dst);
+        note_fault(rs, "bad input",
+                   "out-of-range destination page %" PRIu64 " (pool %" PRIu64
+                   ") given to kvw_receiver_init: %s",
+                   out_of_range_page(o), o->pool, kvw_status_name(st));
+        return rx;
+    }
+    if (!st)
+        st = kvw_receiver_init(rx, rp->dst, o->pages, rp->aux_dst);
+    if (st)
+        die("starting a receiver", st);
+    return rx;
+}
+
+/* Poll a wave until every room ended and every canary watch is over. */
+static void wait_receivers(decode_run_t *d, kvw_receiver_t **rx, room_state_t *rs, uint32_t n)
+{
+    const opts_t *o = d->o;
+    for (uint32_t done = 0; done < n;) {
+        done = 0;
+        for (uint32_t j = 0; j < n; j++) {
+            note_state(&rs[j], kvw_receiver_poll(rx[j]));
+            if (o->f.canary_ms && rs[j].state == KVW_POLL_FAILED && !rs[j].watch_until)
+                canary_snapshot(o, d->m, &rs[j]);
+            canary_check(o, d->m, &rs[j]);
+            decode_abort_hook(o, d->m, rx[j], &rs[j]);
+            done += rs[j].ended && !rs[j].snap;
+        }
+        decode_marker_hooks(d, rs, n);
+        check_deadline(o, t_start, rs, n);
+        if (done < n)
+            usleep(200);
+    }
+}
+
+static void report_receiver(decode_run_t *d, kvw_receiver_t *rx, room_state_t *rs, double lat)
+{
+    const opts_t *o = d->o;
     uint64_t room_bytes = (uint64_t)o->pages * o->item * 2 * o->layers + o->aux_item;
-    double *lat = calloc(o->requests, sizeof(double));
-    uint64_t bad_total = 0;
-    uint32_t failed = 0;
-    double t0 = now_s(), c0 = cpu_s();
-    for (uint32_t wave = 0; wave < o->requests; wave += o->inflight) {
-        uint32_t n = o->requests - wave < o->inflight ? o->requests - wave : o->inflight;
-        kvw_receiver_t *rx[n];
-        room_plan_t rp[n];
-        double start[n];
-        for (uint32_t j = 0; j < n; j++) {
-            plan_room(o, o->decoder_index, wave + j, &rp[j]);
-            kvw_status_t st = kvw_receiver_create(e, bootstrap, o->rank, rp[j].room, &rx[j]);
-            start[j] = now_s();
-            if (!st)
-                st = kvw_receiver_init(rx[j], rp[j].dst, o->pages, rp[j].aux_dst);
-            if (st)
-                die("starting a receiver", st);
-        }
-        for (uint32_t done = 0; done < n;) {
-            done = 0;
-            for (uint32_t j = 0; j < n; j++) {
-                kvw_poll_t s = kvw_receiver_poll(rx[j]);
-                if ((s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED) && lat[wave + j] == 0)
-                    lat[wave + j] = now_s() - start[j];
-                done += s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED;
-            }
-            if (done < n)
-                usleep(200);
-        }
-        for (uint32_t j = 0; j < n; j++) {
-            const char *why = "";
-            kvw_status_t st = kvw_receiver_failure(rx[j], &why);
-            uint64_t bad = st ? 0 : verify_room(o, &m, &rp[j]);
-            bad_total += bad;
-            failed += st != KVW_OK;
-            if (st)
-                printf("room %" PRIu64 ": FAILED: %s: %s\n", rp[j].room, kvw_strerror(st), why);
-            else if (!o->quiet)
-                printf("room %" PRIu64 ": %u pages, %.2f MB in %.1f ms (%.1f MB/s), %s\n",
-                       rp[j].room, o->pages, room_bytes / 1e6, lat[wave + j] * 1e3,
-                       room_bytes / lat[wave + j] / 1e6,
-                       bad ? "BYTES WRONG" : "every byte verified");
-            kvw_receiver_destroy(rx[j]);
-            free_room(&rp[j]);
+    const char *why = "";
+    kvw_status_t st = kvw_receiver_failure(rx, &why);
+    uint64_t bad = st ? 0 : verify_room(o, d->m, &rs->plan);
+    d->bad_total += bad;
+    d->failed += st != KVW_OK;
+    if (st && o->f.on) {
+        print_failed(rs, st, why);
+        if (o->f.canary_ms)
+            d->canary_bad += !report_canary(o, rs);
+    } else if (st) {
+        printf("room %" PRIu64 ": FAILED: %s: %s\n", rs->plan.room, kvw_strerror(st), why);
+    } else if (!o->quiet) {
+        printf("room %" PRIu64 ": %u pages, %.2f MB in %.1f ms (%.1f MB/s), %s\n", rs->plan.room,
+               o->pages, room_bytes / 1e6, lat * 1e3, room_bytes / lat / 1e6,
+               bad ? "BYTES WRONG" : "every byte verified");
+    }
+    if (o->f.on) {
+        d->unexpected += !as_expected(&o->f, rs);
+        if (st && !injected(&o->f, rs->plan.room) && !d->stop) {
+            d->stop = true; /* like a scheduler that stops routing to a dead prefill */
+            printf("decode: room %" PRIu64 " failed without an injected fault: "
+                   "no further requests are started\n", rs->plan.room);
         }
     }
-    double dt = now_s() - t0, cpu = cpu_s() - c0;
+}
+
+/* One wave of up to --inflight requests at once. */
+static void run_wave(decode_run_t *d, uint32_t first, uint32_t n)
+{
+    kvw_receiver_t *rx[n];
+    room_state_t *rs = calloc(n, sizeof(*rs));
+    for (uint32_t j = 0; j < n; j++) {
+        plan_room(d->o, d->o->decoder_index, first + j, &rs[j].plan);
+        rx[j] = start_receiver(d, &rs[j]);
+    }
+    wait_receivers(d, rx, rs, n);
+    for (uint32_t j = 0; j < n; j++) {
+        d->lat[first + j] = rs[j].t_end - rs[j].t_handed;
+        report_receiver(d, rx[j], &rs[j], d->lat[first + j]);
+        kvw_receiver_destroy(rx[j]);
+        free_room(&rs[j].plan);
+    }
+    free(rs);
+}
+
+/* Fault mode: rooms never started (after an unexpected failure) are judged
+ * too; --may-fail covers them. */
+static void skip_wave(decode_run_t *d, uint32_t first, uint32_t n)
+{
+    for (uint32_t j = 0; j < n; j++) {
+        room_state_t rs = {.plan.room = (uint64_t)d->o->decoder_index * 1000000u + first + j};
+        d->not_started++;
+        d->unexpected += !as_expected(&d->o->f, &rs);
+    }
+}
+
+static int decode_summary(const decode_run_t *d, double dt, double cpu)
+{
+    const opts_t *o = d->o;
+    uint64_t room_bytes = (uint64_t)o->pages * o->item * 2 * o->layers + o->aux_item;
+    uint32_t ok = o->requests - d->failed - d->not_started;
+    double *lat = d->lat;
     qsort(lat, o->requests, sizeof(double), cmp_double);
-    double total_bytes = (double)room_bytes * (o->requests - failed);
+    double total_bytes = (double)room_bytes * ok;
     printf("decode: %u/%u requests ok, %.2f MB in %.3f s = %.2f MB/s, %.1f req/s, "
            "latency p50 %.1f ms p99 %.1f ms, %.1f CPU-s/GB, %" PRIu64 " bytes wrong\n",
-           o->requests - failed, o->requests, total_bytes / 1e6, dt, total_bytes / dt / 1e6,
-           o->requests / dt, lat[o->requests / 2] * 1e3, lat[(o->requests * 99) / 100] * 1e3,
-           total_bytes ? cpu / (total_bytes / 1e9) : 0.0, bad_total);
+           ok, o->requests, total_bytes / 1e6, dt, total_bytes / dt / 1e6, o->requests / dt,
+           lat[o->requests / 2] * 1e3, lat[(o->requests * 99) / 100] * 1e3,
+           total_bytes ? cpu / (total_bytes / 1e9) : 0.0, d->bad_total);
     if (o->json)
         printf("{\"requests\":%u,\"failed\":%u,\"bytes\":%.0f,\"seconds\":%.6f,\"MBps\":%.3f,"
                "\"req_per_s\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"cpu_s_per_GB\":%.3f,"
                "\"bad_bytes\":%" PRIu64 "}\n",
-               o->requests, failed, total_bytes, dt, total_bytes / dt / 1e6, o->requests / dt,
-               lat[o->requests / 2] * 1e3, lat[(o->requests * 99) / 100] * 1e3,
-               total_bytes ? cpu / (total_bytes / 1e9) : 0.0, bad_total);
-    free(lat);
-    kvw_engine_destroy(e);
+               o->requests, o->requests - ok, total_bytes, dt, total_bytes / dt / 1e6,
+               o->requests / dt, lat[o->requests / 2] * 1e3, lat[(o->requests * 99) / 100] * 1e3,
+               total_bytes ? cpu / (total_bytes / 1e9) : 0.0, d->bad_total);
+    if (!o->f.on)
+        return d->failed || d->bad_total;
+    if (d->not_started)
+        printf("decode: %u requests not started\n", d->not_started);
+    bool ok_all = !d->unexpected && !d->bad_total && !d->canary_bad;
+    printf("decode: verdict: %s%s\n",
+           ok_all ? "every room ended as expected, the rooms that succeeded verified"
+                  : "NOT AS EXPECTED",
+           !o->f.canary_ms ? ""
+           : d->canary_bad ? "; BYTES LANDED AFTER FAILED"
+                           : "; nothing landed after Failed");
+    return !ok_all;
+}
+
+static int run_decode(const opts_t *o)
+{
+    memory_t m;
+    alloc_memory(o, &m);
+    decode_run_t d = {.o = o, .m = &m, .ready = !o->f.ready_file, .synced = !o->f.abort_sync};
+    if (o->bootstrap_file)
+        read_bootstrap_file(o->bootstrap_file, d.bootstrap, sizeof(d.bootstrap));
+    else
+        snprintf(d.bootstrap, sizeof(d.bootstrap), "%s", o->bootstrap);
+    d.e = make_engine(o, &m, NULL);
+    d.lat = calloc(o->requests, sizeof(double));
+    double t0 = now_s(), c0 = cpu_s();
+    for (uint32_t wave = 0; wave < o->requests; wave += o->inflight) {
+        uint32_t n = o->requests - wave < o->inflight ? o->requests - wave : o->inflight;
+        if (d.stop)
+            skip_wave(&d, wave, n);
+        else
+            run_wave(&d, wave, n);
+    }
+    int rc = decode_summary(&d, now_s() - t0, cpu_s() - c0);
+    free(d.lat);
+    kvw_engine_destroy(d.e);
     free_memory(o, &m);
-    return failed || bad_total;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- main */
@@ -441,15 +1040,80 @@ static void usage(void)
             "  layout:  --layers L (32) --item BYTES (2048) --pool PAGES (256)\n"
             "           --aux-item BYTES (0: none) --aux-items N (16)\n"
             "  work:    --requests N (8) --pages N (32) --inflight N (4) --decoders D (1)\n"
-            "           --contig C (4) --dst-contig C (3) --seed S (1) [--json] [--quiet]\n");
+            "           --contig C (4) --dst-contig C (3) --seed S (1) [--json] [--quiet]\n"
+            "  faults (rooms by number: decoder index * 1000000 + request index; LIST is\n"
+            "  \"all\" or rooms and ranges, e.g. 1,4-6; give both sides the same options):\n"
+            "    --abort-room K [--abort-side prefill|decode (decode)] [--abort-after-ms T (100)]\n"
+            "        [--abort-sync FILE]: that side aborts room K T ms after it got under way,\n"
+            "        if it has not ended. Decode: its first bytes landed. Prefill: it turned\n"
+            "        Transferring, or with --abort-sync (same host), decode wrote FILE on\n"
+            "        seeing its first bytes land (prefill may serve other rooms first)\n"
+            "    --bad-room K [--bad-side prefill|decode (decode)]\n"
+            "        that side hands room K an out-of-range page (receiver_init / sender_send)\n"
+            "    --expect-failed LIST   these rooms must end Failed, all others Success\n"
+            "    --may-fail LIST        these rooms may end either way (a peer gets killed)\n"
+            "    --canary-ms MS         decode: pool filled with a canary; the pages of every\n"
+            "                           room that ends Failed must not change for MS ms after\n"
+            "    --ready-file F         write F once data is moving (prefill: WRs posted;\n"
+            "                           decode: bytes of a request landed)\n"
+            "    --deadline-s S         S s after start, list the rooms not ended and exit 3\n"
+            "                           (S + 10 s at the latest, whatever hangs)\n"
+            "  Any fault option switches to fault mode: failed rooms are printed as\n"
+            "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
+            "  the exit status says whether every room ended as expected.\n");
     exit(2);
+}
+
+static side_t parse_side(const char *s)
+{
+    if (strcmp(s, "prefill") == 0)
+        return SIDE_PREFILL;
+    if (strcmp(s, "decode") != 0)
+        usage();
+    return SIDE_DECODE;
+}
+
+static const char *parse_list(const char *s)
+{
+    if (!list_valid(s)) {
+        fprintf(stderr, "kvw-xfer: bad room list '%s' (want \"all\" or e.g. 1,4-6)\n", s);
+        exit(2);
+    }
+    return s;
+}
+
+enum { /* long options without a short letter */
+    OPT_ABORT_ROOM = 256, OPT_ABORT_SIDE, OPT_ABORT_AFTER, OPT_BAD_ROOM, OPT_BAD_SIDE,
+    OPT_CANARY, OPT_EXPECT_FAILED, OPT_MAY_FAIL, OPT_READY_FILE, OPT_DEADLINE, OPT_ABORT_SYNC,
+};
+
+/* The fault options; false if c is not one of them. */
+static bool parse_fault_opt(int c, const char *arg, faults_t *f)
+{
+    unsigned long long v = arg ? strtoull(arg, NULL, 0) : 0;
+    switch (c) {
+    case OPT_ABORT_ROOM: f->abort_room = (int64_t)v; break;
+    case OPT_ABORT_SIDE: f->abort_side = parse_side(arg); break;
+    case OPT_ABORT_AFTER: f->abort_after_ms = (uint32_t)v; break;
+    case OPT_BAD_ROOM: f->bad_room = (int64_t)v; break;
+    case OPT_BAD_SIDE: f->bad_side = parse_side(arg); break;
+    case OPT_CANARY: f->canary_ms = (uint32_t)v; break;
+    case OPT_EXPECT_FAILED: f->expect_failed = parse_list(arg); break;
+    case OPT_MAY_FAIL: f->may_fail = parse_list(arg); break;
+    case OPT_READY_FILE: f->ready_file = arg; break;
+    case OPT_DEADLINE: f->deadline_s = (uint32_t)v; break;
+    case OPT_ABORT_SYNC: f->abort_sync = arg; break;
+    default: return false;
+    }
+    f->on = true;
+    return true;
 }
 
 static void parse(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){.layers = 32, .item = 2048, .pool = 256, .aux_items = 16, .requests = 8,
                   .pages = 32, .inflight = 4, .decoders = 1, .contig = 4, .dst_contig = 3,
-                  .seed = 1};
+                  .seed = 1, .f = {.abort_room = -1, .bad_room = -1, .abort_after_ms = 100}};
     if (argc < 2)
         usage();
     o->prefill = strcmp(argv[1], "prefill") == 0;
@@ -463,11 +1127,20 @@ static void parse(int argc, char **argv, opts_t *o)
         {"pages", 1, 0, 'p'},      {"inflight", 1, 0, 'f'},    {"decoders", 1, 0, 'D'},
         {"decoder-index", 1, 0, 'x'}, {"contig", 1, 0, 'c'},   {"dst-contig", 1, 0, 'C'},
         {"seed", 1, 0, 's'},       {"idle-check", 1, 0, 'z'},  {"json", 0, 0, 'j'},
-        {"quiet", 0, 0, 'q'},      {0, 0, 0, 0}};
+        {"quiet", 0, 0, 'q'},
+        {"abort-room", 1, 0, OPT_ABORT_ROOM},     {"abort-side", 1, 0, OPT_ABORT_SIDE},
+        {"abort-after-ms", 1, 0, OPT_ABORT_AFTER}, {"bad-room", 1, 0, OPT_BAD_ROOM},
+        {"bad-side", 1, 0, OPT_BAD_SIDE},         {"canary-ms", 1, 0, OPT_CANARY},
+        {"expect-failed", 1, 0, OPT_EXPECT_FAILED}, {"may-fail", 1, 0, OPT_MAY_FAIL},
+        {"ready-file", 1, 0, OPT_READY_FILE},     {"deadline-s", 1, 0, OPT_DEADLINE},
+        {"abort-sync", 1, 0, OPT_ABORT_SYNC},
+        {0, 0, 0, 0}};
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         unsigned long long v = optarg ? strtoull(optarg, NULL, 0) : 0;
+        if (parse_fault_opt(c, optarg, &o->f))
+            continue;
         switch (c) {
         case 'd': o->dev = optarg; break;
         case 'i': o->ip = optarg; break;
@@ -514,8 +1187,13 @@ static void parse(int argc, char **argv, opts_t *o)
 
 int main(int argc, char **argv)
 {
+    t_start = now_s();
     opts_t o;
     parse(argc, argv, &o);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (o.f.deadline_s) { /* the poll loops check it; this catches a hang elsewhere */
+        signal(SIGALRM, on_alarm);
+        alarm(o.f.deadline_s + 10);
+    }
     return o.prefill ? run_prefill(&o) : run_decode(&o);
 }

@@ -264,6 +264,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
         close(e->control_wake_fd);
     /* Requests the user never destroyed are the user's leak to fix; the
      * engine only drops its own references. */
+    e->reqs_tail = NULL;
     while (e->reqs) {
         kvw_req_t *r = e->reqs;
         e->reqs = r->next;

@@ -142,7 +142,7 @@ struct kvw_engine {
     pthread_mutex_t lock;
     kvw_peer_t *peers[KVW_MAX_PEERS];
     _Atomic uint32_t num_peers;
-    kvw_req_t *reqs;
+    kvw_req_t *reqs, *reqs_tail; /* oldest first */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending; /* lets the spinning poller skip the lock */
     kvw_req_t **tokens; /* decode: slot -> receiver */

@@ -33,10 +33,14 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     atomic_init(&r->refs, 1); /* the engine list's reference */
     r->drained = true;        /* nothing posted yet */
     r->deadline_ns = kvw__now_ns() + (uint64_t)e->cfg.bootstrap_timeout_ms * 1000000ull;
-    r->next = e->reqs;
-    if (e->reqs)
-        e->reqs->prev = r;
-    e->reqs = r;
+    /* Appended: the control thread serves requests in creation order, so
+     * decode asks for (and prefill writes) the oldest request first. */
+    r->prev = e->reqs_tail;
+    if (e->reqs_tail)
+        e->reqs_tail->next = r;
+    else
+        e->reqs = r;
+    e->reqs_tail = r;
     return r;
 }
 
@@ -49,6 +53,8 @@ static void unlink_locked(kvw_req_t *r)
         e->reqs = r->next;
     if (r->next)
         r->next->prev = r->prev;
+    else if (e->reqs_tail == r)
+        e->reqs_tail = r->prev;
     r->prev = r->next = NULL;
 }
 

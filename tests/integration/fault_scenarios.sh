@@ -1,0 +1,305 @@
+#!/bin/sh
+# Failure scenarios on real rxe, separate prefill and decode processes
+# (tools/kvw-xfer in fault mode): a peer killed with SIGKILL mid-transfer,
+# aborts on either side (decode watching that nothing lands after Failed),
+# and requests on a connection that survive another request's abort or
+# out-of-range pages. Each side judges its own rooms (exit status); this
+# script adds the measurements that need both sides or the kill time:
+# every time is printed, and checked against a bound.
+# Runs inside the test bed. Usage: fault_scenarios.sh BUILD_DIR
+set -u
+build=${1:-build}
+xfer=$build/kvw-xfer
+work=$(mktemp -d)
+failed=0
+passed=0
+
+dev0=$KVW_TB_DEV0 ip0=$KVW_TB_IP0
+dev1=${KVW_TB_DEV1:-$KVW_TB_DEV0} ip1=${KVW_TB_IP1:-$KVW_TB_IP0}
+
+# Bounds (ms). A killed peer is noticed when its control connection closes
+# (well under a second on a fast machine); the guest is 20-50x slower.
+KILL_BOUND_MS=3000
+PROMPT_BOUND_MS=3000
+
+# Kill scenarios: 4 requests of 8 MB in flight per decode engine (~30 MB/s
+# in the guest, so a wave takes seconds and the kill lands mid-transfer).
+KILL_WORK="--layers 8 --item 16384 --pool 128 --pages 32 --requests 4 --inflight 4
+    --contig 4 --dst-contig 2 --aux-item 256 --aux-items 8 --seed 21"
+# Abort scenarios: 6 requests of 8 MB, 3 in flight, one page per WR (1025
+# WRs a request, more than the send queue holds, so prefill still has
+# writes to post when the abort comes).
+ABORT_WORK="--layers 8 --item 8192 --pool 256 --pages 64 --requests 6 --inflight 3
+    --contig 2 --dst-contig 1 --aux-item 256 --aux-items 8 --seed 31"
+# Bystander scenarios: 8 requests of 4 MB, 4 in flight.
+BYSTANDER_WORK="--layers 8 --item 4096 --pool 256 --pages 64 --requests 8 --inflight 4
+    --contig 2 --dst-contig 1 --aux-item 128 --aux-items 8 --seed 41"
+
+result() { # name rc
+    if [ "$2" -eq 0 ]; then
+        echo "[       OK ] $1"
+        passed=$((passed + 1))
+    else
+        echo "[  FAILED  ] $1 (rc $2)"
+        failed=$((failed + 1))
+    fi
+}
+
+now_ms() { date +%s%3N; }
+
+# need MESSAGE: an expectation of this scenario does not hold
+need() {
+    echo "    NOT OK: $1"
+    rc=1
+}
+
+# within MS LIMIT WHAT: print a measured time, check it against its bound
+within() {
+    if [ -z "$1" ]; then
+        need "$3: not measured"
+    elif [ "$1" -gt "$2" ]; then
+        need "$3: $1 ms (bound $2 ms)"
+    else
+        echo "    $3: $1 ms (bound $2 ms)"
+    fi
+}
+
+# wall LOG ROOM WHAT: wall clock (ms) of the first "room ROOM: WHAT... [... at W ms]"
+wall() {
+    sed -n "s/^room $2: $3.*\[.*at \([0-9]*\) ms\]\$/\1/p" "$1" | head -n 1
+}
+
+# last_failed LOG: wall clock (ms) of the latest FAILED line
+last_failed() {
+    sed -n 's/^room [0-9]*: FAILED.*\[.*at \([0-9]*\) ms\]$/\1/p' "$1" | sort -n | tail -n 1
+}
+
+# diff_ms A B: B - A, empty if either is missing
+diff_ms() {
+    if [ -n "$1" ] && [ -n "$2" ]; then echo $(($2 - $1)); fi
+}
+
+# start_prefill LOG ARGS...: prefill on device 0, embedded bootstrap; sets ppid
+start_prefill() {
+    log=$1
+    shift
+    rm -f "$work/bs"
+    # shellcheck disable=SC2086
+    "$xfer" prefill --dev "$dev0" --ip "$ip0" --embed-bootstrap "$work/bs" "$@" >"$log" 2>&1 &
+    ppid=$!
+}
+
+# start_decode LOG DEV IP ARGS...: sets dpid
+start_decode() {
+    log=$1 d=$2 i=$3
+    shift 3
+    "$xfer" decode --dev "$d" --ip "$i" --bootstrap-file "$work/bs" "$@" >"$log" 2>&1 &
+    dpid=$!
+}
+
+# wait_file FILE SECONDS
+wait_file() {
+    n=0
+    while [ ! -s "$1" ]; do
+        [ $n -ge $(($2 * 20)) ] && return 1
+        sleep 0.05
+        n=$((n + 1))
+    done
+}
+
+# show LOG LABEL: the lines worth reading
+SHOW='FAILED|NOT |verdict|canary|abort|out-of-range|WRs posted|requests ok|prefill: [0-9]'
+SHOW="$SHOW|deadline|not started|ERROR"
+show() {
+    grep -E "$SHOW" "$1" | sed "s/^/    $2| /"
+}
+
+# ---------------------------------------------------------------- kill -9
+
+# kill_decode TOPO DEV IP: decode engine A is killed mid-transfer while B
+# (same prefill) transfers too; prefill fails A's requests in bounded time,
+# B completes, a restarted engine C (new process, same workload) completes.
+kill_decode() {
+    name="kill -9 decode mid-transfer: prefill fails its requests, others unaffected ($1)"
+    echo "[ RUN      ] $name: $dev0 ($ip0) -> $2 ($3)"
+    rc=0
+    rm -f "$work/ready"
+    # shellcheck disable=SC2086
+    start_prefill "$work/p.log" --decoders 3 --may-fail 0-3 --deadline-s 90 $KILL_WORK
+    # shellcheck disable=SC2086
+    start_decode "$work/a.log" "$2" "$3" --decoder-index 0 --ready-file "$work/ready" \
+        --deadline-s 60 $KILL_WORK
+    apid=$dpid
+    # shellcheck disable=SC2086
+    start_decode "$work/b.log" "$2" "$3" --decoder-index 1 --deadline-s 60 $KILL_WORK
+    bpid=$dpid
+    if wait_file "$work/ready" 40; then
+        tkill=$(now_ms)
+        kill -9 "$apid"
+        landed=$(sed -n 's/^ready \([0-9]*\)$/\1/p' "$work/ready")
+        echo "    decode A killed $(diff_ms "$landed" "$tkill") ms after its first bytes landed"
+    else
+        need "decode A never had bytes landing"
+        kill -9 "$apid"
+        tkill=""
+    fi
+    wait "$apid" 2>/dev/null
+    # shellcheck disable=SC2086
+    start_decode "$work/c.log" "$2" "$3" --decoder-index 2 --deadline-s 60 $KILL_WORK
+    cpid=$dpid
+    wait "$bpid" || need "decode B (same prefill, alive) did not complete every request"
+    wait "$cpid" || need "restarted decode C did not complete every request"
+    wait "$ppid" ||
+        need "prefill did not end as expected (A's requests Failed, B's and C's Success)"
+    show "$work/p.log" prefill
+    show "$work/b.log" "decode B"
+    show "$work/c.log" "decode C"
+    grep -q '^room [0-3]: FAILED' "$work/p.log" ||
+        need "no request of A failed at prefill (killed too late?)"
+    within "$(diff_ms "$tkill" "$(last_failed "$work/p.log")")" $KILL_BOUND_MS \
+        "prefill failed A's last request after the kill"
+    result "$name" $rc
+}
+
+# kill_prefill: prefill killed mid-transfer; decode's requests fail in
+# bounded time and decode exits (no hang).
+kill_prefill() {
+    name="kill -9 prefill mid-transfer: decode fails its requests in bounded time"
+    echo "[ RUN      ] $name: $dev0 ($ip0) -> $dev1 ($ip1)"
+    rc=0
+    rm -f "$work/ready"
+    # shellcheck disable=SC2086
+    start_prefill "$work/p.log" --deadline-s 60 $KILL_WORK
+    # shellcheck disable=SC2086
+    start_decode "$work/d.log" "$dev1" "$ip1" --ready-file "$work/ready" --may-fail all \
+        --deadline-s 30 $KILL_WORK
+    if wait_file "$work/ready" 40; then
+        tkill=$(now_ms)
+        kill -9 "$ppid"
+    else
+        need "decode never had bytes landing"
+        kill -9 "$ppid"
+        tkill=""
+    fi
+    wait "$ppid" 2>/dev/null
+    wait "$dpid" ||
+        need "decode did not end cleanly (a request neither Success-verified nor Failed, or a hang)"
+    tend=$(now_ms)
+    show "$work/d.log" decode
+    grep -q '^room [0-9]*: FAILED' "$work/d.log" || need "no request failed (killed too late?)"
+    within "$(diff_ms "$tkill" "$(last_failed "$work/d.log")")" $KILL_BOUND_MS \
+        "decode failed its last request after the kill"
+    echo "    decode exited $(diff_ms "$tkill" "$tend") ms after the kill"
+    result "$name" $rc
+}
+
+# ------------------------------------------------------------------ abort
+
+# pair NAME DEV IP ARGS...: prefill and one decode with the same options;
+# both must end as expected. Logs in $work/p.log and $work/d.log.
+pair() {
+    pd=$2 pi=$3
+    name=$1
+    shift 3
+    echo "[ RUN      ] $name: $dev0 ($ip0) -> $pd ($pi): $*"
+    rc=0
+    rm -f "$work/sync"
+    start_prefill "$work/p.log" --deadline-s 60 "$@"
+    start_decode "$work/d.log" "$pd" "$pi" --deadline-s 60 "$@"
+    wait "$dpid" || need "decode did not end as expected"
+    wait "$ppid" || need "prefill did not end as expected"
+    show "$work/p.log" prefill
+    show "$work/d.log" decode
+}
+
+# mid_transfer DECODE_LOG ROOM: the aborted room had bytes written when it
+# Failed (else the abort did not test what it claims)
+mid_transfer() {
+    n=$(sed -n "s/^room $2: canary: \([0-9]*\) of [0-9]* items written at Failed.*/\1/p" "$1")
+    if [ -z "$n" ] || [ "$n" -eq 0 ]; then
+        need "room $2 had no bytes written when it Failed: not aborted mid-transfer"
+    fi
+}
+
+# status_is LOG ROOM PATTERN WHAT
+status_is() {
+    grep -q "^room $2: FAILED after [0-9]* ms: $3" "$1" || need "$4"
+}
+
+abort_decode() {
+    # shellcheck disable=SC2086
+    pair "decode aborts a request mid-transfer, nothing lands after Failed" "$dev1" "$ip1" \
+        $ABORT_WORK --abort-room 1 --abort-side decode --abort-after-ms 100 \
+        --expect-failed 1 --canary-ms 2000
+    status_is "$work/d.log" 1 KVW_ERR_ABORTED "decode's room 1 is not KVW_ERR_ABORTED"
+    mid_transfer "$work/d.log" 1
+    within "$(diff_ms "$(wall "$work/d.log" 1 abort)" "$(wall "$work/p.log" 1 FAILED)")" \
+        $PROMPT_BOUND_MS "prefill's sender Failed after decode's abort"
+    result "$name" $rc
+}
+
+# Prefill cannot see when a room's writes start (it may serve other rooms
+# of the wave first), so decode tells it through --abort-sync: prefill
+# aborts 100 ms after decode saw the room's first bytes land.
+abort_prefill() {
+    # shellcheck disable=SC2086
+    pair "prefill aborts a request mid-transfer, decode told after its writes drained" \
+        "$dev1" "$ip1" $ABORT_WORK --abort-room 1 --abort-side prefill --abort-after-ms 100 \
+        --abort-sync "$work/sync" --expect-failed 1 --canary-ms 2000
+    status_is "$work/p.log" 1 KVW_ERR_ABORTED "prefill's room 1 is not KVW_ERR_ABORTED"
+    mid_transfer "$work/d.log" 1
+    grep -q '^room 1: FAILED after [0-9]* ms: [A-Z_]*: prefill: ' "$work/d.log" ||
+        need "decode's room 1 reason does not start with \"prefill: \""
+    within "$(diff_ms "$(wall "$work/p.log" 1 abort)" "$(wall "$work/d.log" 1 FAILED)")" \
+        $PROMPT_BOUND_MS "decode's receiver Failed after prefill's abort"
+    result "$name" $rc
+}
+
+# ------------------------------------------------------------- bystanders
+
+# Room 1 aborted by one side (prefill: see abort_prefill), room 2 given an
+# out-of-range page by the other side, both in the first wave; the other
+# rooms on the same connection (the rest of that wave, and the next wave)
+# must end Success, every byte verified.
+bystander_1() {
+    # shellcheck disable=SC2086
+    pair "bystanders survive decode's abort and prefill's out-of-range source page" \
+        "$dev0" "$ip0" $BYSTANDER_WORK --abort-room 1 --abort-side decode --abort-after-ms 50 \
+        --bad-room 2 --bad-side prefill --expect-failed 1,2 --canary-ms 500
+    status_is "$work/p.log" 2 KVW_ERR_OUT_OF_RANGE "prefill's room 2 is not KVW_ERR_OUT_OF_RANGE"
+    mid_transfer "$work/d.log" 1
+    grep -q '^room 2: FAILED after [0-9]* ms: [A-Z_]*: prefill: ' "$work/d.log" ||
+        need "decode's room 2 reason does not start with \"prefill: \""
+    within "$(sed -n 's/^room 2: FAILED after \([0-9]*\) ms.*/\1/p' "$work/d.log")" \
+        $PROMPT_BOUND_MS "decode's receiver for prefill's bad room Failed after its init"
+    within "$(diff_ms "$(wall "$work/d.log" 1 abort)" "$(wall "$work/p.log" 1 FAILED)")" \
+        $PROMPT_BOUND_MS "prefill's sender Failed after decode's abort"
+    result "$name" $rc
+}
+
+bystander_2() {
+    # shellcheck disable=SC2086
+    pair "bystanders survive prefill's abort and decode's out-of-range destination page" \
+        "$dev0" "$ip0" $BYSTANDER_WORK --abort-room 1 --abort-side prefill --abort-after-ms 50 \
+        --abort-sync "$work/sync" --bad-room 2 --bad-side decode --expect-failed 1,2 \
+        --canary-ms 500
+    status_is "$work/d.log" 2 KVW_ERR_OUT_OF_RANGE "decode's room 2 is not KVW_ERR_OUT_OF_RANGE"
+    mid_transfer "$work/d.log" 1
+    within "$(diff_ms "$(wall "$work/d.log" 2 out-of-range)" "$(wall "$work/p.log" 2 FAILED)")" \
+        $PROMPT_BOUND_MS "prefill's sender Failed after decode's bad init"
+    within "$(diff_ms "$(wall "$work/p.log" 1 abort)" "$(wall "$work/d.log" 1 FAILED)")" \
+        $PROMPT_BOUND_MS "decode's receiver Failed after prefill's abort"
+    result "$name" $rc
+}
+
+echo "[==========] fault scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?})"
+kill_decode same "$dev0" "$ip0"
+kill_decode cross "$dev1" "$ip1"
+kill_prefill
+abort_decode
+abort_prefill
+bystander_1
+bystander_2
+rm -rf "$work"
+echo "[==========] fault scenarios: $passed passed, $failed failed"
+[ $failed -eq 0 ]
