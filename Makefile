@@ -105,7 +105,7 @@ unit: $(UNIT)
 # threads, the fake NIC's wire thread); any report fails the run.
 tsan: $(TSAN_TESTS)
 	@set -e; for t in $(TSAN_TESTS); do echo "== $$t (ThreadSanitizer)"; \
-	    KVW_CHAOS_SCHEDULES=$${KVW_TSAN_CHAOS_SCHEDULES:-200} TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$(CURDIR)/tests/tsan.supp" $$t; done
+	    KVW_CHAOS_SCHEDULES=$${KVW_TSAN_CHAOS_SCHEDULES:-500} TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$(CURDIR)/tests/tsan.supp" $$t; done
 
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos

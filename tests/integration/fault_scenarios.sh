@@ -21,6 +21,9 @@ dev1=${KVW_TB_DEV1:-$KVW_TB_DEV0} ip1=${KVW_TB_IP1:-$KVW_TB_IP0}
 # (well under a second on a fast machine); the guest is 20-50x slower.
 KILL_BOUND_MS=3000
 PROMPT_BOUND_MS=3000
+# A silent peer (SIGSTOP: connection open, no answers): the default
+# KVW_PEER_TIMEOUT_MS of 2 s, plus a control tick and the guest's slowness.
+SILENT_BOUND_MS=2600
 
 # Kill scenarios: 4 requests of 8 MB in flight per decode engine (~30 MB/s
 # in the guest, so a wave takes seconds and the kill lands mid-transfer).
@@ -193,6 +196,39 @@ kill_prefill() {
     result "$name" $rc
 }
 
+# silent_prefill: prefill stopped (SIGSTOP) mid-transfer, as a hung host
+# looks: its TCP connection stays open, so only heartbeats can tell. With
+# the default settings decode must fail its requests within
+# KVW_PEER_TIMEOUT_MS (2 s) plus one control tick.
+silent_prefill() {
+    name="silent prefill (SIGSTOP) mid-transfer: decode fails its requests by heartbeat"
+    echo "[ RUN      ] $name: $dev0 ($ip0) -> $dev1 ($ip1)"
+    rc=0
+    rm -f "$work/ready"
+    # shellcheck disable=SC2086
+    start_prefill "$work/p.log" --deadline-s 60 $KILL_WORK
+    # shellcheck disable=SC2086
+    start_decode "$work/d.log" "$dev1" "$ip1" --ready-file "$work/ready" --may-fail all \
+        --deadline-s 30 $KILL_WORK
+    tstop=""
+    if wait_file "$work/ready" 40; then
+        tstop=$(now_ms)
+        kill -STOP "$ppid"
+    else
+        need "decode never had bytes landing"
+    fi
+    wait "$dpid" ||
+        need "decode did not end cleanly (a request neither Success-verified nor Failed, or a hang)"
+    kill -CONT "$ppid" 2>/dev/null
+    kill -9 "$ppid" 2>/dev/null
+    wait "$ppid" 2>/dev/null
+    show "$work/d.log" decode
+    grep -q '^room [0-9]*: FAILED' "$work/d.log" || need "no request failed (stopped too late?)"
+    within "$(diff_ms "$tstop" "$(last_failed "$work/d.log")")" $SILENT_BOUND_MS \
+        "decode failed its last request after prefill went silent"
+    result "$name" $rc
+}
+
 # ------------------------------------------------------------------ abort
 
 # pair NAME DEV IP ARGS...: prefill and one decode with the same options;
@@ -296,6 +332,7 @@ echo "[==========] fault scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?}
 kill_decode same "$dev0" "$ip0"
 kill_decode cross "$dev1" "$ip1"
 kill_prefill
+silent_prefill
 abort_decode
 abort_prefill
 bystander_1
