@@ -55,7 +55,8 @@ typedef struct schedule {
     fake_nic_faults_t nic;
     bool nic_faults;    /* fail a post or a WR: breaks the connection */
     uint32_t drop_pct;  /* % of control messages lost: may break it */
-    bool kill_decode;   /* decode's NIC dies mid-transfer */
+    const char *kill_nic; /* this fake device dies mid-transfer */
+    int silent_side;      /* 1: prefill, 2: decode stops sending control messages */
     /* 0 none, 1 decode aborts, 2 prefill aborts, 3 prefill destroys,
      * 4 decode destroys (which waits for the abort's barrier) */
     int abort_side[MAX_ROOMS];
@@ -91,7 +92,12 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
     } else if (kind == 3) {
         sc->drop_pct = 1 + below(&r, 30);
     } else if (kind == 4) {
-        sc->kill_decode = true;
+        /* Decode's NIC: writes towards it fail (retry exceeded). A dead
+         * local NIC would only hang prefill's writes until the transfer
+         * timeout: slow, and the same path as a silent connection. */
+        sc->kill_nic = "fake1";
+    } else if (kind == 5) {
+        sc->silent_side = 1 + (int)below(&r, 2);
     }
     if (below(&r, 2)) { /* completions delayed, with jitter */
         sc->nic.delay_us = below(&r, 3000);
@@ -110,16 +116,21 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
 
 static bool connection_fault(const schedule_t *sc)
 {
-    return sc->nic_faults || sc->drop_pct || sc->kill_decode;
+    return sc->nic_faults || sc->drop_pct || sc->kill_nic || sc->silent_side;
 }
 
-/* Lost control messages, decided per message from the schedule's seed. */
+/* Lost control messages, decided per message from the schedule's seed;
+ * or a whole side falling silent (prefill sends only through its router). */
 static _Atomic uint64_t drop_state;
 static _Atomic uint32_t drop_pct;
+static _Atomic int silent_side;
+static void *_Atomic prefill_router;
 static bool drop_some(void *sock, const kvw_msg_t *m)
 {
-    (void)sock;
     (void)m;
+    int silent = atomic_load(&silent_side);
+    if (silent)
+        return (sock == atomic_load(&prefill_router)) == (silent == 1);
     uint64_t x = atomic_fetch_add(&drop_state, 0x9e3779b97f4a7c15ull);
     x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
     return (x >> 40) % 100 < atomic_load(&drop_pct);
@@ -136,7 +147,7 @@ typedef struct room_run {
 static int violations;
 /* What the schedules did, so a run that tested nothing shows it. */
 static struct {
-    uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[5];
+    uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[6];
 } tally;
 
 #define VIOLATION(sc, ...)                                                                         \
@@ -221,10 +232,12 @@ static void drive(engine_pair_t *p, const schedule_t *sc, room_run_t *rooms)
             rr->s = s;
             all = all && ended(d) && ended(s);
         }
-        if (sc->kill_decode && !killed && now - t0 >= 2) {
-            fake_nic_kill_device("fake1");
+        if (sc->kill_nic && !killed && now - t0 >= 2) {
+            fake_nic_kill_device(sc->kill_nic);
             killed = true;
         }
+        if (sc->silent_side && now - t0 >= 2 && !atomic_load(&silent_side))
+            atomic_store(&silent_side, sc->silent_side);
         if (all)
             return;
         if (now > end) {
@@ -302,7 +315,8 @@ static void run_schedule(uint64_t seed)
     tally.with_fault[1] += sc.nic.fail_post_call != 0;
     tally.with_fault[2] += sc.nic.error_wr != 0;
     tally.with_fault[3] += sc.drop_pct != 0;
-    tally.with_fault[4] += sc.kill_decode;
+    tally.with_fault[4] += sc.kill_nic != NULL;
+    tally.with_fault[5] += sc.silent_side != 0;
     engine_pair_t p;
     fake_nic_stats_t final;
     if (pair_open(&p, &sc.cfg) != KVW_OK) {
@@ -322,7 +336,9 @@ static void run_schedule(uint64_t seed)
     fake_nic_set_faults(&sc.nic);
     atomic_store(&drop_state, seed);
     atomic_store(&drop_pct, sc.drop_pct);
-    if (sc.drop_pct)
+    atomic_store(&silent_side, 0);
+    atomic_store(&prefill_router, p.prefill->router);
+    if (sc.drop_pct || sc.silent_side)
         atomic_store(&kvw__zdrop_hook, drop_some);
     for (uint32_t i = 0; i < sc.rooms; i++)
         send_room(&sc, &rooms[i], i);
@@ -369,9 +385,9 @@ int main(int argc, char **argv)
         run_schedule(seed);
     printf("chaos: %" PRIu64 " schedules: %" PRIu64 " without a connection fault, %" PRIu64
            " failed posts, %" PRIu64 " error completions, %" PRIu64 " with lost control "
-           "messages, %" PRIu64 " dead decode NICs\n",
+           "messages, %" PRIu64 " dead NICs, %" PRIu64 " silent peers\n",
            n, tally.with_fault[0], tally.with_fault[1], tally.with_fault[2], tally.with_fault[3],
-           tally.with_fault[4]);
+           tally.with_fault[4], tally.with_fault[5]);
     printf("chaos: %" PRIu64 " rooms: decode Success %" PRIu64 " (both sides %" PRIu64
            "), decode Failed %" PRIu64 "\n",
            tally.rooms, tally.decode_ok, tally.both_ok, tally.decode_failed);
