@@ -281,12 +281,17 @@ KVW_API kvw_status_t kvw_receiver_create(kvw_engine_t *engine, const char *boots
                                          kvw_receiver_t **receiver_p);
 /* Destination page indices (copied, checked against the local regions) and
  * aux index (or KVW_NO_AUX). May be called while still Bootstrapping: the
- * request is sent once the peer is connected. */
+ * request is sent once the peer is connected. KVW_ERR_OUT_OF_RANGE when a
+ * page or the aux index does not fit: the receiver then turns Failed with
+ * that reason and prefill's sender for the room is told (it fails too).
+ * KVW_ERR_STATE if called twice or after the request ended. */
 KVW_API kvw_status_t kvw_receiver_init(kvw_receiver_t *receiver, const uint64_t *page_indices,
                                        size_t num_pages, uint32_t aux_index);
 KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
-/* KVW_OK unless Failed; on a page list that kvw_receiver_init() refused the
- * receiver is Failed with that error, and prefill's sender is told. */
+/* Why a Failed receiver failed (as kvw_sender_failure). KVW_ERR_ABORTED
+ * after an abort, KVW_ERR_TIMEOUT after a transfer timeout, KVW_ERR_PEER
+ * when the connection died, or prefill's status with a reason starting
+ * "prefill: " when prefill failed the request. */
 KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver,
                                           const char **reason_p);
 /* Give the request up without blocking. Before the request was sent to
