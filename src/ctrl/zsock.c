@@ -87,11 +87,11 @@ void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms)
     return s;
 }
 
-void *kvw__zmonitor(void *zctx, void *sock, const char *name)
+void *kvw__zmonitor(void *zctx, void *sock, const char *name, int events)
 {
     char ep[96];
     snprintf(ep, sizeof(ep), "inproc://kvw-monitor-%s", name);
-    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_DISCONNECTED)) {
+    if (zmq_socket_monitor(sock, ep, events)) {
         KVW_WARN("zmq_socket_monitor failed: %s", zmq_strerror(errno));
         return NULL;
     }

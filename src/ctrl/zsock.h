@@ -20,10 +20,11 @@ kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, siz
  * close, a bounded message size, and ZMTP heartbeats (a connection silent
  * for 4 heartbeats is closed, which its monitor reports). */
 void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms);
-/* A PAIR socket that receives sock's ZMQ_EVENT_DISCONNECTED events (a peer
- * process that exits closes its TCP connection: this sees it at once).
- * name must be unique in the context. NULL on failure. */
-void *kvw__zmonitor(void *zctx, void *sock, const char *name);
+/* A PAIR socket that receives sock's events in `events` (ZMQ_EVENT_*
+ * bits), e.g. ZMQ_EVENT_DISCONNECTED: a peer process that exits closes its
+ * TCP connection, and this sees it at once. name must be unique in the
+ * context. NULL on failure. */
+void *kvw__zmonitor(void *zctx, void *sock, const char *name, int events);
 /* Read one pending monitor event without blocking: its ZMQ_EVENT_* id, or
  * 0 when none is waiting. */
 int kvw__zmonitor_event(void *monitor);

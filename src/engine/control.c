@@ -410,6 +410,38 @@ static void close_monitor(kvw_peer_t *p)
     }
 }
 
+static void send_lookup(kvw_peer_t *p)
+{
+    kvw_msg_t m = {.type = KVW_MSG_BS_LOOKUP};
+    m.u.bs.rank = p->rank;
+    kvw__zsend(p->bs_sock, &m, ZMQ_DONTWAIT);
+}
+
+static void open_lookup(kvw_engine_t *e, kvw_peer_t *p)
+{
+    char ep[KVW_WIRE_ENDPOINT_MAX];
+    kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
+    p->bs_sock = kvw__zsocket(e->zctx, ZMQ_DEALER, e->cfg.heartbeat_ms);
+    if (p->bs_sock && zmq_connect(p->bs_sock, ep) == 0)
+        send_lookup(p);
+    /* a failed connect shows up as a lookup timeout with a reason */
+}
+
+/* The endpoint the bootstrap service gave us does not answer (a prefill
+ * that died, and maybe restarted elsewhere, leaves a stale registration):
+ * drop it and ask again, until the peer's bootstrap deadline. */
+static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
+{
+    if (!kvw__peer_transition(p, PEER_HELLO, PEER_LOOKUP))
+        return;
+    KVW_INFO("prefill rank %u: %s; looking it up again at %s", p->rank, why, p->bootstrap_addr);
+    close_monitor(p);
+    zmq_close(p->sock);
+    p->sock = NULL;
+    p->next_ping_ns = 0;
+    open_lookup(e, p);
+}
+
 static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
 {
     zmq_close(p->bs_sock);
@@ -424,13 +456,17 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
     }
     char name[64];
     snprintf(name, sizeof(name), "%016llx-%u", (unsigned long long)e->id, p->index);
-    p->monitor = kvw__zmonitor(e->zctx, p->sock, name); /* optional: heartbeats still work */
+    /* Optional (heartbeats still work without it): a closed connection,
+     * and a refused one while the handshake is pending. */
+    p->monitor = kvw__zmonitor(e->zctx, p->sock, name,
+                               ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED);
     if (zmq_connect(p->sock, endpoint)) {
         kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot connect to prefill at %s: %s", endpoint,
                        zmq_strerror(errno));
         return;
     }
-    if (kvw__peer_post_recvs(p, e->cfg.rq_depth)) {
+    /* Receives are posted once per QP; a repeated handshake reuses them. */
+    if (!atomic_load(&p->recvs_posted) && kvw__peer_post_recvs(p, e->cfg.rq_depth)) {
         kvw__peer_kill(p, KVW_ERR_VERBS, "cannot post receives");
         return;
     }
@@ -439,17 +475,11 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
     kvw__peer_hello(p, KVW_MSG_HELLO, &hello);
     kvw_status_t st = kvw__zsend(p->sock, &hello, ZMQ_DONTWAIT);
     kvw__wire_free(&hello);
+    p->hello_retry_ns = kvw__now_ns() + ms_to_ns(e->cfg.peer_timeout_ms);
     if (st)
         kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot send handshake to %s", endpoint);
     else
         kvw__peer_transition(p, PEER_LOOKUP, PEER_HELLO);
-}
-
-static void send_lookup(kvw_peer_t *p)
-{
-    kvw_msg_t m = {.type = KVW_MSG_BS_LOOKUP};
-    m.u.bs.rank = p->rank;
-    kvw__zsend(p->bs_sock, &m, ZMQ_DONTWAIT);
 }
 
 static void on_bootstrap_reply(kvw_engine_t *e, kvw_peer_t *p)
@@ -542,13 +572,17 @@ static void on_prefill_message(kvw_engine_t *e, kvw_peer_t *p)
     }
 }
 
-static void on_decode_monitor(kvw_peer_t *p)
+static void on_decode_monitor(kvw_engine_t *e, kvw_peer_t *p)
 {
     int ev;
-    while (p->monitor && (ev = kvw__zmonitor_event(p->monitor)) != 0)
-        if (ev == ZMQ_EVENT_DISCONNECTED)
+    while (p->monitor && (ev = kvw__zmonitor_event(p->monitor)) != 0) {
+        bool lost = ev == ZMQ_EVENT_DISCONNECTED || ev == ZMQ_EVENT_CONNECT_RETRIED;
+        if (lost && atomic_load(&p->state) == PEER_HELLO)
+            restart_lookup(e, p, "its endpoint refused or dropped the handshake");
+        else if (ev == ZMQ_EVENT_DISCONNECTED)
             kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u's control connection closed",
                            p->rank);
+    }
 }
 
 static kvw_peer_t *find_decode_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
@@ -567,7 +601,6 @@ static kvw_peer_t *find_decode_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
 static kvw_peer_t *new_decode_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
 {
     kvw_peer_t *p = NULL;
-    char ep[KVW_WIRE_ENDPOINT_MAX];
     if (kvw__peer_create(e, &p))
         return NULL;
     p->rank = r->prefill_rank;
@@ -578,11 +611,8 @@ static kvw_peer_t *new_decode_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
         kvw__peer_destroy(p);
         return NULL;
     }
-    kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
-    p->bs_sock = kvw__zsocket(e->zctx, ZMQ_DEALER, e->cfg.heartbeat_ms);
-    if (p->bs_sock && zmq_connect(p->bs_sock, ep) == 0)
-        send_lookup(p);
-    return p; /* a failed connect shows up as a lookup timeout with a reason */
+    open_lookup(e, p);
+    return p;
 }
 
 static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
@@ -697,6 +727,8 @@ static void decode_peer_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
         else if (s == PEER_LOOKUP && p->next_ping_ns && now > p->next_ping_ns) {
             p->next_ping_ns = 0;
             send_lookup(p);
+        } else if (s == PEER_HELLO && now > p->hello_retry_ns) {
+            restart_lookup(e, p, "no answer to the handshake");
         }
     } else if (s == PEER_CONNECTED) {
         if (now - p->last_seen_ns > ms_to_ns(e->cfg.peer_timeout_ms)) {
@@ -824,7 +856,7 @@ static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
         on_prefill_message(e, ps->peer[i]);
         break;
     case ITEM_PEER_MONITOR:
-        on_decode_monitor(ps->peer[i]);
+        on_decode_monitor(e, ps->peer[i]);
         break;
     }
 }

@@ -97,7 +97,7 @@ static kvw_status_t register_regions(kvw_engine_t *e)
     uint32_t n = 2 * e->num_layers + e->num_aux;
     for (uint32_t i = 0; i < n; i++) {
         kvw_status_t st = kvw__mem_register(e->dev, e->regions[i].addr, e->regions[i].len,
-                                            &e->mrs[i]);
+                                            e->role == KVW_ROLE_DECODE, &e->mrs[i]);
         if (st)
             return st;
     }
@@ -141,7 +141,7 @@ static kvw_status_t open_control(kvw_engine_t *e)
         zmq_setsockopt(e->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
     snprintf(name, sizeof(name), "%016llx", (unsigned long long)e->id);
     if (e->router)
-        e->router_monitor = kvw__zmonitor(e->zctx, e->router, name);
+        e->router_monitor = kvw__zmonitor(e->zctx, e->router, name, ZMQ_EVENT_DISCONNECTED);
     if (!e->router || zmq_bind(e->router, bind) ||
         zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
         KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));

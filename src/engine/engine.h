@@ -58,6 +58,7 @@ struct kvw_peer {
     uint32_t rank;
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
     uint64_t last_seen_ns, next_ping_ns, deadline_ns;
+    uint64_t hello_retry_ns; /* decode: no HELLO_ACK by then, look the rank up again */
 
     /* poller thread only */
     kvw_txq_t txq;

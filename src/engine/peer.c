@@ -27,7 +27,8 @@ kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
                                                                               : KVW_ERR_NO_MEMORY;
     if (!st)
         st = kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth,
-                            e->role == KVW_ROLE_DECODE ? e->cfg.rq_depth : 1, &p->qp);
+                            e->role == KVW_ROLE_DECODE ? e->cfg.rq_depth : 1,
+                            e->role == KVW_ROLE_DECODE, &p->qp);
     if (st) {
         kvw__peer_destroy(p);
         return st;
@@ -84,9 +85,13 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
         m->u.hello.num_layers = m->u.hello.num_aux = 0; /* encodes; the peer rejects it */
         return;
     }
+    /* Only decode's memory is a write target: prefill sends its layout
+     * (lengths) but no address or rkey, and registered none for remote use. */
+    bool target = e->role == KVW_ROLE_DECODE;
     for (uint32_t i = 0; i < n; i++)
-        m->u.hello.regions[i] = (kvw_wire_region_t){
-            e->mrs[i].addr, e->regions[i].len, e->regions[i].item_len, e->mrs[i].rkey};
+        m->u.hello.regions[i] = (kvw_wire_region_t){target ? e->mrs[i].addr : 0,
+                                                    e->regions[i].len, e->regions[i].item_len,
+                                                    target ? e->mrs[i].rkey : 0};
 }
 
 /* The peer's table must match ours region for region: same layer and aux

@@ -7,7 +7,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-enum { MR_ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE };
+static int mr_access(bool remote_write)
+{
+    return IBV_ACCESS_LOCAL_WRITE | (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
+}
 
 static void explain_host_failure(const kvw_dev_t *dev, size_t len, int err)
 {
@@ -21,14 +24,14 @@ static void explain_host_failure(const kvw_dev_t *dev, size_t len, int err)
         KVW_ERROR("%s: ibv_reg_mr(%zu bytes) failed: %s", dev->name, len, strerror(err));
 }
 
-static struct ibv_mr *register_cuda(kvw_dev_t *dev, void *addr, size_t len)
+static struct ibv_mr *register_cuda(kvw_dev_t *dev, void *addr, size_t len, int access)
 {
     int fd = -1;
     uint64_t offset = 0;
     size_t aligned_len = 0;
     if (kvw__cuda_dmabuf_fd(addr, len, &fd, &offset, &aligned_len) == 0) {
         struct ibv_mr *mr = dev->ops->reg_dmabuf_mr(dev->pd, offset, len, (uint64_t)addr, fd,
-                                                    MR_ACCESS);
+                                                    access);
         int err = errno;
         close(fd); /* the MR holds its own reference to the dma-buf */
         if (mr)
@@ -37,7 +40,7 @@ static struct ibv_mr *register_cuda(kvw_dev_t *dev, void *addr, size_t len)
                  strerror(err));
     }
     if (kvw__cuda_peermem_loaded()) {
-        struct ibv_mr *mr = dev->ops->reg_mr(dev->pd, addr, len, MR_ACCESS);
+        struct ibv_mr *mr = dev->ops->reg_mr(dev->pd, addr, len, access);
         if (mr)
             return mr;
         KVW_ERROR("%s: GPU registration through nvidia_peermem failed: %s", dev->name,
@@ -51,7 +54,8 @@ static struct ibv_mr *register_cuda(kvw_dev_t *dev, void *addr, size_t len)
     return NULL;
 }
 
-kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, kvw_mr_t *mr_p)
+kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, bool remote_write,
+                               kvw_mr_t *mr_p)
 {
     if (!addr || !len) {
         KVW_ERROR("cannot register an empty region (addr %p, len %zu)", addr, len);
@@ -60,9 +64,9 @@ kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, kvw_mr_t 
     kvw_mr_t m = {.addr = (uint64_t)addr, .len = len};
     m.kind = kvw__cuda_is_device_ptr(addr) ? KVW_MEM_CUDA : KVW_MEM_HOST;
     if (m.kind == KVW_MEM_CUDA) {
-        m.mr = register_cuda(dev, addr, len);
+        m.mr = register_cuda(dev, addr, len, mr_access(remote_write));
     } else {
-        m.mr = dev->ops->reg_mr(dev->pd, addr, len, MR_ACCESS);
+        m.mr = dev->ops->reg_mr(dev->pd, addr, len, mr_access(remote_write));
         if (!m.mr)
             explain_host_failure(dev, len, errno);
     }

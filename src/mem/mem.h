@@ -6,6 +6,8 @@
 
 #include "verbs/device.h"
 
+#include <stdbool.h>
+
 typedef enum { KVW_MEM_HOST = 0, KVW_MEM_CUDA = 1 } kvw_mem_kind_t;
 
 typedef struct kvw_mr {
@@ -16,8 +18,11 @@ typedef struct kvw_mr {
     uint32_t lkey, rkey;
 } kvw_mr_t;
 
-/* Register [addr, addr+len) for local write and remote write. */
-kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, kvw_mr_t *mr_p);
+/* Register [addr, addr+len) for local access, and for remote writes by
+ * the peer when remote_write (decode's memory only: prefill's memory is a
+ * write source and grants the network nothing). */
+kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, bool remote_write,
+                               kvw_mr_t *mr_p);
 /* Accepts a zeroed (never registered) mr. */
 void kvw__mem_deregister(kvw_dev_t *dev, kvw_mr_t *mr);
 

@@ -16,7 +16,8 @@ static uint32_t random_psn(void)
 }
 
 kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
-                            uint32_t sq_depth, uint32_t rq_depth, kvw_qp_t **qp_p)
+                            uint32_t sq_depth, uint32_t rq_depth, bool remote_write,
+                            kvw_qp_t **qp_p)
 {
     const kvw_verbs_ops_t *ops = dev->ops;
     kvw_qp_t *q = calloc(1, sizeof(*q));
@@ -53,7 +54,7 @@ kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, vo
         .qp_state = IBV_QPS_INIT,
         .pkey_index = 0,
         .port_num = dev->port,
-        .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+        .qp_access_flags = remote_write ? IBV_ACCESS_REMOTE_WRITE : 0,
     };
     if (ops->modify_qp(q->qp, &a,
                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {

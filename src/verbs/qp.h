@@ -5,6 +5,8 @@
 
 #include "verbs/device.h"
 
+#include <stdbool.h>
+
 /* What a peer needs to connect to one of our QPs; sent over the wire. */
 typedef struct kvw_qp_info {
     uint32_t qpn;
@@ -24,9 +26,11 @@ typedef struct kvw_qp {
 } kvw_qp_t;
 
 /* Create an RC QP and its CQ (bound to channel if not NULL, with cq_ctx).
- * The QP is left in INIT. */
+ * The QP is left in INIT, accepting remote writes only when remote_write
+ * (decode); a prefill QP grants the peer no remote access at all. */
 kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
-                            uint32_t sq_depth, uint32_t rq_depth, kvw_qp_t **qp_p);
+                            uint32_t sq_depth, uint32_t rq_depth, bool remote_write,
+                            kvw_qp_t **qp_p);
 void kvw__qp_local_info(const kvw_qp_t *qp, kvw_qp_info_t *info_p);
 /* INIT -> RTR -> RTS towards remote. */
 kvw_status_t kvw__qp_connect(kvw_qp_t *qp, const kvw_qp_info_t *remote, const kvw_config_t *cfg);

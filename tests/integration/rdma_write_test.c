@@ -68,8 +68,8 @@ static int side_open(side_t *s, const tb_device_t *d)
     kvw_config_init(&s->cfg);
     s->buf = aligned_alloc(4096, BUF_LEN);
     if (!s->buf || kvw__dev_open(d->name, d->ip, 1, -1, &s->dev) ||
-        kvw__mem_register(s->dev, s->buf, BUF_LEN, &s->mr) ||
-        kvw__qp_create(s->dev, NULL, NULL, 256, 16, &s->qp))
+        kvw__mem_register(s->dev, s->buf, BUF_LEN, true, &s->mr) ||
+        kvw__qp_create(s->dev, NULL, NULL, 256, 16, true, &s->qp))
         return -1;
     return 0;
 }

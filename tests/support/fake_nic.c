@@ -1552,6 +1552,31 @@ void fake_nic_stats(fake_nic_stats_t *out)
     unlock();
 }
 
+int fake_nic_mr_access(const void *addr)
+{
+    int access = -1;
+    uint64_t a = (uint64_t)(uintptr_t)addr;
+    lock();
+    for (const nic_mr_t *m = nic.mrs; m && access < 0; m = m->next) {
+        uint64_t start = (uint64_t)(uintptr_t)m->ibmr.addr;
+        if (a >= start && a - start < m->ibmr.length)
+            access = m->access;
+    }
+    unlock();
+    return access;
+}
+
+int fake_nic_qp_access(uint32_t qp_num)
+{
+    int access = -1;
+    lock();
+    for (const nic_qp_t *q = nic.qps; q && access < 0; q = q->next)
+        if (q->ibqp.qp_num == qp_num)
+            access = q->access;
+    unlock();
+    return access;
+}
+
 int fake_nic_quiesce(int timeout_ms)
 {
     uint64_t deadline = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;

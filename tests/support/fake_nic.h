@@ -92,6 +92,10 @@ void fake_nic_set_faults(const fake_nic_faults_t *faults);
 int fake_nic_kill_device(const char *name);
 
 void fake_nic_stats(fake_nic_stats_t *stats);
+/* Access flags (IBV_ACCESS_*) of the MR covering addr, or of the QP with
+ * this number: what a peer could do to them. -1 if there is none. */
+int fake_nic_mr_access(const void *addr);
+int fake_nic_qp_access(uint32_t qp_num);
 /* Wait until no send WR can still execute (a WR that RNR-retries forever
  * for want of a receive counts as done waiting). 0, or -1 on timeout. */
 int fake_nic_quiesce(int timeout_ms);

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
 #include "engine/engine.h"
 #include "support/engine_pair.h"
@@ -115,6 +116,47 @@ static void test_transfer(void **state)
         pair_destroy_room(&rooms[i]);
     }
     assert_counters_balance();
+}
+
+/* Least privilege: prefill's memory and QP grant the network nothing and
+ * prefill sends no address or rkey; decode's grant remote write only. A
+ * decode peer that writes into prefill memory anyway gets an error. */
+static void test_prefill_memory_not_remotely_writable(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 4, 0);
+    send_now(&a);
+    assert_landed(&a);
+    const int remote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++) {
+        assert_int_equal(fake_nic_mr_access(pair.src[i]) & remote, 0);
+        assert_int_equal(fake_nic_mr_access(pair.dst[i]) & remote, IBV_ACCESS_REMOTE_WRITE);
+    }
+    assert_int_equal(fake_nic_mr_access(pair.src_aux) & remote, 0);
+    kvw_peer_t *pp = pair.prefill->peers[0], *dp = pair.decode->peers[0];
+    assert_int_equal(fake_nic_qp_access(pp->qp->qp->qp_num) & remote, 0);
+    assert_int_equal(fake_nic_qp_access(dp->qp->qp->qp_num) & remote, IBV_ACCESS_REMOTE_WRITE);
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS + 1; i++) {
+        assert_int_equal(dp->regions[i].rkey, 0);
+        assert_int_equal(dp->regions[i].remote_addr, 0);
+    }
+    /* A rogue write from decode's QP into prefill's first region, guessing
+     * the lkey prefill uses for it. */
+    struct ibv_send_wr wr = {.wr_id = 1, .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED, .sg_list = NULL, .num_sge = 0,
+                             .wr.rdma = {.remote_addr = (uint64_t)(uintptr_t)pair.src[0],
+                                         .rkey = pair.prefill->mrs[0].lkey}};
+    uint8_t before[PAIR_ITEM];
+    memcpy(before, pair.src[0], sizeof(before));
+    struct ibv_sge sge = {(uint64_t)(uintptr_t)pair.dst[0], PAIR_ITEM, pair.decode->mrs[0].lkey};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    struct ibv_send_wr *bad = NULL;
+    assert_int_equal(fake_nic_ops.post_send(dp->qp->qp, &wr, &bad), 0);
+    fake_nic_quiesce(WAIT_MS);
+    assert_memory_equal(before, pair.src[0], sizeof(before));
+    pair_destroy_room(&a);
 }
 
 /* Finding 1 and 2: a post failing mid-chain used to be forgotten; later
@@ -427,6 +469,31 @@ static void test_transfer_clock_starts_at_first_post(void **state)
         pair_destroy_room(&rooms[i]);
 }
 
+/* A prefill that died leaves its endpoint registered until its successor
+ * registers: decode must not wait on the stale endpoint until its bootstrap
+ * timeout, but look the rank up again until the new one answers. */
+static void test_stale_registration_is_looked_up_again(void **state)
+{
+    (void)state;
+    void *zctx = zmq_ctx_new();
+    assert_non_null(zctx);
+    const char *bs = kvw_bootstrap_addr(pair.bootstrap);
+    assert_int_equal(kvw__bootstrap_register(zctx, bs, 0, "tcp://127.0.0.1:1", 1000), KVW_OK);
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    pair_sleep_ms(300); /* decode meets the dead endpoint, maybe several times */
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_BOOTSTRAPPING);
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(
+        kvw__bootstrap_register(zctx, bs, 0, kvw_engine_endpoint(pair.prefill), 1000), KVW_OK);
+    zmq_ctx_term(zctx);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_true(pair_now_ms() - t0 < 1000);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+}
+
 /* Dropping prefill's control messages: decode declares it dead by
  * heartbeat within the bound, and the next request reconnects. */
 static void *silenced_router;
@@ -499,6 +566,8 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_transfer, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_prefill_memory_not_remotely_writable, open_pair,
+                                        close_pair),
         cmocka_unit_test_setup_teardown(test_failed_post_mid_chain, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_error_completion_retires_landed_first, open_pair,
                                         close_pair),
@@ -516,6 +585,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_transfer_clock_starts_at_first_post, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_silent_prefill, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_stale_registration_is_looked_up_again, open_pair,
+                                        close_pair),
         cmocka_unit_test_setup_teardown(test_decode_exit_noticed_fast, open_pair, close_pair),
     };
     return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
