@@ -9,12 +9,16 @@
  * so they must be given the same layout and workload options.
  *
  * Fault mode (tests/integration/fault_scenarios.sh): any of --abort-room,
- * --bad-room, --canary-ms, --expect-failed, --may-fail, --ready-file or
- * --deadline-s injects a fault and/or states which rooms must end Failed;
- * each side then reports every failed room with its status, reason and
- * timing, and exits non-zero unless every room ended as expected. Rooms are
- * named by their number (decoder index * 1000000 + request index), as in
- * the "room N:" lines. */
+ * --bad-room, --canary-ms, --expect-failed, --may-fail, --ready-file,
+ * --deadline-s or --keep-going injects a fault and/or states which rooms
+ * must end Failed; each side then reports every failed room with its status,
+ * reason and timing, and exits non-zero unless every room ended as
+ * expected. Rooms are named by their number (decoder index * 1000000 +
+ * request index), as in the "room N:" lines.
+ *
+ * Prefill restart (--keep-going on decode, --first-room on prefill): decode
+ * keeps its engine and starts its next waves after a wave failed; a new
+ * prefill process, registered under the same rank, serves those rooms. */
 #include "kvwire.h"
 #include "kvw-tools.h"
 
@@ -47,12 +51,14 @@ typedef struct faults {
     const char *expect_failed, *may_fail; /* room lists: "all" or "A,B,C-D" */
     const char *ready_file;
     uint32_t deadline_s;
+    bool keep_going;         /* decode: start the next waves after a failure */
 } faults_t;
 
 typedef struct opts {
     bool prefill;
     const char *dev, *ip, *bootstrap, *bootstrap_file, *embed_file;
     uint32_t rank, layers, requests, pages, inflight, decoders, decoder_index;
+    uint32_t first_room; /* prefill: serve request indexes from here on */
     uint64_t item, pool, aux_item, aux_items, contig, dst_contig, seed;
     uint32_t idle_check_s;
     bool json, quiet;
@@ -666,7 +672,7 @@ static int run_prefill(const opts_t *o)
     room_state_t *rs = calloc(total, sizeof(*rs));
     for (uint32_t d = 0, i = 0; d < o->decoders; d++)
         for (uint32_t k = 0; k < o->requests; k++, i++) {
-            plan_room(o, d, k, &rs[i].plan);
+            plan_room(o, d, o->first_room + k, &rs[i].plan);
             rs[i].planned_wrs = expected_wrs(o, &rs[i].plan);
             senders[i] = start_sender(o, e, &rs[i]);
         }
@@ -785,6 +791,7 @@ typedef struct decode_run {
     uint64_t bad_total;
     uint32_t failed, not_started, unexpected, canary_bad;
     bool ready, synced, stop; /* markers written; no new waves */
+    bool kept_going;          /* --keep-going: said so after a failure */
 } decode_run_t;
 
 
@@ -925,13 +932,21 @@ static void report_receiver(decode_run_t *d, kvw_receiver_t *rx, room_state_t *r
     } else if (st) {
         printf("room %" PRIu64 ": FAILED: %s: %s\n", rs->plan.room, kvw_strerror(st), why);
     } else if (!o->quiet) {
-        printf("room %" PRIu64 ": %u pages, %.2f MB in %.1f ms (%.1f MB/s), %s\n", rs->plan.room,
+        printf("room %" PRIu64 ": %u pages, %.2f MB in %.1f ms (%.1f MB/s), %s", rs->plan.room,
                o->pages, room_bytes / 1e6, lat * 1e3, room_bytes / lat / 1e6,
                bad ? "BYTES WRONG" : "every byte verified");
+        if (o->f.keep_going) /* when, to compare with the restarted prefill's start */
+            printf(" [at %lld ms]", rs->wall_end);
+        printf("\n");
     }
     if (o->f.on) {
         d->unexpected += !as_expected(&o->f, rs);
-        if (st && !injected(&o->f, rs->plan.room) && !d->stop) {
+        if (st && !injected(&o->f, rs->plan.room) && o->f.keep_going && !d->kept_going) {
+            d->kept_going = true;
+            printf("decode: room %" PRIu64 " failed without an injected fault: the next waves "
+                   "are started all the same (--keep-going) [at %lld ms]\n",
+                   rs->plan.room, wall_ms());
+        } else if (st && !injected(&o->f, rs->plan.room) && !o->f.keep_going && !d->stop) {
             d->stop = true; /* like a scheduler that stops routing to a dead prefill */
             printf("decode: room %" PRIu64 " failed without an injected fault: "
                    "no further requests are started\n", rs->plan.room);
@@ -1058,6 +1073,12 @@ static void usage(void)
             "                           decode: bytes of a request landed)\n"
             "    --deadline-s S         S s after start, list the rooms not ended and exit 3\n"
             "                           (S + 10 s at the latest, whatever hangs)\n"
+            "    --keep-going           decode: a failed room does not stop the run: the next\n"
+            "                           waves are started on the same engine (a restarted\n"
+            "                           prefill serves them); Success lines end [at W ms]\n"
+            "    --first-room K         prefill: serve request indexes K..K+N-1 of each\n"
+            "                           decoder (a restarted prefill serving decode's later\n"
+            "                           waves); not a fault by itself\n"
             "  Any fault option switches to fault mode: failed rooms are printed as\n"
             "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
             "  the exit status says whether every room ended as expected.\n");
@@ -1085,6 +1106,7 @@ static const char *parse_list(const char *s)
 enum { /* long options without a short letter */
     OPT_ABORT_ROOM = 256, OPT_ABORT_SIDE, OPT_ABORT_AFTER, OPT_BAD_ROOM, OPT_BAD_SIDE,
     OPT_CANARY, OPT_EXPECT_FAILED, OPT_MAY_FAIL, OPT_READY_FILE, OPT_DEADLINE, OPT_ABORT_SYNC,
+    OPT_KEEP_GOING, OPT_FIRST_ROOM,
 };
 
 /* The fault options; false if c is not one of them. */
@@ -1103,6 +1125,7 @@ static bool parse_fault_opt(int c, const char *arg, faults_t *f)
     case OPT_READY_FILE: f->ready_file = arg; break;
     case OPT_DEADLINE: f->deadline_s = (uint32_t)v; break;
     case OPT_ABORT_SYNC: f->abort_sync = arg; break;
+    case OPT_KEEP_GOING: f->keep_going = true; break;
     default: return false;
     }
     f->on = true;
@@ -1133,7 +1156,8 @@ static void parse(int argc, char **argv, opts_t *o)
         {"bad-side", 1, 0, OPT_BAD_SIDE},         {"canary-ms", 1, 0, OPT_CANARY},
         {"expect-failed", 1, 0, OPT_EXPECT_FAILED}, {"may-fail", 1, 0, OPT_MAY_FAIL},
         {"ready-file", 1, 0, OPT_READY_FILE},     {"deadline-s", 1, 0, OPT_DEADLINE},
-        {"abort-sync", 1, 0, OPT_ABORT_SYNC},
+        {"abort-sync", 1, 0, OPT_ABORT_SYNC},     {"keep-going", 0, 0, OPT_KEEP_GOING},
+        {"first-room", 1, 0, OPT_FIRST_ROOM},
         {0, 0, 0, 0}};
     int c;
     optind = 2;
@@ -1164,13 +1188,15 @@ static void parse(int argc, char **argv, opts_t *o)
         case 'z': o->idle_check_s = (uint32_t)v; break;
         case 'j': o->json = true; break;
         case 'q': o->quiet = true; break;
+        case OPT_FIRST_ROOM: o->first_room = (uint32_t)v; break;
         default: usage();
         }
     }
     bool have_bs = o->bootstrap || (o->prefill ? o->embed_file != NULL : o->bootstrap_file != NULL);
     if (!o->ip || !have_bs || !o->layers || !o->item || o->item % 8 || !o->requests ||
         !o->pages || !o->inflight || !o->contig || !o->dst_contig || o->aux_item % 8 ||
-        (o->aux_item && !o->aux_items))
+        (o->aux_item && !o->aux_items) || (o->f.keep_going && o->prefill) ||
+        (o->first_room && (!o->prefill || o->first_room + (uint64_t)o->requests > 1000000)))
         usage();
     if (o->inflight > o->requests)
         o->inflight = o->requests;

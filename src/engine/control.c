@@ -404,10 +404,15 @@ static void prefill_tick(kvw_engine_t *e, uint64_t now)
 
 static void close_monitor(kvw_peer_t *p)
 {
-    if (p->monitor) {
-        zmq_close(p->monitor);
-        p->monitor = NULL;
-    }
+    if (!p->monitor)
+        return;
+    /* Stop the events first: libzmq sends them blocking, so a monitored
+     * socket that outlives its reader (linger, reconnect attempts) would
+     * freeze the context's I/O thread on the next event. */
+    if (p->sock)
+        zmq_socket_monitor(p->sock, NULL, 0);
+    zmq_close(p->monitor);
+    p->monitor = NULL;
 }
 
 static void send_lookup(kvw_peer_t *p)
@@ -438,8 +443,14 @@ static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
     close_monitor(p);
     zmq_close(p->sock);
     p->sock = NULL;
-    p->next_ping_ns = 0;
-    open_lookup(e, p);
+    /* Not at once: until its successor registers, the service keeps
+     * answering with the same stale endpoint. */
+    char ep[KVW_WIRE_ENDPOINT_MAX];
+    kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
+    p->bs_sock = kvw__zsocket(e->zctx, ZMQ_DEALER, e->cfg.heartbeat_ms);
+    if (p->bs_sock)
+        zmq_connect(p->bs_sock, ep);
+    p->next_ping_ns = kvw__now_ns() + ms_to_ns(LOOKUP_RETRY_MS);
 }
 
 static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)

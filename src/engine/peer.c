@@ -56,12 +56,14 @@ void kvw__peer_destroy(kvw_peer_t *p)
 {
     if (!p)
         return;
+    if (p->sock && p->monitor)
+        zmq_socket_monitor(p->sock, NULL, 0); /* before its reader goes: see close_monitor */
+    if (p->monitor)
+        zmq_close(p->monitor);
     if (p->sock)
         zmq_close(p->sock);
     if (p->bs_sock)
         zmq_close(p->bs_sock);
-    if (p->monitor)
-        zmq_close(p->monitor);
     kvw__txq_fini(&p->txq);
     kvw__qp_destroy(p->qp);
     free(p->rwrs);

@@ -56,11 +56,12 @@ static int drain_ready(kvw_engine_t *e)
 }
 
 /* r leaves the poller with no write in flight: it was never posted, or all
- * its posted writes completed, or its connection died (QP in ERR). */
+ * its posted writes completed, or its connection died (QP in ERR). Once
+ * per request, not per write: a failed (or aborted after it succeeded)
+ * sender may now tell decode. */
 static void release(kvw_req_t *r)
 {
-    if (atomic_load(&r->state) != KVW_POLL_SUCCESS)
-        kvw__req_drained(r); /* a failed sender may now tell decode */
+    kvw__req_drained(r);
     kvw__req_unref(r);
 }
 
@@ -206,10 +207,8 @@ static void retire_inflight(kvw_peer_t *p)
     kvw_req_t *r;
     while ((r = p->inflight_head) && r->last_seq < p->txq.completed) {
         queue_pop(&p->inflight_head, &p->inflight_tail);
-        if (!kvw__req_succeed(r))
-            release(r); /* it failed meanwhile: decode may now be told */
-        else
-            kvw__req_unref(r);
+        kvw__req_succeed(r); /* unless it failed meanwhile */
+        release(r);
     }
 }
 

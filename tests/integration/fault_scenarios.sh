@@ -1,11 +1,12 @@
 #!/bin/sh
 # Failure scenarios on real rxe, separate prefill and decode processes
 # (tools/kvw-xfer in fault mode): a peer killed with SIGKILL mid-transfer,
-# aborts on either side (decode watching that nothing lands after Failed),
-# and requests on a connection that survive another request's abort or
-# out-of-range pages. Each side judges its own rooms (exit status); this
-# script adds the measurements that need both sides or the kill time:
-# every time is printed, and checked against a bound.
+# a killed prefill restarted under the same rank serving the same decode
+# engine again, aborts on either side (decode watching that nothing lands
+# after Failed), and requests on a connection that survive another
+# request's abort or out-of-range pages. Each side judges its own rooms
+# (exit status); this script adds the measurements that need both sides or
+# the kill time: every time is printed, and checked against a bound.
 # Runs inside the test bed. Usage: fault_scenarios.sh BUILD_DIR
 set -u
 build=${1:-build}
@@ -21,6 +22,9 @@ dev1=${KVW_TB_DEV1:-$KVW_TB_DEV0} ip1=${KVW_TB_IP1:-$KVW_TB_IP0}
 # (well under a second on a fast machine); the guest is 20-50x slower.
 KILL_BOUND_MS=3000
 PROMPT_BOUND_MS=3000
+# A restarted prefill: from its start to decode's first request served by
+# it (engine start, registration, decode's lookup retry, handshake, 8 MB).
+RESTART_BOUND_MS=10000
 # A silent peer (SIGSTOP: connection open, no answers): the default
 # KVW_PEER_TIMEOUT_MS of 2 s, plus a control tick and the guest's slowness.
 SILENT_BOUND_MS=2600
@@ -29,6 +33,10 @@ SILENT_BOUND_MS=2600
 # in the guest, so a wave takes seconds and the kill lands mid-transfer).
 KILL_WORK="--layers 8 --item 16384 --pool 128 --pages 32 --requests 4 --inflight 4
     --contig 4 --dst-contig 2 --aux-item 256 --aux-items 8 --seed 21"
+# A silent peer is detected in ~2 s: 8 requests of 8 MB, all in flight, so
+# the wave cannot end before the SIGSTOP.
+SILENT_WORK="--layers 8 --item 16384 --pool 256 --pages 32 --requests 8 --inflight 8
+    --contig 4 --dst-contig 2 --aux-item 256 --aux-items 8 --seed 22"
 # Abort scenarios: 6 requests of 8 MB, 3 in flight, one page per WR (1025
 # WRs a request, more than the send queue holds, so prefill still has
 # writes to post when the abort comes).
@@ -112,7 +120,7 @@ wait_file() {
 
 # show LOG LABEL: the lines worth reading
 SHOW='FAILED|NOT |verdict|canary|abort|out-of-range|WRs posted|requests ok|prefill: [0-9]'
-SHOW="$SHOW|deadline|not started|ERROR"
+SHOW="$SHOW|deadline|not started|ERROR|keep-going"
 show() {
     grep -E "$SHOW" "$1" | sed "s/^/    $2| /"
 }
@@ -196,6 +204,81 @@ kill_prefill() {
     result "$name" $rc
 }
 
+# restart_prefill: a standalone bootstrap service outlives prefill P1, which
+# is killed mid-transfer; one decode engine D (one process throughout, with
+# --keep-going) fails its first wave in bounded time and goes on with its
+# second wave, whose rooms a new prefill P2 (same rank, same bootstrap,
+# --first-room) serves: D's engine has to look rank 0 up again and connect
+# to P2, and every byte must verify.
+restart_prefill() {
+    name="kill -9 prefill mid-transfer, a restarted prefill serves the same decode engine"
+    echo "[ RUN      ] $name: $dev0 ($ip0) -> $dev1 ($ip1)"
+    rc=0
+    rm -f "$work/ready" "$work/bs"
+    "$build/kvw-bootstrap" "$ip0" >"$work/bs.log" 2>&1 &
+    bspid=$!
+    n=0
+    until grep -q '^bootstrap ' "$work/bs.log" || [ $n -ge 200 ]; do
+        sleep 0.05
+        n=$((n + 1))
+    done
+    sed -n 's/^bootstrap //p' "$work/bs.log" >"$work/bs"
+    bs=$(cat "$work/bs")
+    [ -n "$bs" ] || need "the bootstrap service did not start"
+    echo "    bootstrap service (pid $bspid) at $bs"
+    # P1 serves rooms 0-3 (D's first wave), P2 rooms 4-7 (D's second).
+    # shellcheck disable=SC2086
+    "$xfer" prefill --dev "$dev0" --ip "$ip0" --bootstrap "$bs" --deadline-s 60 $KILL_WORK \
+        >"$work/p1.log" 2>&1 &
+    p1pid=$!
+    # shellcheck disable=SC2086
+    start_decode "$work/d.log" "$dev1" "$ip1" --ready-file "$work/ready" --may-fail 0-3 \
+        --keep-going --deadline-s 20 $KILL_WORK --requests 8
+    tkill=""
+    if wait_file "$work/ready" 40; then
+        tkill=$(now_ms)
+        kill -9 "$p1pid"
+    else
+        need "decode never had bytes landing"
+        kill -9 "$p1pid"
+    fi
+    wait "$p1pid" 2>/dev/null
+    # P2 once D has given its first wave up (D prints its rooms when the
+    # wave has ended; bounded below) and started its second, so D's new
+    # lookup of rank 0 races P2's start and registration.
+    n=0
+    until grep -q '^decode: room [0-3] failed without an injected fault' "$work/d.log" ||
+        [ $n -ge 200 ]; do
+        sleep 0.05
+        n=$((n + 1))
+    done
+    tp2=$(now_ms)
+    # shellcheck disable=SC2086
+    "$xfer" prefill --dev "$dev0" --ip "$ip0" --bootstrap "$bs" --first-room 4 --deadline-s 20 \
+        $KILL_WORK >"$work/p2.log" 2>&1 &
+    p2pid=$!
+    wait "$dpid" || need "decode D did not end as expected (first wave Failed or Success, \
+second wave Success with every byte verified)"
+    wait "$p2pid" || need "restarted prefill P2 did not serve every room of D's second wave"
+    kill "$bspid"
+    wait "$bspid" 2>/dev/null
+    show "$work/d.log" "decode D"
+    show "$work/p2.log" "prefill P2"
+    grep -q '^room [0-3]: FAILED' "$work/d.log" ||
+        need "no request of D's first wave failed (killed too late?)"
+    within "$(diff_ms "$tkill" "$(sed -n 's/^room [0-3]: FAILED.*\[.*at \([0-9]*\) ms\]$/\1/p' \
+        "$work/d.log" | sort -n | tail -n 1)")" $KILL_BOUND_MS \
+        "decode failed its last first-wave request after the kill"
+    resumed=$(sed -n 's/^decode: room .*(--keep-going) \[at \([0-9]*\) ms\]$/\1/p' "$work/d.log")
+    echo "    decode D (pid $dpid, one engine throughout) started its second wave" \
+        "$(diff_ms "$tkill" "$resumed") ms after the kill, prefill P2 $(diff_ms "$tkill" "$tp2") ms"
+    first_ok=$(sed -n 's/^room [4-7]: .*every byte verified \[at \([0-9]*\) ms\]$/\1/p' \
+        "$work/d.log" | sort -n | head -n 1)
+    within "$(diff_ms "$tp2" "$first_ok")" $RESTART_BOUND_MS \
+        "decode's first request served by P2 succeeded after P2 started"
+    result "$name" $rc
+}
+
 # silent_prefill: prefill stopped (SIGSTOP) mid-transfer, as a hung host
 # looks: its TCP connection stays open, so only heartbeats can tell. With
 # the default settings decode must fail its requests within
@@ -206,10 +289,10 @@ silent_prefill() {
     rc=0
     rm -f "$work/ready"
     # shellcheck disable=SC2086
-    start_prefill "$work/p.log" --deadline-s 60 $KILL_WORK
+    start_prefill "$work/p.log" --deadline-s 60 $SILENT_WORK
     # shellcheck disable=SC2086
     start_decode "$work/d.log" "$dev1" "$ip1" --ready-file "$work/ready" --may-fail all \
-        --deadline-s 30 $KILL_WORK
+        --deadline-s 30 $SILENT_WORK
     tstop=""
     if wait_file "$work/ready" 40; then
         tstop=$(now_ms)
@@ -280,7 +363,7 @@ abort_decode() {
 abort_prefill() {
     # shellcheck disable=SC2086
     pair "prefill aborts a request mid-transfer, decode told after its writes drained" \
-        "$dev1" "$ip1" $ABORT_WORK --abort-room 1 --abort-side prefill --abort-after-ms 100 \
+        "$dev1" "$ip1" $ABORT_WORK --abort-room 1 --abort-side prefill --abort-after-ms 30 \
         --abort-sync "$work/sync" --expect-failed 1 --canary-ms 2000
     status_is "$work/p.log" 1 KVW_ERR_ABORTED "prefill's room 1 is not KVW_ERR_ABORTED"
     mid_transfer "$work/d.log" 1
@@ -332,6 +415,7 @@ echo "[==========] fault scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?}
 kill_decode same "$dev0" "$ip0"
 kill_decode cross "$dev1" "$ip1"
 kill_prefill
+restart_prefill
 silent_prefill
 abort_decode
 abort_prefill

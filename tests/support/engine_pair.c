@@ -67,6 +67,24 @@ static kvw_status_t alloc_regions(engine_pair_t *p, kvw_region_t *pk, kvw_region
     return KVW_OK;
 }
 
+static kvw_engine_params_t prefill_params(const engine_pair_t *p)
+{
+    return (kvw_engine_params_t){
+        .role = KVW_ROLE_PREFILL, .device = "fake0", .local_ip = "127.0.0.1",
+        .bootstrap_addr = kvw_bootstrap_addr(p->bootstrap), .num_layers = PAIR_LAYERS,
+        .kv_regions = p->prefill_kv, .num_aux = 1, .aux_regions = &p->prefill_aux,
+        .config = &p->cfg,
+    };
+}
+
+kvw_status_t pair_restart_prefill(engine_pair_t *p)
+{
+    kvw_engine_destroy(p->prefill);
+    p->prefill = NULL;
+    kvw_engine_params_t pp = prefill_params(p);
+    return kvw_engine_create(&pp, &p->prefill);
+}
+
 kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg)
 {
     return pair_open2(p, cfg, NULL);
@@ -90,11 +108,9 @@ kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg,
         st = kvw_bootstrap_create("127.0.0.1:0", &p->bootstrap);
     if (st)
         return st;
-    kvw_engine_params_t pp = {
-        .role = KVW_ROLE_PREFILL, .device = "fake0", .local_ip = "127.0.0.1",
-        .bootstrap_addr = kvw_bootstrap_addr(p->bootstrap), .num_layers = PAIR_LAYERS,
-        .kv_regions = pk, .num_aux = 1, .aux_regions = &pa, .config = &p->cfg,
-    };
+    memcpy(p->prefill_kv, pk, sizeof(pk));
+    p->prefill_aux = pa;
+    kvw_engine_params_t pp = prefill_params(p);
     kvw_engine_params_t dp = pp;
     dp.role = KVW_ROLE_DECODE;
     dp.device = "fake1";

@@ -30,6 +30,7 @@ typedef struct engine_pair {
     /* fake NIC stats taken by pair_close() after both engines were
      * destroyed, before the NIC itself goes: for leak and balance checks. */
     struct fake_nic_stats *final_stats;
+    kvw_region_t prefill_kv[2 * PAIR_LAYERS], prefill_aux;
 } engine_pair_t;
 
 /* Test-sized defaults: small queues (chains, signaling and credits all
@@ -41,6 +42,10 @@ kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg);
 /* The same with a different config for decode (NULL: cfg). */
 kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg,
                         const kvw_config_t *decode_cfg);
+/* Destroy the prefill engine (as its process exiting would close its
+ * connections) and start a new one, registered as rank 0 at the same
+ * bootstrap. Its senders must have been destroyed. */
+kvw_status_t pair_restart_prefill(engine_pair_t *p);
 /* Destroy engines and bootstrap, restore the real ops, fake_nic_fini.
  * Fills *p->final_stats first when it is set. */
 void pair_close(engine_pair_t *p);

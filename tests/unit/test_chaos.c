@@ -74,7 +74,9 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
     sc->cfg.chain_max = 2u << below(&r, 3);
     sc->cfg.signal_every = 1u + below(&r, 8);
     sc->cfg.heartbeat_ms = 40;
-    sc->cfg.peer_timeout_ms = 300;
+    /* Liveness bounds tight enough to run fast, loose enough that a loaded
+     * machine does not starve a control thread past them. */
+    sc->cfg.peer_timeout_ms = 600;
     sc->cfg.transfer_timeout_ms = 2000;
     sc->rooms = 1 + below(&r, MAX_ROOMS);
     sc->pages = 1 + below(&r, PAIR_POOL / sc->rooms);

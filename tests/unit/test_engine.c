@@ -494,6 +494,34 @@ static void test_stale_registration_is_looked_up_again(void **state)
     pair_destroy_room(&a);
 }
 
+/* A prefill engine that goes away and a new one in its place: decode's
+ * engine fails what was in flight, keeps its control plane alive while the
+ * dead endpoint refuses connections, and serves new rooms from the new
+ * prefill. */
+static void test_prefill_restart(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    kvw_sender_destroy(a.s); /* the process dies: its handles go with it */
+    a.s = NULL;
+    kvw_engine_destroy(pair.prefill);
+    pair.prefill = NULL;
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_FAILED);
+    pair_sleep_ms(400); /* the dead endpoint refuses reconnections meanwhile */
+    assert_int_equal(pair_restart_prefill(&pair), KVW_OK);
+    uint64_t t0 = pair_now_ms();
+    pair_room_t b;
+    start(&b, 2, 8, 1);
+    send_now(&b);
+    assert_landed(&b);
+    print_message("a room on the restarted prefill landed %llu ms after it started\n",
+                  (unsigned long long)(pair_now_ms() - t0));
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
 /* Dropping prefill's control messages: decode declares it dead by
  * heartbeat within the bound, and the next request reconnects. */
 static void *silenced_router;
@@ -585,6 +613,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_transfer_clock_starts_at_first_post, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_silent_prefill, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_prefill_restart, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_stale_registration_is_looked_up_again, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_decode_exit_noticed_fast, open_pair, close_pair),
