@@ -274,8 +274,8 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
             unsigned long long len = g->len, item_len = g->item_len;
             free(m->u.hello.regions);
             m->u.hello.regions = NULL;
-            return fail(reason, rsize, "region %zu: length %llu not a multiple of item %llu",
-                        i, len, item_len);
+            return fail(reason, rsize, "region %zu: length %llu not a multiple of item %llu", i,
+                        len, item_len);
         }
     }
     return KVW_OK;

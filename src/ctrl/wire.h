@@ -12,9 +12,9 @@
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
-#define KVW_WIRE_MAX_REGIONS 8448          /* 2 x 4096 layers + 256 aux */
-#define KVW_WIRE_MAX_PAGES (1u << 22)      /* 4 Mi pages per request */
-#define KVW_WIRE_MAX_MSG (64u << 20)       /* bounds what a peer can make us buffer */
+#define KVW_WIRE_MAX_REGIONS 8448     /* 2 x 4096 layers + 256 aux */
+#define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi pages per request */
+#define KVW_WIRE_MAX_MSG (64u << 20)  /* bounds what a peer can make us buffer */
 
 typedef enum {
     KVW_MSG_BS_REGISTER = 1,     /* prefill -> bootstrap: rank, endpoint */
@@ -31,7 +31,7 @@ typedef enum {
     /* decode -> prefill: room, token, status, reason. Decode gives the room
      * up; prefill stops and answers REQUEST_FAILED once its writes drained. */
     KVW_MSG_ABORT = 22,
-    KVW_MSG_PING = 30,   /* decode -> prefill: liveness */
+    KVW_MSG_PING = 30, /* decode -> prefill: liveness */
     KVW_MSG_PONG = 31,
     KVW_MSG_CREDIT = 32, /* decode -> prefill: receives posted so far (cumulative) */
     KVW_MSG_BYE = 33,    /* either way: status, reason; the connection is dead */
@@ -55,7 +55,7 @@ typedef struct kvw_msg {
             uint64_t engine_id;
             kvw_qp_info_t qp;
             uint32_t num_layers, num_aux;
-            uint32_t recv_credits; /* decode: receives posted for immediates */
+            uint32_t recv_credits;      /* decode: receives posted for immediates */
             kvw_wire_region_t *regions; /* 2*num_layers + num_aux; owned by the msg */
         } hello;
         struct {

@@ -30,8 +30,7 @@ kvw_status_t kvw__zsend_raw(void *sock, const kvw_msg_t *m, int flags)
         int err = errno;
         zmq_msg_close(&z);
         if (err != EAGAIN)
-            KVW_WARN("zmq send of %s failed: %s", kvw__wire_type_name(m->type),
-                     zmq_strerror(err));
+            KVW_WARN("zmq send of %s failed: %s", kvw__wire_type_name(m->type), zmq_strerror(err));
         return KVW_ERR_CONTROL;
     }
     return KVW_OK;
@@ -65,8 +64,8 @@ kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, siz
         snprintf(reason, reason_size, "zmq receive failed: %s", zmq_strerror(err));
         return KVW_ERR_CONTROL;
     }
-    kvw_status_t st = kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m_p, reason,
-                                       reason_size);
+    kvw_status_t st =
+        kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m_p, reason, reason_size);
     zmq_msg_close(&z);
     return st;
 }

@@ -158,8 +158,8 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     }
     pthread_mutex_unlock(&e->lock);
     if (st)
-        KVW_ERROR("request for room %llu rejected before any write: %s",
-                  (unsigned long long)room, why[0] ? why : kvw_strerror(st));
+        KVW_ERROR("request for room %llu rejected before any write: %s", (unsigned long long)room,
+                  why[0] ? why : kvw_strerror(st));
 }
 
 /* Decode gave a room up. Stop writing it; REQUEST_FAILED goes back once
@@ -461,16 +461,16 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
     memcpy(p->id, &e->id, 8);
     memcpy(p->id + 8, &p->index, 4);
     if (!p->sock || zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, p->id, sizeof(p->id))) {
-        kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot create a socket for prefill at %s: %s",
-                       endpoint, zmq_strerror(errno));
+        kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot create a socket for prefill at %s: %s", endpoint,
+                       zmq_strerror(errno));
         return;
     }
     char name[64];
     snprintf(name, sizeof(name), "%016llx-%u", (unsigned long long)e->id, p->index);
     /* Optional (heartbeats still work without it): a closed connection,
      * and a refused one while the handshake is pending. */
-    p->monitor = kvw__zmonitor(e->zctx, p->sock, name,
-                               ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED);
+    p->monitor =
+        kvw__zmonitor(e->zctx, p->sock, name, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED);
     if (zmq_connect(p->sock, endpoint)) {
         kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot connect to prefill at %s: %s", endpoint,
                        zmq_strerror(errno));
@@ -564,8 +564,8 @@ static void on_prefill_message(kvw_engine_t *e, kvw_peer_t *p)
         if (st == KVW_ERR_NOT_FOUND)
             return;
         if (st) {
-            kvw__peer_kill(p, KVW_ERR_PROTOCOL, "bad message from prefill rank %u: %s",
-                           p->rank, why);
+            kvw__peer_kill(p, KVW_ERR_PROTOCOL, "bad message from prefill rank %u: %s", p->rank,
+                           why);
             return;
         }
         p->last_seen_ns = kvw__now_ns();
@@ -574,11 +574,12 @@ static void on_prefill_message(kvw_engine_t *e, kvw_peer_t *p)
         else if (m.type == KVW_MSG_REQUEST_FAILED)
             on_request_failed(e, p, &m);
         else if (m.type == KVW_MSG_BYE)
-            kvw__peer_kill(p, (kvw_status_t)m.status, "prefill rank %u closed the connection: "
-                           "%.100s", p->rank, m.u.failed.reason);
+            kvw__peer_kill(p, (kvw_status_t)m.status,
+                           "prefill rank %u closed the connection: "
+                           "%.100s",
+                           p->rank, m.u.failed.reason);
         else if (m.type != KVW_MSG_PONG)
-            KVW_WARN("unexpected %s from prefill rank %u", kvw__wire_type_name(m.type),
-                     p->rank);
+            KVW_WARN("unexpected %s from prefill rank %u", kvw__wire_type_name(m.type), p->rank);
         kvw__wire_free(&m);
     }
 }
@@ -591,8 +592,7 @@ static void on_decode_monitor(kvw_engine_t *e, kvw_peer_t *p)
         if (lost && atomic_load(&p->state) == PEER_HELLO)
             restart_lookup(e, p, "its endpoint refused or dropped the handshake");
         else if (ev == ZMQ_EVENT_DISCONNECTED)
-            kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u's control connection closed",
-                           p->rank);
+            kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u's control connection closed", p->rank);
     }
 }
 
@@ -804,8 +804,14 @@ static void say_bye(kvw_engine_t *e, kvw_peer_t *p)
 
 /* ================================================================= loop */
 
-typedef enum { ITEM_WAKE, ITEM_ROUTER, ITEM_ROUTER_MONITOR, ITEM_BOOTSTRAP, ITEM_PEER,
-               ITEM_PEER_MONITOR } item_kind_t;
+typedef enum {
+    ITEM_WAKE,
+    ITEM_ROUTER,
+    ITEM_ROUTER_MONITOR,
+    ITEM_BOOTSTRAP,
+    ITEM_PEER,
+    ITEM_PEER_MONITOR
+} item_kind_t;
 
 typedef struct poll_set {
     zmq_pollitem_t items[MAX_ITEMS];

@@ -22,9 +22,9 @@
 #include <stdbool.h>
 
 enum {
-    KVW_MAX_PEERS = 256,     /* connections over an engine's life, dead ones included */
-    KVW_TOKEN_BITS = 16,     /* receivers in flight per decode engine: 65536 */
-    KVW_IDENTITY_LEN = 12,   /* decode DEALER routing id: engine id + peer index */
+    KVW_MAX_PEERS = 256,   /* connections over an engine's life, dead ones included */
+    KVW_TOKEN_BITS = 16,   /* receivers in flight per decode engine: 65536 */
+    KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + peer index */
 };
 
 typedef enum { PEER_LOOKUP, PEER_HELLO, PEER_CONNECTED, PEER_DEAD } kvw_peer_state_t;
@@ -35,14 +35,14 @@ typedef struct kvw_peer kvw_peer_t;
 struct kvw_peer {
     kvw_engine_t *engine;
     uint32_t index;
-    _Atomic int state;          /* kvw_peer_state_t; changes only by compare-and-swap */
+    _Atomic int state; /* kvw_peer_state_t; changes only by compare-and-swap */
     kvw_qp_t *qp;
-    kvw_plan_region_t *regions; /* 2L + A, local paired with remote */
-    uint64_t remote_max_pages;  /* pages every remote KV region can hold */
-    uint64_t remote_max_aux;    /* items every remote aux region can hold */
+    kvw_plan_region_t *regions;            /* 2L + A, local paired with remote */
+    uint64_t remote_max_pages;             /* pages every remote KV region can hold */
+    uint64_t remote_max_aux;               /* items every remote aux region can hold */
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
-    atomic_bool bye_due;        /* dead: the control thread tells the other side */
+    atomic_bool bye_due;                   /* dead: the control thread tells the other side */
 
     /* Immediate credits. Every WRITE_WITH_IMM consumes one receive decode
      * posted; prefill never has more immediates in flight than decode has
@@ -74,21 +74,21 @@ struct kvw_req {
     kvw_engine_t *engine;
     kvw_role_t role;
     uint64_t room;
-    _Atomic int state; /* kvw_poll_t */
-    _Atomic int refs;  /* user handle + engine list + poller queues */
-    kvw_status_t fail_status;               /* (lock) valid once Failed */
-    char fail_reason[KVW_WIRE_REASON_MAX];  /* (lock) valid once Failed */
-    kvw_req_t *prev, *next; /* engine->reqs (lock) */
-    kvw_req_t *qnext;       /* ready queue (lock) or a poller queue */
-    kvw_peer_t *peer;       /* (lock) */
-    uint64_t deadline_ns;   /* (lock) limit of the current state, 0 = none */
-    bool has_user;          /* (lock) a sender/receiver handle refers to it */
-    bool user_gone;         /* (lock) handle destroyed; kept only as a tombstone */
+    _Atomic int state;                     /* kvw_poll_t */
+    _Atomic int refs;                      /* user handle + engine list + poller queues */
+    kvw_status_t fail_status;              /* (lock) valid once Failed */
+    char fail_reason[KVW_WIRE_REASON_MAX]; /* (lock) valid once Failed */
+    kvw_req_t *prev, *next;                /* engine->reqs (lock) */
+    kvw_req_t *qnext;                      /* ready queue (lock) or a poller queue */
+    kvw_peer_t *peer;                      /* (lock) */
+    uint64_t deadline_ns;                  /* (lock) limit of the current state, 0 = none */
+    bool has_user;                         /* (lock) a sender/receiver handle refers to it */
+    bool user_gone;                        /* (lock) handle destroyed; kept only as a tombstone */
 
     /* sender */
     bool inited, have_src, have_dst;
-    bool drained;        /* (lock) no write of this request can still be in flight */
-    bool notify_failure; /* (lock) tell decode it failed, once drained */
+    bool drained;                   /* (lock) no write of this request can still be in flight */
+    bool notify_failure;            /* (lock) tell decode it failed, once drained */
     _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
     size_t num_pages;
     uint32_t aux_index;
@@ -106,8 +106,8 @@ struct kvw_req {
     bool request_sent; /* (lock) prefill may be writing into our pages */
     bool abort_due;    /* (lock) ABORT to send to prefill */
     bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
-    kvw_status_t abort_status;               /* (lock) */
-    char abort_reason[KVW_WIRE_REASON_MAX];  /* (lock) */
+    kvw_status_t abort_status;              /* (lock) */
+    char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     uint64_t *pages;
     size_t npages;
     uint32_t aux;
@@ -133,7 +133,7 @@ struct kvw_engine {
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
     void *zctx, *router;
-    void *router_monitor;   /* PAIR receiving the router's disconnect events */
+    void *router_monitor;    /* PAIR receiving the router's disconnect events */
     uint64_t probe_until_ns; /* control: probe peers' connections until then */
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
@@ -146,7 +146,7 @@ struct kvw_engine {
     kvw_req_t *reqs, *reqs_tail; /* oldest first */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending; /* lets the spinning poller skip the lock */
-    kvw_req_t **tokens; /* decode: slot -> receiver */
+    kvw_req_t **tokens;        /* decode: slot -> receiver */
     uint16_t *token_gen;
     uint32_t token_hint;
     kvw_engine_counters_t counters;
@@ -174,8 +174,8 @@ void kvw__req_drained(kvw_req_t *r);
 /* (lock) Both page lists known: plan and hand to the poller. */
 kvw_status_t kvw__sender_start_locked(kvw_req_t *r);
 /* (lock) Check decode's request against local layout and the sender. */
-kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
-                                               const kvw_msg_t *m, char *why, size_t why_size);
+kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
+                                               char *why, size_t why_size);
 kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
 kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
 /* Take r off the engine's request list and drop the list's reference. */

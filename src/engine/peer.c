@@ -23,8 +23,8 @@ kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
      * poller (which re-posts them) sees them initialised. */
     if (e->role == KVW_ROLE_DECODE)
         p->rwrs = calloc(e->cfg.rq_depth, sizeof(*p->rwrs));
-    kvw_status_t st = p->regions && (e->role != KVW_ROLE_DECODE || p->rwrs) ? KVW_OK
-                                                                              : KVW_ERR_NO_MEMORY;
+    kvw_status_t st =
+        p->regions && (e->role != KVW_ROLE_DECODE || p->rwrs) ? KVW_OK : KVW_ERR_NO_MEMORY;
     if (!st)
         st = kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth,
                             e->role == KVW_ROLE_DECODE ? e->cfg.rq_depth : 1,
@@ -91,9 +91,9 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
      * (lengths) but no address or rkey, and registered none for remote use. */
     bool target = e->role == KVW_ROLE_DECODE;
     for (uint32_t i = 0; i < n; i++)
-        m->u.hello.regions[i] = (kvw_wire_region_t){target ? e->mrs[i].addr : 0,
-                                                    e->regions[i].len, e->regions[i].item_len,
-                                                    target ? e->mrs[i].rkey : 0};
+        m->u.hello.regions[i] =
+            (kvw_wire_region_t){target ? e->mrs[i].addr : 0, e->regions[i].len,
+                                e->regions[i].item_len, target ? e->mrs[i].rkey : 0};
 }
 
 /* The peer's table must match ours region for region: same layer and aux
@@ -113,8 +113,8 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
         const kvw_wire_region_t *r = &h->u.hello.regions[i];
         if (r->item_len != e->regions[i].item_len) {
             snprintf(why, size, "%s region %u: peer item length %llu, ours %zu",
-                     i < kv ? "kv" : "aux", i < kv ? i : i - kv,
-                     (unsigned long long)r->item_len, e->regions[i].item_len);
+                     i < kv ? "kv" : "aux", i < kv ? i : i - kv, (unsigned long long)r->item_len,
+                     e->regions[i].item_len);
             return KVW_ERR_MISMATCH;
         }
         uint64_t items = r->len / r->item_len;

@@ -230,8 +230,8 @@ static void on_send_error(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *w
     if (first && atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER,
                        "RDMA write (room %llu) completed with %s (vendor error 0x%x)",
-                       (unsigned long long)room_of_seq(p, wc->wr_id),
-                       ibv_wc_status_str(wc->status), wc->vendor_err);
+                       (unsigned long long)room_of_seq(p, wc->wr_id), ibv_wc_status_str(wc->status),
+                       wc->vendor_err);
     (void)e;
 }
 

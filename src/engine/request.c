@@ -171,9 +171,8 @@ static void release_handle_locked(kvw_req_t *r)
     kvw_engine_t *e = r->engine;
     r->has_user = false;
     r->user_gone = true;
-    bool answer_owed = r->role == KVW_ROLE_PREFILL
-                           ? atomic_load(&r->state) == KVW_POLL_FAILED
-                           : r->abort_due;
+    bool answer_owed =
+        r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->abort_due;
     if (answer_owed) {
         r->deadline_ns = kvw__now_ns() + ms_ns(e->cfg.bootstrap_timeout_ms);
         return;
@@ -190,7 +189,7 @@ static void sender_destroy(kvw_req_t *r)
     release_handle_locked(r);
     pthread_mutex_unlock(&e->lock);
     kvw__wake(e->poller_wake_fd); /* stop feeding it */
-    kvw__req_unref(r);           /* the caller's */
+    kvw__req_unref(r);            /* the caller's */
 }
 
 /* Abort a receiver that has not ended and wait until it has: when this
@@ -273,7 +272,7 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     if (s == KVW_POLL_FAILED)
         return r->fail_status;
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
-    r->deadline_ns = 0; /* the transfer clock starts at the first post (first_post_ns) */
+    r->deadline_ns = 0;            /* the transfer clock starts at the first post (first_post_ns) */
     atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
     r->drained = false;
     r->qnext = NULL;
@@ -287,8 +286,8 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     return KVW_OK;
 }
 
-kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
-                                               const kvw_msg_t *m, char *why, size_t size)
+kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
+                                               char *why, size_t size)
 {
     uint32_t n = m->u.request.num_pages;
     if (r->have_dst) {
@@ -297,8 +296,10 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer,
     }
     size_t bad = first_out_of_range(m->u.request.pages, n, peer->remote_max_pages);
     if (bad < n) {
-        snprintf(why, size, "destination page %llu (index %zu) outside decode's regions "
-                 "(%llu pages)", (unsigned long long)m->u.request.pages[bad], bad,
+        snprintf(why, size,
+                 "destination page %llu (index %zu) outside decode's regions "
+                 "(%llu pages)",
+                 (unsigned long long)m->u.request.pages[bad], bad,
                  (unsigned long long)peer->remote_max_pages);
         return KVW_ERR_OUT_OF_RANGE;
     }
@@ -374,13 +375,13 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
                  (unsigned long long)e->local_max_pages);
         st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
     } else if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {
-        snprintf(why, sizeof(why), "aux index %u outside the aux regions (%llu items)",
-                 aux_index, (unsigned long long)e->local_max_aux);
+        snprintf(why, sizeof(why), "aux index %u outside the aux regions (%llu items)", aux_index,
+                 (unsigned long long)e->local_max_aux);
         st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
     } else if (r->have_dst && (r->num_pages != num_pages ||
                                (aux_index == KVW_NO_AUX) != (r->dst_aux == KVW_NO_AUX))) {
-        snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s",
-                 num_pages, aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
+        snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s", num_pages,
+                 aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
                  r->dst_aux == KVW_NO_AUX ? "" : " + aux");
         st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
     } else {
@@ -412,9 +413,10 @@ kvw_status_t kvw_sender_send(kvw_sender_t *s, const uint64_t *pages, size_t n)
     }
     size_t bad = first_out_of_range(pages, n, e->local_max_pages);
     if (bad < n) {
-        snprintf(why, sizeof(why), "source page %llu (index %zu) outside the registered "
-                 "regions (%llu pages)", (unsigned long long)pages[bad], bad,
-                 (unsigned long long)e->local_max_pages);
+        snprintf(why, sizeof(why),
+                 "source page %llu (index %zu) outside the registered "
+                 "regions (%llu pages)",
+                 (unsigned long long)pages[bad], bad, (unsigned long long)e->local_max_pages);
         st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
         goto out;
     }
@@ -490,8 +492,8 @@ static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
     return KVW_ERR_NO_MEMORY;
 }
 
-kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr,
-                                 uint32_t prefill_rank, uint64_t room, kvw_receiver_t **recv_p)
+kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
+                                 uint64_t room, kvw_receiver_t **recv_p)
 {
     if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
         strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6)
@@ -541,9 +543,10 @@ static kvw_status_t check_receiver_pages(const kvw_engine_t *e, const uint64_t *
     }
     size_t bad = first_out_of_range(pages, n, e->local_max_pages);
     if (bad < n) {
-        snprintf(why, size, "destination page %llu (index %zu) outside the registered regions "
-                 "(%llu pages)", (unsigned long long)pages[bad], bad,
-                 (unsigned long long)e->local_max_pages);
+        snprintf(why, size,
+                 "destination page %llu (index %zu) outside the registered regions "
+                 "(%llu pages)",
+                 (unsigned long long)pages[bad], bad, (unsigned long long)e->local_max_pages);
         return KVW_ERR_OUT_OF_RANGE;
     }
     if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {

@@ -30,8 +30,8 @@ static struct ibv_mr *register_cuda(kvw_dev_t *dev, void *addr, size_t len, int 
     uint64_t offset = 0;
     size_t aligned_len = 0;
     if (kvw__cuda_dmabuf_fd(addr, len, &fd, &offset, &aligned_len) == 0) {
-        struct ibv_mr *mr = dev->ops->reg_dmabuf_mr(dev->pd, offset, len, (uint64_t)addr, fd,
-                                                    access);
+        struct ibv_mr *mr =
+            dev->ops->reg_dmabuf_mr(dev->pd, offset, len, (uint64_t)addr, fd, access);
         int err = errno;
         close(fd); /* the MR holds its own reference to the dma-buf */
         if (mr)

@@ -81,8 +81,8 @@ void kvw__qp_local_info(const kvw_qp_t *qp, kvw_qp_info_t *info_p)
 
 static kvw_status_t to_rtr(kvw_qp_t *q, const kvw_qp_info_t *r)
 {
-    enum ibv_mtu mtu = q->dev->active_mtu < (enum ibv_mtu)r->mtu ? q->dev->active_mtu
-                                                                  : (enum ibv_mtu)r->mtu;
+    enum ibv_mtu mtu =
+        q->dev->active_mtu < (enum ibv_mtu)r->mtu ? q->dev->active_mtu : (enum ibv_mtu)r->mtu;
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_RTR,
         .path_mtu = mtu,
@@ -102,8 +102,8 @@ static kvw_status_t to_rtr(kvw_qp_t *q, const kvw_qp_info_t *r)
     int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     if (q->dev->ops->modify_qp(q->qp, &a, mask)) {
-        KVW_ERROR("%s: QP %u to RTR (peer QPN %u) failed: %s", q->dev->name, q->qp->qp_num,
-                  r->qpn, strerror(errno));
+        KVW_ERROR("%s: QP %u to RTR (peer QPN %u) failed: %s", q->dev->name, q->qp->qp_num, r->qpn,
+                  strerror(errno));
         return KVW_ERR_VERBS;
     }
     return KVW_OK;

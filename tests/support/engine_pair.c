@@ -70,9 +70,14 @@ static kvw_status_t alloc_regions(engine_pair_t *p, kvw_region_t *pk, kvw_region
 static kvw_engine_params_t prefill_params(const engine_pair_t *p)
 {
     return (kvw_engine_params_t){
-        .role = KVW_ROLE_PREFILL, .device = "fake0", .local_ip = "127.0.0.1",
-        .bootstrap_addr = kvw_bootstrap_addr(p->bootstrap), .num_layers = PAIR_LAYERS,
-        .kv_regions = p->prefill_kv, .num_aux = 1, .aux_regions = &p->prefill_aux,
+        .role = KVW_ROLE_PREFILL,
+        .device = "fake0",
+        .local_ip = "127.0.0.1",
+        .bootstrap_addr = kvw_bootstrap_addr(p->bootstrap),
+        .num_layers = PAIR_LAYERS,
+        .kv_regions = p->prefill_kv,
+        .num_aux = 1,
+        .aux_regions = &p->prefill_aux,
         .config = &p->cfg,
     };
 }
@@ -90,8 +95,7 @@ kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg)
     return pair_open2(p, cfg, NULL);
 }
 
-kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg,
-                        const kvw_config_t *decode_cfg)
+kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg, const kvw_config_t *decode_cfg)
 {
     memset(p, 0, sizeof(*p));
     if (cfg)
@@ -174,8 +178,7 @@ kvw_status_t pair_create(engine_pair_t *p, pair_room_t *pr)
 {
     kvw_status_t st = kvw_sender_create(p->prefill, pr->room, &pr->s);
     if (!st)
-        st = kvw_receiver_create(p->decode, kvw_bootstrap_addr(p->bootstrap), 0, pr->room,
-                                 &pr->r);
+        st = kvw_receiver_create(p->decode, kvw_bootstrap_addr(p->bootstrap), 0, pr->room, &pr->r);
     return st;
 }
 

@@ -40,8 +40,7 @@ void pair_config(kvw_config_t *cfg);
  * decode). cfg NULL: pair_config(). Returns KVW_OK or the failing status. */
 kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg);
 /* The same with a different config for decode (NULL: cfg). */
-kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg,
-                        const kvw_config_t *decode_cfg);
+kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg, const kvw_config_t *decode_cfg);
 /* Destroy the prefill engine (as its process exiting would close its
  * connections) and start a new one, registered as rank 0 at the same
  * bootstrap. Its senders must have been destroyed. */

@@ -53,15 +53,15 @@ typedef struct schedule {
     kvw_config_t cfg;
     uint32_t rooms, pages;
     fake_nic_faults_t nic;
-    bool nic_faults;    /* fail a post or a WR: breaks the connection */
-    uint32_t drop_pct;  /* % of control messages lost: may break it */
+    bool nic_faults;      /* fail a post or a WR: breaks the connection */
+    uint32_t drop_pct;    /* % of control messages lost: may break it */
     const char *kill_nic; /* this fake device dies mid-transfer */
     int silent_side;      /* 1: prefill, 2: decode stops sending control messages */
     /* 0 none, 1 decode aborts, 2 prefill aborts, 3 prefill destroys,
      * 4 decode destroys (which waits for the abort's barrier) */
     int abort_side[MAX_ROOMS];
     uint32_t abort_ms[MAX_ROOMS];
-    int bad_side[MAX_ROOMS];    /* 0 none, 1 decode page out of range, 2 prefill */
+    int bad_side[MAX_ROOMS]; /* 0 none, 1 decode page out of range, 2 prefill */
 } schedule_t;
 
 static void make_schedule(uint64_t seed, schedule_t *sc)
@@ -140,9 +140,9 @@ static bool drop_some(void *sock, const kvw_msg_t *m)
 
 typedef struct room_run {
     pair_room_t pr;
-    uint8_t *snap;       /* decode pages when Failed was first seen */
-    kvw_poll_t d, s;     /* final states */
-    bool expect_fail;    /* aborted or bad pages by the schedule */
+    uint8_t *snap;    /* decode pages when Failed was first seen */
+    kvw_poll_t d, s;  /* final states */
+    bool expect_fail; /* aborted or bad pages by the schedule */
     bool acted;
 } room_run_t;
 
@@ -279,8 +279,8 @@ static void check_room(engine_pair_t *p, const schedule_t *sc, room_run_t *rr, u
         const char *why = "";
         if (rr->pr.r)
             kvw_receiver_failure(rr->pr.r, &why);
-        VIOLATION(sc, "I4 room %u failed without a fault of its own or of the connection: %s",
-                  i, why);
+        VIOLATION(sc, "I4 room %u failed without a fault of its own or of the connection: %s", i,
+                  why);
     }
 }
 
@@ -300,9 +300,10 @@ static void check_counters(engine_pair_t *p, const schedule_t *sc)
 static void check_nic(const schedule_t *sc, const fake_nic_stats_t *st)
 {
     if (st->wrs_accepted != st->wrs_succeeded + st->wrs_errored + st->wrs_flushed)
-        VIOLATION(sc, "I7 NIC accepted %" PRIu64 " WRs, succeeded %" PRIu64 " errored %" PRIu64
-                      " flushed %" PRIu64, st->wrs_accepted, st->wrs_succeeded,
-                  st->wrs_errored, st->wrs_flushed);
+        VIOLATION(sc,
+                  "I7 NIC accepted %" PRIu64 " WRs, succeeded %" PRIu64 " errored %" PRIu64
+                  " flushed %" PRIu64,
+                  st->wrs_accepted, st->wrs_succeeded, st->wrs_errored, st->wrs_flushed);
     if (st->cq_overruns || st->live_qps || st->live_cqs || st->live_mrs || st->live_pds ||
         st->live_channels || st->live_contexts)
         VIOLATION(sc, "I7 NIC: %" PRIu64 " CQ overruns; left behind %u QPs %u CQs %u MRs",

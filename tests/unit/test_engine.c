@@ -143,8 +143,11 @@ static void test_prefill_memory_not_remotely_writable(void **state)
     }
     /* A rogue write from decode's QP into prefill's first region, guessing
      * the lkey prefill uses for it. */
-    struct ibv_send_wr wr = {.wr_id = 1, .opcode = IBV_WR_RDMA_WRITE,
-                             .send_flags = IBV_SEND_SIGNALED, .sg_list = NULL, .num_sge = 0,
+    struct ibv_send_wr wr = {.wr_id = 1,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .sg_list = NULL,
+                             .num_sge = 0,
                              .wr.rdma = {.remote_addr = (uint64_t)(uintptr_t)pair.src[0],
                                          .rkey = pair.prefill->mrs[0].lkey}};
     uint8_t before[PAIR_ITEM];
@@ -253,9 +256,9 @@ static void test_prefill_failure_reaches_decode(void **state)
     assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
     a.src[2] = PAIR_POOL + 5;
     assert_int_equal(kvw_sender_send(a.s, a.src, a.n), KVW_ERR_OUT_OF_RANGE);
-    assert_int_equal(kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0,
-                                         a.room, &a.r),
-                     KVW_OK);
+    assert_int_equal(
+        kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0, a.room, &a.r),
+        KVW_OK);
     uint64_t t0 = pair_now_ms();
     assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_OK);
     assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_FAILED);
@@ -295,9 +298,9 @@ static void test_prefill_failure_reaches_decode(void **state)
     assert_int_equal(kvw_sender_create(pair.prefill, d.room, &d.s), KVW_OK);
     assert_int_equal(kvw_sender_abort(d.s), KVW_OK); /* as a timeout would */
     assert_int_equal(kvw_sender_abort(d.s), KVW_ERR_STATE);
-    assert_int_equal(kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0,
-                                         d.room, &d.r),
-                     KVW_OK);
+    assert_int_equal(
+        kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0, d.room, &d.r),
+        KVW_OK);
     assert_int_equal(kvw_receiver_init(d.r, d.dst, d.n, d.aux_dst), KVW_OK);
     assert_int_equal(pair_wait_receiver(&d, WAIT_MS), KVW_POLL_FAILED);
     pair_destroy_room(&d);
@@ -484,8 +487,8 @@ static void test_stale_registration_is_looked_up_again(void **state)
     pair_sleep_ms(300); /* decode meets the dead endpoint, maybe several times */
     assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_BOOTSTRAPPING);
     uint64_t t0 = pair_now_ms();
-    assert_int_equal(
-        kvw__bootstrap_register(zctx, bs, 0, kvw_engine_endpoint(pair.prefill), 1000), KVW_OK);
+    assert_int_equal(kvw__bootstrap_register(zctx, bs, 0, kvw_engine_endpoint(pair.prefill), 1000),
+                     KVW_OK);
     zmq_ctx_term(zctx);
     assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
     assert_true(pair_now_ms() - t0 < 1000);
@@ -600,13 +603,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_error_completion_retires_landed_first, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_error_completion_same_batch, open_pair, close_pair),
-        cmocka_unit_test_setup_teardown(test_prefill_failure_reaches_decode, open_pair,
-                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_prefill_failure_reaches_decode, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_abort_fails_only_that_room, open_pair, close_pair),
-        cmocka_unit_test_setup_teardown(test_destroy_receiver_mid_transfer, open_pair,
-                                        close_pair),
-        cmocka_unit_test_setup_teardown(test_receiver_rejection_is_visible, open_pair,
-                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_destroy_receiver_mid_transfer, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_receiver_rejection_is_visible, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_destroy_receiver_before_request, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_immediates_are_credited, open_pair, close_pair),

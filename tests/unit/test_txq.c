@@ -202,8 +202,8 @@ static void test_with_imm_and_zero_length(void **state)
     kvw_txq_t q;
     assert_int_equal(kvw__txq_init(&q, &fake_verbs_ops, fake_verbs_qp(), 64, 8, 32), KVW_OK);
     kvw_write_t w = write_n(5);
-    kvw_write_t zero = {.local_addr = 0, .remote_addr = 0xabc000, .lkey = 0, .rkey = 0x77,
-                        .len = 0};
+    kvw_write_t zero = {
+        .local_addr = 0, .remote_addr = 0xabc000, .lkey = 0, .rkey = 0x77, .len = 0};
     assert_int_equal(kvw__txq_add(&q, &w, 0, 0), 0);
     assert_int_equal(kvw__txq_add(&q, &w, 1, 0x12345678u), 1);
     assert_int_equal(kvw__txq_add(&q, &zero, 1, 0xdeadbeefu), 2);
@@ -309,8 +309,8 @@ static void test_error_completion_boundary(void **state)
     assert_int_equal(q.wrs_flushed, 3);
     assert_int_equal(kvw__txq_outstanding(&q), 0);
     assert_int_equal(kvw__txq_room(&q), 0);
-    kvw__txq_fail_at(&q, 8);  /* the flushes that follow */
-    kvw__txq_retire(&q, 9);   /* nothing can land after an error */
+    kvw__txq_fail_at(&q, 8); /* the flushes that follow */
+    kvw__txq_retire(&q, 9);  /* nothing can land after an error */
     assert_int_equal(q.completed, 7);
     assert_int_equal(q.wrs_ok + q.wrs_flushed, q.wrs_posted);
     kvw__txq_fini(&q);
