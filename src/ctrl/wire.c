@@ -255,6 +255,13 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     m->u.hello.recv_credits = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
+    const kvw_qp_info_t *q = &m->u.hello.qp;
+    /* QPNs and PSNs are 24-bit; MTU is an enum ibv_mtu (256..4096). A
+     * refusal (HELLO_ACK with an error) carries no QP to check. */
+    if (m->status == KVW_OK && (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 1 ||
+                                q->mtu > 5 || (q->link_layer != 1 && q->link_layer != 2)))
+        return fail(reason, rsize, "%s: QP info out of range (qpn %u, psn %u, mtu %u, link %u)",
+                    kvw__wire_type_name(m->type), q->qpn, q->psn, q->mtu, q->link_layer);
     size_t n = hello_regions(m);
     /* Bound counts by the bytes actually present before allocating. */
     if (n > KVW_WIRE_MAX_REGIONS || n * REGION_LEN != remaining(r))

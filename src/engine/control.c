@@ -128,11 +128,16 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
     if (r && (r->have_dst || foreign_locked(r, p))) {
-        /* Never answer a duplicate with REQUEST_FAILED: decode would report
-         * Failed while the first request's writes are still landing. */
+        /* The room belongs to whoever claimed it first. A second claim is
+         * refused to that claimer alone (its token): the first request's
+         * writes go on. An exact resend of the first claim is dropped. */
+        bool resend = r->peer == p && r->token == m->u.request.token;
         pthread_mutex_unlock(&e->lock);
-        KVW_WARN("room %llu: duplicate request from peer %u ignored", (unsigned long long)room,
-                 p->index);
+        KVW_WARN("room %llu: %s from peer %u refused", (unsigned long long)room,
+                 resend ? "repeated request" : "second claim", p->index);
+        if (!resend)
+            send_failed(e, p, room, m->u.request.token, KVW_ERR_EXISTS,
+                        "the room is already claimed by another request");
         return;
     }
     if (r && atomic_load(&r->state) == KVW_POLL_FAILED) {

@@ -525,6 +525,49 @@ static void test_prefill_restart(void **state)
     pair_destroy_room(&b);
 }
 
+/* Room ownership: a second decode engine claiming a room in flight is
+ * refused at once, and the first claim's transfer goes on untouched. */
+static void test_second_claim_refused(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 16, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_faults_t slow = {.delay_us = 20000};
+    fake_nic_set_faults(&slow);
+    send_now(&a);
+    /* A second decode engine on its own memory. */
+    enum { LEN = PAIR_ITEM * PAIR_POOL };
+    uint8_t *mem = calloc(2 * PAIR_LAYERS + 1, LEN);
+    assert_non_null(mem);
+    kvw_region_t kv[2 * PAIR_LAYERS], aux = {mem + 2 * PAIR_LAYERS * LEN, LEN, PAIR_AUX_ITEM};
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++)
+        kv[i] = (kvw_region_t){mem + (size_t)i * LEN, LEN, PAIR_ITEM};
+    kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
+                              .device = "fake1",
+                              .local_ip = "127.0.0.1",
+                              .num_layers = PAIR_LAYERS,
+                              .kv_regions = kv,
+                              .num_aux = 1,
+                              .aux_regions = &aux,
+                              .config = &pair.cfg};
+    kvw_engine_t *other;
+    assert_int_equal(kvw_engine_create(&dp, &other), KVW_OK);
+    kvw_receiver_t *thief;
+    assert_int_equal(
+        kvw_receiver_create(other, kvw_bootstrap_addr(pair.bootstrap), 0, a.room, &thief), KVW_OK);
+    assert_int_equal(kvw_receiver_init(thief, a.dst, a.n, a.aux_dst), KVW_OK);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (kvw_receiver_poll(thief) != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    assert_int_equal(kvw_receiver_failure(thief, NULL), KVW_ERR_EXISTS);
+    assert_landed(&a);
+    kvw_receiver_destroy(thief);
+    kvw_engine_destroy(other);
+    free(mem);
+    pair_destroy_room(&a);
+}
+
 /* Dropping prefill's control messages: decode declares it dead by
  * heartbeat within the bound, and the next request reconnects. */
 static void *silenced_router;
@@ -613,6 +656,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_transfer_clock_starts_at_first_post, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_silent_prefill, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_second_claim_refused, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_prefill_restart, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_stale_registration_is_looked_up_again, open_pair,
                                         close_pair),

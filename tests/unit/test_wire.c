@@ -163,8 +163,7 @@ static void roundtrip(const kvw_msg_t *m)
     uint8_t buf[BUF_CAP];
     size_t len = encode_ok(m, buf, sizeof(buf));
     /* Header: magic, version, type, body length. */
-    assert_int_equal(buf[0] | buf[1] << 8 | buf[2] << 16 | (uint32_t)buf[3] << 24,
-                     KVW_WIRE_MAGIC);
+    assert_int_equal(buf[0] | buf[1] << 8 | buf[2] << 16 | (uint32_t)buf[3] << 24, KVW_WIRE_MAGIC);
     assert_int_equal(buf[4] | buf[5] << 8, KVW_WIRE_VERSION);
     assert_int_equal(buf[6] | buf[7] << 8, m->type);
     assert_int_equal(buf[8] | buf[9] << 8 | buf[10] << 16 | (uint32_t)buf[11] << 24,
@@ -199,8 +198,8 @@ static kvw_msg_t sample_hello(uint16_t type)
     m.type = type;
     m.status = type == KVW_MSG_HELLO_ACK ? KVW_ERR_MISMATCH : 0;
     m.u.hello.engine_id = 0x0123456789abcdefull;
-    m.u.hello.qp = (kvw_qp_info_t){.qpn = 0xabcdef, .psn = 0x123456, .lid = 0xbeef, .mtu = 5,
-                                   .link_layer = 2};
+    m.u.hello.qp =
+        (kvw_qp_info_t){.qpn = 0xabcdef, .psn = 0x123456, .lid = 0xbeef, .mtu = 5, .link_layer = 2};
     for (int i = 0; i < 16; i++)
         m.u.hello.qp.gid[i] = (uint8_t)(0xf0 + i);
     m.u.hello.num_layers = 2;
@@ -468,8 +467,8 @@ static void test_reject_bad_header(void **state)
 
     /* Body length disagreeing with the bytes present, both ways. */
     const uint32_t body = (uint32_t)(len - KVW_WIRE_HEADER_LEN);
-    const uint32_t bodies[] = {0, 1, body - 8, body - 1, body + 1, body + 8, 0x7fffffff,
-                               0xffffffff};
+    const uint32_t bodies[] = {0,        1,        body - 8,   body - 1,
+                               body + 1, body + 8, 0x7fffffff, 0xffffffff};
     for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
         memcpy(bad, buf, len);
         put32(bad + 8, bodies[i]);
@@ -534,6 +533,38 @@ static size_t forge_hello(uint8_t *buf, uint32_t num_layers, uint32_t num_aux, u
     return len;
 }
 
+/* QP info from the network is range-checked before verbs sees it. */
+static void test_reject_hello_qp_info(void **state)
+{
+    (void)state;
+    uint8_t buf[BUF_CAP];
+    kvw_msg_t out;
+    static const kvw_qp_info_t bad[] = {
+        {.qpn = 0x1000000, .psn = 1, .mtu = 5, .link_layer = 2},
+        {.qpn = 1, .psn = 0x1000000, .mtu = 5, .link_layer = 2},
+        {.qpn = 1, .psn = 1, .mtu = 0, .link_layer = 2},
+        {.qpn = 1, .psn = 1, .mtu = 6, .link_layer = 2},
+        {.qpn = 1, .psn = 1, .mtu = 3, .link_layer = 0},
+        {.qpn = 1, .psn = 1, .mtu = 3, .link_layer = 3},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+        m.u.hello.qp = bad[i];
+        expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    }
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+    m.u.hello.qp = (kvw_qp_info_t){.qpn = 0xffffff, .psn = 0xffffff, .mtu = 1, .link_layer = 1};
+    decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &out);
+    kvw__wire_free(&out);
+    /* A refusal carries no QP info at all. */
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_HELLO_ACK;
+    m.status = KVW_ERR_MISMATCH;
+    decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &out);
+    assert_int_equal(out.status, KVW_ERR_MISMATCH);
+    kvw__wire_free(&out);
+}
+
 static void test_reject_hello_counts(void **state)
 {
     (void)state;
@@ -569,11 +600,11 @@ static void test_reject_bad_region(void **state)
     uint8_t buf[BUF_CAP];
 
     static const kvw_wire_region_t bad[] = {
-        {0x1000, 4096, 0, 1},                        /* item_len 0 */
-        {0x1000, 0, 0, 1},                           /* item_len 0, len 0 */
-        {0x1000, 4097, 1024, 1},                     /* len not a multiple */
-        {0x1000, 1000, 1024, 1},                     /* len shorter than one item */
-        {0xfffffffffffff000ull, 0x2000, 0x1000, 1},  /* addr + len wraps */
+        {0x1000, 4096, 0, 1},                       /* item_len 0 */
+        {0x1000, 0, 0, 1},                          /* item_len 0, len 0 */
+        {0x1000, 4097, 1024, 1},                    /* len not a multiple */
+        {0x1000, 1000, 1024, 1},                    /* len shorter than one item */
+        {0xfffffffffffff000ull, 0x2000, 0x1000, 1}, /* addr + len wraps */
     };
     for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
         for (size_t slot = 0; slot < 3; slot++) {
@@ -710,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_reject_bad_header),
         cmocka_unit_test(test_reject_request_page_count),
         cmocka_unit_test(test_reject_hello_counts),
+        cmocka_unit_test(test_reject_hello_qp_info),
         cmocka_unit_test(test_reject_bad_strings),
         cmocka_unit_test(test_encode_refuses),
         /* Last: until the use-after-free in decode_hello's region check is
