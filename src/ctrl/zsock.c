@@ -108,6 +108,15 @@ void *kvw__zmonitor(void *zctx, void *sock, const char *name, int events)
     return pair;
 }
 
+void kvw__zmonitor_close(void *sock, void *monitor)
+{
+    if (!monitor)
+        return;
+    if (sock)
+        zmq_socket_monitor(sock, NULL, 0);
+    zmq_close(monitor);
+}
+
 int kvw__zmonitor_event(void *monitor)
 {
     /* Frame 1: u16 event id + u32 value; frame 2: the endpoint. */

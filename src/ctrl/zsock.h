@@ -25,6 +25,11 @@ void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms);
  * TCP connection, and this sees it at once. name must be unique in the
  * context. NULL on failure. */
 void *kvw__zmonitor(void *zctx, void *sock, const char *name, int events);
+/* Stop sock's events, then close their reader. In that order: libzmq sends
+ * events blocking, so a monitored socket that outlives its reader (linger,
+ * reconnect attempts) would freeze the context's I/O thread. Accepts a
+ * NULL monitor. */
+void kvw__zmonitor_close(void *sock, void *monitor);
 /* Read one pending monitor event without blocking: its ZMQ_EVENT_* id, or
  * 0 when none is waiting. */
 int kvw__zmonitor_event(void *monitor);

@@ -168,7 +168,7 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 }
 
 /* Decode gave a room up. Stop writing it; REQUEST_FAILED goes back once
- * every write posted for it has completed (see notify_failures). */
+ * every write posted for it has completed (see notify_failure_locked). */
 static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     uint64_t room = m->u.failed.room;
@@ -409,14 +409,7 @@ static void prefill_tick(kvw_engine_t *e, uint64_t now)
 
 static void close_monitor(kvw_peer_t *p)
 {
-    if (!p->monitor)
-        return;
-    /* Stop the events first: libzmq sends them blocking, so a monitored
-     * socket that outlives its reader (linger, reconnect attempts) would
-     * freeze the context's I/O thread on the next event. */
-    if (p->sock)
-        zmq_socket_monitor(p->sock, NULL, 0);
-    zmq_close(p->monitor);
+    kvw__zmonitor_close(p->sock, p->monitor);
     p->monitor = NULL;
 }
 

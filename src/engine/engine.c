@@ -246,10 +246,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++)
         kvw__peer_destroy(e->peers[i]);
-    if (e->router_monitor) {
-        zmq_socket_monitor(e->router, NULL, 0); /* stop events before their reader goes */
-        zmq_close(e->router_monitor);
-    }
+    kvw__zmonitor_close(e->router, e->router_monitor);
     if (e->router)
         zmq_close(e->router);
     if (e->zctx)

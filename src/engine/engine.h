@@ -173,7 +173,8 @@ void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char 
 void kvw__req_drained(kvw_req_t *r);
 /* (lock) Both page lists known: plan and hand to the poller. */
 kvw_status_t kvw__sender_start_locked(kvw_req_t *r);
-/* (lock) Check decode's request against local layout and the sender. */
+/* (lock) Check decode's request against local layout and the sender; r
+ * must not have a request yet (the caller refuses a second claim). */
 kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
                                                char *why, size_t why_size);
 kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);

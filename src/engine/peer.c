@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include "common/log.h"
+#include "ctrl/zsock.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -56,10 +57,7 @@ void kvw__peer_destroy(kvw_peer_t *p)
 {
     if (!p)
         return;
-    if (p->sock && p->monitor)
-        zmq_socket_monitor(p->sock, NULL, 0); /* before its reader goes: see close_monitor */
-    if (p->monitor)
-        zmq_close(p->monitor);
+    kvw__zmonitor_close(p->sock, p->monitor);
     if (p->sock)
         zmq_close(p->sock);
     if (p->bs_sock)

@@ -65,6 +65,14 @@ static void release(kvw_req_t *r)
     kvw__req_unref(r);
 }
 
+/* Completion accounting: WRs known landed or known lost since the last call. */
+static void publish_outcomes(kvw_engine_t *e, kvw_txq_t *q)
+{
+    atomic_fetch_add_explicit(&e->counters.wrs_completed, q->wrs_ok, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.wrs_flushed, q->wrs_flushed, memory_order_relaxed);
+    q->wrs_ok = q->wrs_flushed = 0;
+}
+
 /* A dead peer's requests were already failed by kvw__peer_kill(); the
  * poller only lets go of them. WRs not known to have completed never will
  * land: their QP is in ERR. */
@@ -75,10 +83,9 @@ static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
         release(r);
     while ((r = queue_pop(&p->inflight_head, &p->inflight_tail)))
         release(r);
-    if (p->txq_ready && !p->txq.broken) {
-        kvw__txq_fail_at(&p->txq, p->txq.completed);
-        atomic_fetch_add(&e->counters.wrs_flushed, p->txq.wrs_flushed);
-        p->txq.wrs_flushed = 0;
+    if (p->txq_ready) {
+        kvw__txq_fail_at(&p->txq, p->txq.completed); /* no-op once broken */
+        publish_outcomes(e, &p->txq);
     }
 }
 
@@ -90,14 +97,6 @@ static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, const kvw_txq_t *bef
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.bytes, q->bytes_posted - before->bytes_posted,
                               memory_order_relaxed);
-}
-
-/* Completion accounting: WRs known landed or known lost since the last call. */
-static void publish_outcomes(kvw_engine_t *e, kvw_txq_t *q)
-{
-    atomic_fetch_add_explicit(&e->counters.wrs_completed, q->wrs_ok, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->counters.wrs_flushed, q->wrs_flushed, memory_order_relaxed);
-    q->wrs_ok = q->wrs_flushed = 0;
 }
 
 static int next_write(kvw_req_t *r, kvw_write_t *w)

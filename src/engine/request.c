@@ -145,21 +145,26 @@ static uint64_t ms_ns(uint32_t ms)
     return (uint64_t)ms * 1000000ull;
 }
 
+/* (lock) Give up a receiver whose request prefill does not have: nothing
+ * can land, so it fails now, and prefill is told so that its sender fails
+ * too instead of waiting for a request that never comes. */
+static void receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    kvw__req_fail(r, st, "%s", why);
+    r->request_due = false;
+    r->abort_due = true;
+    kvw__wake(r->engine->control_wake_fd);
+}
+
 /* (lock) Give up a receiver that has not ended. */
 static void receiver_abort_locked(kvw_req_t *r, const char *why)
 {
     if (r->aborting)
         return; /* already waiting for prefill's confirmation */
-    if (r->request_sent) {
+    if (r->request_sent)
         kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, why);
-        return;
-    }
-    /* Prefill has no page list of ours: nothing can land, fail now, and
-     * tell prefill so that its sender fails too. */
-    kvw__req_fail(r, KVW_ERR_ABORTED, "%s", why);
-    r->request_due = false;
-    r->abort_due = true;
-    kvw__wake(r->engine->control_wake_fd);
+    else
+        receiver_fail_unsent_locked(r, KVW_ERR_ABORTED, why);
 }
 
 /* (lock) A request whose handle is gone stays on the list only while the
@@ -234,6 +239,38 @@ static size_t first_out_of_range(const uint64_t *pages, size_t n, uint64_t limit
     return i;
 }
 
+/* Checks of a request's pages against this engine's own regions, shared by
+ * both roles: KVW_ERR_OUT_OF_RANGE with the reason in why, or KVW_OK. */
+static kvw_status_t check_page_count(const kvw_engine_t *e, size_t n, char *why, size_t size)
+{
+    if (n <= e->local_max_pages && n <= KVW_WIRE_MAX_PAGES)
+        return KVW_OK;
+    snprintf(why, size, "%zu pages exceed the %llu the regions hold", n,
+             (unsigned long long)e->local_max_pages);
+    return KVW_ERR_OUT_OF_RANGE;
+}
+
+static kvw_status_t check_aux(const kvw_engine_t *e, uint32_t aux_index, char *why, size_t size)
+{
+    if (aux_index == KVW_NO_AUX || aux_index < e->local_max_aux)
+        return KVW_OK;
+    snprintf(why, size, "aux index %u outside the aux regions (%llu items)", aux_index,
+             (unsigned long long)e->local_max_aux);
+    return KVW_ERR_OUT_OF_RANGE;
+}
+
+/* side: "source" (prefill) or "destination" (decode). */
+static kvw_status_t check_pages(const kvw_engine_t *e, const char *side, const uint64_t *pages,
+                                size_t n, char *why, size_t size)
+{
+    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
+    if (bad == n)
+        return KVW_OK;
+    snprintf(why, size, "%s page %llu (index %zu) outside the registered regions (%llu pages)",
+             side, (unsigned long long)pages[bad], bad, (unsigned long long)e->local_max_pages);
+    return KVW_ERR_OUT_OF_RANGE;
+}
+
 /* --------------------------------------------------------------- sender */
 
 kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *why)
@@ -290,10 +327,6 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
                                                char *why, size_t size)
 {
     uint32_t n = m->u.request.num_pages;
-    if (r->have_dst) {
-        snprintf(why, size, "duplicate request for room %llu", (unsigned long long)r->room);
-        return KVW_ERR_EXISTS;
-    }
     size_t bad = first_out_of_range(m->u.request.pages, n, peer->remote_max_pages);
     if (bad < n) {
         snprintf(why, size,
@@ -370,14 +403,9 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
     pthread_mutex_lock(&e->lock);
     if (r->inited || atomic_load(&r->state) == KVW_POLL_FAILED) {
         st = KVW_ERR_STATE;
-    } else if (num_pages > e->local_max_pages || num_pages > KVW_WIRE_MAX_PAGES) {
-        snprintf(why, sizeof(why), "%zu pages exceed the %llu the regions hold", num_pages,
-                 (unsigned long long)e->local_max_pages);
-        st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
-    } else if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {
-        snprintf(why, sizeof(why), "aux index %u outside the aux regions (%llu items)", aux_index,
-                 (unsigned long long)e->local_max_aux);
-        st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+    } else if ((st = check_page_count(e, num_pages, why, sizeof(why))) ||
+               (st = check_aux(e, aux_index, why, sizeof(why)))) {
+        kvw__sender_fail_locked(r, st, why);
     } else if (r->have_dst && (r->num_pages != num_pages ||
                                (aux_index == KVW_NO_AUX) != (r->dst_aux == KVW_NO_AUX))) {
         snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s", num_pages,
@@ -411,13 +439,8 @@ kvw_status_t kvw_sender_send(kvw_sender_t *s, const uint64_t *pages, size_t n)
         st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
         goto out;
     }
-    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
-    if (bad < n) {
-        snprintf(why, sizeof(why),
-                 "source page %llu (index %zu) outside the registered "
-                 "regions (%llu pages)",
-                 (unsigned long long)pages[bad], bad, (unsigned long long)e->local_max_pages);
-        st = kvw__sender_fail_locked(r, KVW_ERR_OUT_OF_RANGE, why);
+    if ((st = check_pages(e, "source", pages, n, why, sizeof(why)))) {
+        kvw__sender_fail_locked(r, st, why);
         goto out;
     }
     r->src_pages = n ? malloc(n * sizeof(uint64_t)) : NULL;
@@ -520,43 +543,6 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, ui
     return st;
 }
 
-/* (lock) Decode refuses its own request: Failed now, and prefill is told
- * so its sender fails too instead of waiting for a request that never
- * comes. Nothing was sent, so nothing can land. */
-static kvw_status_t receiver_reject_locked(kvw_req_t *r, kvw_status_t st, const char *why)
-{
-    KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
-    kvw__req_fail(r, st, "%s", why);
-    r->request_due = false;
-    r->abort_due = true;
-    kvw__wake(r->engine->control_wake_fd);
-    return st;
-}
-
-static kvw_status_t check_receiver_pages(const kvw_engine_t *e, const uint64_t *pages, size_t n,
-                                         uint32_t aux_index, char *why, size_t size)
-{
-    if (n > e->local_max_pages || n > KVW_WIRE_MAX_PAGES) {
-        snprintf(why, size, "%zu pages exceed the %llu the regions hold", n,
-                 (unsigned long long)e->local_max_pages);
-        return KVW_ERR_OUT_OF_RANGE;
-    }
-    size_t bad = first_out_of_range(pages, n, e->local_max_pages);
-    if (bad < n) {
-        snprintf(why, size,
-                 "destination page %llu (index %zu) outside the registered regions "
-                 "(%llu pages)",
-                 (unsigned long long)pages[bad], bad, (unsigned long long)e->local_max_pages);
-        return KVW_ERR_OUT_OF_RANGE;
-    }
-    if (aux_index != KVW_NO_AUX && aux_index >= e->local_max_aux) {
-        snprintf(why, size, "aux index %u outside the aux regions (%llu items)", aux_index,
-                 (unsigned long long)e->local_max_aux);
-        return KVW_ERR_OUT_OF_RANGE;
-    }
-    return KVW_OK;
-}
-
 kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t n,
                                uint32_t aux_index)
 {
@@ -565,7 +551,11 @@ kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t
     kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
-    kvw_status_t st = check_receiver_pages(e, pages, n, aux_index, why, sizeof(why));
+    kvw_status_t st = check_page_count(e, n, why, sizeof(why));
+    if (!st)
+        st = check_pages(e, "destination", pages, n, why, sizeof(why));
+    if (!st)
+        st = check_aux(e, aux_index, why, sizeof(why));
     uint64_t *copy = NULL;
     if (!st && n && !(copy = malloc(n * sizeof(uint64_t)))) {
         snprintf(why, sizeof(why), "no memory for the page list");
@@ -580,7 +570,8 @@ kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t
         return KVW_ERR_STATE;
     }
     if (st) {
-        receiver_reject_locked(r, st, why);
+        KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+        receiver_fail_unsent_locked(r, st, why);
     } else {
         r->pages = copy;
         r->npages = n;
