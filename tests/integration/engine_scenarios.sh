@@ -4,24 +4,7 @@
 # checked against the plan by prefill. Runs inside the test bed.
 # Usage: engine_scenarios.sh BUILD_DIR
 set -u
-build=${1:-build}
-xfer=$build/kvw-xfer
-work=$(mktemp -d)
-failed=0
-passed=0
-
-dev0=$KVW_TB_DEV0 ip0=$KVW_TB_IP0
-dev1=${KVW_TB_DEV1:-$KVW_TB_DEV0} ip1=${KVW_TB_IP1:-$KVW_TB_IP0}
-
-result() { # name rc
-    if [ "$2" -eq 0 ]; then
-        echo "[       OK ] $1"
-        passed=$((passed + 1))
-    else
-        echo "[  FAILED  ] $1 (rc $2)"
-        failed=$((failed + 1))
-    fi
-}
+. "$(dirname "$0")/common.sh"
 
 # scenario NAME "PREFILL_DEV PREFILL_IP" "DECODE_DEV DECODE_IP" DECODERS ARGS...
 scenario() {

@@ -9,14 +9,7 @@
 # the kill time: every time is printed, and checked against a bound.
 # Runs inside the test bed. Usage: fault_scenarios.sh BUILD_DIR
 set -u
-build=${1:-build}
-xfer=$build/kvw-xfer
-work=$(mktemp -d)
-failed=0
-passed=0
-
-dev0=$KVW_TB_DEV0 ip0=$KVW_TB_IP0
-dev1=${KVW_TB_DEV1:-$KVW_TB_DEV0} ip1=${KVW_TB_IP1:-$KVW_TB_IP0}
+. "$(dirname "$0")/common.sh"
 
 # Bounds (ms). A killed peer is noticed when its control connection closes
 # (well under a second on a fast machine); the guest is 20-50x slower.
@@ -45,16 +38,6 @@ ABORT_WORK="--layers 8 --item 8192 --pool 256 --pages 64 --requests 6 --inflight
 # Bystander scenarios: 8 requests of 4 MB, 4 in flight.
 BYSTANDER_WORK="--layers 8 --item 4096 --pool 256 --pages 64 --requests 8 --inflight 4
     --contig 2 --dst-contig 1 --aux-item 128 --aux-items 8 --seed 41"
-
-result() { # name rc
-    if [ "$2" -eq 0 ]; then
-        echo "[       OK ] $1"
-        passed=$((passed + 1))
-    else
-        echo "[  FAILED  ] $1 (rc $2)"
-        failed=$((failed + 1))
-    fi
-}
 
 now_ms() { date +%s%3N; }
 

@@ -568,6 +568,58 @@ static void test_second_claim_refused(void **state)
     pair_destroy_room(&a);
 }
 
+/* Bad messages at prefill's control socket (garbage, an extra frame, and
+ * well-formed ABORT and REQUEST for a live room from a sender that never
+ * shook hands) are dropped: the room they name lands on both sides with
+ * every byte right, and the stranger gets no answer. */
+static void test_bad_messages_touch_nothing(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 16, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_faults_t slow = {.delay_us = 10000};
+    fake_nic_set_faults(&slow);
+    send_now(&a);
+
+    void *zctx = zmq_ctx_new();
+    void *rogue = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(rogue, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(rogue, ZMQ_ROUTING_ID, "rogue-decode", KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(rogue, kvw_engine_endpoint(pair.prefill)), 0);
+    uint8_t buf[512];
+    size_t len = 0;
+    assert_int_equal(zmq_send(rogue, "not a kvwire message", 20, 0), 20);
+    assert_int_equal(zmq_send(rogue, "frame one", 9, ZMQ_SNDMORE), 9);
+    kvw_msg_t ping = {.type = KVW_MSG_PING};
+    assert_int_equal(kvw__wire_encode(&ping, buf, sizeof(buf), &len), KVW_OK);
+    assert_int_equal(zmq_send(rogue, buf, len, 0), (int)len);
+    kvw_msg_t abort_msg = {.type = KVW_MSG_ABORT, .status = KVW_ERR_ABORTED};
+    abort_msg.u.failed.room = a.room;
+    assert_int_equal(kvw__wire_encode(&abort_msg, buf, sizeof(buf), &len), KVW_OK);
+    assert_int_equal(zmq_send(rogue, buf, len, 0), (int)len);
+    kvw_msg_t req = {.type = KVW_MSG_REQUEST};
+    req.u.request.room = a.room;
+    req.u.request.aux_index = KVW_NO_AUX;
+    assert_int_equal(kvw__wire_encode(&req, buf, sizeof(buf), &len), KVW_OK);
+    assert_int_equal(zmq_send(rogue, buf, len, 0), (int)len);
+
+    assert_landed(&a);
+    pair_sleep_ms(50);
+    assert_int_equal(zmq_recv(rogue, buf, sizeof(buf), ZMQ_DONTWAIT), -1);
+    zmq_close(rogue);
+    zmq_ctx_term(zctx);
+    /* The connection still serves new rooms. */
+    fake_nic_set_faults(NULL);
+    pair_room_t b;
+    start(&b, 2, 8, 1);
+    send_now(&b);
+    assert_landed(&b);
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
 /* Dropping prefill's control messages: decode declares it dead by
  * heartbeat within the bound, and the next request reconnects. */
 static void *silenced_router;
@@ -657,6 +709,7 @@ int main(int argc, char **argv)
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_silent_prefill, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_second_claim_refused, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_bad_messages_touch_nothing, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_prefill_restart, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_stale_registration_is_looked_up_again, open_pair,
                                         close_pair),
