@@ -117,8 +117,13 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     size_t body = 0;
     switch (m->type) {
     case KVW_MSG_BS_REGISTER:
+        body = 4 + 4 + 8 + 2 + strnlen(m->u.bs.endpoint, KVW_WIRE_ENDPOINT_MAX);
+        break;
     case KVW_MSG_BS_LOOKUP_REPLY:
         body = 4 + 4 + 2 + strnlen(m->u.bs.endpoint, KVW_WIRE_ENDPOINT_MAX);
+        break;
+    case KVW_MSG_BS_UNREGISTER:
+        body = 4 + 4 + 8;
         break;
     case KVW_MSG_BS_LOOKUP:
     case KVW_MSG_BS_REGISTER_ACK:
@@ -126,7 +131,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
-        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + 4 + hello_regions(m) * REGION_LEN;
+        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + 4 + 4 + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 8 * (size_t)m->u.request.num_pages;
@@ -147,7 +152,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
 
 static int type_known(uint16_t t)
 {
-    return (t >= KVW_MSG_BS_REGISTER && t <= KVW_MSG_BS_LOOKUP_REPLY) || t == KVW_MSG_HELLO ||
+    return (t >= KVW_MSG_BS_REGISTER && t <= KVW_MSG_BS_UNREGISTER) || t == KVW_MSG_HELLO ||
            t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
            t == KVW_MSG_BYE;
@@ -160,8 +165,11 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
     case KVW_MSG_BS_LOOKUP_REPLY:
     case KVW_MSG_BS_LOOKUP:
     case KVW_MSG_BS_REGISTER_ACK:
+    case KVW_MSG_BS_UNREGISTER:
         put_le(w, (uint32_t)m->status, 4);
         put_le(w, m->u.bs.rank, 4);
+        if (m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_UNREGISTER)
+            put_le(w, m->u.bs.engine_id, 8);
         if (m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_LOOKUP_REPLY)
             put_str(w, m->u.bs.endpoint, sizeof(m->u.bs.endpoint));
         break;
@@ -173,6 +181,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.hello.num_layers, 4);
         put_le(w, m->u.hello.num_aux, 4);
         put_le(w, m->u.hello.recv_credits, 4);
+        put_le(w, m->u.hello.max_msg_sz, 4);
         for (size_t i = 0; i < hello_regions(m); i++) {
             const kvw_wire_region_t *g = &m->u.hello.regions[i];
             put_le(w, g->addr, 8);
@@ -253,6 +262,7 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     m->u.hello.num_layers = (uint32_t)get_le(r, 4);
     m->u.hello.num_aux = (uint32_t)get_le(r, 4);
     m->u.hello.recv_credits = (uint32_t)get_le(r, 4);
+    m->u.hello.max_msg_sz = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
     const kvw_qp_info_t *q = &m->u.hello.qp;
@@ -262,6 +272,11 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
                                 q->mtu > 5 || (q->link_layer != 1 && q->link_layer != 2)))
         return fail(reason, rsize, "%s: QP info out of range (qpn %u, psn %u, mtu %u, link %u)",
                     kvw__wire_type_name(m->type), q->qpn, q->psn, q->mtu, q->link_layer);
+    /* The planner splits writes at the smaller of the two ports' limits;
+     * every port takes at least one MTU. */
+    if (m->status == KVW_OK && m->u.hello.max_msg_sz < 4096)
+        return fail(reason, rsize, "%s: max message size %u is below one MTU",
+                    kvw__wire_type_name(m->type), m->u.hello.max_msg_sz);
     size_t n = hello_regions(m);
     /* Bound counts by the bytes actually present before allocating. */
     if (n > KVW_WIRE_MAX_REGIONS || n * REGION_LEN != remaining(r))
@@ -315,8 +330,11 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
     case KVW_MSG_BS_LOOKUP_REPLY:
     case KVW_MSG_BS_LOOKUP:
     case KVW_MSG_BS_REGISTER_ACK:
+    case KVW_MSG_BS_UNREGISTER:
         m->status = (int32_t)get_le(r, 4);
         m->u.bs.rank = (uint32_t)get_le(r, 4);
+        if (m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_UNREGISTER)
+            m->u.bs.engine_id = get_le(r, 8);
         if ((m->type == KVW_MSG_BS_REGISTER || m->type == KVW_MSG_BS_LOOKUP_REPLY) &&
             !get_str(r, m->u.bs.endpoint, sizeof(m->u.bs.endpoint)))
             return fail(reason, rsize, "%s: bad endpoint string", kvw__wire_type_name(m->type));
@@ -408,6 +426,8 @@ const char *kvw__wire_type_name(uint16_t type)
         return "BS_LOOKUP";
     case KVW_MSG_BS_LOOKUP_REPLY:
         return "BS_LOOKUP_REPLY";
+    case KVW_MSG_BS_UNREGISTER:
+        return "BS_UNREGISTER";
     case KVW_MSG_HELLO:
         return "HELLO";
     case KVW_MSG_HELLO_ACK:

@@ -8,7 +8,7 @@
 #include "verbs/qp.h"
 
 #define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
-#define KVW_WIRE_VERSION 2
+#define KVW_WIRE_VERSION 3
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -17,10 +17,11 @@
 #define KVW_WIRE_MAX_MSG (64u << 20)  /* bounds what a peer can make us buffer */
 
 typedef enum {
-    KVW_MSG_BS_REGISTER = 1,     /* prefill -> bootstrap: rank, endpoint */
+    KVW_MSG_BS_REGISTER = 1,     /* prefill -> bootstrap: rank, endpoint, engine id */
     KVW_MSG_BS_REGISTER_ACK = 2, /* bootstrap -> prefill: status */
     KVW_MSG_BS_LOOKUP = 3,       /* decode -> bootstrap: rank */
     KVW_MSG_BS_LOOKUP_REPLY = 4, /* bootstrap -> decode: status, endpoint */
+    KVW_MSG_BS_UNREGISTER = 5,   /* prefill -> bootstrap: rank, engine id; no reply */
     KVW_MSG_HELLO = 10,          /* decode -> prefill: QP info + memory table */
     KVW_MSG_HELLO_ACK = 11,      /* prefill -> decode: status, QP info + memory table */
     KVW_MSG_REQUEST = 20,        /* decode -> prefill: room, token, aux, dst pages */
@@ -49,6 +50,7 @@ typedef struct kvw_msg {
     union {
         struct {
             uint32_t rank;
+            uint64_t engine_id;                   /* REGISTER, UNREGISTER: the rank's owner */
             char endpoint[KVW_WIRE_ENDPOINT_MAX]; /* REGISTER, LOOKUP_REPLY */
         } bs;
         struct {
@@ -56,6 +58,7 @@ typedef struct kvw_msg {
             kvw_qp_info_t qp;
             uint32_t num_layers, num_aux;
             uint32_t recv_credits;      /* decode: receives posted for immediates */
+            uint32_t max_msg_sz;        /* largest RDMA message the sender's port takes */
             kvw_wire_region_t *regions; /* 2*num_layers + num_aux; owned by the msg */
         } hello;
         struct {

@@ -187,7 +187,8 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     }
     if ((st = copy_layout(e, p)))
         return st;
-    if ((st = kvw__dev_open(p->device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)))
+    if ((st = kvw__dev_open(p->device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)) ||
+        (st = kvw__dev_check_limits(e->dev, e->cfg.sq_depth, e->cfg.rq_depth)))
         return st;
     if ((st = register_regions(e)) || (st = open_channel(e)) || (st = open_control(e)))
         return st;

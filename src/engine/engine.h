@@ -40,6 +40,7 @@ struct kvw_peer {
     kvw_plan_region_t *regions;            /* 2L + A, local paired with remote */
     uint64_t remote_max_pages;             /* pages every remote KV region can hold */
     uint64_t remote_max_aux;               /* items every remote aux region can hold */
+    uint32_t max_msg_sz;                   /* the smaller of the two ports' limits */
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */

@@ -80,6 +80,7 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     m->u.hello.num_layers = e->num_layers;
     m->u.hello.num_aux = e->num_aux;
     m->u.hello.recv_credits = (uint32_t)atomic_load(&p->recvs_posted);
+    m->u.hello.max_msg_sz = e->dev->max_msg_sz;
     m->u.hello.regions = calloc(n, sizeof(kvw_wire_region_t));
     if (!m->u.hello.regions) {
         m->u.hello.num_layers = m->u.hello.num_aux = 0; /* encodes; the peer rejects it */
@@ -105,6 +106,9 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
         return KVW_ERR_MISMATCH;
     }
     uint32_t kv = 2 * e->num_layers, n = kv + e->num_aux;
+    /* rxe takes 8 MiB per message, mlx5 1 GiB: plan with the smaller. */
+    p->max_msg_sz = h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz
+                                                                : e->dev->max_msg_sz;
     p->remote_max_pages = UINT64_MAX;
     p->remote_max_aux = e->num_aux ? UINT64_MAX : 0;
     for (uint32_t i = 0; i < n; i++) {

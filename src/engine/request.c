@@ -303,7 +303,7 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     p->has_aux = r->aux_index != KVW_NO_AUX;
     p->aux_src = r->aux_index;
     p->aux_dst = r->dst_aux;
-    p->max_msg = e->dev->max_msg_sz;
+    p->max_msg = r->peer->max_msg_sz;
     r->writes_total = kvw__plan_count(p);
     int s = atomic_load(&r->state);
     if (s == KVW_POLL_FAILED)

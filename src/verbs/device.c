@@ -105,7 +105,31 @@ static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_ind
     dev->active_mtu = pa.active_mtu;
     dev->max_msg_sz = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
     dev->max_qp_wr = da.max_qp_wr;
+    dev->max_cqe = da.max_cqe;
+    dev->max_sge = da.max_sge;
     return choose_gid(dev, &pa, local_ip, gid_index);
+}
+
+kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint32_t rq_depth)
+{
+    /* One CQ per QP takes both queues' completions (see qp.c). */
+    uint64_t cqe = (uint64_t)sq_depth + rq_depth;
+    if (sq_depth > (uint32_t)dev->max_qp_wr || rq_depth > (uint32_t)dev->max_qp_wr) {
+        KVW_ERROR("%s: sq_depth %u / rq_depth %u exceed the device's max_qp_wr %d", dev->name,
+                  sq_depth, rq_depth, dev->max_qp_wr);
+        return KVW_ERR_INVALID;
+    }
+    if (cqe > (uint64_t)dev->max_cqe) {
+        KVW_ERROR("%s: sq_depth + rq_depth = %llu exceeds the device's max_cqe %d", dev->name,
+                  (unsigned long long)cqe, dev->max_cqe);
+        return KVW_ERR_INVALID;
+    }
+    if (dev->max_sge < 1) {
+        KVW_ERROR("%s: the device takes no scatter/gather entry per WR (max_sge %d)", dev->name,
+                  dev->max_sge);
+        return KVW_ERR_INVALID;
+    }
+    return KVW_OK;
 }
 
 kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,

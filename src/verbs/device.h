@@ -18,7 +18,7 @@ typedef struct kvw_dev {
     uint8_t link_layer;      /* IBV_LINK_LAYER_* */
     enum ibv_mtu active_mtu;
     uint32_t max_msg_sz;     /* largest single RDMA write the port accepts */
-    int max_qp_wr;
+    int max_qp_wr, max_cqe, max_sge;
 } kvw_dev_t;
 
 /* Open device `name`, or the device that owns local_ip when name is NULL.
@@ -26,6 +26,9 @@ typedef struct kvw_dev {
 kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
                            kvw_dev_t **dev_p);
 void kvw__dev_close(kvw_dev_t *dev);
+/* Can this device hold QPs of these depths (and their CQ, one SGE per WR)?
+ * KVW_ERR_INVALID with the limit named in the log if not. */
+kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint32_t rq_depth);
 
 /* Pure helper, exposed for tests: is this GID an IPv4-mapped address
  * (::ffff:a.b.c.d)? */

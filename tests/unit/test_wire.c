@@ -109,6 +109,10 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_BS_LOOKUP_REPLY:
         assert_string_equal(a->u.bs.endpoint, b->u.bs.endpoint);
         /* fall through */
+    case KVW_MSG_BS_UNREGISTER:
+        if (a->type != KVW_MSG_BS_LOOKUP_REPLY)
+            assert_int_equal(a->u.bs.engine_id, b->u.bs.engine_id);
+        /* fall through */
     case KVW_MSG_BS_REGISTER_ACK:
     case KVW_MSG_BS_LOOKUP:
         assert_int_equal(a->status, b->status);
@@ -122,6 +126,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.hello.num_layers, b->u.hello.num_layers);
         assert_int_equal(a->u.hello.num_aux, b->u.hello.num_aux);
         assert_int_equal(a->u.hello.recv_credits, b->u.hello.recv_credits);
+        assert_int_equal(a->u.hello.max_msg_sz, b->u.hello.max_msg_sz);
         for (size_t i = 0; i < 2 * (size_t)a->u.hello.num_layers + a->u.hello.num_aux; i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
             assert_int_equal(x->addr, y->addr);
@@ -205,6 +210,7 @@ static kvw_msg_t sample_hello(uint16_t type)
     m.u.hello.num_layers = 2;
     m.u.hello.num_aux = 1;
     m.u.hello.recv_credits = 256;
+    m.u.hello.max_msg_sz = 8u << 20;
     m.u.hello.regions = sample_regions;
     return m;
 }
@@ -233,8 +239,13 @@ static void test_roundtrip_bs(void **state)
     memset(&m, 0, sizeof(m));
     m.type = KVW_MSG_BS_REGISTER;
     m.u.bs.rank = 3;
+    m.u.bs.engine_id = 0xfedcba9876543210ull;
     strcpy(m.u.bs.endpoint, "tcp://10.0.0.1:5555");
     roundtrip(&m);
+    m.type = KVW_MSG_BS_UNREGISTER;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 16);
+    m.type = KVW_MSG_BS_REGISTER;
 
     m.type = KVW_MSG_BS_LOOKUP_REPLY;
     m.status = KVW_ERR_NOT_FOUND;
@@ -526,8 +537,8 @@ static size_t forge_hello(uint8_t *buf, uint32_t num_layers, uint32_t num_aux, u
         regions[i] = (kvw_wire_region_t){0x1000 * (i + 1), 64, 16, i};
     m.u.hello.regions = present ? regions : NULL;
     size_t len = encode_ok(&m, buf, BUF_CAP);
-    /* num_layers, num_aux and recv_credits sit right before the regions. */
-    size_t counts = len - (size_t)present * 28 - 12;
+    /* num_layers, num_aux, recv_credits and max_msg_sz sit right before the regions. */
+    size_t counts = len - (size_t)present * 28 - 16;
     put32(buf + counts, num_layers);
     put32(buf + counts + 4, num_aux);
     return len;
@@ -556,6 +567,9 @@ static void test_reject_hello_qp_info(void **state)
     m.u.hello.qp = (kvw_qp_info_t){.qpn = 0xffffff, .psn = 0xffffff, .mtu = 1, .link_layer = 1};
     decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &out);
     kvw__wire_free(&out);
+    /* A port that cannot take one 4 KiB message is not a port we can plan for. */
+    m.u.hello.max_msg_sz = 4095;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
     /* A refusal carries no QP info at all. */
     memset(&m, 0, sizeof(m));
     m.type = KVW_MSG_HELLO_ACK;
