@@ -1,6 +1,8 @@
 # kvwire build. `make` builds the libraries, tools and tests; `make check`
-# runs unit tests (ASan+UBSan, host) and integration tests (real rxe, in the
-# test bed); `make demo` runs the main job; `make bench` the benchmarks.
+# runs unit tests (ASan+UBSan, host), a short deterministic fuzz pass,
+# ThreadSanitizer and integration tests (real rxe, in the test bed); `make
+# fuzz` fuzzes for longer; `make demo` runs the main job; `make bench` the
+# benchmarks.
 
 PREFIX    ?= /usr/local
 BUILD     ?= build
@@ -36,7 +38,8 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check unit integration tsan chaos demo bench wrcost install clean format
+.PHONY: all deps check unit integration tsan chaos demo bench wrcost install clean format \
+        fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
 
 deps:
@@ -95,6 +98,7 @@ $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 
 check: deps all
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory fuzz-short
 	@$(MAKE) --no-print-directory tsan
 	@$(MAKE) --no-print-directory integration
 
@@ -123,6 +127,85 @@ bench: deps all
 # (Debian package valgrind).
 wrcost: $(BUILD)/kvw-wrcost
 	$(BUILD)/kvw-wrcost
+
+# ---------------------------------------------------------------- fuzzing
+# libFuzzer harnesses (tests/fuzz/): the wire decoder, and the control
+# handlers of prefill, decode and the bootstrap service driven over ZeroMQ.
+# Library objects carry coverage (fuzzer-no-link); the fake NIC does not,
+# so the fuzzer steers by kvwire's code alone. Needs clang and the libFuzzer
+# runtime (Debian clang, libfuzzer-14-dev, libclang-rt-14-dev).
+FUZZ_CC     ?= clang
+FUZZ_DIR    := $(BUILD)/fuzz
+FUZZ_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+FUZZ_CFLAGS := $(CFLAGS) -O1 -g
+FUZZ_NAMES  := wire prefill decode bootstrap
+FUZZ_BINS   := $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
+FUZZ_OBJS   := $(LIB_SRCS:%.c=$(FUZZ_DIR)/obj/%.o)
+FUZZ_COMMON_OBJ := $(FUZZ_DIR)/obj/tests/fuzz/fuzz_common.o
+FUZZ_SUPPORT_OBJS := $(FUZZ_DIR)/obj/tests/support/fake_nic.o $(FUZZ_COMMON_OBJ)
+# The wire harness and the seed generator need only the wire format, so
+# they build (and fuzz-short's wire pass runs) while the engine is mid-edit.
+FUZZ_WIRE_OBJS := $(filter $(FUZZ_DIR)/obj/src/ctrl/wire.o $(FUZZ_DIR)/obj/src/common/%,$(FUZZ_OBJS))
+FUZZ_RT     := libclang_rt.fuzzer-$(shell uname -m).a
+# make fuzz: seconds per harness (FUZZ_SECONDS sets all), and the inputs
+# the wire harness must reach however long that takes.
+FUZZ_SECONDS_WIRE   ?= $(or $(FUZZ_SECONDS),60)
+FUZZ_SECONDS_ENGINE ?= $(or $(FUZZ_SECONDS),30)
+FUZZ_WIRE_MIN_RUNS  ?= 10000000
+# make fuzz-short (in make check): inputs per harness, fixed seed.
+FUZZ_SHORT_RUNS_WIRE   ?= 200000
+FUZZ_SHORT_RUNS_ENGINE ?= 400
+
+.SECONDARY: $(FUZZ_OBJS) $(FUZZ_SUPPORT_OBJS)
+
+fuzz-toolchain:
+	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { echo "fuzz: $(FUZZ_CC) not found:" \
+	    "install the Debian package clang (scripts/install-deps.sh)" >&2; exit 1; }
+	@test -f "$$($(FUZZ_CC) -print-file-name=$(FUZZ_RT))" || { echo "fuzz: $(FUZZ_RT) not" \
+	    "found: install the Debian package libfuzzer-14-dev (and libclang-rt-14-dev, which" \
+	    "ships the runtime; scripts/install-deps.sh installs both)" >&2; exit 1; }
+
+$(FUZZ_DIR)/obj/src/%.o: src/%.c | fuzz-toolchain
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(FUZZ_DIR)/obj/tests/%.o: tests/%.c | fuzz-toolchain
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) -Itests $(FUZZ_CFLAGS) $(FUZZ_SAN) -MMD -MP -c $< -o $@
+
+$(FUZZ_DIR)/fuzz_wire: tests/fuzz/fuzz_wire.c $(FUZZ_WIRE_OBJS) $(FUZZ_COMMON_OBJ) | fuzz-toolchain
+	$(FUZZ_CC) $(CPPFLAGS) -Itests $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer $< \
+	    $(FUZZ_COMMON_OBJ) $(FUZZ_WIRE_OBJS) -o $@ $(LDLIBS)
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJS) $(FUZZ_SUPPORT_OBJS) | fuzz-toolchain
+	$(FUZZ_CC) $(CPPFLAGS) -Itests $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer $< \
+	    $(FUZZ_SUPPORT_OBJS) $(FUZZ_OBJS) -o $@ $(LDLIBS)
+
+$(FUZZ_DIR)/gen_corpus: tests/fuzz/gen_corpus.c $(FUZZ_WIRE_OBJS) $(FUZZ_COMMON_OBJ) | fuzz-toolchain
+	$(FUZZ_CC) $(CPPFLAGS) -Itests $(FUZZ_CFLAGS) $(FUZZ_SAN) $< $(FUZZ_COMMON_OBJ) \
+	    $(FUZZ_WIRE_OBJS) -o $@ $(LDLIBS)
+
+# Regenerated whenever the generator (and so the wire code) changes.
+$(FUZZ_DIR)/seeds/.stamp: $(FUZZ_DIR)/gen_corpus
+	rm -rf $(FUZZ_DIR)/seeds
+	$(FUZZ_DIR)/gen_corpus $(FUZZ_DIR)/seeds
+	@touch $@
+
+fuzz-build: $(FUZZ_BINS) $(FUZZ_DIR)/seeds/.stamp
+
+# One harness at a time: the engine harnesses run threads of their own.
+fuzz: fuzz-build
+	@set -e; for h in $(FUZZ_NAMES); do \
+	    if [ $$h = wire ]; then t=$(FUZZ_SECONDS_WIRE) min=$(FUZZ_WIRE_MIN_RUNS); \
+	    else t=$(FUZZ_SECONDS_ENGINE) min=0; fi; \
+	    tests/fuzz/run-fuzz.sh $(FUZZ_DIR)/fuzz_$$h $(FUZZ_DIR)/seeds/$$h \
+	        $(FUZZ_DIR)/work/$$h time $$t $$min; done
+
+fuzz-short: fuzz-build
+	@set -e; for h in $(FUZZ_NAMES); do \
+	    if [ $$h = wire ]; then n=$(FUZZ_SHORT_RUNS_WIRE); else n=$(FUZZ_SHORT_RUNS_ENGINE); fi; \
+	    tests/fuzz/run-fuzz.sh $(FUZZ_DIR)/fuzz_$$h $(FUZZ_DIR)/seeds/$$h \
+	        $(FUZZ_DIR)/short/$$h short $$n; done
 
 install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin

@@ -83,7 +83,8 @@ extern "C" {
     X(ERR_NOT_FOUND, -14, "not found")                                                             \
     X(ERR_EXISTS, -15, "already exists")                                                           \
     X(ERR_UNSUPPORTED, -16, "not supported on this device or build")                              \
-    X(ERR_ABORTED, -17, "request aborted")
+    X(ERR_ABORTED, -17, "request aborted")                                                         \
+    X(ERR_LIMIT, -18, "a configured limit was reached")
 
 typedef enum {
 #define KVW_STATUS_ENUM(name, value, msg) KVW_##name = value,
@@ -133,16 +134,42 @@ typedef struct kvw_config {
      * longest an abort waits for prefill's acknowledgement. A peer process
      * that exits is noticed sooner, when its control connection closes. */
     uint32_t peer_timeout_ms;
+    /* KVW_MAX_PEERS, 256: live control connections (decode engines on
+     * prefill, prefill ranks on decode); one more is refused, naming this
+     * limit. Dead connections free their slot once their writes drained. */
+    uint32_t max_peers;
+    /* Requests decode sends before prefill created the room's sender
+     * ("orphans") are kept at most KVW_ORPHAN_TTL_MS (30000) and, per
+     * decode connection, at most KVW_MAX_ORPHANS_PER_PEER (1024) of them
+     * holding at most KVW_MAX_ORPHAN_MIB_PER_PEER (64) MiB of page indices;
+     * beyond that decode's request fails at once with KVW_ERR_LIMIT. */
+    uint32_t orphan_ttl_ms;
+    uint32_t max_orphans_per_peer;
+    uint32_t max_orphan_mib_per_peer;
     int32_t gid_index;           /* KVW_GID_INDEX, -1: -1 picks RoCEv2 IPv4-mapped GID */
     uint8_t ib_port;             /* KVW_IB_PORT, 1 */
     uint8_t qp_timeout;          /* KVW_QP_TIMEOUT, 14: ACK timeout 4.096us*2^n */
     uint8_t qp_retry_cnt;        /* KVW_QP_RETRY_CNT, 7 */
     uint8_t qp_rnr_retry;        /* KVW_QP_RNR_RETRY, 7 */
+    /* Authentication and encryption of the control plane (ZeroMQ CURVE),
+     * off by default. The cluster key is one secret shared by every engine
+     * and bootstrap service of a deployment (tools/kvw-keygen makes one):
+     * with it set, every control connection is encrypted and only parties
+     * holding the same key can register, look up, handshake or request.
+     * Set at most one of the two; see README "Trust model".
+     *   cluster_key_file  KVW_CLUSTER_KEY_FILE, "": a file written by
+     *                     kvw-keygen ('#' comment lines, then the key).
+     *   cluster_key       KVW_CLUSTER_KEY, "": the key itself, 40 Z85
+     *                     characters (kvw_config_print never shows it). */
+    char cluster_key_file[256];
+    char cluster_key[41];
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides. Returns
  * KVW_ERR_INVALID (and logs which variable) if a variable does not parse or
- * is out of range; cfg then holds the defaults for that field. */
+ * is out of range (or, for text, is too long); cfg then holds the defaults
+ * for that field. The cluster key is only checked when an engine or
+ * bootstrap service is created with it (KVW_ERR_INVALID, logged). */
 KVW_API kvw_status_t kvw_config_init(kvw_config_t *cfg);
 /* Write "name = value (ENV_VAR)" lines for every field to out. */
 KVW_API void kvw_config_print(const kvw_config_t *cfg, FILE *out);
@@ -315,12 +342,42 @@ KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
 typedef struct kvw_bootstrap kvw_bootstrap_t;
 
-/* Start a bootstrap service bound to bind_addr "ip:port" (port 0 picks an
- * ephemeral port) on its own thread. */
+/* A prefill engine re-registers its rank every KVW_BOOTSTRAP_REFRESH_MS,
+ * so a restarted service is repopulated within about that long. The
+ * service keeps a rank for its owner (the engine that registered it) for
+ * a lease (default KVW_BOOTSTRAP_LEASE_MS) after each refresh: another
+ * engine registering the rank meanwhile is refused with KVW_ERR_EXISTS,
+ * and a lookup after the lease ran out answers "not registered". An engine
+ * destroyed cleanly unregisters at once. */
+#define KVW_BOOTSTRAP_REFRESH_MS 1000
+#define KVW_BOOTSTRAP_LEASE_MS 3000
+
+typedef struct kvw_bootstrap_params {
+    const char *bind_addr; /* "ip:port"; port 0 picks an ephemeral port */
+    /* Only the cluster key fields are used (see kvw_config_t): with a key,
+     * only engines holding the same key can register or look up, and all
+     * traffic is encrypted. NULL: kvw_config_init() (the KVW_* env). */
+    const kvw_config_t *config;
+    /* 0: KVW_BOOTSTRAP_LEASE_MS. Keep it several refresh intervals long,
+     * or a live engine may lose its rank to a late refresh. */
+    uint32_t lease_ms;
+} kvw_bootstrap_params_t;
+
+/* Start a bootstrap service on its own thread. KVW_ERR_INVALID for bad
+ * params or a bad cluster key, KVW_ERR_UNSUPPORTED for a key with a libzmq
+ * lacking CURVE, KVW_ERR_CONTROL when it cannot bind; all logged. The
+ * params are copied. */
+KVW_API kvw_status_t kvw_bootstrap_create2(const kvw_bootstrap_params_t *params,
+                                           kvw_bootstrap_t **bootstrap_p);
+/* kvw_bootstrap_create2 with bind_addr, config NULL (the cluster key, if
+ * any, from KVW_CLUSTER_KEY_FILE / KVW_CLUSTER_KEY) and the default lease. */
 KVW_API kvw_status_t kvw_bootstrap_create(const char *bind_addr, kvw_bootstrap_t **bootstrap_p);
 /* "ip:port" it actually listens on; valid for its lifetime. */
 KVW_API const char *kvw_bootstrap_addr(const kvw_bootstrap_t *bootstrap);
-/* Accepts NULL. */
+/* Stop the service and free it. Registrations are lost: the prefill
+ * engines' refreshes repopulate a new service on the same address.
+ * Accepts NULL. kvw_bootstrap_* calls on one service must not race with
+ * its destroy; otherwise they are thread-safe. */
 KVW_API void kvw_bootstrap_destroy(kvw_bootstrap_t *bootstrap);
 
 #ifdef __cplusplus

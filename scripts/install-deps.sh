@@ -15,6 +15,13 @@ BUILD_PKGS=(
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     valgrind
 )
+# Fuzzing (make fuzz, make fuzz-short in make check): clang and libFuzzer.
+# The runtime clang links with -fsanitize=fuzzer (libclang_rt.fuzzer) is
+# in libclang-rt-14-dev, which clang only recommends: name it, since
+# recommends are not installed here.
+FUZZ_PKGS=(
+    clang libfuzzer-14-dev libclang-rt-14-dev
+)
 # The test bed: a qemu TCG guest running Debian's 6.1 kernel (ships
 # rdma_rxe.ko), booted from a busybox initramfs built with cpio, with rxe
 # configured by iproute2's `ip`/`rdma`. procps provides pgrep/ps used by
@@ -54,7 +61,7 @@ main() {
     fi
 
     local -a missing
-    mapfile -t missing < <(missing_packages "${BUILD_PKGS[@]}" "${TESTBED_PKGS[@]}")
+    mapfile -t missing < <(missing_packages "${BUILD_PKGS[@]}" "${FUZZ_PKGS[@]}" "${TESTBED_PKGS[@]}")
     if ((${#missing[@]} == 0)); then
         ((check)) || echo "install-deps.sh: all packages installed"
         exit 0

@@ -5,21 +5,24 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { FIELD_U8, FIELD_U32, FIELD_I32 } field_kind_t;
+typedef enum { FIELD_U8, FIELD_U32, FIELD_I32, FIELD_STR, FIELD_SECRET } field_kind_t;
 
 typedef struct config_field {
     const char *name;
     const char *env;
     size_t offset;
     field_kind_t kind;
-    int64_t def, min, max;
+    int64_t def, min, max; /* text: max is the buffer size, NUL included; default "" */
 } config_field_t;
 
 #define FIELD(member, kind, def, min, max)                                                         \
     {#member, "KVW_" #member, offsetof(kvw_config_t, member), kind, def, min, max}
+/* Text fields; FIELD_SECRET is never printed. */
+#define TEXT(member, kind) FIELD(member, kind, 0, 0, sizeof(((kvw_config_t *)0)->member))
 
 /* Env names are the upper-cased member names; see upcase_env() below. */
 static const config_field_t fields[] = {
@@ -32,11 +35,17 @@ static const config_field_t fields[] = {
     FIELD(transfer_timeout_ms, FIELD_U32, 60000, 10, 3600000),
     FIELD(heartbeat_ms, FIELD_U32, 500, 10, 600000),
     FIELD(peer_timeout_ms, FIELD_U32, 2000, 50, 3600000),
+    FIELD(max_peers, FIELD_U32, 256, 1, 65536),
+    FIELD(orphan_ttl_ms, FIELD_U32, 30000, 10, 3600000),
+    FIELD(max_orphans_per_peer, FIELD_U32, 1024, 0, 1u << 20),
+    FIELD(max_orphan_mib_per_peer, FIELD_U32, 64, 0, 1u << 20),
     FIELD(gid_index, FIELD_I32, -1, -1, 255),
     FIELD(ib_port, FIELD_U8, 1, 1, 255),
     FIELD(qp_timeout, FIELD_U8, 14, 1, 31),
     FIELD(qp_retry_cnt, FIELD_U8, 7, 0, 7),
     FIELD(qp_rnr_retry, FIELD_U8, 7, 0, 7),
+    TEXT(cluster_key_file, FIELD_STR),
+    TEXT(cluster_key, FIELD_SECRET),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))
@@ -54,7 +63,30 @@ static void field_set(kvw_config_t *cfg, const config_field_t *f, int64_t v)
     case FIELD_I32:
         *(int32_t *)p = (int32_t)v;
         break;
+    case FIELD_STR:
+    case FIELD_SECRET:
+        p[0] = '\0'; /* the only default text is "" */
+        break;
     }
+}
+
+static bool is_text(const config_field_t *f)
+{
+    return f->kind == FIELD_STR || f->kind == FIELD_SECRET;
+}
+
+/* A text override: copied if it fits, else refused like a bad number. */
+static kvw_status_t text_set(kvw_config_t *cfg, const config_field_t *f, const char *env,
+                             const char *text)
+{
+    size_t n = strlen(text);
+    if (n >= (size_t)f->max) {
+        KVW_ERROR("config: %s is %zu characters, at most %" PRId64 " fit; keeping \"\"", env, n,
+                  f->max - 1);
+        return KVW_ERR_INVALID;
+    }
+    memcpy((char *)cfg + f->offset, text, n + 1);
+    return KVW_OK;
 }
 
 static int64_t field_get(const kvw_config_t *cfg, const config_field_t *f)
@@ -67,6 +99,9 @@ static int64_t field_get(const kvw_config_t *cfg, const config_field_t *f)
         return *(const uint32_t *)p;
     case FIELD_I32:
         return *(const int32_t *)p;
+    case FIELD_STR:
+    case FIELD_SECRET:
+        return 0; /* text has no number */
     }
     return 0;
 }
@@ -93,6 +128,11 @@ kvw_status_t kvw_config_init(kvw_config_t *cfg)
         const char *text = getenv(env);
         if (!text || !*text)
             continue;
+        if (is_text(f)) {
+            if (text_set(cfg, f, env, text))
+                status = KVW_ERR_INVALID;
+            continue;
+        }
         char *end;
         errno = 0;
         long long v = strtoll(text, &end, 10);
@@ -113,8 +153,16 @@ void kvw_config_print(const kvw_config_t *cfg, FILE *out)
     for (size_t i = 0; i < NUM_FIELDS; i++) {
         char env[64];
         upcase_env(&fields[i], env, sizeof(env));
-        fprintf(out, "%-22s = %-8" PRId64 " (%s)\n", fields[i].name, field_get(cfg, &fields[i]),
-                env);
+        const char *text = (const char *)cfg + fields[i].offset;
+        if (fields[i].kind == FIELD_SECRET)
+            text = text[0] ? "(set, not shown)" : "-";
+        else if (fields[i].kind == FIELD_STR && !text[0])
+            text = "-";
+        if (is_text(&fields[i]))
+            fprintf(out, "%-22s = %-8s (%s)\n", fields[i].name, text, env);
+        else
+            fprintf(out, "%-22s = %-8" PRId64 " (%s)\n", fields[i].name, field_get(cfg, &fields[i]),
+                    env);
     }
 }
 
@@ -122,6 +170,14 @@ void kvw_config_print(const kvw_config_t *cfg, FILE *out)
 kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
 {
     for (size_t i = 0; i < NUM_FIELDS; i++) {
+        if (is_text(&fields[i])) {
+            /* Unterminated text would be read past its buffer. */
+            if (!memchr((const char *)cfg + fields[i].offset, '\0', (size_t)fields[i].max)) {
+                KVW_ERROR("config: %s is not a terminated string", fields[i].name);
+                return KVW_ERR_INVALID;
+            }
+            continue;
+        }
         int64_t v = field_get(cfg, &fields[i]);
         if (v < fields[i].min || v > fields[i].max) {
             KVW_ERROR("config: %s=%" PRId64 " outside [%" PRId64 ", %" PRId64 "]", fields[i].name,
@@ -132,6 +188,11 @@ kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
     if (cfg->chain_max > cfg->sq_depth / 2 || cfg->signal_every > cfg->sq_depth / 2) {
         KVW_ERROR("config: chain_max (%u) and signal_every (%u) must be at most sq_depth/2 (%u)",
                   cfg->chain_max, cfg->signal_every, cfg->sq_depth / 2);
+        return KVW_ERR_INVALID;
+    }
+    if (cfg->cluster_key[0] && cfg->cluster_key_file[0]) {
+        KVW_ERROR("config: set either cluster_key (KVW_CLUSTER_KEY) or cluster_key_file "
+                  "(KVW_CLUSTER_KEY_FILE), not both");
         return KVW_ERR_INVALID;
     }
     if (cfg->heartbeat_ms >= cfg->peer_timeout_ms) {

@@ -131,7 +131,8 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
-        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + 4 + 4 + hello_regions(m) * REGION_LEN;
+        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + 4 + 4 + 2 +
+               strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 8 * (size_t)m->u.request.num_pages;
@@ -182,6 +183,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.hello.num_aux, 4);
         put_le(w, m->u.hello.recv_credits, 4);
         put_le(w, m->u.hello.max_msg_sz, 4);
+        put_str(w, m->u.hello.reason, sizeof(m->u.hello.reason));
         for (size_t i = 0; i < hello_regions(m); i++) {
             const kvw_wire_region_t *g = &m->u.hello.regions[i];
             put_le(w, g->addr, 8);
@@ -265,6 +267,8 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     m->u.hello.max_msg_sz = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
+    if (!get_str(r, m->u.hello.reason, sizeof(m->u.hello.reason)))
+        return fail(reason, rsize, "%s: bad reason string", kvw__wire_type_name(m->type));
     const kvw_qp_info_t *q = &m->u.hello.qp;
     /* QPNs and PSNs are 24-bit; MTU is an enum ibv_mtu (256..4096). A
      * refusal (HELLO_ACK with an error) carries no QP to check. */

@@ -14,7 +14,9 @@
 #define KVW_WIRE_REASON_MAX 160
 #define KVW_WIRE_MAX_REGIONS 8448     /* 2 x 4096 layers + 256 aux */
 #define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi pages per request */
-#define KVW_WIRE_MAX_MSG (64u << 20)  /* bounds what a peer can make us buffer */
+/* The largest valid message (a REQUEST of KVW_WIRE_MAX_PAGES pages): ZeroMQ
+ * drops anything longer before we buffer it. */
+#define KVW_WIRE_MAX_MSG (KVW_WIRE_HEADER_LEN + 20u + 8u * KVW_WIRE_MAX_PAGES)
 
 typedef enum {
     KVW_MSG_BS_REGISTER = 1,     /* prefill -> bootstrap: rank, endpoint, engine id */
@@ -59,6 +61,7 @@ typedef struct kvw_msg {
             uint32_t num_layers, num_aux;
             uint32_t recv_credits;      /* decode: receives posted for immediates */
             uint32_t max_msg_sz;        /* largest RDMA message the sender's port takes */
+            char reason[KVW_WIRE_REASON_MAX]; /* HELLO_ACK refusal: why */
             kvw_wire_region_t *regions; /* 2*num_layers + num_aux; owned by the msg */
         } hello;
         struct {

@@ -128,9 +128,13 @@ static kvw_status_t open_control(kvw_engine_t *e)
     e->zctx = zmq_ctx_new();
     if (!e->zctx)
         return KVW_ERR_CONTROL;
-    if (e->role == KVW_ROLE_DECODE)
-        return KVW_OK; /* decode only dials out, one DEALER per peer */
-    e->router = kvw__zsocket(e->zctx, ZMQ_ROUTER, e->cfg.heartbeat_ms);
+    /* Before any socket: only prefill serves (its router needs the ZAP
+     * handler); decode only dials out, one DEALER per peer. */
+    kvw_status_t st =
+        kvw__zsecurity_create(e->zctx, &e->cfg, e->role == KVW_ROLE_PREFILL, &e->zsec);
+    if (st || e->role == KVW_ROLE_DECODE)
+        return st;
+    e->router = kvw__zsocket_secure(e->zctx, ZMQ_ROUTER, e->cfg.heartbeat_ms, e->zsec);
     char bind[KVW_WIRE_ENDPOINT_MAX], name[32];
     size_t len = sizeof(e->endpoint);
     snprintf(bind, sizeof(bind), "tcp://%s:*", e->local_ip);
@@ -149,8 +153,9 @@ static kvw_status_t open_control(kvw_engine_t *e)
     }
     if (!e->bootstrap_addr[0])
         return KVW_OK;
-    return kvw__bootstrap_register(e->zctx, e->bootstrap_addr, e->rank, e->endpoint,
-                                   e->cfg.bootstrap_timeout_ms);
+    st = kvw__registrar_create(e->zctx, e->zsec, e->bootstrap_addr, e->rank, e->endpoint, e->id,
+                               KVW_BOOTSTRAP_REFRESH_MS, &e->registrar);
+    return st ? st : kvw__registrar_register(e->registrar, e->cfg.bootstrap_timeout_ms);
 }
 
 static kvw_status_t start_threads(kvw_engine_t *e)
@@ -185,6 +190,12 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         if (!e->tokens || !e->token_gen)
             return KVW_ERR_NO_MEMORY;
     }
+    /* Twice the live cap: dead connections keep their slot until their
+     * writes drained and their BYE went out. */
+    e->peer_slots = 2 * e->cfg.max_peers;
+    e->peers = calloc(e->peer_slots, sizeof(*e->peers));
+    if (!e->peers)
+        return KVW_ERR_NO_MEMORY;
     if ((st = copy_layout(e, p)))
         return st;
     if ((st = kvw__dev_open(p->device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)) ||
@@ -244,12 +255,15 @@ void kvw_engine_destroy(kvw_engine_t *e)
         kvw__req_unref(r);
     }
     e->ready_tail = NULL;
-    uint32_t np = atomic_load(&e->num_peers);
-    for (uint32_t i = 0; i < np; i++)
-        kvw__peer_destroy(e->peers[i]);
+    if (e->peers)
+        kvw__peers_destroy_all(e);
+    free((void *)e->peers);
+    /* A clean exit frees the rank at once (only a crash waits out the lease). */
+    kvw__registrar_destroy(e->registrar, true);
     kvw__zmonitor_close(e->router, e->router_monitor);
     if (e->router)
         zmq_close(e->router);
+    kvw__zsecurity_destroy(e->zsec); /* its ZAP socket would hold zmq_ctx_term */
     if (e->zctx)
         zmq_ctx_term(e->zctx);
     if (e->channel)
@@ -271,6 +285,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
         r->prev = r->next = NULL;
         kvw__req_unref(r);
     }
+    kvw__reqtab_fini(e);
     free(e->tokens);
     free(e->token_gen);
     free(e->regions);

@@ -22,9 +22,8 @@
 #include <stdbool.h>
 
 enum {
-    KVW_MAX_PEERS = 256,   /* connections over an engine's life, dead ones included */
     KVW_TOKEN_BITS = 16,   /* receivers in flight per decode engine: 65536 */
-    KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + peer index */
+    KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + connection serial */
 };
 
 typedef enum { PEER_LOOKUP, PEER_HELLO, PEER_CONNECTED, PEER_DEAD } kvw_peer_state_t;
@@ -34,8 +33,17 @@ typedef struct kvw_peer kvw_peer_t;
 
 struct kvw_peer {
     kvw_engine_t *engine;
-    uint32_t index;
+    uint32_t index;    /* slot in engine->peers, reused once the peer is reclaimed */
+    uint32_t serial;   /* unique over the engine's life: decode's routing identity */
     _Atomic int state; /* kvw_peer_state_t; changes only by compare-and-swap */
+    atomic_bool killing;  /* the first killer wins; state turns DEAD once the QP is in ERR */
+    bool kill_due;        /* (lock) killed under the lock: the control thread finishes it */
+    atomic_bool poller_done; /* dead, and the poller has let go of its queues */
+    bool live;               /* (lock) published and not dead: counts against max_peers */
+    uint32_t nreqs;          /* (lock) listed requests whose r->peer is this peer */
+    uint32_t orphans;        /* (lock) prefill: requests of this peer no sender claimed yet */
+    uint64_t orphan_bytes;   /* (lock) their page lists */
+    kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
     kvw_qp_t *qp;
     kvw_plan_region_t *regions;            /* 2L + A, local paired with remote */
     uint64_t remote_max_pages;             /* pages every remote KV region can hold */
@@ -60,6 +68,7 @@ struct kvw_peer {
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
     uint64_t last_seen_ns, next_ping_ns, deadline_ns;
     uint64_t hello_retry_ns; /* decode: no HELLO_ACK by then, look the rank up again */
+    uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
     /* poller thread only */
     kvw_txq_t txq;
@@ -81,8 +90,15 @@ struct kvw_req {
     char fail_reason[KVW_WIRE_REASON_MAX]; /* (lock) valid once Failed */
     kvw_req_t *prev, *next;                /* engine->reqs (lock) */
     kvw_req_t *qnext;                      /* ready queue (lock) or a poller queue */
-    kvw_peer_t *peer;                      /* (lock) */
-    uint64_t deadline_ns;                  /* (lock) limit of the current state, 0 = none */
+    kvw_req_t *hnext;                      /* room hash chain (lock) */
+    kvw_req_t *wnext;                      /* control work list (lock) */
+    bool listed;                           /* (lock) in engine->reqs and the room table */
+    bool in_work;                          /* (lock) on the work list (which holds a ref) */
+    size_t heap_pos;                       /* (lock) 1-based place in the deadline heap, 0 = none */
+    kvw_peer_t *peer;                      /* (lock) set through kvw__req_attach_locked */
+    uint64_t deadline_ns; /* (lock) limit of the current state, 0 = none; set through
+                             kvw__req_set_deadline_locked */
+    bool orphan;          /* (lock) prefill: decode asked, no sender claimed it yet */
     bool has_user;                         /* (lock) a sender/receiver handle refers to it */
     bool user_gone;                        /* (lock) handle destroyed; kept only as a tombstone */
 
@@ -134,6 +150,10 @@ struct kvw_engine {
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
     void *zctx, *router;
+    /* CURVE for every socket of zctx (NULL: no cluster key, plain); set
+     * before the threads start, read only after. */
+    struct kvw_zsecurity *zsec;
+    struct kvw_registrar *registrar; /* prefill with a bootstrap: control thread */
     void *router_monitor;    /* PAIR receiving the router's disconnect events */
     uint64_t probe_until_ns; /* control: probe peers' connections until then */
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
@@ -142,9 +162,25 @@ struct kvw_engine {
     atomic_bool stop;
 
     pthread_mutex_t lock;
-    kvw_peer_t *peers[KVW_MAX_PEERS];
-    _Atomic uint32_t num_peers;
-    kvw_req_t *reqs, *reqs_tail; /* oldest first */
+    /* Peer slots, read by the poller and control threads without the lock.
+     * Only the control thread fills or clears a slot (under the lock), and
+     * only the poller frees a cleared one's peer, at the start of a pass. */
+    kvw_peer_t *_Atomic *peers;
+    uint32_t peer_slots;          /* capacity: live ones are capped at cfg.max_peers */
+    _Atomic uint32_t num_peers;   /* slots in use so far (high-water mark) */
+    uint32_t live_peers;          /* (lock) published and not dead */
+    uint32_t next_serial;         /* control */
+    kvw_peer_t *graveyard;        /* (lock) unpublished peers for the poller to free */
+    atomic_bool graves_pending;
+    kvw_req_t *reqs, *reqs_tail;  /* oldest first */
+    kvw_req_t **rooms;            /* (lock) hash of reqs by room */
+    size_t room_mask, num_reqs;   /* (lock) */
+    kvw_req_t **heap;             /* (lock) reqs with a deadline, earliest first */
+    size_t heap_len, heap_cap;    /* (lock) */
+    kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
+    kvw_req_t **pending;          /* (lock) decode: receivers waiting for a new connection */
+    size_t npending, pending_cap; /* (lock) */
+    uint64_t drops, drop_logged_ns; /* control: messages dropped, last logged */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending; /* lets the spinning poller skip the lock */
     kvw_req_t **tokens;        /* decode: slot -> receiver */
@@ -178,15 +214,45 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r);
  * must not have a request yet (the caller refuses a second claim). */
 kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
                                                char *why, size_t why_size);
-kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
 kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
+/* (lock) Point r at p (or at no peer), keeping p->nreqs and the orphan
+ * counts right. */
+void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p);
+/* (lock) r is no longer an orphan (a sender claimed it, or it ended). */
+void kvw__req_unorphan_locked(kvw_req_t *r);
 /* Take r off the engine's request list and drop the list's reference. */
 void kvw__req_drop_locked(kvw_req_t *r);
 kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
 
+/* reqtab.c (all under the lock) */
+kvw_status_t kvw__reqtab_reserve_locked(kvw_engine_t *e);
+void kvw__room_insert_locked(kvw_engine_t *e, kvw_req_t *r);
+void kvw__room_remove_locked(kvw_engine_t *e, kvw_req_t *r);
+kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
+/* 0 removes r's deadline. Wakes the control thread if it is the earliest. */
+void kvw__req_set_deadline_locked(kvw_req_t *r, uint64_t ns);
+uint64_t kvw__next_deadline_locked(const kvw_engine_t *e);
+kvw_req_t *kvw__pop_expired_locked(kvw_engine_t *e, uint64_t now);
+/* Queue r for the control thread (once) and wake it. */
+void kvw__req_touch_locked(kvw_req_t *r);
+/* The caller owns a reference to what it pops. */
+kvw_req_t *kvw__pop_work_locked(kvw_engine_t *e);
+void kvw__reqtab_fini(kvw_engine_t *e);
+
 /* peer.c */
+/* Verbs calls: never under the engine lock. */
 kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p);
-kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p);
+/* (lock) Give p a slot; KVW_ERR_LIMIT with the reason in why when
+ * cfg.max_peers connections are live or every slot is still draining. */
+kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p, char *why, size_t why_size);
+/* Control thread: take dead peers nothing refers to any more out of their
+ * slots, for the poller to free. */
+void kvw__peers_unpublish_dead(kvw_engine_t *e);
+/* Poller, at the start of a pass (it holds no peer pointer then): free the
+ * unpublished peers. Verbs calls, outside the lock. */
+void kvw__peers_reap(kvw_engine_t *e);
+/* Teardown, threads stopped. */
+void kvw__peers_destroy_all(kvw_engine_t *e);
 void kvw__peer_destroy(kvw_peer_t *p);
 kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *hello, char *why,
                                      size_t why_size);
@@ -194,7 +260,9 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m_p);
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n);
 /* Declare p dead (once): QP to ERR first, so nothing more lands, then fail
  * every request attached to it and have the control thread say BYE. Any
- * thread; kvw__peer_kill takes the lock, the _locked form needs it held. */
+ * thread; kvw__peer_kill takes the lock. The _locked form, for callers
+ * that hold it, leaves the QP and the rest to the control thread
+ * (kvw__peer_finish_kills), so that no verbs call runs under the lock. */
 void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
@@ -202,6 +270,13 @@ void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
 /* Move p from state `from` to `to`; false (and nothing changed) if p was
  * no longer in `from`, e.g. killed meanwhile. */
 bool kvw__peer_transition(kvw_peer_t *p, kvw_peer_state_t from, kvw_peer_state_t to);
+/* Control thread, without the lock: complete kills begun under it. */
+void kvw__peer_finish_kills(kvw_engine_t *e);
+/* The peer in slot i, or NULL (free slot). Any thread. */
+static inline kvw_peer_t *kvw__peer_at(kvw_engine_t *e, uint32_t i)
+{
+    return atomic_load_explicit(&e->peers[i], memory_order_acquire);
+}
 
 /* control.c / poller.c */
 void *kvw__control_main(void *arg);

@@ -38,19 +38,103 @@ kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
     return KVW_OK;
 }
 
-/* Make p visible to the poller (append-only array). */
-kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p)
+static uint32_t free_slot(kvw_engine_t *e)
 {
     uint32_t n = atomic_load(&e->num_peers);
-    if (n == KVW_MAX_PEERS) {
-        KVW_ERROR("engine has had %u peer connections, the most it supports", n);
-        return KVW_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < n; i++)
+        if (!kvw__peer_at(e, i))
+            return i;
+    return n;
+}
+
+/* Make p visible to the poller and the control loop. */
+kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p, char *why, size_t why_size)
+{
+    if (e->live_peers >= e->cfg.max_peers) {
+        snprintf(why, why_size, "%u connections are live, the most max_peers (KVW_MAX_PEERS) allows",
+                 e->live_peers);
+        return KVW_ERR_LIMIT;
     }
-    p->index = n;
-    e->peers[n] = p;
-    atomic_store(&e->num_peers, n + 1);
+    uint32_t i = free_slot(e);
+    if (i == e->peer_slots) {
+        snprintf(why, why_size, "all %u connection slots hold dead connections still draining",
+                 e->peer_slots);
+        return KVW_ERR_LIMIT;
+    }
+    p->index = i;
+    p->live = true;
+    e->live_peers++;
+    atomic_store_explicit(&e->peers[i], p, memory_order_release);
+    if (i == atomic_load(&e->num_peers))
+        atomic_store(&e->num_peers, i + 1);
     kvw__wake(e->poller_wake_fd); /* so a sleeping poller arms the new CQ */
     return KVW_OK;
+}
+
+/* A dead peer may go once the BYE is said, the poller let go of its
+ * queues and no listed request points at it. */
+static bool reclaimable_locked(kvw_peer_t *p)
+{
+    return atomic_load(&p->state) == PEER_DEAD && !atomic_load(&p->bye_due) &&
+           atomic_load(&p->poller_done) && p->nreqs == 0 && !p->sock && !p->bs_sock;
+}
+
+void kvw__peers_unpublish_dead(kvw_engine_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    uint32_t n = atomic_load(&e->num_peers);
+    bool any = false;
+    for (uint32_t i = 0; i < n; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || !reclaimable_locked(p))
+            continue;
+        atomic_store_explicit(&e->peers[i], NULL, memory_order_release);
+        p->grave_next = e->graveyard;
+        e->graveyard = p;
+        any = true;
+    }
+    while (n > 0 && !kvw__peer_at(e, n - 1))
+        n--;
+    atomic_store(&e->num_peers, n);
+    pthread_mutex_unlock(&e->lock);
+    if (any) {
+        atomic_store(&e->graves_pending, true);
+        kvw__wake(e->poller_wake_fd);
+    }
+}
+
+void kvw__peers_reap(kvw_engine_t *e)
+{
+    if (!atomic_exchange(&e->graves_pending, false))
+        return;
+    pthread_mutex_lock(&e->lock);
+    kvw_peer_t *p = e->graveyard;
+    e->graveyard = NULL;
+    pthread_mutex_unlock(&e->lock);
+    /* ibv_destroy_cq waits for every completion event of the CQ to be
+     * acknowledged: take what the channel holds first. */
+    struct ibv_cq *cq;
+    void *ctx;
+    while (e->dev->ops->get_cq_event(e->channel, &cq, &ctx) == 0)
+        e->dev->ops->ack_cq_events(cq, 1);
+    while (p) {
+        kvw_peer_t *next = p->grave_next;
+        kvw__peer_destroy(p);
+        p = next;
+    }
+}
+
+void kvw__peers_destroy_all(kvw_engine_t *e)
+{
+    kvw_peer_t *p;
+    while ((p = e->graveyard)) {
+        e->graveyard = p->grave_next;
+        kvw__peer_destroy(p);
+    }
+    uint32_t n = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < n; i++)
+        kvw__peer_destroy(kvw__peer_at(e, i));
+    atomic_store(&e->num_peers, 0);
 }
 
 void kvw__peer_destroy(kvw_peer_t *p)
@@ -151,30 +235,42 @@ bool kvw__peer_transition(kvw_peer_t *p, kvw_peer_state_t from, kvw_peer_state_t
     return atomic_compare_exchange_strong(&p->state, &expected, (int)to);
 }
 
-static void peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *why)
+/* (lock) The QP is in ERR: nothing more lands, so requests may now report
+ * Failed. */
+static void finish_kill_locked(kvw_peer_t *p)
 {
     kvw_engine_t *e = p->engine;
-    if (atomic_exchange(&p->state, PEER_DEAD) == PEER_DEAD)
-        return;
-    /* The QP goes to ERR before any request is reported Failed: once a
-     * decode request says Failed, no write may land in its pages. */
-    kvw__qp_set_error(p->qp);
-    p->dead_status = st;
-    snprintf(p->dead_reason, sizeof(p->dead_reason), "%s", why);
-    KVW_WARN("peer %u: %s", p->index, why);
+    p->kill_due = false;
+    atomic_store(&p->state, PEER_DEAD);
+    if (p->live) {
+        p->live = false;
+        e->live_peers--;
+    }
+    KVW_WARN("peer %u: %s", p->index, p->dead_reason);
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->peer != p)
             continue;
         if (r->aborting) /* it was being given up anyway: keep its own reason */
-            kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, why);
+            kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, p->dead_reason);
         else
-            kvw__req_fail(r, st, "%s", why);
+            kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
         r->abort_due = false;
         r->notify_failure = false; /* the BYE below tells decode about all of them */
+        kvw__req_attach_locked(r, NULL);
     }
     atomic_store(&p->bye_due, true);
     kvw__wake(e->control_wake_fd);
     kvw__wake(e->poller_wake_fd); /* it drops the peer's queues */
+}
+
+/* (lock) First caller wins; records why. */
+static bool begin_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *why)
+{
+    if (atomic_exchange(&p->killing, true))
+        return false;
+    p->dead_status = st;
+    snprintf(p->dead_reason, sizeof(p->dead_reason), "%s", why);
+    return true;
 }
 
 void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
@@ -184,19 +280,51 @@ void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    peer_kill_locked(p, st, why);
+    if (!begin_kill_locked(p, st, why))
+        return;
+    p->kill_due = true;
+    kvw__wake(p->engine->control_wake_fd);
 }
 
 void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
 {
-    if (atomic_load(&p->state) == PEER_DEAD)
+    if (atomic_load(&p->killing))
         return;
     char why[KVW_WIRE_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&p->engine->lock);
-    peer_kill_locked(p, st, why);
-    pthread_mutex_unlock(&p->engine->lock);
+    kvw_engine_t *e = p->engine;
+    pthread_mutex_lock(&e->lock);
+    bool won = begin_kill_locked(p, st, why);
+    pthread_mutex_unlock(&e->lock);
+    if (!won)
+        return;
+    /* The QP goes to ERR before any request is reported Failed: once a
+     * decode request says Failed, no write may land in its pages. */
+    kvw__qp_set_error(p->qp);
+    pthread_mutex_lock(&e->lock);
+    finish_kill_locked(p);
+    pthread_mutex_unlock(&e->lock);
+}
+
+void kvw__peer_finish_kills(kvw_engine_t *e)
+{
+    uint32_t n = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < n; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || atomic_load(&p->state) == PEER_DEAD || !atomic_load(&p->killing))
+            continue;
+        pthread_mutex_lock(&e->lock);
+        bool due = p->kill_due;
+        pthread_mutex_unlock(&e->lock);
+        if (!due)
+            continue; /* another thread is finishing it */
+        kvw__qp_set_error(p->qp);
+        pthread_mutex_lock(&e->lock);
+        if (p->kill_due)
+            finish_kill_locked(p);
+        pthread_mutex_unlock(&e->lock);
+    }
 }

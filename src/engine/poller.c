@@ -36,21 +36,36 @@ static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
     return r;
 }
 
-/* Requests whose both page lists are known, handed over by other threads. */
+static void release(kvw_req_t *r);
+
+/* Requests whose both page lists are known, handed over by other threads.
+ * Under the lock: a kill detaches requests from their peer, and a dead
+ * peer's queues must not grow once the poller has let go of them. */
 static int drain_ready(kvw_engine_t *e)
 {
     if (!atomic_exchange(&e->ready_pending, false))
         return 0;
+    kvw_req_t *orphaned = NULL;
+    int n = 0;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = e->ready_head;
     e->ready_head = e->ready_tail = NULL;
-    pthread_mutex_unlock(&e->lock);
-    int n = 0;
     while (r) {
         kvw_req_t *next = r->qnext;
-        queue_push(&r->peer->active_head, &r->peer->active_tail, r);
+        kvw_peer_t *p = r->peer;
+        if (p && atomic_load(&p->state) != PEER_DEAD) {
+            queue_push(&p->active_head, &p->active_tail, r);
+        } else { /* its connection died before it was posted */
+            r->qnext = orphaned;
+            orphaned = r;
+        }
         r = next;
         n++;
+    }
+    pthread_mutex_unlock(&e->lock);
+    while ((r = orphaned)) {
+        orphaned = r->qnext;
+        release(r);
     }
     return n;
 }
@@ -268,8 +283,8 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc
     if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
         kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
-    else if (r && r->peer == p)
-        kvw__req_succeed(r);
+    else if (r && r->peer == p && kvw__req_succeed(r))
+        kvw__req_set_deadline_locked(r, 0); /* its transfer limit no longer applies */
     else
         KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
     pthread_mutex_unlock(&e->lock);
@@ -299,8 +314,10 @@ static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
         if (e->role == KVW_ROLE_PREFILL)
             retire_inflight(p);
     }
-    if (atomic_load(&p->state) == PEER_DEAD)
+    if (atomic_load(&p->state) == PEER_DEAD && !atomic_load(&p->poller_done)) {
         drop_queues(e, p);
+        atomic_store(&p->poller_done, true); /* the control thread may reclaim it */
+    }
     if (p->txq_ready)
         publish_outcomes(e, &p->txq);
     return n;
@@ -311,7 +328,9 @@ static int run_once(kvw_engine_t *e)
     int work = drain_ready(e);
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
-        kvw_peer_t *p = e->peers[i];
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || atomic_load(&p->poller_done))
+            continue;
         if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED)
             work += post_peer(e, p);
         work += poll_peer(e, p);
@@ -324,8 +343,11 @@ static int run_once(kvw_engine_t *e)
 static void sleep_on_channel(kvw_engine_t *e)
 {
     uint32_t np = atomic_load(&e->num_peers);
-    for (uint32_t i = 0; i < np; i++)
-        e->dev->ops->req_notify_cq(e->peers[i]->qp->cq, 0);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && !atomic_load(&p->poller_done))
+            e->dev->ops->req_notify_cq(p->qp->cq, 0);
+    }
     if (run_once(e) > 0)
         return;
     struct pollfd fds[2] = {{e->channel->fd, POLLIN, 0}, {e->poller_wake_fd, POLLIN, 0}};
@@ -347,6 +369,7 @@ void *kvw__poller_main(void *arg)
     uint64_t spin_ns = (uint64_t)e->cfg.poll_spin_us * 1000ull;
     uint64_t last_work = kvw__now_ns();
     while (!atomic_load(&e->stop)) {
+        kvw__peers_reap(e); /* no peer pointer is held between passes */
         if (run_once(e) > 0) {
             last_work = kvw__now_ns();
             continue;
@@ -358,6 +381,7 @@ void *kvw__poller_main(void *arg)
     }
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++)
-        drop_queues(e, e->peers[i]);
+        if (kvw__peer_at(e, i))
+            drop_queues(e, kvw__peer_at(e, i));
     return NULL;
 }

@@ -19,9 +19,16 @@ struct kvw_receiver {
 
 /* ------------------------------------------------------------ lifecycle */
 
+static uint64_t ms_ns(uint32_t ms)
+{
+    return (uint64_t)ms * 1000000ull;
+}
+
 kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
 {
     /* Both handle types wrap a kvw_req_t as their only member. */
+    if (kvw__reqtab_reserve_locked(e))
+        return NULL;
     kvw_req_t *r = calloc(1, sizeof(*r));
     if (!r)
         return NULL;
@@ -32,7 +39,9 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     atomic_init(&r->state, KVW_POLL_BOOTSTRAPPING);
     atomic_init(&r->refs, 1); /* the engine list's reference */
     r->drained = true;        /* nothing posted yet */
-    r->deadline_ns = kvw__now_ns() + (uint64_t)e->cfg.bootstrap_timeout_ms * 1000000ull;
+    r->listed = true;
+    kvw__room_insert_locked(e, r);
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + ms_ns(e->cfg.bootstrap_timeout_ms));
     /* Appended: the control thread serves requests in creation order, so
      * decode asks for (and prefill writes) the oldest request first. */
     r->prev = e->reqs_tail;
@@ -47,6 +56,10 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
 static void unlink_locked(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
+    kvw__req_set_deadline_locked(r, 0);
+    kvw__req_attach_locked(r, NULL);
+    kvw__room_remove_locked(e, r);
+    r->listed = false;
     if (r->prev)
         r->prev->next = r->next;
     else if (e->reqs == r)
@@ -75,12 +88,26 @@ void kvw__req_unref(kvw_req_t *r)
     free(r);
 }
 
-kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
+void kvw__req_unorphan_locked(kvw_req_t *r)
 {
-    for (kvw_req_t *r = e->reqs; r; r = r->next)
-        if (r->room == room && r->role == role)
-            return r;
-    return NULL;
+    if (!r->orphan)
+        return;
+    r->orphan = false;
+    r->peer->orphans--;
+    r->peer->orphan_bytes -= r->num_pages * sizeof(uint64_t);
+}
+
+void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
+{
+    if (r->peer == p)
+        return;
+    if (r->peer) {
+        kvw__req_unorphan_locked(r);
+        r->peer->nreqs--;
+    }
+    r->peer = p;
+    if (p)
+        p->nreqs++;
 }
 
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
@@ -121,8 +148,8 @@ void kvw__req_drained(kvw_req_t *r)
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     r->drained = true;
-    if (r->notify_failure)
-        kvw__wake(e->control_wake_fd);
+    if (r->notify_failure || r->user_gone)
+        kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
 }
 
@@ -140,11 +167,6 @@ static kvw_status_t req_failure(const kvw_req_t *r, const char **reason_p)
     return r->fail_status;
 }
 
-static uint64_t ms_ns(uint32_t ms)
-{
-    return (uint64_t)ms * 1000000ull;
-}
-
 /* (lock) Give up a receiver whose request prefill does not have: nothing
  * can land, so it fails now, and prefill is told so that its sender fails
  * too instead of waiting for a request that never comes. */
@@ -153,7 +175,7 @@ static void receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const cha
     kvw__req_fail(r, st, "%s", why);
     r->request_due = false;
     r->abort_due = true;
-    kvw__wake(r->engine->control_wake_fd);
+    kvw__req_touch_locked(r);
 }
 
 /* (lock) Give up a receiver that has not ended. */
@@ -179,7 +201,8 @@ static void release_handle_locked(kvw_req_t *r)
     bool answer_owed =
         r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->abort_due;
     if (answer_owed) {
-        r->deadline_ns = kvw__now_ns() + ms_ns(e->cfg.bootstrap_timeout_ms);
+        kvw__req_set_deadline_locked(r, kvw__now_ns() + ms_ns(e->cfg.bootstrap_timeout_ms));
+        kvw__req_touch_locked(r);
         return;
     }
     kvw__req_drop_locked(r);
@@ -283,7 +306,7 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
          * still land in its pages (drained), so its Failed is final. */
         r->notify_failure = true;
         if (r->drained)
-            kvw__wake(r->engine->control_wake_fd);
+            kvw__req_touch_locked(r);
     }
     return st;
 }
@@ -309,7 +332,9 @@ kvw_status_t kvw__sender_start_locked(kvw_req_t *r)
     if (s == KVW_POLL_FAILED)
         return r->fail_status;
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
-    r->deadline_ns = 0;            /* the transfer clock starts at the first post (first_post_ns) */
+    /* A watchdog, not the limit: the transfer clock starts at the first
+     * post (first_post_ns), which the control thread checks then. */
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + ms_ns(e->cfg.transfer_timeout_ms));
     atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
     r->drained = false;
     r->qnext = NULL;
@@ -355,14 +380,14 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
         memcpy(r->dst_pages, m->u.request.pages, (size_t)n * sizeof(uint64_t));
     r->dst_aux = m->u.request.aux_index;
     r->token = m->u.request.token;
-    r->peer = peer;
+    kvw__req_attach_locked(r, peer);
     r->have_dst = true;
     if (!r->inited)
         r->num_pages = n;
     if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING && !r->have_src)
         atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
     if (r->has_user)
-        r->deadline_ns = 0; /* waiting for prefill's own compute has no limit */
+        kvw__req_set_deadline_locked(r, 0); /* waiting for prefill's own compute has no limit */
     return r->have_src ? kvw__sender_start_locked(r) : KVW_OK;
 }
 
@@ -384,6 +409,10 @@ kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **se
     }
     if (!st) {
         r->has_user = true; /* adopt a request decode sent ahead of us, if any */
+        if (r->orphan) {
+            kvw__req_unorphan_locked(r);
+            kvw__req_set_deadline_locked(r, 0); /* waiting for our compute has no limit */
+        }
         atomic_fetch_add(&r->refs, 1);
     }
     pthread_mutex_unlock(&e->lock);
@@ -535,7 +564,7 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, ui
         atomic_fetch_add(&r->refs, 1);
         r->prefill_rank = prefill_rank;
         snprintf(r->bootstrap_addr, sizeof(r->bootstrap_addr), "%s", bootstrap_addr);
-        kvw__wake(e->control_wake_fd); /* attach it to a peer */
+        kvw__req_touch_locked(r); /* attach it to a peer */
     }
     pthread_mutex_unlock(&e->lock);
     if (!st)
@@ -577,7 +606,7 @@ kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t
         r->npages = n;
         r->aux = aux_index;
         r->request_due = true;
-        kvw__wake(e->control_wake_fd);
+        kvw__req_touch_locked(r);
     }
     pthread_mutex_unlock(&e->lock);
     return st;
@@ -590,9 +619,9 @@ void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char 
     r->abort_status = st;
     snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
     r->abort_due = true;
-    r->deadline_ns = kvw__now_ns() + ms_ns(e->cfg.peer_timeout_ms);
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + ms_ns(e->cfg.peer_timeout_ms));
     KVW_INFO("room %llu: aborting: %s", (unsigned long long)r->room, why);
-    kvw__wake(e->control_wake_fd);
+    kvw__req_touch_locked(r);
 }
 
 kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)

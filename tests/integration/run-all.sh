@@ -13,5 +13,6 @@ for t in "$build"/integration/*_test; do
 done
 [ -x tests/integration/engine_scenarios.sh ] && { tests/integration/engine_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }
+[ -x tests/integration/auth_scenarios.sh ] && { tests/integration/auth_scenarios.sh "$build" || failed=$((failed + 1)); }
 echo "integration: $failed failed"
 [ "$failed" -eq 0 ]

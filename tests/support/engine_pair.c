@@ -82,6 +82,30 @@ static kvw_engine_params_t prefill_params(const engine_pair_t *p)
     };
 }
 
+static kvw_engine_params_t decode_params(const engine_pair_t *p, kvw_region_t *dk, kvw_region_t *da)
+{
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++)
+        dk[i] = (kvw_region_t){p->dst[i], PAIR_ITEM * PAIR_POOL, PAIR_ITEM};
+    *da = (kvw_region_t){p->dst_aux, PAIR_AUX_ITEM * PAIR_AUX_ITEMS, PAIR_AUX_ITEM};
+    return (kvw_engine_params_t){
+        .role = KVW_ROLE_DECODE,
+        .device = "fake1",
+        .local_ip = "127.0.0.1",
+        .num_layers = PAIR_LAYERS,
+        .kv_regions = dk,
+        .num_aux = 1,
+        .aux_regions = da,
+        .config = &p->decode_cfg,
+    };
+}
+
+kvw_status_t pair_add_decode(engine_pair_t *p, kvw_engine_t **engine_p)
+{
+    kvw_region_t dk[2 * PAIR_LAYERS], da;
+    kvw_engine_params_t dp = decode_params(p, dk, &da);
+    return kvw_engine_create(&dp, engine_p);
+}
+
 kvw_status_t pair_restart_prefill(engine_pair_t *p)
 {
     kvw_engine_destroy(p->prefill);
@@ -108,8 +132,10 @@ kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg, const kvw_con
     kvw__verbs_set_ops(&fake_nic_ops);
     kvw_region_t pk[2 * PAIR_LAYERS], dk[2 * PAIR_LAYERS], pa, da;
     kvw_status_t st = alloc_regions(p, pk, dk, &pa, &da);
+    /* The service takes prefill's cluster key (if any) from its config. */
+    kvw_bootstrap_params_t bp = {.bind_addr = "127.0.0.1:0", .config = &p->cfg};
     if (!st)
-        st = kvw_bootstrap_create("127.0.0.1:0", &p->bootstrap);
+        st = kvw_bootstrap_create2(&bp, &p->bootstrap);
     if (st)
         return st;
     memcpy(p->prefill_kv, pk, sizeof(pk));

@@ -39,12 +39,17 @@ void pair_config(kvw_config_t *cfg);
 /* fake_nic_init + ops + bootstrap + both engines ("fake0" prefill, "fake1"
  * decode). cfg NULL: pair_config(). Returns KVW_OK or the failing status. */
 kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg);
-/* The same with a different config for decode (NULL: cfg). */
+/* The same with a different config for decode (NULL: cfg). The bootstrap
+ * service uses cfg's cluster key, so a decode_cfg without it (or with
+ * another) is a decode engine outside the cluster. */
 kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg, const kvw_config_t *decode_cfg);
 /* Destroy the prefill engine (as its process exiting would close its
  * connections) and start a new one, registered as rank 0 at the same
  * bootstrap. Its senders must have been destroyed. */
 kvw_status_t pair_restart_prefill(engine_pair_t *p);
+/* One more decode engine ("fake1", decode_cfg) over the same destination
+ * pages as p->decode: another decode process, as prefill sees it. */
+kvw_status_t pair_add_decode(engine_pair_t *p, kvw_engine_t **engine_p);
 /* Destroy engines and bootstrap, restore the real ops, fake_nic_fini.
  * Fills *p->final_stats first when it is set. */
 void pair_close(engine_pair_t *p);

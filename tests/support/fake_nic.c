@@ -1531,6 +1531,20 @@ int fake_nic_kill_device(const char *name)
     return rc;
 }
 
+int fake_nic_revive_device(const char *name)
+{
+    int rc = -1;
+    lock();
+    for (int i = 0; nic.up && i < nic.num_devs && rc; i++)
+        if (strcmp(nic.devs[i].ibdev.name, name) == 0) {
+            nic.devs[i].killed = false;
+            rc = 0;
+        }
+    changed();
+    unlock();
+    return rc;
+}
+
 void fake_nic_stats(fake_nic_stats_t *out)
 {
     lock();

@@ -90,6 +90,9 @@ void fake_nic_set_faults(const fake_nic_faults_t *faults);
  * IBV_WC_RETRY_EXC_ERR, its own QPs send nothing more, yet its objects stay
  * valid so its engine can still be destroyed. Returns 0, -1 if unknown. */
 int fake_nic_kill_device(const char *name);
+/* A new process on a killed device: QPs created from now on work again
+ * (the killed ones' peers have failed by then). Returns 0, -1 if unknown. */
+int fake_nic_revive_device(const char *name);
 
 void fake_nic_stats(fake_nic_stats_t *stats);
 /* Access flags (IBV_ACCESS_*) of the MR covering addr, or of the QP with

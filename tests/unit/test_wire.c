@@ -127,6 +127,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.hello.num_aux, b->u.hello.num_aux);
         assert_int_equal(a->u.hello.recv_credits, b->u.hello.recv_credits);
         assert_int_equal(a->u.hello.max_msg_sz, b->u.hello.max_msg_sz);
+        assert_string_equal(a->u.hello.reason, b->u.hello.reason);
         for (size_t i = 0; i < 2 * (size_t)a->u.hello.num_layers + a->u.hello.num_aux; i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
             assert_int_equal(x->addr, y->addr);
@@ -537,8 +538,9 @@ static size_t forge_hello(uint8_t *buf, uint32_t num_layers, uint32_t num_aux, u
         regions[i] = (kvw_wire_region_t){0x1000 * (i + 1), 64, 16, i};
     m.u.hello.regions = present ? regions : NULL;
     size_t len = encode_ok(&m, buf, BUF_CAP);
-    /* num_layers, num_aux, recv_credits and max_msg_sz sit right before the regions. */
-    size_t counts = len - (size_t)present * 28 - 16;
+    /* num_layers, num_aux, recv_credits, max_msg_sz and an empty reason
+     * sit right before the regions. */
+    size_t counts = len - (size_t)present * 28 - 18;
     put32(buf + counts, num_layers);
     put32(buf + counts + 4, num_aux);
     return len;
@@ -574,8 +576,10 @@ static void test_reject_hello_qp_info(void **state)
     memset(&m, 0, sizeof(m));
     m.type = KVW_MSG_HELLO_ACK;
     m.status = KVW_ERR_MISMATCH;
+    strcpy(m.u.hello.reason, "peer has 2 layers, we have 3");
     decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &out);
     assert_int_equal(out.status, KVW_ERR_MISMATCH);
+    assert_string_equal(out.u.hello.reason, "peer has 2 layers, we have 3");
     kvw__wire_free(&out);
 }
 

@@ -1,0 +1,60 @@
+/* The control thread's pieces: control.c runs the loop (sockets, timers,
+ * framing); ctl_prefill.c and ctl_decode.c hold each role's handlers.
+ * Everything here runs on the control thread only, the engine's one user
+ * of ZeroMQ; functions marked (lock) need engine->lock held. */
+#ifndef KVW_ENGINE_CONTROL_H
+#define KVW_ENGINE_CONTROL_H
+
+#include "engine/engine.h"
+
+enum {
+    KVW_CTL_MAX_ID = 255, /* ZeroMQ routing ids are at most 255 bytes */
+};
+
+static inline uint64_t kvw__ms_ns(uint32_t ms)
+{
+    return (uint64_t)ms * 1000000ull;
+}
+
+/* REQUEST_FAILED, ABORT or BYE carrying an error status and a reason. */
+kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_status_t st,
+                           const char *why);
+
+/* Receive one whole message: a ROUTER's identity frame and exactly one body
+ * frame, or a DEALER's one body frame. Anything else (extra or missing
+ * frames, an undecodable body) is dropped whole and counted, with at most
+ * one log line per second. KVW_OK with *m_p to free, or KVW_ERR_NOT_FOUND
+ * when nothing (valid) is waiting. */
+kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,
+                                  kvw_msg_t *m_p);
+kvw_status_t kvw__ctl_recv(kvw_engine_t *e, void *sock, kvw_msg_t *m_p, char *why,
+                           size_t why_size);
+/* Send m to a ROUTER peer; an unroutable identity (its connection is gone)
+ * is counted and logged at most once per second. */
+kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len,
+                            const kvw_msg_t *m);
+/* Count one dropped message and log (rate-limited) why. */
+void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ctl_prefill.c */
+void kvw__prefill_serve_router(kvw_engine_t *e);
+void kvw__prefill_on_monitor(kvw_engine_t *e);
+/* Heartbeat limits and connection probes; returns when it next needs to run. */
+uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now);
+/* (lock) Serve a touched or expired request; true when it leaves the table. */
+bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now);
+void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye);
+
+/* ctl_decode.c */
+void kvw__decode_on_bootstrap(kvw_engine_t *e, kvw_peer_t *p);
+void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p);
+void kvw__decode_on_monitor(kvw_engine_t *e, kvw_peer_t *p);
+uint64_t kvw__decode_peers_tick(kvw_engine_t *e, uint64_t now);
+bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now);
+/* Create the connections that receivers served under the lock asked for
+ * (verbs calls: without the lock). */
+void kvw__decode_connect_pending(kvw_engine_t *e);
+void kvw__decode_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye);
+void kvw__decode_fini(kvw_engine_t *e);
+
+#endif

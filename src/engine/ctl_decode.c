@@ -1,0 +1,524 @@
+/* Decode's side of the control plane: one connection per prefill rank,
+ * made on demand when a receiver needs it: an asynchronous bootstrap
+ * lookup, then a DEALER to prefill's ROUTER for the handshake, requests,
+ * aborts, credits and heartbeats. */
+#include "engine/control.h"
+
+#include "common/log.h"
+#include "ctrl/zsock.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    LOOKUP_RETRY_MS = 200,
+    /* How long "rank N is not registered" is retried before the connection
+     * fails: covers a prefill still starting and a bootstrap service that
+     * restarted (prefill re-registers every second). */
+    LOOKUP_GRACE_MS = 3000,
+};
+
+static void *dealer(kvw_engine_t *e)
+{
+    return kvw__zsocket_secure(e->zctx, ZMQ_DEALER, e->cfg.heartbeat_ms, e->zsec);
+}
+
+static void close_monitor(kvw_peer_t *p)
+{
+    kvw__zmonitor_close(p->sock, p->monitor);
+    p->monitor = NULL;
+}
+
+static void send_lookup(kvw_peer_t *p)
+{
+    kvw_msg_t m = {.type = KVW_MSG_BS_LOOKUP};
+    m.u.bs.rank = p->rank;
+    kvw__zsend(p->bs_sock, &m, ZMQ_DONTWAIT);
+}
+
+static void open_lookup(kvw_engine_t *e, kvw_peer_t *p, bool ask_now)
+{
+    char ep[KVW_WIRE_ENDPOINT_MAX];
+    kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
+    p->bs_sock = dealer(e);
+    /* a failed connect shows up as a lookup timeout with a reason */
+    if (p->bs_sock && zmq_connect(p->bs_sock, ep) == 0 && ask_now)
+        send_lookup(p);
+}
+
+/* The endpoint the bootstrap service gave us does not answer (a prefill
+ * that died, and maybe restarted elsewhere, leaves a stale registration):
+ * drop it and ask again, until the peer's bootstrap deadline. */
+static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
+{
+    if (!kvw__peer_transition(p, PEER_HELLO, PEER_LOOKUP))
+        return;
+    KVW_INFO("prefill rank %u: %s; looking it up again at %s", p->rank, why, p->bootstrap_addr);
+    close_monitor(p);
+    zmq_close(p->sock);
+    p->sock = NULL;
+    /* Not at once: until its successor registers, the service keeps
+     * answering with the same stale endpoint. */
+    open_lookup(e, p, false);
+    p->next_ping_ns = kvw__now_ns() + kvw__ms_ns(LOOKUP_RETRY_MS);
+}
+
+/* Our routing identity towards prefill: engine id + connection serial,
+ * never reused, so a reconnect cannot collide with a pipe prefill's ROUTER
+ * has not dropped yet. */
+static void set_identity(kvw_engine_t *e, kvw_peer_t *p)
+{
+    memcpy(p->id, &e->id, 8);
+    memcpy(p->id + 8, &p->serial, 4);
+}
+
+static void send_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
+{
+    /* Receives are posted once per QP; a repeated handshake reuses them. */
+    if (!atomic_load(&p->recvs_posted) && kvw__peer_post_recvs(p, e->cfg.rq_depth)) {
+        kvw__peer_kill(p, KVW_ERR_VERBS, "cannot post receives");
+        return;
+    }
+    atomic_store(&p->credits_sent, atomic_load(&p->recvs_posted)); /* HELLO carries them */
+    kvw_msg_t hello;
+    kvw__peer_hello(p, KVW_MSG_HELLO, &hello);
+    kvw_status_t st = kvw__zsend(p->sock, &hello, ZMQ_DONTWAIT);
+    kvw__wire_free(&hello);
+    p->hello_retry_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.peer_timeout_ms);
+    if (st)
+        kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot send handshake to %s", endpoint);
+    else
+        kvw__peer_transition(p, PEER_LOOKUP, PEER_HELLO);
+}
+
+static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
+{
+    zmq_close(p->bs_sock);
+    p->bs_sock = NULL;
+    p->sock = dealer(e);
+    set_identity(e, p);
+    if (!p->sock || zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, p->id, sizeof(p->id))) {
+        kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot create a socket for prefill at %s: %s", endpoint,
+                       zmq_strerror(errno));
+        return;
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "%016llx-%u", (unsigned long long)e->id, p->serial);
+    /* Optional (heartbeats still work without it): a closed connection,
+     * and a refused one while the handshake is pending. */
+    p->monitor =
+        kvw__zmonitor(e->zctx, p->sock, name, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED);
+    if (zmq_connect(p->sock, endpoint)) {
+        kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot connect to prefill at %s: %s", endpoint,
+                       zmq_strerror(errno));
+        return;
+    }
+    send_hello(e, p, endpoint);
+}
+
+/* Not registered: retry while the prefill may still be starting or the
+ * service restarting, then fail with the reason. */
+static void rank_not_registered(kvw_peer_t *p, uint64_t now)
+{
+    if (!p->missing_since_ns)
+        p->missing_since_ns = now;
+    if (now - p->missing_since_ns >= kvw__ms_ns(LOOKUP_GRACE_MS)) {
+        kvw__peer_kill(p, KVW_ERR_NOT_FOUND, "prefill rank %u is not registered at %s", p->rank,
+                       p->bootstrap_addr);
+        return;
+    }
+    p->next_ping_ns = now + kvw__ms_ns(LOOKUP_RETRY_MS);
+}
+
+void kvw__decode_on_bootstrap(kvw_engine_t *e, kvw_peer_t *p)
+{
+    kvw_msg_t m;
+    char why[KVW_WIRE_REASON_MAX] = "";
+    while (p->bs_sock && atomic_load(&p->state) == PEER_LOOKUP) {
+        kvw_status_t st = kvw__ctl_recv(e, p->bs_sock, &m, why, sizeof(why));
+        if (st == KVW_ERR_NOT_FOUND)
+            return;
+        if (st || m.type != KVW_MSG_BS_LOOKUP_REPLY || m.u.bs.rank != p->rank) {
+            kvw__peer_kill(p, KVW_ERR_PROTOCOL, "bad bootstrap reply from %s: %s",
+                           p->bootstrap_addr, st ? why : kvw__wire_type_name(m.type));
+            if (!st)
+                kvw__wire_free(&m);
+            return;
+        }
+        if (m.status == KVW_OK)
+            peer_start_hello(e, p, m.u.bs.endpoint);
+        else if (m.status == KVW_ERR_NOT_FOUND)
+            rank_not_registered(p, kvw__now_ns());
+        else
+            kvw__peer_kill(p, (kvw_status_t)m.status, "bootstrap %s refused the lookup of rank %u",
+                           p->bootstrap_addr, p->rank);
+    }
+}
+
+/* (lock) Requests waiting for this connection have something to do now. */
+static void touch_waiting_locked(kvw_engine_t *e, kvw_peer_t *p)
+{
+    for (kvw_req_t *r = e->reqs; r; r = r->next)
+        if (r->peer == p)
+            kvw__req_touch_locked(r);
+}
+
+static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    char why[KVW_WIRE_REASON_MAX] = "";
+    kvw_status_t st = (kvw_status_t)m->status;
+    if (st) {
+        kvw__peer_kill(p, st, "prefill rank %u refused the handshake: %.100s", p->rank,
+                       m->u.hello.reason[0] ? m->u.hello.reason : kvw_strerror(st));
+        return;
+    }
+    if ((st = kvw__peer_accept_layout(p, m, why, sizeof(why))) ||
+        (st = kvw__qp_connect(p->qp, &m->u.hello.qp, &e->cfg))) {
+        kvw__peer_kill(p, st, "handshake with prefill rank %u failed: %s", p->rank,
+                       why[0] ? why : kvw_strerror(st));
+        return;
+    }
+    uint64_t now = kvw__now_ns();
+    p->last_seen_ns = now;
+    p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
+    if (!kvw__peer_transition(p, PEER_HELLO, PEER_CONNECTED))
+        return; /* killed meanwhile: stays dead */
+    KVW_INFO("connected to prefill rank %u via %s as peer %u (QPN %u -> %u)", p->rank,
+             p->bootstrap_addr, p->index, p->qp->qp->qp_num, m->u.hello.qp.qpn);
+    pthread_mutex_lock(&e->lock);
+    touch_waiting_locked(e, p); /* send the requests waiting for this peer */
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* Prefill says the room failed and that none of its writes can still land. */
+static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, m->u.failed.room);
+    if (r && r->peer == p && r->token == m->u.failed.token) {
+        if (r->aborting)
+            kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
+        else
+            kvw__req_fail(r, (kvw_status_t)m->status, "prefill: %s", m->u.failed.reason);
+        kvw__req_set_deadline_locked(r, 0);
+        kvw__req_touch_locked(r); /* a destroyed receiver may leave now */
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
+{
+    kvw_msg_t m;
+    char why[KVW_WIRE_REASON_MAX] = "";
+    while (p->sock && atomic_load(&p->state) != PEER_DEAD) {
+        kvw_status_t st = kvw__ctl_recv(e, p->sock, &m, why, sizeof(why));
+        if (st == KVW_ERR_NOT_FOUND)
+            return;
+        if (st) {
+            kvw__peer_kill(p, KVW_ERR_PROTOCOL, "bad message from prefill rank %u: %s", p->rank,
+                           why);
+            return;
+        }
+        p->last_seen_ns = kvw__now_ns();
+        if (m.type == KVW_MSG_HELLO_ACK && atomic_load(&p->state) == PEER_HELLO)
+            on_hello_ack(e, p, &m);
+        else if (m.type == KVW_MSG_REQUEST_FAILED)
+            on_request_failed(e, p, &m);
+        else if (m.type == KVW_MSG_BYE)
+            kvw__peer_kill(p, (kvw_status_t)m.status,
+                           "prefill rank %u closed the connection: %.100s", p->rank,
+                           m.u.failed.reason);
+        else if (m.type != KVW_MSG_PONG)
+            kvw__ctl_dropped(e, "unexpected %s from prefill rank %u",
+                             kvw__wire_type_name(m.type), p->rank);
+        kvw__wire_free(&m);
+    }
+}
+
+void kvw__decode_on_monitor(kvw_engine_t *e, kvw_peer_t *p)
+{
+    int ev;
+    while (p->monitor && (ev = kvw__zmonitor_event(p->monitor)) != 0) {
+        bool lost = ev == ZMQ_EVENT_DISCONNECTED || ev == ZMQ_EVENT_CONNECT_RETRIED;
+        if (lost && atomic_load(&p->state) == PEER_HELLO)
+            restart_lookup(e, p, "its endpoint refused or dropped the handshake");
+        else if (ev == ZMQ_EVENT_DISCONNECTED)
+            kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u's control connection closed", p->rank);
+    }
+}
+
+/* ------------------------------------------------------------- peers */
+
+static void send_credits(kvw_engine_t *e, kvw_peer_t *p, bool force)
+{
+    uint64_t posted = atomic_load(&p->recvs_posted), sent = atomic_load(&p->credits_sent);
+    if (posted == sent || (!force && posted - sent < (e->cfg.rq_depth + 3) / 4))
+        return;
+    kvw_msg_t m = {.type = KVW_MSG_CREDIT};
+    m.u.credit.recvs_posted = posted;
+    if (kvw__zsend(p->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
+        atomic_store(&p->credits_sent, posted);
+}
+
+static uint64_t earliest(uint64_t a, uint64_t b)
+{
+    return !a ? b : !b ? a : a < b ? a : b;
+}
+
+/* Handshake deadlines and lookup retries; returns when next due. */
+static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t now)
+{
+    if (now > p->deadline_ns) {
+        kvw__peer_kill(p, KVW_ERR_TIMEOUT,
+                       "no handshake with prefill rank %u via bootstrap %s within %u ms", p->rank,
+                       p->bootstrap_addr, e->cfg.bootstrap_timeout_ms);
+        return 0;
+    }
+    if (s == PEER_LOOKUP && p->next_ping_ns && now > p->next_ping_ns) {
+        p->next_ping_ns = 0;
+        send_lookup(p);
+    } else if (s == PEER_HELLO && now > p->hello_retry_ns) {
+        restart_lookup(e, p, "no answer to the handshake");
+    }
+    s = atomic_load(&p->state);
+    uint64_t next = p->deadline_ns + 1;
+    if (s == PEER_LOOKUP)
+        next = earliest(next, p->next_ping_ns ? p->next_ping_ns + 1 : 0);
+    else if (s == PEER_HELLO)
+        next = earliest(next, p->hello_retry_ns + 1);
+    return next;
+}
+
+/* Heartbeats and credits; returns when next due. */
+static uint64_t connected_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
+{
+    uint64_t silent_at = p->last_seen_ns + kvw__ms_ns(e->cfg.peer_timeout_ms);
+    if (now > silent_at) {
+        kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u silent for %u ms", p->rank,
+                       e->cfg.peer_timeout_ms);
+        return 0;
+    }
+    bool ping_due = now >= p->next_ping_ns;
+    send_credits(e, p, ping_due);
+    if (ping_due) {
+        kvw_msg_t ping = {.type = KVW_MSG_PING};
+        ping.u.ping.engine_id = e->id;
+        kvw__zsend(p->sock, &ping, ZMQ_DONTWAIT);
+        p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
+    }
+    return earliest(silent_at + 1, p->next_ping_ns);
+}
+
+uint64_t kvw__decode_peers_tick(kvw_engine_t *e, uint64_t now)
+{
+    uint64_t next = 0;
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        int s = p ? atomic_load(&p->state) : PEER_DEAD;
+        if (s == PEER_LOOKUP || s == PEER_HELLO)
+            next = earliest(next, connecting_tick(e, p, s, now));
+        else if (s == PEER_CONNECTED)
+            next = earliest(next, connected_tick(e, p, now));
+    }
+    return next;
+}
+
+/* A connection we declared dead: tell prefill why, then close the socket so
+ * prefill's monitor sees it go too. */
+void kvw__decode_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
+{
+    (void)e;
+    close_monitor(p);
+    if (p->sock) {
+        kvw__zsend(p->sock, bye, ZMQ_DONTWAIT);
+        int linger = 200; /* let the BYE leave; zmq_close does not block on it */
+        zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_close(p->sock);
+        p->sock = NULL;
+    }
+    if (p->bs_sock) {
+        zmq_close(p->bs_sock);
+        p->bs_sock = NULL;
+    }
+}
+
+/* ---------------------------------------------------------- receivers */
+
+static kvw_peer_t *find_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && p->rank == r->prefill_rank && !atomic_load(&p->killing) &&
+            strcmp(p->bootstrap_addr, r->bootstrap_addr) == 0)
+            return p;
+    }
+    return NULL;
+}
+
+/* (lock) Ask the control loop for a connection to r's prefill rank, made
+ * after the lock is released (creating a QP is a verbs call). */
+static void want_peer_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    if (e->npending == e->pending_cap) {
+        size_t cap = e->pending_cap ? 2 * e->pending_cap : 16;
+        kvw_req_t **v = realloc(e->pending, cap * sizeof(*v));
+        if (!v) {
+            kvw__req_fail(r, KVW_ERR_NO_MEMORY, "cannot queue a connection to prefill");
+            return;
+        }
+        e->pending = v;
+        e->pending_cap = cap;
+    }
+    atomic_fetch_add(&r->refs, 1);
+    e->pending[e->npending++] = r;
+}
+
+static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    kvw_msg_t m = {.type = KVW_MSG_REQUEST};
+    m.u.request.room = r->room;
+    m.u.request.token = r->token;
+    m.u.request.aux_index = r->aux;
+    m.u.request.num_pages = (uint32_t)r->npages;
+    m.u.request.pages = r->pages;
+    r->request_due = false;
+    if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
+        kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",
+                      r->prefill_rank);
+        r->abort_due = true; /* prefill may have it after all */
+        return;
+    }
+    r->request_sent = true;
+    atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
+}
+
+static void send_abort_locked(kvw_req_t *r)
+{
+    const char *why = r->aborting ? r->abort_reason : r->fail_reason;
+    kvw_status_t st = r->aborting ? r->abort_status : r->fail_status;
+    kvw_msg_t m = kvw__failure_msg(KVW_MSG_ABORT, r->room, r->token, st, why);
+    if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
+        r->abort_due = false;
+    else /* the socket's queue is full: try again shortly */
+        kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(100));
+}
+
+static void receiver_deadline_locked(kvw_engine_t *e, kvw_req_t *r, int s)
+{
+    if (r->aborting) {
+        /* No confirmation: only a dead connection guarantees nothing lands. */
+        kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT,
+                              "room %llu: prefill did not confirm the abort within %u ms",
+                              (unsigned long long)r->room, e->cfg.peer_timeout_ms);
+    } else if (s == KVW_POLL_TRANSFERRING) {
+        char why[KVW_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why), "data did not land within %u ms", e->cfg.transfer_timeout_ms);
+        kvw__receiver_start_abort_locked(r, KVW_ERR_TIMEOUT, why);
+    } else if (s == KVW_POLL_BOOTSTRAPPING) {
+        kvw__req_fail(r, KVW_ERR_TIMEOUT, "not connected to prefill rank %u within %u ms",
+                      r->prefill_rank, e->cfg.bootstrap_timeout_ms);
+        r->abort_due = false;
+    }
+}
+
+/* (lock) Serve a touched or expired receiver; true when it leaves the
+ * table. */
+bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+{
+    int s = atomic_load(&r->state);
+    bool ended = s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
+    bool due = r->deadline_ns && now >= r->deadline_ns;
+    if (ended && !r->abort_due)
+        return r->user_gone;
+    if (r->user_gone && due)
+        return true; /* an ABORT we could not deliver in time */
+    if (!r->peer) {
+        kvw_peer_t *p = find_peer_locked(e, r);
+        if (p)
+            kvw__req_attach_locked(r, p);
+        else /* an ended one still owes prefill its ABORT */
+            want_peer_locked(e, r);
+    }
+    kvw_peer_t *p = r->peer;
+    if (p && atomic_load(&p->state) == PEER_CONNECTED) {
+        if (s == KVW_POLL_BOOTSTRAPPING)
+            atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
+        if (r->request_due && !ended)
+            send_request_locked(e, r);
+        if (r->abort_due)
+            send_abort_locked(r);
+    }
+    if (!ended && !r->user_gone && due) {
+        kvw__req_set_deadline_locked(r, 0);
+        receiver_deadline_locked(e, r, atomic_load(&r->state));
+    }
+    return false;
+}
+
+/* One receiver's connection: an existing one, or a new peer (QP created
+ * here, without the lock) that starts with a bootstrap lookup. */
+static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
+{
+    pthread_mutex_lock(&e->lock);
+    bool wanted = r->listed && !r->peer &&
+                  (r->abort_due || atomic_load(&r->state) != KVW_POLL_FAILED);
+    kvw_peer_t *p = wanted ? find_peer_locked(e, r) : NULL;
+    if (p) { /* made for an earlier receiver of this round */
+        kvw__req_attach_locked(r, p);
+        kvw__req_touch_locked(r);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!wanted || p)
+        return;
+    char why[KVW_WIRE_REASON_MAX] = "";
+    kvw_status_t st = kvw__peer_create(e, &p);
+    pthread_mutex_lock(&e->lock);
+    if (!st) {
+        p->rank = r->prefill_rank;
+        p->serial = e->next_serial++;
+        snprintf(p->bootstrap_addr, sizeof(p->bootstrap_addr), "%s", r->bootstrap_addr);
+        atomic_store(&p->state, PEER_LOOKUP);
+        p->deadline_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms);
+        st = kvw__peer_publish_locked(e, p, why, sizeof(why));
+    }
+    if (st)
+        kvw__req_fail(r, st, "cannot connect to prefill rank %u: %s", r->prefill_rank,
+                      why[0] ? why : kvw_strerror(st));
+    else
+        kvw__req_attach_locked(r, p);
+    pthread_mutex_unlock(&e->lock);
+    if (st) {
+        kvw__peer_destroy(p); /* verbs: after the lock */
+        return;
+    }
+    open_lookup(e, p, true);
+}
+
+void kvw__decode_connect_pending(kvw_engine_t *e)
+{
+    for (;;) {
+        pthread_mutex_lock(&e->lock);
+        kvw_req_t *r = e->npending ? e->pending[--e->npending] : NULL;
+        pthread_mutex_unlock(&e->lock);
+        if (!r)
+            return;
+        connect_receiver(e, r);
+        kvw__req_unref(r); /* want_peer_locked's */
+    }
+}
+
+void kvw__decode_fini(kvw_engine_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    while (e->npending)
+        kvw__req_unref(e->pending[--e->npending]);
+    free(e->pending);
+    e->pending = NULL;
+    e->pending_cap = 0;
+    pthread_mutex_unlock(&e->lock);
+}

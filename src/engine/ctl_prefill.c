@@ -1,0 +1,429 @@
+/* Prefill's side of the control plane: a ROUTER socket that decode engines
+ * dial. Handshakes create connections (capped by max_peers); requests
+ * claim rooms (the first claimer owns the room); requests for rooms no
+ * sender has claimed yet ("orphans") are kept for orphan_ttl_ms within
+ * per-connection caps. */
+#include "engine/control.h"
+
+#include "common/log.h"
+#include "ctrl/zsock.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    RECHECK_MS = 100,      /* a tombstone whose writes are still in flight looks again */
+    PROBE_TICK_MS = 10,    /* while probing connections after a disconnect */
+    PROBE_WINDOW_MS = 500, /* how long a disconnect keeps us probing */
+};
+
+static void send_failed(kvw_engine_t *e, const kvw_peer_t *p, uint64_t room, uint32_t token,
+                        kvw_status_t st, const char *why)
+{
+    kvw_msg_t m = kvw__failure_msg(KVW_MSG_REQUEST_FAILED, room, token, st, why);
+    kvw__ctl_route(e, p->id, sizeof(p->id), &m);
+}
+
+/* The live peer with this identity, or (any) also a dead one still in its
+ * slot. Peers are few (max_peers): a scan is cheaper than a second index. */
+static kvw_peer_t *peer_by_identity(kvw_engine_t *e, const uint8_t *id, size_t len, bool any)
+{
+    if (len != KVW_IDENTITY_LEN)
+        return NULL;
+    kvw_peer_t *dead = NULL;
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || memcmp(p->id, id, len) != 0)
+            continue;
+        if (atomic_load(&p->state) != PEER_DEAD)
+            return p;
+        dead = p;
+    }
+    return any ? dead : NULL;
+}
+
+static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, const char *why)
+{
+    KVW_ERROR("handshake from a decode engine rejected: %s", why);
+    kvw_msg_t m = {.type = KVW_MSG_HELLO_ACK, .status = st};
+    snprintf(m.u.hello.reason, sizeof(m.u.hello.reason), "%s", why);
+    kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &m);
+}
+
+static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
+{
+    kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
+    if (old)
+        kvw__peer_kill(old, KVW_ERR_PEER, "decode engine reconnected");
+    kvw_peer_t *p = NULL;
+    char why[KVW_WIRE_REASON_MAX] = "";
+    /* Verbs calls (QP create and connect) happen before the lock. */
+    kvw_status_t st = kvw__peer_create(e, &p);
+    if (!st && !(st = kvw__peer_accept_layout(p, m, why, sizeof(why))))
+        st = kvw__qp_connect(p->qp, &m->u.hello.qp, &e->cfg);
+    if (!st) {
+        memcpy(p->id, id, KVW_IDENTITY_LEN);
+        p->serial = e->next_serial++;
+        p->last_seen_ns = kvw__now_ns();
+        atomic_store(&p->imm_limit, m->u.hello.recv_credits);
+        atomic_store(&p->state, PEER_CONNECTED); /* not yet visible to other threads */
+        pthread_mutex_lock(&e->lock);
+        st = kvw__peer_publish_locked(e, p, why, sizeof(why));
+        pthread_mutex_unlock(&e->lock);
+    }
+    if (st) {
+        reject_hello(e, id, st, why[0] ? why : kvw_strerror(st));
+        kvw__peer_destroy(p);
+        return;
+    }
+    kvw_msg_t ack;
+    kvw__peer_hello(p, KVW_MSG_HELLO_ACK, &ack);
+    kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &ack);
+    kvw__wire_free(&ack);
+    KVW_INFO("decode engine %016llx connected as peer %u (QPN %u -> %u, %u receive credits)",
+             (unsigned long long)m->u.hello.engine_id, p->index, p->qp->qp->qp_num,
+             m->u.hello.qp.qpn, m->u.hello.recv_credits);
+}
+
+/* (lock) Refuse a request that would take p past its orphan caps: decode
+ * engines cannot make prefill hold unbounded memory for rooms it never
+ * serves. */
+static bool orphan_refused_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    uint64_t bytes = (uint64_t)m->u.request.num_pages * sizeof(uint64_t);
+    uint64_t max_bytes = (uint64_t)e->cfg.max_orphan_mib_per_peer << 20;
+    char why[KVW_WIRE_REASON_MAX];
+    if (p->orphans >= e->cfg.max_orphans_per_peer)
+        snprintf(why, sizeof(why),
+                 "prefill already holds %u requests from this engine for rooms without a sender "
+                 "(max_orphans_per_peer)",
+                 p->orphans);
+    else if (p->orphan_bytes + bytes > max_bytes)
+        snprintf(why, sizeof(why),
+                 "requests for rooms without a sender would hold %llu KiB of page indices, over "
+                 "max_orphan_mib_per_peer (%u MiB)",
+                 (unsigned long long)((p->orphan_bytes + bytes) >> 10),
+                 e->cfg.max_orphan_mib_per_peer);
+    else
+        return false;
+    send_failed(e, p, m->u.request.room, m->u.request.token, KVW_ERR_LIMIT, why);
+    return true;
+}
+
+/* (lock) Decode asked before prefill created the room's sender: keep the
+ * request, within the caps, for at most orphan_ttl_ms. */
+static kvw_req_t *new_orphan_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    if (orphan_refused_locked(e, p, m))
+        return NULL;
+    kvw_req_t *r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, m->u.request.room);
+    if (!r) {
+        send_failed(e, p, m->u.request.room, m->u.request.token, KVW_ERR_NO_MEMORY,
+                    "prefill is out of memory");
+        return NULL;
+    }
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.orphan_ttl_ms));
+    return r;
+}
+
+static void count_orphan_locked(kvw_req_t *r)
+{
+    if (r->has_user || r->orphan || !r->peer)
+        return;
+    r->orphan = true;
+    r->peer->orphans++;
+    r->peer->orphan_bytes += r->num_pages * sizeof(uint64_t);
+}
+
+static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    char why[KVW_WIRE_REASON_MAX] = "";
+    uint64_t room = m->u.request.room;
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    if (r && atomic_load(&r->state) == KVW_POLL_FAILED && !r->have_dst) {
+        /* It failed (bad source pages, abort, destroy, timeout) before
+         * decode asked: nothing was posted, answer at once. */
+        send_failed(e, p, room, m->u.request.token, r->fail_status, r->fail_reason);
+        pthread_mutex_unlock(&e->lock);
+        return;
+    }
+    if (r && (r->have_dst || (r->peer && r->peer != p))) {
+        /* The room belongs to whoever claimed it first. A second claim is
+         * refused to that claimer alone (its token): the first request's
+         * writes go on. An exact resend of the first claim is dropped. */
+        bool resend = r->peer == p && r->token == m->u.request.token;
+        pthread_mutex_unlock(&e->lock);
+        KVW_WARN("room %llu: %s from peer %u refused", (unsigned long long)room,
+                 resend ? "repeated request" : "second claim", p->index);
+        if (!resend)
+            send_failed(e, p, room, m->u.request.token, KVW_ERR_EXISTS,
+                        "the room is already claimed by another request");
+        return;
+    }
+    if (!r && !(r = new_orphan_locked(e, p, m))) {
+        pthread_mutex_unlock(&e->lock);
+        return;
+    }
+    kvw_status_t st = kvw__sender_accept_request_locked(r, p, m, why, sizeof(why));
+    if (st && !r->have_dst) {
+        /* Rejected before any write: fail the sender (a later one adopts the
+         * failure) and tell decode now. */
+        kvw__req_fail(r, st, "%s", why);
+        send_failed(e, p, room, m->u.request.token, st, why);
+    } else if (!st) {
+        count_orphan_locked(r);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (st)
+        KVW_ERROR("request for room %llu rejected before any write: %s", (unsigned long long)room,
+                  why[0] ? why : kvw_strerror(st));
+}
+
+/* Decode gave a room up. Stop writing it; REQUEST_FAILED goes back once
+ * every write posted for it has completed (see notify_failure_locked). */
+static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    uint64_t room = m->u.failed.room;
+    char why[KVW_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why), "decode gave the room up: %.120s", m->u.failed.reason);
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    if (r && ((r->peer && r->peer != p) || (r->have_dst && r->token != m->u.failed.token))) {
+        pthread_mutex_unlock(&e->lock);
+        KVW_WARN("room %llu: abort from peer %u for a request it does not own ignored",
+                 (unsigned long long)room, p->index);
+        return;
+    }
+    if (!r && !(r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room))) {
+        pthread_mutex_unlock(&e->lock);
+        return; /* out of memory: the sender fails by its own timeout */
+    }
+    if (!r->have_dst) { /* else both are set already, and the poller reads them */
+        kvw__req_attach_locked(r, p);
+        r->token = m->u.failed.token;
+    }
+    kvw__req_unorphan_locked(r);
+    kvw__req_fail(r, (kvw_status_t)m->status, "%s", why);
+    /* Decode waits for this answer before reporting Failed, even when the
+     * request had already succeeded here. */
+    r->have_dst = true;
+    r->notify_failure = true;
+    kvw__req_touch_locked(r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding it */
+}
+
+static void on_credit(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    /* Cumulative, so only ever raise it: a reordered or stale CREDIT is harmless. */
+    uint64_t cur = atomic_load(&p->imm_limit);
+    while (m->u.credit.recvs_posted > cur &&
+           !atomic_compare_exchange_weak(&p->imm_limit, &cur, m->u.credit.recvs_posted))
+        ;
+    kvw__wake(e->poller_wake_fd);
+}
+
+static void answer_dead_peer(kvw_engine_t *e, const uint8_t *id, size_t id_len, uint16_t type)
+{
+    kvw_peer_t *dead = peer_by_identity(e, id, id_len, true);
+    if (!dead || type == KVW_MSG_BYE) {
+        kvw__ctl_dropped(e, "%s from an unknown peer", kvw__wire_type_name(type));
+        return;
+    }
+    /* Decode is still talking on a connection we killed: say so again (our
+     * BYE may have been lost), so it fails its requests now. */
+    pthread_mutex_lock(&e->lock);
+    kvw_msg_t bye = kvw__failure_msg(KVW_MSG_BYE, 0, 0, dead->dead_status, dead->dead_reason);
+    pthread_mutex_unlock(&e->lock);
+    kvw__ctl_route(e, dead->id, sizeof(dead->id), &bye);
+}
+
+static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    switch (m->type) {
+    case KVW_MSG_REQUEST:
+        on_request(e, p, m);
+        break;
+    case KVW_MSG_ABORT:
+        on_abort(e, p, m);
+        break;
+    case KVW_MSG_CREDIT:
+        on_credit(e, p, m);
+        break;
+    case KVW_MSG_PING: {
+        kvw_msg_t pong = {.type = KVW_MSG_PONG};
+        pong.u.ping.engine_id = e->id;
+        kvw__ctl_route(e, p->id, sizeof(p->id), &pong);
+        break;
+    }
+    case KVW_MSG_BYE:
+        kvw__peer_kill(p, (kvw_status_t)m->status, "decode closed the connection: %.120s",
+                       m->u.failed.reason);
+        break;
+    default:
+        kvw__ctl_dropped(e, "unexpected %s from peer %u", kvw__wire_type_name(m->type), p->index);
+    }
+}
+
+void kvw__prefill_serve_router(kvw_engine_t *e)
+{
+    uint8_t id[KVW_CTL_MAX_ID];
+    size_t id_len;
+    kvw_msg_t m;
+    while (kvw__ctl_recv_routed(e, e->router, id, &id_len, &m) == KVW_OK) {
+        kvw_peer_t *p = peer_by_identity(e, id, id_len, false);
+        if (p)
+            p->last_seen_ns = kvw__now_ns();
+        if (m.type == KVW_MSG_HELLO && id_len == KVW_IDENTITY_LEN)
+            on_hello(e, id, &m);
+        else if (!p)
+            answer_dead_peer(e, id, id_len, m.type);
+        else
+            dispatch(e, p, &m);
+        kvw__wire_free(&m);
+    }
+}
+
+/* A ROUTER cannot say which peer's connection closed; with
+ * ZMQ_ROUTER_MANDATORY a send to an identity whose connection is gone
+ * fails with EHOSTUNREACH, so probe each live peer with a PONG. */
+static void probe_connections(kvw_engine_t *e)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || atomic_load(&p->state) != PEER_CONNECTED)
+            continue;
+        kvw_msg_t pong = {.type = KVW_MSG_PONG};
+        pong.u.ping.engine_id = e->id;
+        if (kvw__zdropped(e->router, &pong))
+            continue; /* a lost probe tells nothing */
+        if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+            if (errno == EHOSTUNREACH)
+                kvw__peer_kill(p, KVW_ERR_PEER, "decode engine's control connection closed");
+            continue;
+        }
+        kvw__zsend_raw(e->router, &pong, ZMQ_DONTWAIT);
+    }
+}
+
+void kvw__prefill_on_monitor(kvw_engine_t *e)
+{
+    int ev;
+    bool disconnected = false;
+    while ((ev = kvw__zmonitor_event(e->router_monitor)) != 0)
+        disconnected |= ev == ZMQ_EVENT_DISCONNECTED;
+    if (!disconnected)
+        return;
+    /* The router drops the identity's pipe a few command rounds after the
+     * event: keep probing for a short window. */
+    e->probe_until_ns = kvw__now_ns() + kvw__ms_ns(PROBE_WINDOW_MS);
+    probe_connections(e);
+}
+
+void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
+{
+    kvw__ctl_route(e, p->id, sizeof(p->id), bye);
+}
+
+uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
+{
+    uint64_t next = 0, limit = kvw__ms_ns(e->cfg.peer_timeout_ms);
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || atomic_load(&p->state) != PEER_CONNECTED)
+            continue;
+        uint64_t due = p->last_seen_ns + limit;
+        if (now > due)
+            kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms",
+                           e->cfg.peer_timeout_ms);
+        else if (!next || due + 1 < next)
+            next = due + 1;
+    }
+    if (e->probe_until_ns && now < e->probe_until_ns) {
+        probe_connections(e);
+        uint64_t probe = now + kvw__ms_ns(PROBE_TICK_MS);
+        next = !next || probe < next ? probe : next;
+    } else {
+        e->probe_until_ns = 0;
+    }
+    return next;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* (lock) Tell decode about a failed sender once its writes have drained. */
+static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    if (!r->notify_failure || !r->drained || !r->peer)
+        return;
+    r->notify_failure = false;
+    if (atomic_load(&r->state) == KVW_POLL_FAILED)
+        send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
+    else /* succeeded before decode's abort arrived: every write has landed */
+        send_failed(e, r->peer, r->room, r->token, KVW_ERR_ABORTED,
+                    "aborted after the transfer had completed");
+}
+
+/* (lock) The transfer watchdog fired. RC completes in order: a request
+ * whose first write was posted transfer_timeout_ms ago and is not complete
+ * means the connection is stuck, not the request. */
+static void transfer_watchdog_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+{
+    uint64_t limit = kvw__ms_ns(e->cfg.transfer_timeout_ms);
+    uint64_t first = atomic_load_explicit(&r->first_post_ns, memory_order_relaxed);
+    /* first may be newer than now (the poller set it after now was read). */
+    if (first && first < now && now - first > limit && r->peer) {
+        kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT, "room %llu: writes not complete in %u ms",
+                              (unsigned long long)r->room, e->cfg.transfer_timeout_ms);
+        return;
+    }
+    kvw__req_set_deadline_locked(r, (first && first < now ? first : now) + limit + 1);
+}
+
+/* (lock) Decode's request was never claimed by a sender: tell decode, and
+ * keep the failure a while for a sender that comes too late. */
+static void expire_orphan_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+{
+    kvw__req_fail(r, KVW_ERR_TIMEOUT, "prefill created no sender for this room within %u ms",
+                  e->cfg.orphan_ttl_ms);
+    send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
+    kvw__req_unorphan_locked(r);
+    free(r->dst_pages); /* nothing will be written: only the failure is kept */
+    r->dst_pages = NULL;
+    kvw__req_set_deadline_locked(r, now + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
+}
+
+bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
+{
+    int s = atomic_load(&r->state);
+    notify_failure_locked(e, r);
+    bool due = r->deadline_ns && now >= r->deadline_ns;
+    if (!due) /* a tombstone whose writes drained and whose answer went out goes now */
+        return r->user_gone && r->drained && !r->notify_failure && !r->deadline_ns;
+    kvw__req_set_deadline_locked(r, 0);
+    if (s == KVW_POLL_TRANSFERRING) {
+        transfer_watchdog_locked(e, r, now);
+        return false;
+    }
+    if (r->has_user) {
+        if (s == KVW_POLL_BOOTSTRAPPING)
+            kvw__req_fail(r, KVW_ERR_TIMEOUT, "no request from decode within %u ms",
+                          e->cfg.bootstrap_timeout_ms);
+        return false;
+    }
+    if (!r->user_gone && s != KVW_POLL_FAILED && r->peer) {
+        expire_orphan_locked(e, r, now);
+        return false;
+    }
+    if (!r->drained || r->notify_failure) {
+        kvw__req_set_deadline_locked(r, now + kvw__ms_ns(RECHECK_MS)); /* still owed: again */
+        return false;
+    }
+    return true;
+}

@@ -1,0 +1,215 @@
+/* The engine's request table, all under engine->lock: rooms in a hash table
+ * (lookups by room are O(1) however many requests are in flight), deadlines
+ * in a binary min-heap (the control thread sleeps until the earliest one
+ * instead of ticking), and a work list of requests that have something to
+ * do now (the control thread serves only those, never the whole table). */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+
+enum { MIN_BUCKETS = 64 };
+
+static size_t bucket_of(const kvw_engine_t *e, uint64_t room)
+{
+    /* Fibonacci hashing: rooms are often sequential. */
+    return (size_t)((room * 0x9e3779b97f4a7c15ull) >> 32) & e->room_mask;
+}
+
+static kvw_status_t rehash(kvw_engine_t *e, size_t nbuckets)
+{
+    kvw_req_t **b = calloc(nbuckets, sizeof(*b));
+    if (!b)
+        return KVW_ERR_NO_MEMORY;
+    kvw_req_t **old = e->rooms;
+    size_t old_n = old ? e->room_mask + 1 : 0;
+    e->rooms = b;
+    e->room_mask = nbuckets - 1;
+    for (size_t i = 0; i < old_n; i++) {
+        kvw_req_t *r = old[i], *next;
+        for (; r; r = next) {
+            next = r->hnext;
+            size_t h = bucket_of(e, r->room);
+            r->hnext = b[h];
+            b[h] = r;
+        }
+    }
+    free(old);
+    return KVW_OK;
+}
+
+/* Room for one more request: in the hash table and, so that setting a
+ * deadline never allocates, in the heap. */
+kvw_status_t kvw__reqtab_reserve_locked(kvw_engine_t *e)
+{
+    size_t need = e->num_reqs + 1;
+    if (!e->rooms && rehash(e, MIN_BUCKETS))
+        return KVW_ERR_NO_MEMORY;
+    if (need > 2 * (e->room_mask + 1))
+        rehash(e, 2 * (e->room_mask + 1)); /* a failed grow only makes chains longer */
+    if (need > e->heap_cap) {
+        size_t cap = e->heap_cap ? 2 * e->heap_cap : MIN_BUCKETS;
+        kvw_req_t **h = realloc(e->heap, cap * sizeof(*h));
+        if (!h)
+            return KVW_ERR_NO_MEMORY;
+        e->heap = h;
+        e->heap_cap = cap;
+    }
+    return KVW_OK;
+}
+
+void kvw__room_insert_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    size_t h = bucket_of(e, r->room);
+    r->hnext = e->rooms[h];
+    e->rooms[h] = r;
+    e->num_reqs++;
+}
+
+void kvw__room_remove_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    for (kvw_req_t **pp = &e->rooms[bucket_of(e, r->room)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == r) {
+            *pp = r->hnext;
+            r->hnext = NULL;
+            e->num_reqs--;
+            return;
+        }
+}
+
+kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
+{
+    if (!e->rooms)
+        return NULL;
+    for (kvw_req_t *r = e->rooms[bucket_of(e, room)]; r; r = r->hnext)
+        if (r->room == room && r->role == role)
+            return r;
+    return NULL;
+}
+
+/* ------------------------------------------------------------ the heap */
+
+static bool earlier(const kvw_req_t *a, const kvw_req_t *b)
+{
+    return a->deadline_ns < b->deadline_ns;
+}
+
+static void heap_place(kvw_engine_t *e, size_t i, kvw_req_t *r)
+{
+    e->heap[i] = r;
+    r->heap_pos = i + 1;
+}
+
+static void sift_up(kvw_engine_t *e, size_t i)
+{
+    kvw_req_t *r = e->heap[i];
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!earlier(r, e->heap[parent]))
+            break;
+        heap_place(e, i, e->heap[parent]);
+        i = parent;
+    }
+    heap_place(e, i, r);
+}
+
+static void sift_down(kvw_engine_t *e, size_t i)
+{
+    kvw_req_t *r = e->heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= e->heap_len)
+            break;
+        if (c + 1 < e->heap_len && earlier(e->heap[c + 1], e->heap[c]))
+            c++;
+        if (!earlier(e->heap[c], r))
+            break;
+        heap_place(e, i, e->heap[c]);
+        i = c;
+    }
+    heap_place(e, i, r);
+}
+
+static void heap_remove(kvw_engine_t *e, kvw_req_t *r)
+{
+    size_t i = r->heap_pos - 1;
+    r->heap_pos = 0;
+    kvw_req_t *last = e->heap[--e->heap_len];
+    if (last == r)
+        return;
+    heap_place(e, i, last);
+    sift_up(e, i);
+    sift_down(e, last->heap_pos - 1);
+}
+
+void kvw__req_set_deadline_locked(kvw_req_t *r, uint64_t ns)
+{
+    kvw_engine_t *e = r->engine;
+    if (r->heap_pos)
+        heap_remove(e, r);
+    r->deadline_ns = ns;
+    if (!ns || !r->listed)
+        return;
+    /* kvw__reqtab_reserve_locked made room when r was listed. */
+    e->heap[e->heap_len] = r;
+    r->heap_pos = ++e->heap_len;
+    sift_up(e, e->heap_len - 1);
+    if (r->heap_pos == 1)
+        kvw__wake(e->control_wake_fd); /* the control thread may sleep past it */
+}
+
+uint64_t kvw__next_deadline_locked(const kvw_engine_t *e)
+{
+    return e->heap_len ? e->heap[0]->deadline_ns : 0;
+}
+
+kvw_req_t *kvw__pop_expired_locked(kvw_engine_t *e, uint64_t now)
+{
+    if (!e->heap_len || e->heap[0]->deadline_ns > now)
+        return NULL;
+    kvw_req_t *r = e->heap[0];
+    heap_remove(e, r);
+    return r; /* deadline_ns is kept: the handler compares it with now */
+}
+
+/* -------------------------------------------------------- the work list */
+
+void kvw__req_touch_locked(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    if (r->in_work || !r->listed)
+        return;
+    r->in_work = true;
+    atomic_fetch_add(&r->refs, 1); /* the list's own: r may leave the table meanwhile */
+    r->wnext = NULL;
+    if (e->work_tail)
+        e->work_tail->wnext = r;
+    else
+        e->work_head = r;
+    e->work_tail = r;
+    kvw__wake(e->control_wake_fd);
+}
+
+kvw_req_t *kvw__pop_work_locked(kvw_engine_t *e)
+{
+    kvw_req_t *r = e->work_head;
+    if (!r)
+        return NULL;
+    e->work_head = r->wnext;
+    if (!e->work_head)
+        e->work_tail = NULL;
+    r->wnext = NULL;
+    r->in_work = false;
+    return r; /* the caller drops the list's reference */
+}
+
+void kvw__reqtab_fini(kvw_engine_t *e)
+{
+    kvw_req_t *r;
+    while ((r = kvw__pop_work_locked(e)))
+        kvw__req_unref(r);
+    free(e->heap);
+    free(e->rooms);
+    e->heap = NULL;
+    e->rooms = NULL;
+    e->heap_len = e->heap_cap = 0;
+}
