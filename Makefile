@@ -23,8 +23,9 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 SAN_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/san/%.o)
 TSAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/tsan/%.o)
 TSAN      := -fsanitize=thread -fno-omit-frame-pointer
-# The threaded tests: the engine on the fake NIC, its chaos schedules and the NIC itself.
-TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos fake_nic)
+# The threaded tests: the engine on the fake NIC, its chaos schedules, the
+# soak (connection slots reclaimed while the poller runs) and the NIC itself.
+TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak fake_nic)
 
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))
@@ -109,7 +110,8 @@ unit: $(UNIT)
 # threads, the fake NIC's wire thread); any report fails the run.
 tsan: $(TSAN_TESTS)
 	@set -e; for t in $(TSAN_TESTS); do echo "== $$t (ThreadSanitizer)"; \
-	    KVW_CHAOS_SCHEDULES=$${KVW_TSAN_CHAOS_SCHEDULES:-500} TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$(CURDIR)/tests/tsan.supp" $$t; done
+	    KVW_CHAOS_SCHEDULES=$${KVW_TSAN_CHAOS_SCHEDULES:-500} \
+	    KVW_SOAK_CYCLES=$${KVW_TSAN_SOAK_CYCLES:-1000} TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$(CURDIR)/tests/tsan.supp" $$t; done
 
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos

@@ -18,7 +18,17 @@
  *
  * Prefill restart (--keep-going on decode, --first-room on prefill): decode
  * keeps its engine and starts its next waves after a wave failed; a new
- * prefill process, registered under the same rank, serves those rooms. */
+ * prefill process, registered under the same rank, serves those rooms.
+ *
+ * Soak (--cycles on decode, tests/integration/soak_scenarios.sh): each
+ * cycle is a new decode engine that connects, runs one room, verifies it
+ * and is destroyed; every --kill-every'th cycle is instead a forked decode
+ * process killed with SIGKILL once its room's first bytes landed. Prefill
+ * serves them all (--requests = cycles). --sync-file/--sync-at pause decode
+ * between cycles so a script can measure the prefill process.
+ *
+ * Idle (--idle-s, both sides): after the transfers stay connected S
+ * seconds and print each thread's CPU over that window. */
 #include "kvwire.h"
 #include "kvw-tools.h"
 
@@ -32,7 +42,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,18 +52,18 @@ typedef enum { SIDE_DECODE = 0, SIDE_PREFILL = 1 } side_t;
 
 /* Fault injection and expectations; all off by default. */
 typedef struct faults {
-    bool on;                 /* any option below given: per-room verdicts */
-    int64_t abort_room;      /* -1: none */
+    bool on;            /* any option below given: per-room verdicts */
+    int64_t abort_room; /* -1: none */
     side_t abort_side;
     uint32_t abort_after_ms; /* after the room is under way (see usage) */
     const char *abort_sync;  /* decode writes it when room K's bytes land */
     int64_t bad_room;        /* -1: none */
     side_t bad_side;
-    uint32_t canary_ms;      /* decode: watch failed rooms' pages this long */
+    uint32_t canary_ms;                   /* decode: watch failed rooms' pages this long */
     const char *expect_failed, *may_fail; /* room lists: "all" or "A,B,C-D" */
     const char *ready_file;
     uint32_t deadline_s;
-    bool keep_going;         /* decode: start the next waves after a failure */
+    bool keep_going; /* decode: start the next waves after a failure */
 } faults_t;
 
 typedef struct opts {
@@ -61,6 +73,9 @@ typedef struct opts {
     uint32_t first_room; /* prefill: serve request indexes from here on */
     uint64_t item, pool, aux_item, aux_items, contig, dst_contig, seed;
     uint32_t idle_check_s;
+    uint32_t idle_s;                 /* --idle-s: connected idle window, both sides */
+    uint32_t cycles, kill_every;     /* decode soak: engines created and destroyed */
+    const char *sync_file, *sync_at; /* decode soak: pause points for the script */
     bool json, quiet;
     faults_t f;
 } opts_t;
@@ -116,8 +131,8 @@ static uint64_t check_item(const uint8_t *item, uint64_t len, uint64_t seed, uin
  * `contig` pages whose order is shuffled, so runs are contiguous for up to
  * `contig` pages and random between. Slot picks a disjoint window so
  * requests in flight together never share destination pages. */
-static void pick_pages(uint64_t *out, uint32_t count, uint64_t pool, uint64_t contig,
-                       uint64_t seed, uint32_t slot)
+static void pick_pages(uint64_t *out, uint32_t count, uint64_t pool, uint64_t contig, uint64_t seed,
+                       uint32_t slot)
 {
     uint64_t base = (uint64_t)slot * ((count + contig - 1) / contig) * contig;
     shuffled_chunk_pages(out, count, contig, seed);
@@ -230,6 +245,10 @@ static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, const char 
     kvw_status_t st = kvw_engine_create(&p, &e);
     if (st)
         die("creating the engine", st);
+    static bool said; /* a soak creates hundreds of engines: say it once */
+    if (o->cycles && said)
+        return e;
+    said = true;
     printf("%s engine on %s (GID index %d)%s%s\n", o->prefill ? "prefill" : "decode",
            kvw_engine_device_name(e), kvw_engine_gid_index(e), o->prefill ? ", control " : "",
            o->prefill ? kvw_engine_endpoint(e) : "");
@@ -333,13 +352,13 @@ static bool injected(const faults_t *f, uint64_t room)
  * the event has not happened. */
 typedef struct room_state {
     room_plan_t plan;
-    uint64_t planned_wrs;  /* prefill: expected_wrs() */
-    double t_handed;       /* decode: receiver created (init follows); prefill: send() */
-    double t_under_way;    /* prefill: seen Transferring; decode: first bytes seen landed */
-    double t_fault;        /* abort or bad input, by this process */
-    double t_end;          /* seen Success or Failed */
-    double t_next_look;    /* next scan for landed bytes / look for --abort-sync */
-    double t_synced;       /* prefill: --abort-sync file seen */
+    uint64_t planned_wrs; /* prefill: expected_wrs() */
+    double t_handed;      /* decode: receiver created (init follows); prefill: send() */
+    double t_under_way;   /* prefill: seen Transferring; decode: first bytes seen landed */
+    double t_fault;       /* abort or bad input, by this process */
+    double t_end;         /* seen Success or Failed */
+    double t_next_look;   /* next scan for landed bytes / look for --abort-sync */
+    double t_synced;      /* prefill: --abort-sync file seen */
     long long wall_end;
     const char *fault_what; /* "abort", "bad input" */
     kvw_poll_t state;
@@ -383,8 +402,8 @@ static void note_fault(room_state_t *rs, const char *what, const char *fmt, ...)
 static void print_failed(const room_state_t *rs, kvw_status_t st, const char *why)
 {
     double from = rs->t_fault ? rs->t_fault : rs->t_handed;
-    printf("room %" PRIu64 ": FAILED after %.0f ms: %s: %s [since %s, at %lld ms]\n",
-           rs->plan.room, (rs->t_end - from) * 1e3, kvw_status_name(st), why ? why : "",
+    printf("room %" PRIu64 ": FAILED after %.0f ms: %s: %s [since %s, at %lld ms]\n", rs->plan.room,
+           (rs->t_end - from) * 1e3, kvw_status_name(st), why ? why : "",
            rs->t_fault ? rs->fault_what : "hand-over", rs->wall_end);
 }
 
@@ -392,10 +411,11 @@ static void print_failed(const room_state_t *rs, kvw_status_t st, const char *wh
 static bool as_expected(const faults_t *f, const room_state_t *rs)
 {
     want_t w = room_want(f, rs->plan.room);
-    const char *got = !rs->started ? "was never started"
-                      : !rs->ended ? "did not end"
-                      : rs->state == KVW_POLL_SUCCESS ? "ended Success" : "ended Failed";
-    bool ok = w == WANT_EITHER ? rs->ended || !rs->started
+    const char *got = !rs->started                    ? "was never started"
+                      : !rs->ended                    ? "did not end"
+                      : rs->state == KVW_POLL_SUCCESS ? "ended Success"
+                                                      : "ended Failed";
+    bool ok = w == WANT_EITHER   ? rs->ended || !rs->started
               : w == WANT_FAILED ? rs->ended && rs->state == KVW_POLL_FAILED
                                  : rs->ended && rs->state == KVW_POLL_SUCCESS;
     if (!ok)
@@ -470,8 +490,8 @@ static double thread_cpu_s(const char *name)
         if (f && fgets(stat, sizeof(stat), f)) {
             char *p = strrchr(stat, ')'); /* fields after comm: state is field 3 */
             unsigned long ut = 0, st = 0;
-            if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
-                            &st) == 2)
+            if (p &&
+                sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
                 total = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
         }
         if (f)
@@ -490,6 +510,100 @@ static int idle_check(const opts_t *o)
     printf("idle poller: %.3f CPU-s over %.1f s = %.2f%% of a core (limit 1%%)\n", used,
            now_s() - t0, 100 * frac);
     return c0 >= 0 && frac < 0.01 ? 0 : 1;
+}
+
+/* ------------------------------------------------ idle window (--idle-s) */
+
+enum { MAX_THREADS = 64, IDLE_LINGER_S = 2 };
+#define IDLE_LIMIT_PCT 0.5
+
+typedef struct thread_ticks {
+    int tid;
+    char comm[32];
+    unsigned long long ticks; /* utime + stime, clock ticks */
+} thread_ticks_t;
+
+/* utime + stime from a /proc stat line; the comm field may hold spaces,
+ * so parse after its closing parenthesis. */
+static unsigned long long stat_ticks(const char *path)
+{
+    char line[1024];
+    unsigned long long ut = 0, st = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char *p = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+    fclose(f);
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return ut + st;
+}
+
+/* Every thread of this process with its name and CPU ticks; how many. */
+static int snapshot_threads(thread_ticks_t *t, int max)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *de;
+    int n = 0;
+    while (d && n < max && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[300];
+        t[n] = (thread_ticks_t){.tid = atoi(de->d_name)};
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (f && !fgets(t[n].comm, sizeof(t[n].comm), f))
+            t[n].comm[0] = '\0';
+        if (f)
+            fclose(f);
+        t[n].comm[strcspn(t[n].comm, "\n")] = '\0';
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", de->d_name);
+        t[n].ticks = stat_ticks(path);
+        n++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void sleep_s(double s)
+{
+    for (double until = now_s() + s; now_s() < until;)
+        usleep(100000);
+}
+
+/* Stay connected S seconds doing nothing, then print every thread's CPU
+ * (from /proc, % of one core) and the process's; fails at or above 0.5%.
+ * Afterwards linger a little before the caller tears down, so that the
+ * peer's own window (started within a moment of ours) ends before our
+ * disconnect could cost it anything. */
+static int idle_window(const opts_t *o)
+{
+    const char *side = o->prefill ? "prefill" : "decode";
+    thread_ticks_t a[MAX_THREADS], b[MAX_THREADS];
+    double hz = (double)sysconf(_SC_CLK_TCK);
+    int na = snapshot_threads(a, MAX_THREADS);
+    unsigned long long pa = stat_ticks("/proc/self/stat");
+    double t0 = now_s();
+    printf("%s: idle for %u s with the peer connected\n", side, o->idle_s);
+    sleep_s(o->idle_s);
+    int nb = snapshot_threads(b, MAX_THREADS);
+    unsigned long long pb = stat_ticks("/proc/self/stat");
+    double dt = now_s() - t0;
+    for (int i = 0; i < nb; i++) {
+        unsigned long long before = 0;
+        for (int j = 0; j < na; j++)
+            before = a[j].tid == b[i].tid ? a[j].ticks : before;
+        double used = (double)(b[i].ticks - before) / hz;
+        printf("%s idle: thread %-14s (tid %5d): %6.2f CPU-s = %6.3f%% of a core\n", side,
+               b[i].comm, b[i].tid, used, 100 * used / dt);
+    }
+    double total = (double)(pb - pa) / hz, pct = 100 * total / dt;
+    bool ok = pct < IDLE_LIMIT_PCT;
+    printf("%s idle: process total %.2f CPU-s over %.1f s = %.3f%% of a core (limit %.1f%%): %s\n",
+           side, total, dt, pct, IDLE_LIMIT_PCT, ok ? "ok" : "TOO HIGH");
+    sleep_s(IDLE_LINGER_S);
+    return !ok;
 }
 
 /* Create, init and send one room. --bad-room on prefill hands send() an
@@ -637,8 +751,8 @@ static int report_prefill(const opts_t *o, kvw_engine_t *e, kvw_sender_t **s, ro
            c.errors);
     if (o->f.on) {
         bool wrs_ok = prefill_wrs_ok(e, rs, total);
-        printf("prefill: verdict: %s\n", !unexpected && wrs_ok ? "every room ended as expected"
-                                                               : "NOT AS EXPECTED");
+        printf("prefill: verdict: %s\n",
+               !unexpected && wrs_ok ? "every room ended as expected" : "NOT AS EXPECTED");
         return unexpected || !wrs_ok;
     }
     if (!failed && c.wrs_posted != want_wrs)
@@ -680,6 +794,8 @@ static int run_prefill(const opts_t *o)
     int rc = report_prefill(o, e, senders, rs, total);
     if (o->idle_check_s)
         rc |= idle_check(o);
+    if (o->idle_s)
+        rc |= idle_window(o);
     for (uint32_t i = 0; i < total; i++)
         free_room(&rs[i].plan);
     free(rs);
@@ -790,10 +906,10 @@ typedef struct decode_run {
     double *lat;
     uint64_t bad_total;
     uint32_t failed, not_started, unexpected, canary_bad;
-    bool ready, synced, stop; /* markers written; no new waves */
-    bool kept_going;          /* --keep-going: said so after a failure */
+    bool ready, synced, stop;  /* markers written; no new waves */
+    bool kept_going;           /* --keep-going: said so after a failure */
+    uint32_t kills, kills_mid; /* --cycles: processes killed, of them after bytes landed */
 } decode_run_t;
-
 
 /* Has the room's data started to land (rate-limited scan of first words)? */
 static bool room_under_way(const opts_t *o, const memory_t *m, room_state_t *rs)
@@ -852,8 +968,8 @@ static uint64_t verify_room(const opts_t *o, const memory_t *m, const room_plan_
     uint64_t bad = 0;
     for (uint32_t r = 0; r < 2 * o->layers; r++)
         for (uint32_t i = 0; i < o->pages; i++)
-            bad += check_item((uint8_t *)m->kv[r].addr + rp->dst[i] * o->item, o->item, o->seed,
-                              r, rp->src[i]);
+            bad += check_item((uint8_t *)m->kv[r].addr + rp->dst[i] * o->item, o->item, o->seed, r,
+                              rp->src[i]);
     if (o->aux_item)
         bad += check_item((uint8_t *)m->aux[0].addr + rp->aux_dst * o->aux_item, o->aux_item,
                           o->seed, 1u << 20, rp->aux_src);
@@ -949,7 +1065,8 @@ static void report_receiver(decode_run_t *d, kvw_receiver_t *rx, room_state_t *r
         } else if (st && !injected(&o->f, rs->plan.room) && !o->f.keep_going && !d->stop) {
             d->stop = true; /* like a scheduler that stops routing to a dead prefill */
             printf("decode: room %" PRIu64 " failed without an injected fault: "
-                   "no further requests are started\n", rs->plan.room);
+                   "no further requests are started\n",
+                   rs->plan.room);
         }
     }
 }
@@ -1038,10 +1155,176 @@ static int run_decode(const opts_t *o)
             run_wave(&d, wave, n);
     }
     int rc = decode_summary(&d, now_s() - t0, cpu_s() - c0);
+    if (o->idle_s)
+        rc |= idle_window(o);
     free(d.lat);
     kvw_engine_destroy(d.e);
     free_memory(o, &m);
     return rc;
+}
+
+/* ------------------------------------------------------ decode: soak */
+
+/* Descriptors, threads and resident memory of a process (/proc). */
+typedef struct proc_usage {
+    int fds, threads;
+    long rss_kib;
+} proc_usage_t;
+
+static int count_entries(const char *path)
+{
+    DIR *d = opendir(path);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        n += de->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return d ? n : -1;
+}
+
+static proc_usage_t self_usage(void)
+{
+    proc_usage_t u = {count_entries("/proc/self/fd"), count_entries("/proc/self/task"), 0};
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            u.rss_kib = strtol(line + 6, NULL, 10);
+    if (f)
+        fclose(f);
+    return u;
+}
+
+/* A fresh start for each cycle's room: a stale copy of the right bytes
+ * from an earlier cycle must not pass verification. */
+static void clear_memory(const opts_t *o, const memory_t *m)
+{
+    for (uint32_t i = 0; i < 2 * o->layers; i++)
+        memset(m->kv[i].addr, o->f.on ? CANARY_BYTE : 0, m->kv[i].len);
+    if (m->aux)
+        memset(m->aux[0].addr, o->f.on ? CANARY_BYTE : 0, m->aux[0].len);
+}
+
+/* One clean cycle: a new engine connects, runs room k, verifies it and is
+ * destroyed (its connection closes at prefill). */
+static void clean_cycle(decode_run_t *d, uint32_t k)
+{
+    clear_memory(d->o, d->m);
+    d->e = make_engine(d->o, d->m, NULL);
+    run_wave(d, k, 1);
+    kvw_engine_destroy(d->e);
+    d->e = NULL;
+}
+
+/* The doomed child: its own engine and receiver for room k; says 'L' on
+ * the pipe once the room's first bytes landed ('E' if the room ended or
+ * the engine failed first), then waits for its SIGKILL. */
+static _Noreturn void doomed_child(decode_run_t *d, uint32_t k, int fd)
+{
+    const opts_t *o = d->o;
+    room_state_t rs = {0};
+    plan_room(o, o->decoder_index, k, &rs.plan);
+    for (uint64_t i = 0, len; i < room_items(o); i++) /* canary: to see first bytes */
+        memset(room_item(o, d->m, &rs.plan, i, &len), CANARY_BYTE, len);
+    kvw_engine_t *e = make_engine(o, d->m, NULL);
+    kvw_receiver_t *rx;
+    kvw_status_t st = kvw_receiver_create(e, d->bootstrap, o->rank, rs.plan.room, &rx);
+    if (!st)
+        st = kvw_receiver_init(rx, rs.plan.dst, o->pages, rs.plan.aux_dst);
+    char say = 'E';
+    for (double until = now_s() + 60; !st && now_s() < until; usleep(200)) {
+        kvw_poll_t s = kvw_receiver_poll(rx);
+        if (s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED)
+            break;
+        if (items_begun(o, d->m, &rs.plan, 1)) {
+            say = 'L';
+            break;
+        }
+    }
+    if (write(fd, &say, 1) != 1)
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+/* A killed cycle: a separate decode process (forked while this one holds
+ * no engine) gets room k under way and is killed with SIGKILL, as a
+ * crashed decode process would leave prefill: its QP and control
+ * connection vanish mid-transfer. */
+static void kill_cycle(decode_run_t *d, uint32_t k)
+{
+    int pfd[2];
+    if (pipe(pfd))
+        die("pipe", KVW_ERR_INVALID);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork", KVW_ERR_NO_MEMORY);
+    if (pid == 0) {
+        close(pfd[0]);
+        doomed_child(d, k, pfd[1]);
+    }
+    close(pfd[1]);
+    struct pollfd pf = {pfd[0], POLLIN, 0};
+    char said = '?';
+    if (poll(&pf, 1, 60000) == 1 && read(pfd[0], &said, 1) != 1)
+        said = '?';
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(pfd[0]);
+    d->kills++;
+    d->kills_mid += said == 'L';
+    if (!d->o->quiet)
+        printf("cycle %u: decode process %d killed with SIGKILL %s\n", k, (int)pid,
+               said == 'L' ? "after its room's first bytes landed"
+                           : "before its room got under way (its room ended or failed first)");
+}
+
+/* --sync-at: after `done` cycles (no engine alive here), write
+ * SYNC_FILE.done and wait for the script's SYNC_FILE.done.ack. */
+static void sync_point(const opts_t *o, uint32_t done)
+{
+    char path[4096], ack[4200];
+    snprintf(path, sizeof(path), "%s.%u", o->sync_file, done);
+    snprintf(ack, sizeof(ack), "%s.ack", path);
+    proc_usage_t u = self_usage();
+    printf("decode: after %u cycles: %d fds, %d threads, VmRSS %ld KiB (this process)\n", done,
+           u.fds, u.threads, u.rss_kib);
+    write_marker(path);
+    for (double until = now_s() + 120; access(ack, F_OK) != 0 && now_s() < until;)
+        usleep(20000);
+}
+
+static int run_cycles(const opts_t *o)
+{
+    memory_t m;
+    alloc_memory(o, &m);
+    decode_run_t d = {.o = o, .m = &m, .ready = true, .synced = true};
+    if (o->bootstrap_file)
+        read_bootstrap_file(o->bootstrap_file, d.bootstrap, sizeof(d.bootstrap));
+    else
+        snprintf(d.bootstrap, sizeof(d.bootstrap), "%s", o->bootstrap);
+    d.lat = calloc(o->cycles, sizeof(double));
+    double t0 = now_s(), c0 = cpu_s();
+    for (uint32_t k = 0; k < o->cycles; k++) {
+        if (o->kill_every && k % o->kill_every == o->kill_every - 1)
+            kill_cycle(&d, k);
+        else
+            clean_cycle(&d, k);
+        if (o->sync_file && in_list(o->sync_at, k + 1))
+            sync_point(o, k + 1);
+    }
+    double dt = now_s() - t0;
+    uint32_t clean = o->cycles - d.kills, ok = clean - d.failed;
+    printf("decode: %u cycles in %.1f s (%.0f ms each): %u/%u clean cycles ok, every byte "
+           "checked, %" PRIu64 " bytes wrong; %u decode processes killed (%u after their "
+           "first bytes landed); %.1f CPU-s in this process\n",
+           o->cycles, dt, dt * 1e3 / o->cycles, ok, clean, d.bad_total, d.kills, d.kills_mid,
+           cpu_s() - c0);
+    free(d.lat);
+    free_memory(o, &m);
+    return d.failed || d.bad_total || d.unexpected;
 }
 
 /* ---------------------------------------------------------------- main */
@@ -1079,6 +1362,14 @@ static void usage(void)
             "    --first-room K         prefill: serve request indexes K..K+N-1 of each\n"
             "                           decoder (a restarted prefill serving decode's later\n"
             "                           waves); not a fault by itself\n"
+            "  soak (decode): --cycles N [--kill-every K (0)] [--sync-file F --sync-at LIST]\n"
+            "        N cycles, each a new engine that runs room k (k = 0..N-1; prefill serves\n"
+            "        --requests N), verifies it and is destroyed; every K-th cycle a forked\n"
+            "        decode process is killed with SIGKILL once its room's first bytes landed\n"
+            "        (give prefill --may-fail for those rooms). After the cycle counts in\n"
+            "        LIST, write F.COUNT and wait for F.COUNT.ack (the script measures)\n"
+            "  idle (both): --idle-s S  after the transfers stay connected S s, then print\n"
+            "        each thread's CPU %% of a core over the window; fails at >= 0.5%%\n"
             "  Any fault option switches to fault mode: failed rooms are printed as\n"
             "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
             "  the exit status says whether every room ended as expected.\n");
@@ -1104,9 +1395,24 @@ static const char *parse_list(const char *s)
 }
 
 enum { /* long options without a short letter */
-    OPT_ABORT_ROOM = 256, OPT_ABORT_SIDE, OPT_ABORT_AFTER, OPT_BAD_ROOM, OPT_BAD_SIDE,
-    OPT_CANARY, OPT_EXPECT_FAILED, OPT_MAY_FAIL, OPT_READY_FILE, OPT_DEADLINE, OPT_ABORT_SYNC,
-    OPT_KEEP_GOING, OPT_FIRST_ROOM,
+       OPT_ABORT_ROOM = 256,
+       OPT_ABORT_SIDE,
+       OPT_ABORT_AFTER,
+       OPT_BAD_ROOM,
+       OPT_BAD_SIDE,
+       OPT_CANARY,
+       OPT_EXPECT_FAILED,
+       OPT_MAY_FAIL,
+       OPT_READY_FILE,
+       OPT_DEADLINE,
+       OPT_ABORT_SYNC,
+       OPT_KEEP_GOING,
+       OPT_FIRST_ROOM,
+       OPT_IDLE_S,
+       OPT_CYCLES,
+       OPT_KILL_EVERY,
+       OPT_SYNC_FILE,
+       OPT_SYNC_AT,
 };
 
 /* The fault options; false if c is not one of them. */
@@ -1114,51 +1420,120 @@ static bool parse_fault_opt(int c, const char *arg, faults_t *f)
 {
     unsigned long long v = arg ? strtoull(arg, NULL, 0) : 0;
     switch (c) {
-    case OPT_ABORT_ROOM: f->abort_room = (int64_t)v; break;
-    case OPT_ABORT_SIDE: f->abort_side = parse_side(arg); break;
-    case OPT_ABORT_AFTER: f->abort_after_ms = (uint32_t)v; break;
-    case OPT_BAD_ROOM: f->bad_room = (int64_t)v; break;
-    case OPT_BAD_SIDE: f->bad_side = parse_side(arg); break;
-    case OPT_CANARY: f->canary_ms = (uint32_t)v; break;
-    case OPT_EXPECT_FAILED: f->expect_failed = parse_list(arg); break;
-    case OPT_MAY_FAIL: f->may_fail = parse_list(arg); break;
-    case OPT_READY_FILE: f->ready_file = arg; break;
-    case OPT_DEADLINE: f->deadline_s = (uint32_t)v; break;
-    case OPT_ABORT_SYNC: f->abort_sync = arg; break;
-    case OPT_KEEP_GOING: f->keep_going = true; break;
-    default: return false;
+    case OPT_ABORT_ROOM:
+        f->abort_room = (int64_t)v;
+        break;
+    case OPT_ABORT_SIDE:
+        f->abort_side = parse_side(arg);
+        break;
+    case OPT_ABORT_AFTER:
+        f->abort_after_ms = (uint32_t)v;
+        break;
+    case OPT_BAD_ROOM:
+        f->bad_room = (int64_t)v;
+        break;
+    case OPT_BAD_SIDE:
+        f->bad_side = parse_side(arg);
+        break;
+    case OPT_CANARY:
+        f->canary_ms = (uint32_t)v;
+        break;
+    case OPT_EXPECT_FAILED:
+        f->expect_failed = parse_list(arg);
+        break;
+    case OPT_MAY_FAIL:
+        f->may_fail = parse_list(arg);
+        break;
+    case OPT_READY_FILE:
+        f->ready_file = arg;
+        break;
+    case OPT_DEADLINE:
+        f->deadline_s = (uint32_t)v;
+        break;
+    case OPT_ABORT_SYNC:
+        f->abort_sync = arg;
+        break;
+    case OPT_KEEP_GOING:
+        f->keep_going = true;
+        break;
+    default:
+        return false;
     }
     f->on = true;
     return true;
 }
 
+/* The soak options belong to decode, and only with --cycles (one room per
+ * cycle, so --inflight 1); --idle-s does not mix with them. */
+static bool soak_opts_ok(opts_t *o)
+{
+    if (!o->cycles)
+        return !o->kill_every && !o->sync_file && !o->sync_at;
+    o->requests = o->inflight = 1;
+    return !o->prefill && !o->idle_s && o->cycles <= 1000000 && !o->f.keep_going &&
+           o->f.abort_room < 0 && o->f.bad_room < 0 && (!o->sync_file == !o->sync_at);
+}
+
 static void parse(int argc, char **argv, opts_t *o)
 {
-    *o = (opts_t){.layers = 32, .item = 2048, .pool = 256, .aux_items = 16, .requests = 8,
-                  .pages = 32, .inflight = 4, .decoders = 1, .contig = 4, .dst_contig = 3,
-                  .seed = 1, .f = {.abort_room = -1, .bad_room = -1, .abort_after_ms = 100}};
+    *o = (opts_t){.layers = 32,
+                  .item = 2048,
+                  .pool = 256,
+                  .aux_items = 16,
+                  .requests = 8,
+                  .pages = 32,
+                  .inflight = 4,
+                  .decoders = 1,
+                  .contig = 4,
+                  .dst_contig = 3,
+                  .seed = 1,
+                  .f = {.abort_room = -1, .bad_room = -1, .abort_after_ms = 100}};
     if (argc < 2)
         usage();
     o->prefill = strcmp(argv[1], "prefill") == 0;
     if (!o->prefill && strcmp(argv[1], "decode") != 0)
         usage();
-    static const struct option longopts[] = {
-        {"dev", 1, 0, 'd'},        {"ip", 1, 0, 'i'},          {"bootstrap", 1, 0, 'b'},
-        {"bootstrap-file", 1, 0, 'B'}, {"embed-bootstrap", 1, 0, 'E'}, {"rank", 1, 0, 'r'},
-        {"layers", 1, 0, 'L'},     {"item", 1, 0, 'I'},        {"pool", 1, 0, 'P'},
-        {"aux-item", 1, 0, 'a'},   {"aux-items", 1, 0, 'A'},   {"requests", 1, 0, 'n'},
-        {"pages", 1, 0, 'p'},      {"inflight", 1, 0, 'f'},    {"decoders", 1, 0, 'D'},
-        {"decoder-index", 1, 0, 'x'}, {"contig", 1, 0, 'c'},   {"dst-contig", 1, 0, 'C'},
-        {"seed", 1, 0, 's'},       {"idle-check", 1, 0, 'z'},  {"json", 0, 0, 'j'},
-        {"quiet", 0, 0, 'q'},
-        {"abort-room", 1, 0, OPT_ABORT_ROOM},     {"abort-side", 1, 0, OPT_ABORT_SIDE},
-        {"abort-after-ms", 1, 0, OPT_ABORT_AFTER}, {"bad-room", 1, 0, OPT_BAD_ROOM},
-        {"bad-side", 1, 0, OPT_BAD_SIDE},         {"canary-ms", 1, 0, OPT_CANARY},
-        {"expect-failed", 1, 0, OPT_EXPECT_FAILED}, {"may-fail", 1, 0, OPT_MAY_FAIL},
-        {"ready-file", 1, 0, OPT_READY_FILE},     {"deadline-s", 1, 0, OPT_DEADLINE},
-        {"abort-sync", 1, 0, OPT_ABORT_SYNC},     {"keep-going", 0, 0, OPT_KEEP_GOING},
-        {"first-room", 1, 0, OPT_FIRST_ROOM},
-        {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"dev", 1, 0, 'd'},
+                                             {"ip", 1, 0, 'i'},
+                                             {"bootstrap", 1, 0, 'b'},
+                                             {"bootstrap-file", 1, 0, 'B'},
+                                             {"embed-bootstrap", 1, 0, 'E'},
+                                             {"rank", 1, 0, 'r'},
+                                             {"layers", 1, 0, 'L'},
+                                             {"item", 1, 0, 'I'},
+                                             {"pool", 1, 0, 'P'},
+                                             {"aux-item", 1, 0, 'a'},
+                                             {"aux-items", 1, 0, 'A'},
+                                             {"requests", 1, 0, 'n'},
+                                             {"pages", 1, 0, 'p'},
+                                             {"inflight", 1, 0, 'f'},
+                                             {"decoders", 1, 0, 'D'},
+                                             {"decoder-index", 1, 0, 'x'},
+                                             {"contig", 1, 0, 'c'},
+                                             {"dst-contig", 1, 0, 'C'},
+                                             {"seed", 1, 0, 's'},
+                                             {"idle-check", 1, 0, 'z'},
+                                             {"json", 0, 0, 'j'},
+                                             {"quiet", 0, 0, 'q'},
+                                             {"abort-room", 1, 0, OPT_ABORT_ROOM},
+                                             {"abort-side", 1, 0, OPT_ABORT_SIDE},
+                                             {"abort-after-ms", 1, 0, OPT_ABORT_AFTER},
+                                             {"bad-room", 1, 0, OPT_BAD_ROOM},
+                                             {"bad-side", 1, 0, OPT_BAD_SIDE},
+                                             {"canary-ms", 1, 0, OPT_CANARY},
+                                             {"expect-failed", 1, 0, OPT_EXPECT_FAILED},
+                                             {"may-fail", 1, 0, OPT_MAY_FAIL},
+                                             {"ready-file", 1, 0, OPT_READY_FILE},
+                                             {"deadline-s", 1, 0, OPT_DEADLINE},
+                                             {"abort-sync", 1, 0, OPT_ABORT_SYNC},
+                                             {"keep-going", 0, 0, OPT_KEEP_GOING},
+                                             {"first-room", 1, 0, OPT_FIRST_ROOM},
+                                             {"idle-s", 1, 0, OPT_IDLE_S},
+                                             {"cycles", 1, 0, OPT_CYCLES},
+                                             {"kill-every", 1, 0, OPT_KILL_EVERY},
+                                             {"sync-file", 1, 0, OPT_SYNC_FILE},
+                                             {"sync-at", 1, 0, OPT_SYNC_AT},
+                                             {0, 0, 0, 0}};
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -1166,37 +1541,100 @@ static void parse(int argc, char **argv, opts_t *o)
         if (parse_fault_opt(c, optarg, &o->f))
             continue;
         switch (c) {
-        case 'd': o->dev = optarg; break;
-        case 'i': o->ip = optarg; break;
-        case 'b': o->bootstrap = optarg; break;
-        case 'B': o->bootstrap_file = optarg; break;
-        case 'E': o->embed_file = optarg; break;
-        case 'r': o->rank = (uint32_t)v; break;
-        case 'L': o->layers = (uint32_t)v; break;
-        case 'I': o->item = v; break;
-        case 'P': o->pool = v; break;
-        case 'a': o->aux_item = v; break;
-        case 'A': o->aux_items = v; break;
-        case 'n': o->requests = (uint32_t)v; break;
-        case 'p': o->pages = (uint32_t)v; break;
-        case 'f': o->inflight = (uint32_t)v; break;
-        case 'D': o->decoders = (uint32_t)v; break;
-        case 'x': o->decoder_index = (uint32_t)v; break;
-        case 'c': o->contig = v; break;
-        case 'C': o->dst_contig = v; break;
-        case 's': o->seed = v; break;
-        case 'z': o->idle_check_s = (uint32_t)v; break;
-        case 'j': o->json = true; break;
-        case 'q': o->quiet = true; break;
-        case OPT_FIRST_ROOM: o->first_room = (uint32_t)v; break;
-        default: usage();
+        case 'd':
+            o->dev = optarg;
+            break;
+        case 'i':
+            o->ip = optarg;
+            break;
+        case 'b':
+            o->bootstrap = optarg;
+            break;
+        case 'B':
+            o->bootstrap_file = optarg;
+            break;
+        case 'E':
+            o->embed_file = optarg;
+            break;
+        case 'r':
+            o->rank = (uint32_t)v;
+            break;
+        case 'L':
+            o->layers = (uint32_t)v;
+            break;
+        case 'I':
+            o->item = v;
+            break;
+        case 'P':
+            o->pool = v;
+            break;
+        case 'a':
+            o->aux_item = v;
+            break;
+        case 'A':
+            o->aux_items = v;
+            break;
+        case 'n':
+            o->requests = (uint32_t)v;
+            break;
+        case 'p':
+            o->pages = (uint32_t)v;
+            break;
+        case 'f':
+            o->inflight = (uint32_t)v;
+            break;
+        case 'D':
+            o->decoders = (uint32_t)v;
+            break;
+        case 'x':
+            o->decoder_index = (uint32_t)v;
+            break;
+        case 'c':
+            o->contig = v;
+            break;
+        case 'C':
+            o->dst_contig = v;
+            break;
+        case 's':
+            o->seed = v;
+            break;
+        case 'z':
+            o->idle_check_s = (uint32_t)v;
+            break;
+        case 'j':
+            o->json = true;
+            break;
+        case 'q':
+            o->quiet = true;
+            break;
+        case OPT_FIRST_ROOM:
+            o->first_room = (uint32_t)v;
+            break;
+        case OPT_IDLE_S:
+            o->idle_s = (uint32_t)v;
+            break;
+        case OPT_CYCLES:
+            o->cycles = (uint32_t)v;
+            break;
+        case OPT_KILL_EVERY:
+            o->kill_every = (uint32_t)v;
+            break;
+        case OPT_SYNC_FILE:
+            o->sync_file = optarg;
+            break;
+        case OPT_SYNC_AT:
+            o->sync_at = parse_list(optarg);
+            break;
+        default:
+            usage();
         }
     }
     bool have_bs = o->bootstrap || (o->prefill ? o->embed_file != NULL : o->bootstrap_file != NULL);
-    if (!o->ip || !have_bs || !o->layers || !o->item || o->item % 8 || !o->requests ||
-        !o->pages || !o->inflight || !o->contig || !o->dst_contig || o->aux_item % 8 ||
+    if (!o->ip || !have_bs || !o->layers || !o->item || o->item % 8 || !o->requests || !o->pages ||
+        !o->inflight || !o->contig || !o->dst_contig || o->aux_item % 8 ||
         (o->aux_item && !o->aux_items) || (o->f.keep_going && o->prefill) ||
-        (o->first_room && (!o->prefill || o->first_room + (uint64_t)o->requests > 1000000)))
+        (o->first_room && (!o->prefill || o->first_room + (uint64_t)o->requests > 1000000)) ||
+        !soak_opts_ok(o))
         usage();
     if (o->inflight > o->requests)
         o->inflight = o->requests;
@@ -1205,8 +1643,10 @@ static void parse(int argc, char **argv, opts_t *o)
     uint64_t src_window = (o->pages + o->contig - 1) / o->contig * o->contig;
     if (dst_window * o->inflight > o->pool || src_window > o->pool ||
         (o->aux_item && o->inflight > o->aux_items)) {
-        fprintf(stderr, "kvw-xfer: --pool %" PRIu64 " (and --aux-items) too small for "
-                "--inflight %u requests of --pages %u\n", o->pool, o->inflight, o->pages);
+        fprintf(stderr,
+                "kvw-xfer: --pool %" PRIu64 " (and --aux-items) too small for "
+                "--inflight %u requests of --pages %u\n",
+                o->pool, o->inflight, o->pages);
         exit(2);
     }
 }
@@ -1221,5 +1661,7 @@ int main(int argc, char **argv)
         signal(SIGALRM, on_alarm);
         alarm(o.f.deadline_s + 10);
     }
+    if (o.cycles)
+        return run_cycles(&o);
     return o.prefill ? run_prefill(&o) : run_decode(&o);
 }

@@ -319,6 +319,7 @@ void *kvw__control_main(void *arg)
         pthread_mutex_unlock(&e->lock);
         if (zmq_poll(ps.items, ps.n, timeout_ms(due, kvw__now_ns())) < 0 && errno != EINTR)
             KVW_WARN("zmq_poll failed: %s", zmq_strerror(errno));
+        atomic_fetch_add_explicit(&e->control_wakes, 1, memory_order_relaxed);
         for (int i = 0; i < ps.n; i++)
             if (ps.items[i].revents & ZMQ_POLLIN)
                 serve_item(e, &ps, i);

@@ -181,6 +181,7 @@ struct kvw_engine {
     kvw_req_t **pending;          /* (lock) decode: receivers waiting for a new connection */
     size_t npending, pending_cap; /* (lock) */
     uint64_t drops, drop_logged_ns; /* control: messages dropped, last logged */
+    _Atomic uint64_t control_wakes; /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending; /* lets the spinning poller skip the lock */
     kvw_req_t **tokens;        /* decode: slot -> receiver */

@@ -146,6 +146,7 @@ typedef struct nic_state {
     pthread_cond_t changed;
     pthread_t wire;
     uint32_t max_msg_sz;
+    int max_qp_wr;
     uint64_t retry_ns, rnr_delay_ns;
     nic_dev_t *devs;
     int num_devs;
@@ -435,7 +436,9 @@ static int nic_query_device(struct ibv_context *ibctx, struct ibv_device_attr *a
     attr->node_guid = htobe64(0x0200000000000000ull | (uint64_t)(d->index + 1));
     attr->max_mr_size = UINT64_MAX;
     attr->max_qp = NIC_MAX_QP;
-    attr->max_qp_wr = NIC_MAX_QP_WR;
+    lock();
+    attr->max_qp_wr = nic.max_qp_wr;
+    unlock();
     attr->max_sge = NIC_MAX_SGE;
     attr->max_cq = 65536;
     attr->max_cqe = NIC_MAX_CQE;
@@ -1411,6 +1414,7 @@ static int init_state(const fake_nic_config_t *c, int n)
 {
     memset(&nic, 0, sizeof(nic));
     nic.max_msg_sz = c->max_msg_sz ? c->max_msg_sz : NIC_DEFAULT_MAX_MSG;
+    nic.max_qp_wr = c->max_qp_wr ? (int)c->max_qp_wr : NIC_MAX_QP_WR;
     nic.retry_ns = (uint64_t)c->retry_us * 1000;
     nic.rnr_delay_ns =
         (uint64_t)(c->rnr_delay_us ? c->rnr_delay_us : NIC_DEFAULT_RNR_DELAY_US) * 1000;

@@ -31,6 +31,7 @@ typedef struct fake_nic_config {
     int num_devices;                      /* 0: 2 */
     const char *ip[FAKE_NIC_MAX_DEVICES]; /* IPv4 of each device; NULL: "127.0.0.1" */
     uint32_t max_msg_sz;                  /* port max_msg_sz; 0: 8 MiB */
+    uint32_t max_qp_wr;                   /* device max_qp_wr; 0: 16384 */
     uint32_t retry_us;                    /* how long an unreachable peer is retried before
                                            * IBV_WC_RETRY_EXC_ERR; 0: fail at once */
     uint32_t rnr_delay_us;                /* between RNR retries; 0: 640 (min_rnr_timer 12) */

@@ -689,6 +689,291 @@ static void test_decode_exit_noticed_fast(void **state)
     pair_destroy_room(&a);
 }
 
+/* ------------------------------------------------ control plane (issue 8) */
+
+/* A receiver on any decode engine for a room prefill serves. */
+static kvw_receiver_t *receive_on(kvw_engine_t *dec, pair_room_t *pr)
+{
+    kvw_receiver_t *r = NULL;
+    assert_int_equal(kvw_receiver_create(dec, kvw_bootstrap_addr(pair.bootstrap), 0, pr->room, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, pr->dst, pr->n, pr->aux_dst), KVW_OK);
+    return r;
+}
+
+static kvw_poll_t wait_receiver(kvw_receiver_t *r)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    kvw_poll_t s;
+    while ((s = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && s != KVW_POLL_FAILED &&
+           pair_now_ms() < end)
+        pair_sleep_ms(1);
+    return s;
+}
+
+/* One room from prefill to decode engine dec, every byte checked. */
+static void transfer_via(kvw_engine_t *dec, uint64_t room)
+{
+    pair_room_t a;
+    pair_pick(&a, room, 4, room, 0);
+    assert_int_equal(kvw_sender_create(pair.prefill, a.room, &a.s), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    a.r = receive_on(dec, &a);
+    send_now(&a);
+    assert_int_equal(wait_receiver(a.r), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+    pair_destroy_room(&a);
+}
+
+static uint32_t live_peers(kvw_engine_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    uint32_t n = e->live_peers;
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
+
+/* Finding: 256 connections over an engine's life, dead ones included, then
+ * "out of memory". Now: max_peers live at once, refused by name; a dead
+ * connection's slot comes back; decode engines can come and go forever. */
+static void test_connection_cap_and_slot_reuse(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.max_peers = 2;
+    assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
+    kvw_engine_t *b, *c;
+    assert_int_equal(pair_add_decode(&pair, &b), KVW_OK);
+    assert_int_equal(pair_add_decode(&pair, &c), KVW_OK);
+    transfer_via(pair.decode, 1);
+    transfer_via(b, 2);
+    assert_int_equal(live_peers(pair.prefill), 2);
+    /* A third decode engine is refused, and told which limit. */
+    pair_room_t x;
+    pair_pick(&x, 3, 4, 3, 0);
+    kvw_receiver_t *r = receive_on(c, &x);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_LIMIT);
+    print_message("third decode engine refused: %s\n", why);
+    assert_non_null(strstr(why, "max_peers"));
+    kvw_receiver_destroy(r);
+    /* One goes away: its slot serves the next engine. */
+    kvw_engine_destroy(b);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (live_peers(pair.prefill) > 1 && pair_now_ms() < end)
+        pair_sleep_ms(5);
+    for (uint64_t room = 4; room < 24; room++) { /* many engines, never more than 2 slots live */
+        transfer_via(c, room);
+        kvw_engine_destroy(c);
+        assert_int_equal(pair_add_decode(&pair, &c), KVW_OK);
+    }
+    kvw_engine_destroy(c);
+    assert_true(atomic_load(&pair.prefill->num_peers) <= 2 * cfg.max_peers);
+}
+
+/* Finding: requests for rooms no sender claims were kept forever, each
+ * holding its page list. Now they expire (orphan_ttl_ms) and are capped
+ * per connection in count and bytes, refused with KVW_ERR_LIMIT. */
+static void test_orphans_bounded(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.max_orphans_per_peer = 2;
+    cfg.orphan_ttl_ms = 300;
+    cfg.bootstrap_timeout_ms = 5000;
+    assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
+    pair_room_t o[3];
+    kvw_receiver_t *r[3];
+    for (int i = 0; i < 3; i++) {
+        pair_pick(&o[i], 10 + (uint64_t)i, 4, (uint64_t)i, (uint32_t)i);
+        r[i] = receive_on(pair.decode, &o[i]);
+    }
+    /* The third is over the count cap: refused at once, by name. */
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(wait_receiver(r[2]), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r[2], &why), KVW_ERR_LIMIT);
+    assert_non_null(strstr(why, "max_orphans_per_peer"));
+    assert_true(pair_now_ms() - t0 < 250);
+    /* The first two expire after the TTL, not at the bootstrap timeout. */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(wait_receiver(r[i]), KVW_POLL_FAILED);
+        assert_int_equal(kvw_receiver_failure(r[i], &why), KVW_ERR_TIMEOUT);
+        assert_non_null(strstr(why, "no sender"));
+    }
+    uint64_t took = pair_now_ms() - t0;
+    print_message("orphans expired after %llu ms (ttl 300)\n", (unsigned long long)took);
+    assert_true(took >= 250 && took < 2000);
+    for (int i = 0; i < 3; i++)
+        kvw_receiver_destroy(r[i]);
+    /* The caps were given back: a claimed room still works. */
+    pair_room_t a;
+    start(&a, 20, 4, 0);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+}
+
+static void test_orphan_bytes_capped(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.max_orphan_mib_per_peer = 0; /* no page list may wait for a sender */
+    assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
+    pair_room_t o;
+    pair_pick(&o, 7, 4, 7, 0);
+    kvw_receiver_t *r = receive_on(pair.decode, &o);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_LIMIT);
+    assert_non_null(strstr(why, "max_orphan_mib_per_peer"));
+    kvw_receiver_destroy(r);
+}
+
+/* Finding: a 2-frame message shifted identity and body frames and later
+ * valid messages went unanswered. Now a message with the wrong number of
+ * frames is dropped whole and the next one is served. */
+static void test_wrong_frame_counts_dropped_whole(void **state)
+{
+    (void)state;
+    void *zctx = zmq_ctx_new();
+    void *d = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(d, ZMQ_ROUTING_ID, "framed-probe", KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(d, kvw_engine_endpoint(pair.prefill)), 0);
+    kvw_msg_t hello = {.type = KVW_MSG_HELLO}; /* wrong layout: refused, but answered */
+    hello.u.hello.qp = (kvw_qp_info_t){.qpn = 1, .psn = 1, .mtu = 5, .link_layer = 2};
+    hello.u.hello.max_msg_sz = 4096;
+    uint8_t buf[512];
+    size_t len = 0;
+    assert_int_equal(kvw__wire_encode(&hello, buf, sizeof(buf), &len), KVW_OK);
+    /* body + extra frame, then extra frame + body: both dropped whole */
+    assert_int_equal(zmq_send(d, buf, len, ZMQ_SNDMORE), (int)len);
+    assert_int_equal(zmq_send(d, "x", 1, 0), 1);
+    assert_int_equal(zmq_send(d, "x", 1, ZMQ_SNDMORE), 1);
+    assert_int_equal(zmq_send(d, buf, len, 0), (int)len);
+    pair_sleep_ms(100);
+    assert_int_equal(zmq_recv(d, buf, sizeof(buf), ZMQ_DONTWAIT), -1);
+    /* and the connection is not out of step: a whole HELLO is answered */
+    assert_int_equal(kvw__wire_encode(&hello, buf, sizeof(buf), &len), KVW_OK);
+    assert_int_equal(zmq_send(d, buf, len, 0), (int)len);
+    zmq_pollitem_t item = {d, 0, ZMQ_POLLIN, 0};
+    assert_int_equal(zmq_poll(&item, 1, WAIT_MS), 1);
+    int n = zmq_recv(d, buf, sizeof(buf), 0);
+    kvw_msg_t ack;
+    char why[160];
+    assert_int_equal(kvw__wire_decode(buf, (size_t)n, &ack, why, sizeof(why)), KVW_OK);
+    assert_int_equal(ack.type, KVW_MSG_HELLO_ACK);
+    assert_int_equal(ack.status, KVW_ERR_MISMATCH);
+    print_message("refusal says: %s\n", ack.u.hello.reason);
+    assert_non_null(strstr(ack.u.hello.reason, "layers"));
+    kvw__wire_free(&ack);
+    zmq_close(d);
+    zmq_ctx_term(zctx);
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+}
+
+/* Finding: the control and bootstrap threads woke every 100 ms. Now an
+ * idle engine's control thread wakes for its heartbeats only. */
+static void test_idle_control_thread_sleeps(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.heartbeat_ms = 1000;
+    cfg.peer_timeout_ms = 5000;
+    assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
+    pair_room_t a;
+    start(&a, 1, 4, 0);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+    pair_sleep_ms(200);
+    uint64_t p0 = atomic_load(&pair.prefill->control_wakes);
+    uint64_t d0 = atomic_load(&pair.decode->control_wakes);
+    pair_sleep_ms(2000);
+    uint64_t dp = atomic_load(&pair.prefill->control_wakes) - p0;
+    uint64_t dd = atomic_load(&pair.decode->control_wakes) - d0;
+    print_message("idle 2 s with a connected peer, heartbeat 1 s: control loop woke %llu times "
+                  "(prefill), %llu (decode); a 100 ms tick would be 20+\n",
+                  (unsigned long long)dp, (unsigned long long)dd);
+    assert_true(dp <= 10);
+    assert_true(dd <= 10);
+}
+
+/* The planner splits writes at the smaller of the two ports' limits. */
+static void test_max_msg_sz_is_the_smaller(void **state)
+{
+    (void)state;
+    kvw_engine_t *e = pair.prefill;
+    kvw_peer_t p = {.engine = e};
+    uint32_t n = 2 * e->num_layers + e->num_aux;
+    p.regions = calloc(n, sizeof(*p.regions));
+    kvw_wire_region_t *regs = calloc(n, sizeof(*regs));
+    assert_non_null(p.regions);
+    assert_non_null(regs);
+    for (uint32_t i = 0; i < n; i++)
+        regs[i] = (kvw_wire_region_t){0x1000, e->regions[i].len, e->regions[i].item_len, 1};
+    kvw_msg_t h = {.type = KVW_MSG_HELLO};
+    h.u.hello.num_layers = e->num_layers;
+    h.u.hello.num_aux = e->num_aux;
+    h.u.hello.regions = regs;
+    char why[160];
+    h.u.hello.max_msg_sz = 4096;
+    assert_int_equal(kvw__peer_accept_layout(&p, &h, why, sizeof(why)), KVW_OK);
+    assert_int_equal(p.max_msg_sz, 4096);
+    h.u.hello.max_msg_sz = 1u << 30; /* mlx5-like peer, rxe-like us: ours */
+    assert_int_equal(kvw__peer_accept_layout(&p, &h, why, sizeof(why)), KVW_OK);
+    assert_int_equal(p.max_msg_sz, e->dev->max_msg_sz);
+    free(regs);
+    free(p.regions);
+}
+
+/* Limits are checked at create: a queue deeper than the device allows is
+ * refused there, not at the first connection. */
+static void test_device_limits_checked_at_create(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    fake_nic_config_t nc = {.max_qp_wr = 256};
+    assert_int_equal(fake_nic_init(&nc), 0);
+    kvw__verbs_set_ops(&fake_nic_ops);
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.sq_depth = 512;
+    uint8_t mem[4096];
+    kvw_region_t kv[2] = {{mem, 2048, 256}, {mem + 2048, 2048, 256}};
+    kvw_engine_params_t p = {.role = KVW_ROLE_DECODE,
+                             .device = "fake1",
+                             .local_ip = "127.0.0.1",
+                             .num_layers = 1,
+                             .kv_regions = kv,
+                             .config = &cfg};
+    kvw_engine_t *e = NULL;
+    assert_int_equal(kvw_engine_create(&p, &e), KVW_ERR_INVALID);
+    cfg.sq_depth = 256;
+    cfg.chain_max = cfg.signal_every = 32;
+    assert_int_equal(kvw_engine_create(&p, &e), KVW_OK);
+    kvw_engine_destroy(e);
+    kvw__verbs_set_ops(NULL);
+    fake_nic_fini();
+    assert_int_equal(pair_open(&pair, NULL), KVW_OK); /* for the teardown */
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -718,6 +1003,15 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_stale_registration_is_looked_up_again, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_decode_exit_noticed_fast, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_connection_cap_and_slot_reuse, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_orphans_bounded, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_orphan_bytes_capped, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_wrong_frame_counts_dropped_whole, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_idle_control_thread_sleeps, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_max_msg_sz_is_the_smaller, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
+                                        close_pair),
     };
     return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
 }
