@@ -84,11 +84,21 @@ void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms)
         return NULL;
     }
     int linger = 0, ivl = (int)heartbeat_ms, timeout = (int)heartbeat_ms * 4;
+    /* Bounded queues: a peer that floods us (or stops reading) costs at
+     * most KVW_ZSOCK_HWM messages of at most the largest valid one each;
+     * beyond that ZeroMQ drops or refuses, and our sends never block. */
+    int hwm = KVW_ZSOCK_HWM, one = 1;
     int64_t maxmsg = KVW_WIRE_MAX_MSG;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl));
     zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout));
+    /* A reply to a peer whose connection is gone fails (EHOSTUNREACH)
+     * instead of vanishing, so the sender can count and log it. */
+    if (type == ZMQ_ROUTER)
+        zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
     return s;
 }
 

@@ -16,8 +16,11 @@ kvw_status_t kvw__zsend_to(void *sock, const void *id, size_t id_len, const kvw_
  * decode error text lands in reason. KVW_ERR_NOT_FOUND when nothing was
  * waiting under ZMQ_DONTWAIT. */
 kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, size_t reason_size);
+enum { KVW_ZSOCK_HWM = 256 }; /* messages queued per connection, each way */
+
 /* Create a socket with the options every kvwire socket wants: no linger on
- * close, a bounded message size, and ZMTP heartbeats (a connection silent
+ * close, messages no larger than the largest valid one, bounded queues,
+ * unroutable ROUTER replies reported (ZMQ_ROUTER_MANDATORY), and ZMTP heartbeats (a connection silent
  * for 4 heartbeats is closed, which its monitor reports). */
 void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms);
 /* A PAIR socket that receives sock's events in `events` (ZMQ_EVENT_*

@@ -120,11 +120,15 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
 
 /* Not registered: retry while the prefill may still be starting or the
  * service restarting, then fail with the reason. */
-static void rank_not_registered(kvw_peer_t *p, uint64_t now)
+static void rank_not_registered(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
 {
+    /* Within the bootstrap timeout, so the reason is the missing rank. */
+    uint32_t grace = e->cfg.bootstrap_timeout_ms / 2;
+    if (grace > LOOKUP_GRACE_MS)
+        grace = LOOKUP_GRACE_MS;
     if (!p->missing_since_ns)
         p->missing_since_ns = now;
-    if (now - p->missing_since_ns >= kvw__ms_ns(LOOKUP_GRACE_MS)) {
+    if (now - p->missing_since_ns >= kvw__ms_ns(grace)) {
         kvw__peer_kill(p, KVW_ERR_NOT_FOUND, "prefill rank %u is not registered at %s", p->rank,
                        p->bootstrap_addr);
         return;
@@ -150,7 +154,7 @@ void kvw__decode_on_bootstrap(kvw_engine_t *e, kvw_peer_t *p)
         if (m.status == KVW_OK)
             peer_start_hello(e, p, m.u.bs.endpoint);
         else if (m.status == KVW_ERR_NOT_FOUND)
-            rank_not_registered(p, kvw__now_ns());
+            rank_not_registered(e, p, kvw__now_ns());
         else
             kvw__peer_kill(p, (kvw_status_t)m.status, "bootstrap %s refused the lookup of rank %u",
                            p->bootstrap_addr, p->rank);

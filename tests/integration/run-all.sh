@@ -14,5 +14,6 @@ done
 [ -x tests/integration/engine_scenarios.sh ] && { tests/integration/engine_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/auth_scenarios.sh ] && { tests/integration/auth_scenarios.sh "$build" || failed=$((failed + 1)); }
+[ -x tests/integration/soak_scenarios.sh ] && { tests/integration/soak_scenarios.sh "$build" || failed=$((failed + 1)); }
 echo "integration: $failed failed"
 [ "$failed" -eq 0 ]

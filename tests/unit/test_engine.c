@@ -974,6 +974,29 @@ static void test_device_limits_checked_at_create(void **state)
     assert_int_equal(pair_open(&pair, NULL), KVW_OK); /* for the teardown */
 }
 
+/* Finding: a decode engine asking for a rank nobody registered was told
+ * "not connected" after its 30 s bootstrap timeout. Now it is told which
+ * rank is missing where, once a restarting service or a starting prefill
+ * has had its chance (a few seconds). */
+static void test_unknown_rank_fails_fast(void **state)
+{
+    (void)state;
+    kvw_receiver_t *r = NULL;
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 7, 1, &r),
+                     KVW_OK);
+    uint64_t end = t0 + 10000;
+    while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(5);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_NOT_FOUND);
+    uint64_t took = pair_now_ms() - t0;
+    print_message("after %llu ms: %s\n", (unsigned long long)took, why);
+    assert_non_null(strstr(why, "rank 7 is not registered at"));
+    assert_true(took < 5000);
+    kvw_receiver_destroy(r);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -1012,6 +1035,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_max_msg_sz_is_the_smaller, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
                                         close_pair),
+        cmocka_unit_test_setup_teardown(test_unknown_rank_fails_fast, open_pair, close_pair),
     };
     return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
 }

@@ -1,0 +1,125 @@
+#!/bin/sh
+# Soak and idle scenarios on real rxe (run inside the test bed, real RDMA):
+#  - soak: one prefill process serves KVW_SOAK_CYCLES decode cycles (new
+#    engine, connect, one room with every byte verified, destroy); every
+#    tenth cycle a forked decode process is killed with SIGKILL mid-transfer
+#    instead. The prefill's fds, threads (/proc/PID/fd, /proc/PID/task) and
+#    VmRSS are sampled after a warm-up and at the end, with no decode engine
+#    alive either time, printed, and must not grow (RSS: by at most 8 MiB).
+#  - idle: a prefill and a decode engine stay connected KVW_IDLE_S seconds
+#    (default 60) after their transfers; each prints its threads' CPU from
+#    /proc and fails if the process used 0.5% of a core or more.
+# Usage: soak_scenarios.sh BUILD_DIR
+set -u
+. "$(dirname "$0")/common.sh"
+
+cycles=${KVW_SOAK_CYCLES:-250}
+idle_s=${KVW_IDLE_S:-60}
+kill_every=10
+warm=20
+rss_slack_kib=8192
+# 1 MiB rooms (4 layers x 16 pages x 8 KiB, K and V): ~40 ms on the wire in
+# the guest, so a kill after the first bytes lands mid-transfer.
+layout="--layers 4 --item 8192 --pool 64 --pages 16 --contig 4 --dst-contig 4 --seed 21"
+
+# "FDS THREADS RSS_KIB" of a process.
+sample() {
+    echo "$(ls "/proc/$1/fd" | wc -l) $(ls "/proc/$1/task" | wc -l)" \
+        "$(awk '/^VmRSS:/ {print $2}' "/proc/$1/status")"
+}
+
+# wait_for FILE PID SECONDS: until FILE exists; false if PID exits or time runs out.
+wait_for() {
+    n=0
+    while [ ! -e "$1" ]; do
+        kill -0 "$2" 2>/dev/null || return 1
+        [ $n -ge $(($3 * 10)) ] && return 1
+        sleep 0.1
+        n=$((n + 1))
+    done
+}
+
+# measure PID COUNT: after COUNT cycles decode paused (no engine of its own
+# alive); give prefill a moment to reclaim the closed connection, sample it,
+# let decode go on. Leaves the sample in $got.
+measure() {
+    got=""
+    wait_for "$work/sync.$2" "$dpid" 300 || return 1
+    sleep 2
+    got=$(sample "$1")
+    touch "$work/sync.$2.ack"
+}
+
+soak() {
+    name="soak: $cycles decode connect/transfer/disconnect cycles (every ${kill_every}th killed) against one prefill"
+    echo "[ RUN      ] $name"
+    total=$((cycles + 1)) # the last cycle only lets prefill finish after the end sample
+    kills=$(seq $((kill_every - 1)) $kill_every $((total - 1)) | paste -sd, -)
+    rm -f "$work/bs" "$work"/sync.*
+    # Prefill creates all its senders up front, so the last ones wait for
+    # their decode engine for the whole soak; max_peers 4 proves that dead
+    # connections' slots come back.
+    # shellcheck disable=SC2086
+    KVW_BOOTSTRAP_TIMEOUT_MS=900000 KVW_MAX_PEERS=4 "$xfer" prefill --dev "$dev0" --ip "$ip0" \
+        --embed-bootstrap "$work/bs" $layout --requests $total --inflight 1 --quiet \
+        --may-fail "$kills" >"$work/soak-p.log" 2>&1 &
+    ppid=$!
+    # shellcheck disable=SC2086
+    "$xfer" decode --dev "$dev1" --ip "$ip1" --bootstrap-file "$work/bs" $layout --quiet \
+        --cycles $total --kill-every $kill_every --sync-file "$work/sync" \
+        --sync-at "$warm,$cycles" >"$work/soak-d.log" 2>&1 &
+    dpid=$!
+    t0=$(date +%s)
+    rc=0
+    measure $ppid $warm || rc=1
+    before=$got
+    measure $ppid "$cycles" || rc=1
+    after=$got
+    wait $dpid || rc=1
+    wait $ppid || rc=1
+    took=$(($(date +%s) - t0))
+    grep -E '^(decode|prefill):|kvwire ERROR|NOT AS EXPECTED' "$work/soak-d.log" "$work/soak-p.log" |
+        sed 's#^[^:]*/soak-\(.\)\.log:#    \1| #'
+    pfail=$(grep -c '^room [0-9]*: FAILED' "$work/soak-p.log")
+    echo "    prefill: $pfail of the $(echo "$kills" | tr , '\n' | wc -l) killed decode processes' rooms failed there (the rest had landed)"
+    echo "    soak took $took s"
+    if [ -n "$before" ] && [ -n "$after" ]; then
+        # shellcheck disable=SC2086 # split the two samples into fields
+        set -- $before $after
+        echo "    prefill process after $warm cycles: $1 fds, $2 threads, VmRSS $3 KiB"
+        echo "    prefill process after $cycles cycles: $4 fds, $5 threads, VmRSS $6 KiB"
+        [ "$4" -le "$1" ] || { echo "    fds grew"; rc=1; }
+        [ "$5" -le "$2" ] || { echo "    threads grew"; rc=1; }
+        [ "$6" -le $(($3 + rss_slack_kib)) ] || { echo "    VmRSS grew by more than $rss_slack_kib KiB"; rc=1; }
+    else
+        echo "    no samples (a process died early):"
+        tail -n 5 "$work/soak-d.log" "$work/soak-p.log" | sed 's/^/    /'
+        kill -9 $dpid $ppid 2>/dev/null
+    fi
+    result "$name" $rc
+}
+
+idle() {
+    name="idle: prefill and decode connected for $idle_s s use < 0.5% of a core each"
+    echo "[ RUN      ] $name"
+    rm -f "$work/bs"
+    small="--layers 2 --item 4096 --pool 16 --pages 4 --requests 2 --inflight 1 --idle-s $idle_s"
+    # shellcheck disable=SC2086
+    "$xfer" prefill --dev "$dev0" --ip "$ip0" --embed-bootstrap "$work/bs" $small \
+        >"$work/idle-p.log" 2>&1 &
+    ppid=$!
+    # shellcheck disable=SC2086
+    "$xfer" decode --dev "$dev1" --ip "$ip1" --bootstrap-file "$work/bs" $small --quiet \
+        >"$work/idle-d.log" 2>&1
+    rc=$?
+    wait $ppid || rc=1
+    grep -h ' idle' "$work/idle-p.log" "$work/idle-d.log" | sed 's/^/    /'
+    result "$name" $rc
+}
+
+echo "[==========] soak and idle scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?})"
+soak
+idle
+rm -rf "$work"
+echo "[==========] soak and idle scenarios: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
