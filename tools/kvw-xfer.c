@@ -566,10 +566,14 @@ static int snapshot_threads(thread_ticks_t *t, int max)
     return n;
 }
 
+/* One sleep, not a polling loop: in the slow test-bed guest even ten
+ * wake-ups a second would show in the idle figures. */
 static void sleep_s(double s)
 {
-    for (double until = now_s() + s; now_s() < until;)
-        usleep(100000);
+    for (double left = s, until = now_s() + s; left > 0; left = until - now_s()) {
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* Stay connected S seconds doing nothing, then print every thread's CPU

@@ -1,13 +1,17 @@
 /* Engine internals shared by engine.c (lifecycle), peer.c (connections),
- * request.c (senders and receivers), control.c (ZeroMQ thread) and
- * poller.c (completion-queue thread).
+ * request.c (senders and receivers), reqtab.c (the request table: room
+ * hash, deadline heap, work list), control.c with ctl_prefill.c and
+ * ctl_decode.c (the ZeroMQ thread) and poller.c (the completion-queue
+ * thread).
  *
  * Threads and ownership
- *   engine->lock guards the request list, the ready queue, the token table,
- *   request fields marked (lock), and peer attachment. The poller thread
- *   alone touches a peer's txq, active and in-flight queues; the control
- *   thread alone touches ZeroMQ sockets. A request's state is atomic so
- *   poll() never takes the lock. */
+ *   engine->lock guards the request list and table, the ready queue, the
+ *   token table, request and peer fields marked (lock), and peer
+ *   attachment. No verbs call is made under it. The poller thread alone
+ *   touches a peer's txq, active and in-flight queues, and frees reclaimed
+ *   peers; the control thread alone touches ZeroMQ sockets and fills or
+ *   clears peer slots. A request's state is atomic so poll() never takes
+ *   the lock. */
 #ifndef KVW_ENGINE_ENGINE_H
 #define KVW_ENGINE_ENGINE_H
 

@@ -13,7 +13,7 @@
 set -u
 . "$(dirname "$0")/common.sh"
 
-cycles=${KVW_SOAK_CYCLES:-250}
+cycles=${KVW_SOAK_CYCLES:-300}
 idle_s=${KVW_IDLE_S:-60}
 kill_every=10
 warm=20
@@ -99,20 +99,31 @@ soak() {
     result "$name" $rc
 }
 
+# The bootstrap service runs in its own process here (not embedded in
+# prefill), so each measured process holds one engine and nothing else.
 idle() {
     name="idle: prefill and decode connected for $idle_s s use < 0.5% of a core each"
     echo "[ RUN      ] $name"
     rm -f "$work/bs"
+    "$build/kvw-bootstrap" "$ip0" >"$work/bs.log" 2>&1 &
+    bspid=$!
+    n=0
+    until grep -q '^bootstrap ' "$work/bs.log" || [ $n -ge 200 ]; do
+        sleep 0.05
+        n=$((n + 1))
+    done
+    bs=$(sed -n 's/^bootstrap //p' "$work/bs.log")
     small="--layers 2 --item 4096 --pool 16 --pages 4 --requests 2 --inflight 1 --idle-s $idle_s"
     # shellcheck disable=SC2086
-    "$xfer" prefill --dev "$dev0" --ip "$ip0" --embed-bootstrap "$work/bs" $small \
-        >"$work/idle-p.log" 2>&1 &
+    "$xfer" prefill --dev "$dev0" --ip "$ip0" --bootstrap "$bs" $small >"$work/idle-p.log" 2>&1 &
     ppid=$!
     # shellcheck disable=SC2086
-    "$xfer" decode --dev "$dev1" --ip "$ip1" --bootstrap-file "$work/bs" $small --quiet \
+    "$xfer" decode --dev "$dev1" --ip "$ip1" --bootstrap "$bs" $small --quiet \
         >"$work/idle-d.log" 2>&1
     rc=$?
     wait $ppid || rc=1
+    kill $bspid
+    wait $bspid
     grep -h ' idle' "$work/idle-p.log" "$work/idle-d.log" | sed 's/^/    /'
     result "$name" $rc
 }

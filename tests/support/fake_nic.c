@@ -1521,13 +1521,13 @@ void fake_nic_set_faults(const fake_nic_faults_t *faults)
     unlock();
 }
 
-int fake_nic_kill_device(const char *name)
+static int set_killed(const char *name, bool killed)
 {
     int rc = -1;
     lock();
     for (int i = 0; nic.up && i < nic.num_devs && rc; i++)
         if (strcmp(nic.devs[i].ibdev.name, name) == 0) {
-            nic.devs[i].killed = true;
+            nic.devs[i].killed = killed;
             rc = 0;
         }
     changed();
@@ -1535,18 +1535,14 @@ int fake_nic_kill_device(const char *name)
     return rc;
 }
 
+int fake_nic_kill_device(const char *name)
+{
+    return set_killed(name, true);
+}
+
 int fake_nic_revive_device(const char *name)
 {
-    int rc = -1;
-    lock();
-    for (int i = 0; nic.up && i < nic.num_devs && rc; i++)
-        if (strcmp(nic.devs[i].ibdev.name, name) == 0) {
-            nic.devs[i].killed = false;
-            rc = 0;
-        }
-    changed();
-    unlock();
-    return rc;
+    return set_killed(name, false);
 }
 
 void fake_nic_stats(fake_nic_stats_t *out)

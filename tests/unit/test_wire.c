@@ -740,6 +740,15 @@ static void test_encode_refuses(void **state)
     m.u.request.num_pages = KVW_WIRE_MAX_PAGES + 1;
     m.u.request.pages = NULL;
     assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    /* The sockets' size limit is exactly the largest valid message: a full
+     * REQUEST, which dwarfs the largest HELLO. */
+    m.u.request.num_pages = KVW_WIRE_MAX_PAGES;
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_MAX_MSG);
+    m = sample_hello(KVW_MSG_HELLO);
+    m.u.hello.num_layers = 4096;
+    m.u.hello.num_aux = 256;
+    memset(m.u.hello.reason, 'r', sizeof(m.u.hello.reason) - 1);
+    assert_true(kvw__wire_size(&m) < KVW_WIRE_MAX_MSG);
 }
 
 int main(void)
