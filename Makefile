@@ -39,7 +39,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check unit integration tsan chaos demo bench wrcost install clean format \
+.PHONY: all deps check unit python-test integration tsan chaos demo bench wrcost install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
 
@@ -99,12 +99,22 @@ $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 
 check: deps all
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory fuzz-short
 	@$(MAKE) --no-print-directory tsan
 	@$(MAKE) --no-print-directory integration
 
 unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
+
+# The Python binding (python/), host only: import, config, errors, index
+# conversion, bootstrap service, use after close. Debian's python3 with
+# python3-pytest and python3-numpy; transfers run in python_scenarios.sh.
+PYTHON    ?= $(firstword $(wildcard /usr/bin/python3) python3)
+python-test: $(SHARED)
+	KVWIRE_LIB=$(CURDIR)/$(BUILD)/libkvwire.so.$(SONAME_MAJOR) PYTHONPATH=$(CURDIR)/python \
+	    PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider python/tests \
+	    --ignore=python/tests/guest
 
 # ThreadSanitizer over the threaded engine (both roles, control and poller
 # threads, the fake NIC's wire thread); any report fails the run.
@@ -116,7 +126,7 @@ tsan: $(TSAN_TESTS)
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
-integration: $(INTEG) $(TOOLS)
+integration: $(INTEG) $(TOOLS) $(SHARED)
 	tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
 
 demo: deps all

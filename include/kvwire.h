@@ -6,9 +6,10 @@
  *
  * Concepts
  *   engine    One per process and role. Registers the process's KV memory
- *             (2L regions: the first L are the K layers, the next L the V
- *             layers; plus aux regions) with one RDMA device, runs one
- *             control thread (ZeroMQ) and one completion-queue poller thread.
+ *             (buffer groups: KV layers with any number of regions per
+ *             layer, aux buffers, state buffers; see kvw_group_t) with one
+ *             RDMA device, runs one control thread (ZeroMQ) and one
+ *             completion-queue poller thread.
  *   bootstrap A small directory service. Prefill engines register their
  *             control endpoint under (engine rank); decode engines look them
  *             up. It runs embedded in a prefill process (kvw_bootstrap_create)
@@ -16,7 +17,8 @@
  *   room      A 64-bit request id chosen by the caller, unique per request
  *             across the whole deployment (the "bootstrap room").
  *   sender    Prefill side of one request: init(pages, aux), send(source
- *             page indices), poll.
+ *             page indices) once or once per prefill chunk, or per layer
+ *             range as the forward pass produces them (send_part), poll.
  *   receiver  Decode side of one request: init(destination page indices,
  *             aux), poll. Decode learns that the data landed from its own
  *             completion queue (the request's last RDMA write carries an
@@ -134,6 +136,15 @@ typedef struct kvw_config {
      * longest an abort waits for prefill's acknowledgement. A peer process
      * that exits is noticed sooner, when its control connection closes. */
     uint32_t peer_timeout_ms;
+    /* KVW_IDLE_HEARTBEAT_MS, 5000: a connection with no request of decode's
+     * on it is pinged this often instead (an idle engine costs next to
+     * nothing), and prefill declares a decode engine dead after 3 of these
+     * (or peer_timeout_ms, if longer) of silence. A decode engine that
+     * exits is noticed at once either way. */
+    uint32_t idle_heartbeat_ms;
+    /* KVW_BOOTSTRAP_REFRESH_MS, 5000: prefill re-registers its rank this
+     * often, so a restarted bootstrap service relearns it within that. */
+    uint32_t bootstrap_refresh_ms;
     /* KVW_MAX_PEERS, 256: live control connections (decode engines on
      * prefill, prefill ranks on decode); one more is refused, naming this
      * limit. Dead connections free their slot once their writes drained. */
@@ -187,6 +198,37 @@ typedef struct kvw_region {
     size_t item_len;
 } kvw_region_t;
 
+/* Buffer groups describe an engine's memory when one K and one V region
+ * per layer does not fit the model:
+ *   KVW_GROUP_KV     pages, indexed by the request's page indices, written
+ *                    layer by layer. 1 region per layer for MLA (DeepSeek's
+ *                    latent cache), 2 for K and V, more for split layouts.
+ *                    All KV groups of an engine have the same num_layers and
+ *                    share the page index space.
+ *   KVW_GROUP_AUX    metadata buffers, one item per request (the request's
+ *                    aux index), written with the request's final part.
+ *   KVW_GROUP_STATE  state buffers with their own index space (Mamba or
+ *                    sliding-window state): the request's state indices,
+ *                    written with its final part.
+ * Both sides of a connection must have the same groups, region for region
+ * and item length for item length; the handshake says exactly what
+ * differs. */
+typedef enum {
+    KVW_GROUP_KV = 0,
+    KVW_GROUP_AUX = 1,
+    KVW_GROUP_STATE = 2,
+} kvw_group_kind_t;
+
+typedef struct kvw_group {
+    kvw_group_kind_t kind;
+    uint32_t num_layers;        /* AUX: 1 */
+    uint32_t regions_per_layer; /* KV: 1 (MLA), 2 (K, V), ...; AUX: the number of buffers */
+    /* num_layers * regions_per_layer regions, region-major: region j of
+     * layer l at [j * num_layers + l] (a K/V group lists the K layers, then
+     * the V layers). Each region has its own item length. */
+    const kvw_region_t *regions;
+} kvw_group_t;
+
 typedef struct kvw_engine_params {
     kvw_role_t role;
     uint32_t engine_rank; /* prefill: rank it registers under; decode: informational */
@@ -200,11 +242,16 @@ typedef struct kvw_engine_params {
     /* Prefill: "host:port" of the bootstrap service to register with.
      * Decode: ignored (each receiver names its bootstrap address). */
     const char *bootstrap_addr;
+    /* The classic layout: one K/V group and one aux group. Leave them 0/NULL
+     * when using groups. */
     uint32_t num_layers;            /* L; kv_regions has 2L entries */
     const kvw_region_t *kv_regions; /* K layers 0..L-1, then V layers 0..L-1 */
     uint32_t num_aux;
     const kvw_region_t *aux_regions; /* may be NULL when num_aux == 0 */
     const kvw_config_t *config;     /* NULL: kvw_config_init() defaults */
+    /* Any layout (copied): at least one KV group, at most 64 groups. */
+    uint32_t num_groups;
+    const kvw_group_t *groups;
 } kvw_engine_params_t;
 
 typedef struct kvw_engine kvw_engine_t;
@@ -275,13 +322,44 @@ KVW_API kvw_status_t kvw_sender_create(kvw_engine_t *engine, uint64_t room,
 /* Declare how many pages will be sent and which aux item (or KVW_NO_AUX). */
 KVW_API kvw_status_t kvw_sender_init(kvw_sender_t *sender, size_t num_pages,
                                      uint32_t aux_index);
-/* Hand over the source page indices (num_pages of them, as in init); they
- * are checked against the registered regions and copied. Returns
- * KVW_ERR_OUT_OF_RANGE / KVW_ERR_MISMATCH without posting anything when they
- * do not fit, and the request turns Failed. The transfer starts as soon as
- * decode's request is known. */
+/* Hand over the next num_pages source page indices of the request, for
+ * every layer: all of them at once, or one prefill chunk per call. They are
+ * checked against the registered regions and copied, and their writes start
+ * as soon as decode's request is known, while later chunks are still being
+ * computed. The call that reaches init's page count is the final part: it
+ * also writes the aux item and the state, and its last write carries the
+ * immediate that completes the request at decode.
+ * KVW_ERR_OUT_OF_RANGE (a page outside the regions: the request turns
+ * Failed) or KVW_ERR_INVALID (more pages than init declared: nothing
+ * changes) without posting anything. */
 KVW_API kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *page_indices,
                                      size_t num_pages);
+
+/* One part of a request: source pages for the request's page positions
+ * [first_page, first_page + num_pages), for KV layers [layer_begin,
+ * layer_end) (0, 0: every layer). Layer-wise streaming hands each layer
+ * (or range) over as soon as the forward pass produced it; chunks and
+ * layers combine. For each layer, parts must cover the page positions in
+ * order, without gaps or overlap. */
+typedef struct kvw_part {
+    const uint64_t *pages;
+    size_t num_pages;
+    size_t first_page;
+    uint32_t layer_begin, layer_end;
+} kvw_part_t;
+
+/* Hand over one part (see kvw_part_t). The request completes with the part
+ * that covers its last (page, layer) pair, once the state (if any) was
+ * given. KVW_ERR_INVALID without any change for a part out of order or
+ * out of bounds; KVW_ERR_OUT_OF_RANGE (and Failed) for a page outside the
+ * registered regions; KVW_ERR_STATE before init or after the request
+ * ended. Thread-safe with the sender's other calls. */
+KVW_API kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part);
+/* Source indices of the state groups (as many as decode asked for). They
+ * are written with the final part; a request whose decode side asked for
+ * state completes only once they are given. */
+KVW_API kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state_indices,
+                                           size_t num_state);
 KVW_API kvw_poll_t kvw_sender_poll(const kvw_sender_t *sender);
 /* Why a Failed sender failed: status (return value) and a static-lifetime
  * message (valid until the sender is destroyed) in *reason_p if not NULL.
@@ -314,6 +392,19 @@ KVW_API kvw_status_t kvw_receiver_create(kvw_engine_t *engine, const char *boots
  * KVW_ERR_STATE if called twice or after the request ended. */
 KVW_API kvw_status_t kvw_receiver_init(kvw_receiver_t *receiver, const uint64_t *page_indices,
                                        size_t num_pages, uint32_t aux_index);
+
+/* Every index space of a request: KV pages, the aux item, state indices. */
+typedef struct kvw_indices {
+    const uint64_t *pages;
+    size_t num_pages;
+    uint32_t aux_index; /* KVW_NO_AUX: none */
+    const uint64_t *state;
+    size_t num_state; /* 0 when the layout has no state group */
+} kvw_indices_t;
+
+/* kvw_receiver_init with state indices. */
+KVW_API kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *receiver,
+                                               const kvw_indices_t *indices);
 KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
 /* Why a Failed receiver failed (as kvw_sender_failure). KVW_ERR_ABORTED
  * after an abort, KVW_ERR_TIMEOUT after a transfer timeout, KVW_ERR_PEER
@@ -333,6 +424,20 @@ KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver,
  * aborts the same way, with KVW_ERR_TIMEOUT.) KVW_ERR_STATE if it already
  * ended. */
 KVW_API kvw_status_t kvw_receiver_abort(kvw_receiver_t *receiver);
+/* Per-request metrics. bytes and writes: what prefill posted for the
+ * request (decode: what it expects, from its own pages). transfer_us:
+ * prefill, from its first post to its last write completing; decode, from
+ * sending its request to the data landing. 0 until known. */
+typedef struct kvw_req_metrics {
+    uint64_t bytes;
+    uint64_t writes;
+    uint64_t transfer_us;
+} kvw_req_metrics_t;
+
+KVW_API kvw_status_t kvw_sender_metrics(const kvw_sender_t *sender, kvw_req_metrics_t *metrics_p);
+KVW_API kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *receiver,
+                                          kvw_req_metrics_t *metrics_p);
+
 /* Accepts NULL. A receiver that has not ended is aborted first, and destroy
  * waits for the abort's barrier (at most about peer_timeout_ms), so that
  * when it returns nothing more lands in the receiver's pages. */
@@ -342,15 +447,17 @@ KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
 typedef struct kvw_bootstrap kvw_bootstrap_t;
 
-/* A prefill engine re-registers its rank every KVW_BOOTSTRAP_REFRESH_MS,
- * so a restarted service is repopulated within about that long. The
- * service keeps a rank for its owner (the engine that registered it) for
- * a lease (default KVW_BOOTSTRAP_LEASE_MS) after each refresh: another
- * engine registering the rank meanwhile is refused with KVW_ERR_EXISTS,
- * and a lookup after the lease ran out answers "not registered". An engine
- * destroyed cleanly unregisters at once. */
-#define KVW_BOOTSTRAP_REFRESH_MS 1000
-#define KVW_BOOTSTRAP_LEASE_MS 3000
+/* A prefill engine re-registers its rank every bootstrap_refresh_ms
+ * (default KVW_BOOTSTRAP_REFRESH_MS), so a restarted service is
+ * repopulated within about that long. The service keeps a rank for its
+ * owner (the engine that registered it) for a lease (default
+ * KVW_BOOTSTRAP_LEASE_MS) after each refresh: another engine on another
+ * host registering the rank meanwhile is refused with KVW_ERR_EXISTS (an
+ * engine on the owner's host, i.e. a restarted process, takes it over at
+ * once), and a lookup after the lease ran out answers "not registered". An
+ * engine destroyed cleanly unregisters at once. */
+#define KVW_BOOTSTRAP_REFRESH_MS 5000
+#define KVW_BOOTSTRAP_LEASE_MS 15000
 
 typedef struct kvw_bootstrap_params {
     const char *bind_addr; /* "ip:port"; port 0 picks an ephemeral port */

@@ -14,6 +14,8 @@ BUILD_PKGS=(
     libibverbs-dev librdmacm-dev libzmq3-dev libcmocka-dev
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     valgrind
+    # the Python binding's tests (make python-test, python_scenarios.sh)
+    python3 python3-pytest python3-numpy
 )
 # Fuzzing (make fuzz, make fuzz-short in make check): clang and libFuzzer.
 # The runtime clang links with -fsanitize=fuzzer (libclang_rt.fuzzer) is

@@ -19,6 +19,7 @@
 #include "kvw-tools.h"
 
 #include "engine/txq.h"
+#include "plan/layout.h"
 #include "plan/plan.h"
 #include "verbs/ops.h"
 
@@ -55,6 +56,7 @@ typedef struct harness {
     kvw_run_t *runs;
     uint64_t pages;
     uint32_t layers;
+    kvw_layout_t layout; /* the classic K/V layout */
 } harness_t;
 
 /* Plan, build and post one request exactly as request.c (sender start) and
@@ -68,7 +70,9 @@ __attribute__((noinline)) uint64_t wrcost_request(harness_t *h, uint32_t token)
     p.num_runs = kvw__plan_runs(h->src, h->dst, h->pages, h->runs);
     p.runs = h->runs;
     p.regions = h->regions;
-    p.num_layers = h->layers;
+    p.kv_slots = h->layout.kv_slots;
+    p.kv_per_layer = h->layout.kv_per_layer;
+    p.layer_end = h->layers;
     p.max_msg = 1ull << 30;
     uint64_t total = kvw__plan_count(&p), built = 0;
     kvw_plan_cursor_t cur = {0};
@@ -101,6 +105,10 @@ static uint64_t run_workload(const wopts_t *o, uint64_t *chains_p)
     static kvw_verbs_ops_t ops;
     ops.post_send = wrcost_fake_post_send;
     harness_t h = {.pages = o->pages, .layers = (uint32_t)o->layers};
+    if (kvw__layout_classic(&h.layout, h.layers, 0)) {
+        fprintf(stderr, "kvw-wrcost: no memory for the layout\n");
+        exit(1);
+    }
     uint64_t *src = malloc(o->pages * sizeof(uint64_t));
     uint64_t *dst = malloc(o->pages * sizeof(uint64_t));
     h.runs = malloc(o->pages * sizeof(kvw_run_t));
@@ -134,6 +142,7 @@ static uint64_t run_workload(const wopts_t *o, uint64_t *chains_p)
     free(dst);
     free(h.runs);
     free(h.regions);
+    kvw__layout_free(&h.layout);
     return wrs;
 }
 

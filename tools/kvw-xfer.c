@@ -521,6 +521,7 @@ typedef struct thread_ticks {
     int tid;
     char comm[32];
     unsigned long long ticks; /* utime + stime, clock ticks */
+    unsigned long long waits; /* context switches: about one per wake-up */
 } thread_ticks_t;
 
 /* utime + stime from a /proc stat line; the comm field may hold spaces,
@@ -537,6 +538,22 @@ static unsigned long long stat_ticks(const char *path)
     if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
         return 0;
     return ut + st;
+}
+
+/* Voluntary + involuntary context switches of a thread (its status file). */
+static unsigned long long thread_switches(const char *tid)
+{
+    char path[300], line[256];
+    unsigned long long n = 0, v;
+    snprintf(path, sizeof(path), "/proc/self/task/%s/status", tid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof(line), f))
+        if ((sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+             sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1))
+            n += v;
+    if (f)
+        fclose(f);
+    return n;
 }
 
 /* Every thread of this process with its name and CPU ticks; how many. */
@@ -559,6 +576,7 @@ static int snapshot_threads(thread_ticks_t *t, int max)
         t[n].comm[strcspn(t[n].comm, "\n")] = '\0';
         snprintf(path, sizeof(path), "/proc/self/task/%s/stat", de->d_name);
         t[n].ticks = stat_ticks(path);
+        t[n].waits = thread_switches(de->d_name);
         n++;
     }
     if (d)
@@ -595,12 +613,14 @@ static int idle_window(const opts_t *o)
     unsigned long long pb = stat_ticks("/proc/self/stat");
     double dt = now_s() - t0;
     for (int i = 0; i < nb; i++) {
-        unsigned long long before = 0;
+        thread_ticks_t before = {0};
         for (int j = 0; j < na; j++)
-            before = a[j].tid == b[i].tid ? a[j].ticks : before;
-        double used = (double)(b[i].ticks - before) / hz;
-        printf("%s idle: thread %-14s (tid %5d): %6.2f CPU-s = %6.3f%% of a core\n", side,
-               b[i].comm, b[i].tid, used, 100 * used / dt);
+            before = a[j].tid == b[i].tid ? a[j] : before;
+        double used = (double)(b[i].ticks - before.ticks) / hz;
+        printf("%s idle: thread %-14s (tid %5d): %6.2f CPU-s = %6.3f%% of a core, "
+               "%5.1f wake-ups/s\n",
+               side, b[i].comm, b[i].tid, used, 100 * used / dt,
+               (double)(b[i].waits - before.waits) / dt);
     }
     double total = (double)(pb - pa) / hz, pct = 100 * total / dt;
     bool ok = pct < IDLE_LIMIT_PCT;

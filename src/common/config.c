@@ -35,6 +35,8 @@ static const config_field_t fields[] = {
     FIELD(transfer_timeout_ms, FIELD_U32, 60000, 10, 3600000),
     FIELD(heartbeat_ms, FIELD_U32, 500, 10, 600000),
     FIELD(peer_timeout_ms, FIELD_U32, 2000, 50, 3600000),
+    FIELD(idle_heartbeat_ms, FIELD_U32, 5000, 10, 600000),
+    FIELD(bootstrap_refresh_ms, FIELD_U32, 5000, 50, 3600000),
     FIELD(max_peers, FIELD_U32, 256, 1, 65536),
     FIELD(orphan_ttl_ms, FIELD_U32, 30000, 10, 3600000),
     FIELD(max_orphans_per_peer, FIELD_U32, 1024, 0, 1u << 20),

@@ -80,13 +80,23 @@ static bool lease_live(const bs_entry_t *e, uint64_t now)
     return e->endpoint[0] && now < e->expires_ns;
 }
 
+/* "tcp://10.0.0.1:5555" and "tcp://10.0.0.1:6000" are on the same host. */
+static bool same_host(const char *a, const char *b)
+{
+    const char *ca = strrchr(a, ':'), *cb = strrchr(b, ':');
+    return ca && cb && ca - a == cb - b && strncmp(a, b, (size_t)(ca - a)) == 0;
+}
+
 static int32_t on_register(kvw_bootstrap_t *b, const kvw_msg_t *in, uint64_t now)
 {
     if (!in->u.bs.endpoint[0])
         return KVW_ERR_INVALID;
     bs_entry_t *e = &b->table[in->u.bs.rank];
     uint64_t id = in->u.bs.engine_id;
-    if (lease_live(e, now) && e->owner != id) {
+    /* A prefill restarted on the same host (its predecessor crashed without
+     * unregistering) takes its rank back at once; another host waits for
+     * the lease, so a misconfigured rank elsewhere cannot steal a live one. */
+    if (lease_live(e, now) && e->owner != id && !same_host(e->endpoint, in->u.bs.endpoint)) {
         if (e->last_refused != id)
             KVW_WARN("bootstrap: rank %u is held by engine %016" PRIx64 " at %s (lease %" PRIu64
                      " ms left); refused engine %016" PRIx64 " at %s",

@@ -107,10 +107,20 @@ static void get_qp(reader_t *r, kvw_qp_info_t *q)
     take(r, q->gid, 16);
 }
 
+uint64_t kvw__wire_hello_regions(const kvw_msg_t *m)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < m->u.hello.num_groups && i < KVW_WIRE_MAX_GROUPS; i++)
+        n += (uint64_t)m->u.hello.groups[i].num_layers * m->u.hello.groups[i].per_layer;
+    return m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS ? UINT64_MAX : n;
+}
+
 static size_t hello_regions(const kvw_msg_t *m)
 {
-    return 2 * (size_t)m->u.hello.num_layers + m->u.hello.num_aux;
+    return (size_t)kvw__wire_hello_regions(m);
 }
+
+enum { GROUP_LEN = 1 + 4 + 4 };
 
 size_t kvw__wire_size(const kvw_msg_t *m)
 {
@@ -131,11 +141,12 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
-        body = 4 + 8 + QP_INFO_LEN + 4 + 4 + 4 + 4 + 2 +
+        body = 4 + 8 + QP_INFO_LEN + 4 + (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + 2 +
                strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
-        body = 8 + 4 + 4 + 4 + 8 * (size_t)m->u.request.num_pages;
+        body = 8 + 4 + 4 + 4 + 4 +
+               8 * ((size_t)m->u.request.num_pages + m->u.request.num_state);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -179,8 +190,12 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, (uint32_t)m->status, 4);
         put_le(w, m->u.hello.engine_id, 8);
         put_qp(w, &m->u.hello.qp);
-        put_le(w, m->u.hello.num_layers, 4);
-        put_le(w, m->u.hello.num_aux, 4);
+        put_le(w, m->u.hello.num_groups, 4);
+        for (uint32_t i = 0; i < m->u.hello.num_groups; i++) {
+            put_le(w, m->u.hello.groups[i].kind, 1);
+            put_le(w, m->u.hello.groups[i].num_layers, 4);
+            put_le(w, m->u.hello.groups[i].per_layer, 4);
+        }
         put_le(w, m->u.hello.recv_credits, 4);
         put_le(w, m->u.hello.max_msg_sz, 4);
         put_str(w, m->u.hello.reason, sizeof(m->u.hello.reason));
@@ -197,7 +212,8 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.request.token, 4);
         put_le(w, m->u.request.aux_index, 4);
         put_le(w, m->u.request.num_pages, 4);
-        for (uint32_t i = 0; i < m->u.request.num_pages; i++)
+        put_le(w, m->u.request.num_state, 4);
+        for (size_t i = 0; i < (size_t)m->u.request.num_pages + m->u.request.num_state; i++)
             put_le(w, m->u.request.pages[i], 8);
         break;
     case KVW_MSG_REQUEST_FAILED:
@@ -223,9 +239,11 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
     if (!type_known(m->type))
         return KVW_ERR_INVALID;
     if ((m->type == KVW_MSG_HELLO || m->type == KVW_MSG_HELLO_ACK) &&
-        hello_regions(m) > KVW_WIRE_MAX_REGIONS)
+        (m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS ||
+         kvw__wire_hello_regions(m) > KVW_WIRE_MAX_REGIONS))
         return KVW_ERR_INVALID;
-    if (m->type == KVW_MSG_REQUEST && m->u.request.num_pages > KVW_WIRE_MAX_PAGES)
+    if (m->type == KVW_MSG_REQUEST &&
+        (uint64_t)m->u.request.num_pages + m->u.request.num_state > KVW_WIRE_MAX_PAGES)
         return KVW_ERR_INVALID;
     size_t size = kvw__wire_size(m);
     if (size > cap || size > KVW_WIRE_MAX_MSG)
@@ -261,8 +279,16 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     m->status = (int32_t)get_le(r, 4);
     m->u.hello.engine_id = get_le(r, 8);
     get_qp(r, &m->u.hello.qp);
-    m->u.hello.num_layers = (uint32_t)get_le(r, 4);
-    m->u.hello.num_aux = (uint32_t)get_le(r, 4);
+    m->u.hello.num_groups = (uint32_t)get_le(r, 4);
+    if (m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS)
+        return fail(reason, rsize, "%s: %u buffer groups, at most %u",
+                    kvw__wire_type_name(m->type), m->u.hello.num_groups, KVW_WIRE_MAX_GROUPS);
+    for (uint32_t i = 0; i < m->u.hello.num_groups; i++) {
+        kvw_wire_group_t *g = &m->u.hello.groups[i];
+        g->kind = (uint8_t)get_le(r, 1);
+        g->num_layers = (uint32_t)get_le(r, 4);
+        g->per_layer = (uint32_t)get_le(r, 4);
+    }
     m->u.hello.recv_credits = (uint32_t)get_le(r, 4);
     m->u.hello.max_msg_sz = (uint32_t)get_le(r, 4);
     if (r->short_read)
@@ -281,12 +307,13 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     if (m->status == KVW_OK && m->u.hello.max_msg_sz < 4096)
         return fail(reason, rsize, "%s: max message size %u is below one MTU",
                     kvw__wire_type_name(m->type), m->u.hello.max_msg_sz);
-    size_t n = hello_regions(m);
+    uint64_t n64 = kvw__wire_hello_regions(m);
     /* Bound counts by the bytes actually present before allocating. */
-    if (n > KVW_WIRE_MAX_REGIONS || n * REGION_LEN != remaining(r))
-        return fail(reason, rsize, "%s: %u layers + %u aux do not match %zu body bytes",
-                    kvw__wire_type_name(m->type), m->u.hello.num_layers, m->u.hello.num_aux,
-                    remaining(r));
+    if (n64 > KVW_WIRE_MAX_REGIONS || n64 * REGION_LEN != remaining(r))
+        return fail(reason, rsize, "%s: %u groups of %llu regions do not match %zu body bytes",
+                    kvw__wire_type_name(m->type), m->u.hello.num_groups,
+                    (unsigned long long)n64, remaining(r));
+    size_t n = (size_t)n64;
     m->u.hello.regions = n ? calloc(n, sizeof(kvw_wire_region_t)) : NULL;
     if (n && !m->u.hello.regions)
         return KVW_ERR_NO_MEMORY;
@@ -313,16 +340,17 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     m->u.request.token = (uint32_t)get_le(r, 4);
     m->u.request.aux_index = (uint32_t)get_le(r, 4);
     m->u.request.num_pages = (uint32_t)get_le(r, 4);
+    m->u.request.num_state = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "REQUEST truncated");
-    uint32_t n = m->u.request.num_pages;
-    if (n > KVW_WIRE_MAX_PAGES || (size_t)n * 8 != remaining(r))
-        return fail(reason, rsize, "REQUEST: %u pages do not match %zu body bytes", n,
-                    remaining(r));
+    uint64_t n = (uint64_t)m->u.request.num_pages + m->u.request.num_state;
+    if (n > KVW_WIRE_MAX_PAGES || n * 8 != remaining(r))
+        return fail(reason, rsize, "REQUEST: %u pages + %u state do not match %zu body bytes",
+                    m->u.request.num_pages, m->u.request.num_state, remaining(r));
     m->u.request.pages = n ? malloc((size_t)n * 8) : NULL;
     if (n && !m->u.request.pages)
         return KVW_ERR_NO_MEMORY;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint64_t i = 0; i < n; i++)
         m->u.request.pages[i] = get_le(r, 8);
     return KVW_OK;
 }

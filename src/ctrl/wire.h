@@ -12,11 +12,12 @@
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
-#define KVW_WIRE_MAX_REGIONS 8448     /* 2 x 4096 layers + 256 aux */
-#define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi pages per request */
+#define KVW_WIRE_MAX_REGIONS 16384    /* every buffer group's regions together */
+#define KVW_WIRE_MAX_GROUPS 64
+#define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi page and state indices per request */
 /* The largest valid message (a REQUEST of KVW_WIRE_MAX_PAGES pages): ZeroMQ
  * drops anything longer before we buffer it. */
-#define KVW_WIRE_MAX_MSG (KVW_WIRE_HEADER_LEN + 20u + 8u * KVW_WIRE_MAX_PAGES)
+#define KVW_WIRE_MAX_MSG (KVW_WIRE_HEADER_LEN + 24u + 8u * KVW_WIRE_MAX_PAGES)
 
 typedef enum {
     KVW_MSG_BS_REGISTER = 1,     /* prefill -> bootstrap: rank, endpoint, engine id */
@@ -40,6 +41,12 @@ typedef enum {
     KVW_MSG_BYE = 33,    /* either way: status, reason; the connection is dead */
 } kvw_msg_type_t;
 
+/* One buffer group (kvw_group_t) as a peer sees it. */
+typedef struct kvw_wire_group {
+    uint8_t kind;
+    uint32_t num_layers, per_layer;
+} kvw_wire_group_t;
+
 /* One registered region as a peer sees it. */
 typedef struct kvw_wire_region {
     uint64_t addr, len, item_len;
@@ -58,18 +65,20 @@ typedef struct kvw_msg {
         struct {
             uint64_t engine_id;
             kvw_qp_info_t qp;
-            uint32_t num_layers, num_aux;
+            uint32_t num_groups;
+            kvw_wire_group_t groups[KVW_WIRE_MAX_GROUPS];
             uint32_t recv_credits;      /* decode: receives posted for immediates */
             uint32_t max_msg_sz;        /* largest RDMA message the sender's port takes */
             char reason[KVW_WIRE_REASON_MAX]; /* HELLO_ACK refusal: why */
-            kvw_wire_region_t *regions; /* 2*num_layers + num_aux; owned by the msg */
+            kvw_wire_region_t *regions; /* every group's, in order; owned by the msg */
         } hello;
         struct {
             uint64_t room;
             uint32_t token; /* decode's id for the request, echoed as the immediate */
             uint32_t aux_index;
             uint32_t num_pages;
-            uint64_t *pages; /* owned by the msg */
+            uint32_t num_state;
+            uint64_t *pages; /* num_pages, then num_state state indices; owned by the msg */
         } request;
         struct {
             uint64_t room;
@@ -85,6 +94,9 @@ typedef struct kvw_msg {
     } u;
 } kvw_msg_t;
 
+/* Regions a HELLO's groups describe (UINT64_MAX if a group's count
+ * overflows). */
+uint64_t kvw__wire_hello_regions(const kvw_msg_t *m);
 /* Bytes kvw__wire_encode() will write for m. */
 size_t kvw__wire_size(const kvw_msg_t *m);
 /* Encode m into buf (cap bytes). KVW_ERR_INVALID if it does not fit or m

@@ -83,7 +83,8 @@ void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms)
         KVW_ERROR("zmq_socket failed: %s", zmq_strerror(errno));
         return NULL;
     }
-    int linger = 0, ivl = (int)heartbeat_ms, timeout = (int)heartbeat_ms * 4;
+    (void)heartbeat_ms;
+    int linger = 0;
     /* Bounded queues: a peer that floods us (or stops reading) costs at
      * most KVW_ZSOCK_HWM messages of at most the largest valid one each;
      * beyond that ZeroMQ drops or refuses, and our sends never block. */
@@ -93,8 +94,10 @@ void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms)
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm));
-    zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl));
-    zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout));
+    /* No ZMTP heartbeats: the engines' own PING/PONG (paced by load, see
+     * idle_heartbeat_ms) and the sockets' monitors already tell a dead peer,
+     * and ZMTP's would wake every idle engine's I/O thread several times a
+     * second. */
     /* A reply to a peer whose connection is gone fails (EHOSTUNREACH)
      * instead of vanishing, so the sender can count and log it. */
     if (type == ZMQ_ROUTER)

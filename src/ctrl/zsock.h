@@ -20,8 +20,8 @@ enum { KVW_ZSOCK_HWM = 256 }; /* messages queued per connection, each way */
 
 /* Create a socket with the options every kvwire socket wants: no linger on
  * close, messages no larger than the largest valid one, bounded queues,
- * unroutable ROUTER replies reported (ZMQ_ROUTER_MANDATORY), and ZMTP heartbeats (a connection silent
- * for 4 heartbeats is closed, which its monitor reports). */
+ * unroutable ROUTER replies reported (ZMQ_ROUTER_MANDATORY), and no ZMTP
+ * heartbeats (heartbeat_ms is unused; liveness is the engines' own). */
 void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms);
 /* A PAIR socket that receives sock's events in `events` (ZMQ_EVENT_*
  * bits), e.g. ZMQ_EVENT_DISCONNECTED: a peer process that exits closes its

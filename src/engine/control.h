@@ -11,11 +11,6 @@ enum {
     KVW_CTL_MAX_ID = 255, /* ZeroMQ routing ids are at most 255 bytes */
 };
 
-static inline uint64_t kvw__ms_ns(uint32_t ms)
-{
-    return (uint64_t)ms * 1000000ull;
-}
-
 /* REQUEST_FAILED, ABORT or BYE carrying an error status and a reason. */
 kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_status_t st,
                            const char *why);

@@ -17,7 +17,7 @@ enum {
     /* How long "rank N is not registered" is retried before the connection
      * fails: covers a prefill still starting and a bootstrap service that
      * restarted (prefill re-registers every second). */
-    LOOKUP_GRACE_MS = 3000,
+    LOOKUP_GRACE_MS = 1000, /* beyond one refresh interval */
 };
 
 static void *dealer(kvw_engine_t *e)
@@ -122,10 +122,11 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
  * service restarting, then fail with the reason. */
 static void rank_not_registered(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
 {
-    /* Within the bootstrap timeout, so the reason is the missing rank. */
-    uint32_t grace = e->cfg.bootstrap_timeout_ms / 2;
-    if (grace > LOOKUP_GRACE_MS)
-        grace = LOOKUP_GRACE_MS;
+    /* One re-registration interval and a little, but within the bootstrap
+     * timeout, so the reason given is the missing rank. */
+    uint32_t grace = e->cfg.bootstrap_refresh_ms + LOOKUP_GRACE_MS;
+    if (grace > e->cfg.bootstrap_timeout_ms / 2)
+        grace = e->cfg.bootstrap_timeout_ms / 2;
     if (!p->missing_since_ns)
         p->missing_since_ns = now;
     if (now - p->missing_since_ns >= kvw__ms_ns(grace)) {
@@ -295,22 +296,32 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
     return next;
 }
 
-/* Heartbeats and credits; returns when next due. */
+/* Heartbeats and credits; returns when next due. A connection that a
+ * receiver depends on is pinged every heartbeat_ms and declared dead after
+ * peer_timeout_ms of silence; an idle one, every idle_heartbeat_ms, dead
+ * after three of those (prefill uses the same idle bound). */
 static uint64_t connected_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
 {
-    uint64_t silent_at = p->last_seen_ns + kvw__ms_ns(e->cfg.peer_timeout_ms);
+    pthread_mutex_lock(&e->lock);
+    bool busy = p->nreqs > 0;
+    pthread_mutex_unlock(&e->lock);
+    uint32_t interval = busy ? e->cfg.heartbeat_ms : e->cfg.idle_heartbeat_ms;
+    uint32_t limit = busy ? e->cfg.peer_timeout_ms : 3 * e->cfg.idle_heartbeat_ms;
+    uint64_t silent_at = p->last_seen_ns + kvw__ms_ns(limit);
     if (now > silent_at) {
-        kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u silent for %u ms", p->rank,
-                       e->cfg.peer_timeout_ms);
+        kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u silent for %u ms", p->rank, limit);
         return 0;
     }
+    /* Busy again after idling: the next ping comes at the busy pace. */
+    if (p->next_ping_ns > now + kvw__ms_ns(interval))
+        p->next_ping_ns = now + kvw__ms_ns(interval);
     bool ping_due = now >= p->next_ping_ns;
     send_credits(e, p, ping_due);
     if (ping_due) {
         kvw_msg_t ping = {.type = KVW_MSG_PING};
         ping.u.ping.engine_id = e->id;
         kvw__zsend(p->sock, &ping, ZMQ_DONTWAIT);
-        p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
+        p->next_ping_ns = now + kvw__ms_ns(interval);
     }
     return earliest(silent_at + 1, p->next_ping_ns);
 }
@@ -388,6 +399,7 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     m.u.request.token = r->token;
     m.u.request.aux_index = r->aux;
     m.u.request.num_pages = (uint32_t)r->npages;
+    m.u.request.num_state = (uint32_t)r->nstate;
     m.u.request.pages = r->pages;
     r->request_due = false;
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
@@ -397,6 +409,7 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
         return;
     }
     r->request_sent = true;
+    r->sent_ns = kvw__now_ns();
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
     kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
 }

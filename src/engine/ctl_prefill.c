@@ -332,7 +332,13 @@ void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
 
 uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
 {
-    uint64_t next = 0, limit = kvw__ms_ns(e->cfg.peer_timeout_ms);
+    /* Decode pings an idle connection only every idle_heartbeat_ms: wait
+     * for three of those (a decode engine that exits is noticed at once,
+     * by its socket closing, and writes to a dead one fail by themselves). */
+    uint32_t ms = e->cfg.peer_timeout_ms > 3 * e->cfg.idle_heartbeat_ms
+                      ? e->cfg.peer_timeout_ms
+                      : 3 * e->cfg.idle_heartbeat_ms;
+    uint64_t next = 0, limit = kvw__ms_ns(ms);
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);
@@ -340,8 +346,7 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
             continue;
         uint64_t due = p->last_seen_ns + limit;
         if (now > due)
-            kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms",
-                           e->cfg.peer_timeout_ms);
+            kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms", ms);
         else if (!next || due + 1 < next)
             next = due + 1;
     }

@@ -44,21 +44,34 @@ static kvw_status_t check_region(const char *kind, uint32_t i, const kvw_region_
 
 static kvw_status_t check_params(const kvw_engine_params_t *p)
 {
-    if (!p || (p->role != KVW_ROLE_PREFILL && p->role != KVW_ROLE_DECODE) || !p->local_ip ||
-        !p->num_layers || !p->kv_regions || (p->num_aux && !p->aux_regions) ||
-        2ull * p->num_layers + p->num_aux > KVW_WIRE_MAX_REGIONS) {
-        KVW_ERROR("engine params: need a role, local_ip, num_layers > 0 with 2L kv_regions, and "
-                  "aux_regions when num_aux > 0 (at most %u regions)",
-                  KVW_WIRE_MAX_REGIONS);
+    if (!p || (p->role != KVW_ROLE_PREFILL && p->role != KVW_ROLE_DECODE) || !p->local_ip) {
+        KVW_ERROR("engine params: need a role and local_ip");
         return KVW_ERR_INVALID;
     }
-    for (uint32_t i = 0; i < 2 * p->num_layers; i++)
-        if (check_region("kv", i, &p->kv_regions[i]))
-            return KVW_ERR_INVALID;
-    for (uint32_t i = 0; i < p->num_aux; i++)
-        if (check_region("aux", i, &p->aux_regions[i]))
-            return KVW_ERR_INVALID;
+    bool classic = p->num_layers || p->kv_regions || p->num_aux || p->aux_regions;
+    if (p->num_groups ? classic || !p->groups
+                      : !p->num_layers || !p->kv_regions || (p->num_aux && !p->aux_regions)) {
+        KVW_ERROR("engine params: give either num_groups and groups, or num_layers > 0 with "
+                  "2L kv_regions (and aux_regions when num_aux > 0), not both");
+        return KVW_ERR_INVALID;
+    }
+    if (p->num_groups > KVW_LAYOUT_MAX_GROUPS || (uint64_t)p->num_layers * 2 > UINT32_MAX) {
+        KVW_ERROR("engine params: at most %u buffer groups", KVW_LAYOUT_MAX_GROUPS);
+        return KVW_ERR_INVALID;
+    }
     return KVW_OK;
+}
+
+/* The classic parameters as groups: one K/V group, one aux group. */
+static uint32_t params_groups(const kvw_engine_params_t *p, kvw_group_t *g)
+{
+    if (p->num_groups) {
+        memcpy(g, p->groups, p->num_groups * sizeof(*g));
+        return p->num_groups;
+    }
+    g[0] = (kvw_group_t){KVW_GROUP_KV, p->num_layers, 2, p->kv_regions};
+    g[1] = (kvw_group_t){KVW_GROUP_AUX, 1, p->num_aux, p->aux_regions};
+    return p->num_aux ? 2 : 1;
 }
 
 static uint64_t random_id(void)
@@ -69,33 +82,59 @@ static uint64_t random_id(void)
     return v;
 }
 
+static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t n)
+{
+    kvw_layout_group_t lg[KVW_LAYOUT_MAX_GROUPS];
+    for (uint32_t i = 0; i < n; i++) {
+        if (!g[i].regions) {
+            KVW_ERROR("engine params: group %u has no regions", i);
+            return KVW_ERR_INVALID;
+        }
+        lg[i] = (kvw_layout_group_t){(uint32_t)g[i].kind, g[i].num_layers, g[i].regions_per_layer,
+                                     0};
+    }
+    char why[160];
+    int rc = kvw__layout_build(&e->layout, lg, n, KVW_WIRE_MAX_REGIONS, why, sizeof(why));
+    if (rc == -1)
+        KVW_ERROR("engine params: %s", why);
+    return rc == 0 ? KVW_OK : rc == -1 ? KVW_ERR_INVALID : KVW_ERR_NO_MEMORY;
+}
+
+/* Copy every group's regions into one flat array, in layout order. */
 static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
 {
-    uint32_t kv = 2 * p->num_layers, n = kv + p->num_aux;
-    e->num_layers = p->num_layers;
-    e->num_aux = p->num_aux;
-    e->regions = calloc(n, sizeof(*e->regions));
-    e->mrs = calloc(n, sizeof(*e->mrs));
-    if (!e->regions || !e->mrs)
+    kvw_group_t g[KVW_LAYOUT_MAX_GROUPS];
+    uint32_t n = params_groups(p, g);
+    kvw_status_t st = build_layout(e, g, n);
+    if (st)
+        return st;
+    uint32_t total = e->layout.num_regions;
+    e->regions = calloc(total, sizeof(*e->regions));
+    e->mrs = calloc(total, sizeof(*e->mrs));
+    uint64_t *items = calloc(total, sizeof(*items));
+    if (!e->regions || !e->mrs || !items) {
+        free(items);
         return KVW_ERR_NO_MEMORY;
-    memcpy(e->regions, p->kv_regions, kv * sizeof(*e->regions));
-    if (p->num_aux)
-        memcpy(e->regions + kv, p->aux_regions, p->num_aux * sizeof(*e->regions));
-    e->local_max_pages = UINT64_MAX;
-    e->local_max_aux = p->num_aux ? UINT64_MAX : 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t items = e->regions[i].len / e->regions[i].item_len;
-        uint64_t *max = i < kv ? &e->local_max_pages : &e->local_max_aux;
-        if (items < *max)
-            *max = items;
     }
-    return KVW_OK;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvw_layout_group_t *lg = &e->layout.groups[i];
+        uint32_t count = lg->num_layers * lg->per_layer;
+        for (uint32_t r = 0; r < count && !st; r++)
+            st = check_region(kvw__layout_kind_name(lg->kind), lg->first + r, &g[i].regions[r]);
+        if (!st)
+            memcpy(e->regions + lg->first, g[i].regions, count * sizeof(*e->regions));
+    }
+    for (uint32_t r = 0; r < total && !st; r++)
+        items[r] = e->regions[r].len / e->regions[r].item_len;
+    if (!st)
+        kvw__layout_limits(&e->layout, items, e->local_max);
+    free(items);
+    return st;
 }
 
 static kvw_status_t register_regions(kvw_engine_t *e)
 {
-    uint32_t n = 2 * e->num_layers + e->num_aux;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < e->layout.num_regions; i++) {
         kvw_status_t st = kvw__mem_register(e->dev, e->regions[i].addr, e->regions[i].len,
                                             e->role == KVW_ROLE_DECODE, &e->mrs[i]);
         if (st)
@@ -154,7 +193,7 @@ static kvw_status_t open_control(kvw_engine_t *e)
     if (!e->bootstrap_addr[0])
         return KVW_OK;
     st = kvw__registrar_create(e->zctx, e->zsec, e->bootstrap_addr, e->rank, e->endpoint, e->id,
-                               KVW_BOOTSTRAP_REFRESH_MS, &e->registrar);
+                               e->cfg.bootstrap_refresh_ms, &e->registrar);
     return st ? st : kvw__registrar_register(e->registrar, e->cfg.bootstrap_timeout_ms);
 }
 
@@ -229,8 +268,13 @@ kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t *
 static void fail_remaining(kvw_engine_t *e)
 {
     pthread_mutex_lock(&e->lock);
-    for (kvw_req_t *r = e->reqs; r; r = r->next)
+    for (kvw_req_t *r = e->reqs; r; r = r->next) {
         kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");
+        if (r->starved) { /* parked by the poller, which has stopped: its reference */
+            r->starved = false;
+            kvw__req_unref(r);
+        }
+    }
     pthread_mutex_unlock(&e->lock);
 }
 
@@ -269,7 +313,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     if (e->channel)
         e->dev->ops->destroy_comp_channel(e->channel);
     if (e->mrs)
-        for (uint32_t i = 0; i < 2 * e->num_layers + e->num_aux; i++)
+        for (uint32_t i = 0; i < e->layout.num_regions; i++)
             kvw__mem_deregister(e->dev, &e->mrs[i]);
     kvw__dev_close(e->dev);
     if (e->poller_wake_fd >= 0)
@@ -290,6 +334,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     free(e->token_gen);
     free(e->regions);
     free(e->mrs);
+    kvw__layout_free(&e->layout);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }

@@ -18,6 +18,7 @@
 #include "ctrl/wire.h"
 #include "engine/txq.h"
 #include "mem/mem.h"
+#include "plan/layout.h"
 #include "plan/plan.h"
 #include "verbs/qp.h"
 
@@ -35,6 +36,22 @@ typedef enum { PEER_LOOKUP, PEER_HELLO, PEER_CONNECTED, PEER_DEAD } kvw_peer_sta
 typedef struct kvw_req kvw_req_t;
 typedef struct kvw_peer kvw_peer_t;
 
+/* One part of a sender's request (kvw_sender_send / send_part /
+ * send_state), planned once decode's pages are known. The owner thread
+ * appends under the lock; the poller follows `next` without it. */
+typedef struct kvw_seg {
+    struct kvw_seg *_Atomic next;
+    size_t first, n;       /* request page positions [first, first + n) */
+    uint32_t lb, le;       /* KV layers [lb, le) */
+    bool final;            /* also aux and state; its last write carries the immediate */
+    uint64_t *src;         /* n source pages */
+    kvw_run_t *runs;       /* planned: n entries */
+    kvw_run_t *state_runs; /* final part: one per state index */
+    kvw_plan_t plan;
+    kvw_plan_cursor_t cursor;                  /* poller */
+    uint64_t writes_total, writes_built;       /* poller (total: set when planned) */
+} kvw_seg_t;
+
 struct kvw_peer {
     kvw_engine_t *engine;
     uint32_t index;    /* slot in engine->peers, reused once the peer is reclaimed */
@@ -49,9 +66,8 @@ struct kvw_peer {
     uint64_t orphan_bytes;   /* (lock) their page lists */
     kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
     kvw_qp_t *qp;
-    kvw_plan_region_t *regions;            /* 2L + A, local paired with remote */
-    uint64_t remote_max_pages;             /* pages every remote KV region can hold */
-    uint64_t remote_max_aux;               /* items every remote aux region can hold */
+    kvw_plan_region_t *regions;            /* every region, local paired with remote */
+    uint64_t remote_max[3];                /* items every remote region of each kind holds */
     uint32_t max_msg_sz;                   /* the smaller of the two ports' limits */
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
@@ -106,19 +122,28 @@ struct kvw_req {
     bool has_user;                         /* (lock) a sender/receiver handle refers to it */
     bool user_gone;                        /* (lock) handle destroyed; kept only as a tombstone */
 
-    /* sender */
-    bool inited, have_src, have_dst;
-    bool drained;                   /* (lock) no write of this request can still be in flight */
-    bool notify_failure;            /* (lock) tell decode it failed, once drained */
+    /* sender (all (lock) unless marked poller) */
+    bool inited, have_dst;
+    bool drained;                   /* no write of this request can still be in flight */
+    bool notify_failure;            /* tell decode it failed, once drained */
     _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
-    size_t num_pages;
+    _Atomic uint64_t done_ns;       /* its last write completed */
+    size_t num_pages;               /* declared by init */
     uint32_t aux_index;
-    uint64_t *src_pages, *dst_pages;
+    uint64_t *covered;              /* per KV layer: page positions handed over */
+    uint64_t *src_state;            /* given by kvw_sender_send_state */
+    size_t num_src_state;
+    bool have_state, final_given;   /* the part that completes the request exists */
+    uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
+    size_t num_dst_state;
     uint32_t dst_aux, token;
-    kvw_run_t *runs;
-    kvw_plan_t plan;
-    kvw_plan_cursor_t cursor;
-    uint64_t writes_total, writes_built, last_seq; /* poller */
+    kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
+    kvw_seg_t *to_plan;             /* first part not planned yet (decode's request unknown) */
+    bool in_poller;                 /* the poller holds a reference (queued or starved) */
+    bool starved;                   /* the poller posted every part it has; waits for more */
+    kvw_seg_t *seg;                 /* poller: the part being posted */
+    uint64_t writes_built, last_seq; /* poller */
+    _Atomic uint64_t bytes_posted, writes_posted; /* poller writes, anyone reads */
 
     /* receiver */
     uint32_t prefill_rank;
@@ -129,9 +154,11 @@ struct kvw_req {
     bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
     kvw_status_t abort_status;              /* (lock) */
     char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    uint64_t *pages;
-    size_t npages;
+    uint64_t *pages; /* npages destination pages, then nstate state indices */
+    size_t npages, nstate;
     uint32_t aux;
+    uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
+    _Atomic uint64_t landed_ns; /* the immediate arrived */
 };
 
 typedef struct kvw_engine_counters {
@@ -147,10 +174,10 @@ struct kvw_engine {
     char local_ip[64];
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
     kvw_dev_t *dev;
-    uint32_t num_layers, num_aux;
-    kvw_region_t *regions; /* 2L + A */
+    kvw_layout_t layout;
+    kvw_region_t *regions; /* layout.num_regions, group by group */
     kvw_mr_t *mrs;
-    uint64_t local_max_pages, local_max_aux;
+    uint64_t local_max[3]; /* items every local region of each kind holds (KVW_LAYOUT_*) */
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
     void *zctx, *router;
@@ -196,10 +223,31 @@ struct kvw_engine {
 
 /* engine.c */
 uint64_t kvw__now_ns(void);
+static inline uint64_t kvw__ms_ns(uint32_t ms)
+{
+    return (uint64_t)ms * 1000000ull;
+}
 void kvw__wake(int fd);
 
 /* request.c */
 void kvw__req_unref(kvw_req_t *r);
+bool kvw__req_ended(const kvw_req_t *r);
+/* KVW_OK, or the failure status with its reason (valid while r lives). */
+kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p);
+/* (lock) The user's handle is gone: keep r only while the other side may
+ * still need an answer about it, else drop it. */
+void kvw__req_release_handle_locked(kvw_req_t *r);
+/* Index of the first value >= limit, or n when all fit. */
+size_t kvw__first_out_of_range(const uint64_t *v, size_t n, uint64_t limit);
+/* Checks against this engine's own regions of one kind (KVW_LAYOUT_*):
+ * KVW_ERR_OUT_OF_RANGE with the reason in why, or KVW_OK. side: "source"
+ * (prefill) or "destination" (decode). */
+kvw_status_t kvw__check_count(const kvw_engine_t *e, int kind, size_t n, char *why, size_t size);
+kvw_status_t kvw__check_aux(const kvw_engine_t *e, uint32_t aux_index, char *why, size_t size);
+kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *side,
+                                const uint64_t *idx, size_t n, char *why, size_t size);
+/* sender.c: free a request's parts (when the request is freed). */
+void kvw__sender_free_parts(kvw_req_t *r);
 /* (lock) Move r to Failed (once; later calls and ended requests are
  * ignored) with a reason. */
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
@@ -213,8 +261,16 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
 void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why);
 /* Poller: r left the poller's queues and none of its writes is in flight. */
 void kvw__req_drained(kvw_req_t *r);
-/* (lock) Both page lists known: plan and hand to the poller. */
-kvw_status_t kvw__sender_start_locked(kvw_req_t *r);
+/* (lock) Plan the parts handed over so far (once decode's request is
+ * known) and give the poller what it does not have. */
+kvw_status_t kvw__sender_feed_locked(kvw_req_t *r);
+/* (lock) The poller posted every part it has of a request that is not
+ * complete: true if it should park it (starved) until the next part, false
+ * if a part arrived meanwhile (poller-side s->next is then set). */
+bool kvw__sender_starve_locked(kvw_req_t *r);
+/* (lock) Give a starved request back to the poller (it failed, or its
+ * connection died): the poller retires it once its writes drained. */
+void kvw__sender_unstarve_locked(kvw_req_t *r);
 /* (lock) Check decode's request against local layout and the sender; r
  * must not have a request yet (the caller refuses a second claim). */
 kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,

@@ -15,7 +15,7 @@
 kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
 {
     kvw_peer_t *p = calloc(1, sizeof(*p));
-    uint32_t n = 2 * e->num_layers + e->num_aux;
+    uint32_t n = e->layout.num_regions;
     if (!p)
         return KVW_ERR_NO_MEMORY;
     p->engine = e;
@@ -156,64 +156,105 @@ void kvw__peer_destroy(kvw_peer_t *p)
 void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
 {
     const kvw_engine_t *e = p->engine;
-    uint32_t n = 2 * e->num_layers + e->num_aux;
+    const kvw_layout_t *l = &e->layout;
     memset(m, 0, sizeof(*m));
     m->type = type;
     m->u.hello.engine_id = e->id;
     kvw__qp_local_info(p->qp, &m->u.hello.qp);
-    m->u.hello.num_layers = e->num_layers;
-    m->u.hello.num_aux = e->num_aux;
     m->u.hello.recv_credits = (uint32_t)atomic_load(&p->recvs_posted);
     m->u.hello.max_msg_sz = e->dev->max_msg_sz;
-    m->u.hello.regions = calloc(n, sizeof(kvw_wire_region_t));
-    if (!m->u.hello.regions) {
-        m->u.hello.num_layers = m->u.hello.num_aux = 0; /* encodes; the peer rejects it */
-        return;
-    }
+    m->u.hello.regions = calloc(l->num_regions, sizeof(kvw_wire_region_t));
+    if (!m->u.hello.regions)
+        return; /* no groups: encodes, and the peer rejects it */
+    m->u.hello.num_groups = l->num_groups;
+    for (uint32_t i = 0; i < l->num_groups; i++)
+        m->u.hello.groups[i] = (kvw_wire_group_t){(uint8_t)l->groups[i].kind,
+                                                  l->groups[i].num_layers, l->groups[i].per_layer};
     /* Only decode's memory is a write target: prefill sends its layout
      * (lengths) but no address or rkey, and registered none for remote use. */
     bool target = e->role == KVW_ROLE_DECODE;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < l->num_regions; i++)
         m->u.hello.regions[i] =
             (kvw_wire_region_t){target ? e->mrs[i].addr : 0, e->regions[i].len,
                                 e->regions[i].item_len, target ? e->mrs[i].rkey : 0};
 }
 
-/* The peer's table must match ours region for region: same layer and aux
- * counts and the same item length, or pages would land misaligned. */
+/* The peer's groups must match ours exactly. */
+static kvw_status_t accept_groups(const kvw_engine_t *e, const kvw_msg_t *h, char *why,
+                                  size_t size)
+{
+    const kvw_layout_t *l = &e->layout;
+    if (h->u.hello.num_groups != l->num_groups) {
+        snprintf(why, size, "peer has %u buffer groups, we have %u", h->u.hello.num_groups,
+                 l->num_groups);
+        return KVW_ERR_MISMATCH;
+    }
+    for (uint32_t i = 0; i < l->num_groups; i++) {
+        const kvw_wire_group_t *b = &h->u.hello.groups[i];
+        const kvw_layout_group_t *a = &l->groups[i];
+        if (b->kind != a->kind || b->num_layers != a->num_layers || b->per_layer != a->per_layer) {
+            snprintf(why, size,
+                     "group %u: peer has %s, %u layers x %u regions; we have %s, %u x %u", i,
+                     kvw__layout_kind_name(b->kind), b->num_layers, b->per_layer,
+                     kvw__layout_kind_name(a->kind), a->num_layers, a->per_layer);
+            return KVW_ERR_MISMATCH;
+        }
+    }
+    return KVW_OK;
+}
+
+/* Which group, layer and region of it region r is, for messages. */
+static void describe_region(const kvw_layout_t *l, uint32_t r, char *buf, size_t size)
+{
+    for (uint32_t i = 0; i < l->num_groups; i++) {
+        const kvw_layout_group_t *g = &l->groups[i];
+        uint32_t n = g->num_layers * g->per_layer;
+        if (r >= g->first && r < g->first + n) {
+            uint32_t k = r - g->first;
+            snprintf(buf, size, "%s group %u, layer %u, region %u", kvw__layout_kind_name(g->kind),
+                     i, k % g->num_layers, k / g->num_layers);
+            return;
+        }
+    }
+    snprintf(buf, size, "region %u", r);
+}
+
+/* The peer's table must match ours region for region: same groups and the
+ * same item length, or pages would land misaligned. */
 kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *why, size_t size)
 {
     const kvw_engine_t *e = p->engine;
-    if (h->u.hello.num_layers != e->num_layers || h->u.hello.num_aux != e->num_aux) {
-        snprintf(why, size, "peer has %u layers and %u aux regions, we have %u and %u",
-                 h->u.hello.num_layers, h->u.hello.num_aux, e->num_layers, e->num_aux);
-        return KVW_ERR_MISMATCH;
-    }
-    uint32_t kv = 2 * e->num_layers, n = kv + e->num_aux;
+    kvw_status_t st = accept_groups(e, h, why, size);
+    if (st)
+        return st;
+    uint32_t n = e->layout.num_regions;
     /* rxe takes 8 MiB per message, mlx5 1 GiB: plan with the smaller. */
     p->max_msg_sz = h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz
                                                                 : e->dev->max_msg_sz;
-    p->remote_max_pages = UINT64_MAX;
-    p->remote_max_aux = e->num_aux ? UINT64_MAX : 0;
-    for (uint32_t i = 0; i < n; i++) {
+    uint64_t *items = calloc(n, sizeof(*items));
+    if (!items)
+        return KVW_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < n && !st; i++) {
         const kvw_wire_region_t *r = &h->u.hello.regions[i];
         if (r->item_len != e->regions[i].item_len) {
-            snprintf(why, size, "%s region %u: peer item length %llu, ours %zu",
-                     i < kv ? "kv" : "aux", i < kv ? i : i - kv, (unsigned long long)r->item_len,
-                     e->regions[i].item_len);
-            return KVW_ERR_MISMATCH;
+            char where[96];
+            describe_region(&e->layout, i, where, sizeof(where));
+            snprintf(why, size, "%s: peer item length %llu, ours %zu", where,
+                     (unsigned long long)r->item_len, e->regions[i].item_len);
+            st = KVW_ERR_MISMATCH;
+            break;
         }
-        uint64_t items = r->len / r->item_len;
-        uint64_t *max = i < kv ? &p->remote_max_pages : &p->remote_max_aux;
-        if (items < *max)
-            *max = items;
+        items[i] = r->len / r->item_len;
         p->regions[i] = (kvw_plan_region_t){.local_addr = e->mrs[i].addr,
                                             .remote_addr = r->addr,
                                             .item_len = r->item_len,
                                             .lkey = e->mrs[i].lkey,
                                             .rkey = r->rkey};
     }
-    return KVW_OK;
+    if (!st)
+        kvw__layout_limits(&e->layout, items, p->remote_max);
+    free(items);
+    return st;
 }
 
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
@@ -256,6 +297,8 @@ static void finish_kill_locked(kvw_peer_t *p)
             kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
         r->abort_due = false;
         r->notify_failure = false; /* the BYE below tells decode about all of them */
+        if (r->role == KVW_ROLE_PREFILL)
+            kvw__sender_unstarve_locked(r); /* the poller lets it go */
         kvw__req_attach_locked(r, NULL);
     }
     atomic_store(&p->bye_due, true);

@@ -114,14 +114,39 @@ static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, const kvw_txq_t *bef
                               memory_order_relaxed);
 }
 
-static int next_write(kvw_req_t *r, kvw_write_t *w)
+static uint64_t seg_total(const kvw_seg_t *s)
 {
-    if (r->writes_total)
-        return kvw__plan_next(&r->plan, &r->cursor, w);
-    /* Nothing to copy: one zero-length write carries the immediate. */
-    *w = (kvw_write_t){.remote_addr = r->plan.regions[0].remote_addr,
-                       .rkey = r->plan.regions[0].rkey};
+    /* A final part with nothing to copy: one zero-length write carries the
+     * immediate. */
+    return s->final && !s->writes_total ? 1 : s->writes_total;
+}
+
+static int next_write(kvw_seg_t *s, kvw_write_t *w)
+{
+    if (s->writes_total)
+        return kvw__plan_next(&s->plan, &s->cursor, w);
+    *w = (kvw_write_t){.remote_addr = s->plan.regions[0].remote_addr,
+                       .rkey = s->plan.regions[0].rkey};
     return 1;
+}
+
+/* The part to post from: the current one, or the next planned one once the
+ * current is done (the owner appends with a release store). */
+static kvw_seg_t *current_seg(kvw_req_t *r)
+{
+    kvw_seg_t *s = r->seg;
+    while (s->writes_built == seg_total(s) && !s->final) {
+        kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_acquire);
+        if (!next)
+            break;
+        s = r->seg = next;
+    }
+    return s;
+}
+
+static bool fully_built(const kvw_req_t *r)
+{
+    return r->seg->final && r->seg->writes_built == seg_total(r->seg);
 }
 
 /* The request's last write carries the immediate and consumes one receive
@@ -139,23 +164,47 @@ static bool imm_credit(kvw_peer_t *p)
 static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->txq;
-    uint64_t total = r->writes_total ? r->writes_total : 1;
     uint32_t built = 0;
+    uint64_t bytes = 0;
     kvw_write_t w;
     if (!r->writes_built && room)
         atomic_store_explicit(&r->first_post_ns, kvw__now_ns(), memory_order_relaxed);
-    while (built < room && r->writes_built < total) {
-        int last = r->writes_built + 1 == total;
+    kvw_seg_t *s = current_seg(r);
+    while (built < room) {
+        uint64_t total = seg_total(s);
+        if (s->writes_built == total) {
+            kvw_seg_t *next = current_seg(r);
+            if (s->final || next == s)
+                break; /* done, or the next part is not here yet */
+            s = next;
+            continue;
+        }
+        int last = s->final && s->writes_built + 1 == total;
         if (last && !imm_credit(p))
             break;
-        if (!next_write(r, &w))
+        if (!next_write(s, &w))
             break;
         r->last_seq = kvw__txq_add(q, &w, last, r->token);
         p->imm_posted += (uint64_t)last;
+        s->writes_built++;
         r->writes_built++;
+        bytes += w.len;
         built++;
     }
+    atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->writes_posted, built, memory_order_relaxed);
     return built;
+}
+
+/* Every part r has was posted and more will come: park it (it keeps the
+ * poller's reference; the next part, a failure or a dead connection hands
+ * it back). False if a part arrived meanwhile. */
+static bool starve(kvw_engine_t *e, kvw_req_t *r)
+{
+    pthread_mutex_lock(&e->lock);
+    bool parked = kvw__sender_starve_locked(r);
+    pthread_mutex_unlock(&e->lock);
+    return parked;
 }
 
 /* Stop feeding a request that failed meanwhile (aborted, destroyed): what
@@ -198,10 +247,17 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
             drop_failed_active(p, r);
             continue;
         }
-        work += (int)build_writes(p, r, room);
-        if (r->writes_built == (r->writes_total ? r->writes_total : 1)) {
+        if (!r->seg)
+            r->seg = r->segs_head; /* set before it was handed over */
+        uint32_t n = build_writes(p, r, room);
+        work += (int)n;
+        if (fully_built(r)) {
             queue_pop(&p->active_head, &p->active_tail);
             queue_push(&p->inflight_head, &p->inflight_tail, r);
+        } else if (n < room && !p->credit_blocked && current_seg(r)->writes_built ==
+                                                         seg_total(current_seg(r))) {
+            if (starve(e, r))
+                queue_pop(&p->active_head, &p->active_tail); /* waits for its next part */
         }
     }
     if (!st)
@@ -221,6 +277,7 @@ static void retire_inflight(kvw_peer_t *p)
     kvw_req_t *r;
     while ((r = p->inflight_head) && r->last_seq < p->txq.completed) {
         queue_pop(&p->inflight_head, &p->inflight_tail);
+        atomic_store_explicit(&r->done_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_succeed(r); /* unless it failed meanwhile */
         release(r);
     }
@@ -283,8 +340,10 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc
     if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
         kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
-    else if (r && r->peer == p && kvw__req_succeed(r))
+    else if (r && r->peer == p && kvw__req_succeed(r)) {
+        atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0); /* its transfer limit no longer applies */
+    }
     else
         KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
     pthread_mutex_unlock(&e->lock);

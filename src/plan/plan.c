@@ -1,5 +1,7 @@
 #include "plan/plan.h"
 
+enum { PHASE_KV, PHASE_STATE, PHASE_AUX, PHASE_DONE };
+
 size_t kvw__plan_runs(const uint64_t *src, const uint64_t *dst, size_t n, kvw_run_t *runs)
 {
     size_t k = 0;
@@ -19,31 +21,36 @@ static uint64_t div_ceil(uint64_t a, uint64_t b)
     return a / b + (a % b != 0);
 }
 
-uint64_t kvw__plan_count(const kvw_plan_t *p)
+/* Writes for `runs` in each region of `slots`. */
+static uint64_t count_runs(const kvw_plan_t *p, const uint32_t *slots, size_t num_slots,
+                           const kvw_run_t *runs, size_t num_runs)
 {
     uint64_t total = 0, longest = 0;
-    for (size_t r = 0; r < p->num_runs; r++)
-        longest = p->runs[r].count > longest ? p->runs[r].count : longest;
-    for (uint32_t s = 0; s < 2 * p->num_layers; s++) {
-        if (longest * p->regions[s].item_len <= p->max_msg) {
-            total += p->num_runs; /* no run of this layer needs splitting */
+    for (size_t r = 0; r < num_runs; r++)
+        longest = runs[r].count > longest ? runs[r].count : longest;
+    for (size_t s = 0; s < num_slots; s++) {
+        uint64_t item = p->regions[slots[s]].item_len;
+        if (longest * item <= p->max_msg) {
+            total += num_runs; /* no run in this region needs splitting */
             continue;
         }
-        for (size_t r = 0; r < p->num_runs; r++)
-            total += div_ceil(p->runs[r].count * p->regions[s].item_len, p->max_msg);
+        for (size_t r = 0; r < num_runs; r++)
+            total += div_ceil(runs[r].count * item, p->max_msg);
     }
-    if (p->has_aux)
-        for (uint32_t a = 0; a < p->num_aux; a++)
-            total += div_ceil(p->regions[2 * p->num_layers + a].item_len, p->max_msg);
     return total;
 }
 
-/* KV segments are ordered layer by layer, K before V; regions[] holds all K
- * layers first, then all V layers. */
-static const kvw_plan_region_t *kv_region(const kvw_plan_t *p, uint32_t seg)
+uint64_t kvw__plan_count(const kvw_plan_t *p)
 {
-    uint32_t layer = seg / 2;
-    return &p->regions[(seg & 1) ? p->num_layers + layer : layer];
+    size_t kv_slots = (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer;
+    uint64_t total =
+        count_runs(p, p->kv_slots + (size_t)p->layer_begin * p->kv_per_layer, kv_slots, p->runs,
+                   p->num_runs) +
+        count_runs(p, p->state_slots, p->num_state, p->state_runs, p->num_state_runs);
+    if (p->has_aux)
+        for (uint32_t a = 0; a < p->num_aux; a++)
+            total += div_ceil(p->regions[p->aux_slots[a]].item_len, p->max_msg);
+    return total;
 }
 
 static void emit(const kvw_plan_region_t *g, uint64_t src_off, uint64_t dst_off, uint64_t len,
@@ -56,17 +63,20 @@ static void emit(const kvw_plan_region_t *g, uint64_t src_off, uint64_t dst_off,
     w->len = (uint32_t)len;
 }
 
-int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
+/* The next write of `runs` over the regions of `slots`; 0 when the phase
+ * is done. */
+static int next_run_write(const kvw_plan_t *p, kvw_plan_cursor_t *c, const uint32_t *slots,
+                          size_t num_slots, const kvw_run_t *runs, size_t num_runs,
+                          kvw_write_t *w)
 {
-    uint32_t kv_segs = 2 * p->num_layers;
-    while (c->seg < kv_segs) {
-        if (c->run >= p->num_runs) {
-            c->seg++;
+    while (c->slot < num_slots) {
+        if (c->run >= num_runs) {
+            c->slot++;
             c->run = 0;
             continue;
         }
-        const kvw_plan_region_t *g = kv_region(p, c->seg);
-        const kvw_run_t *r = &p->runs[c->run];
+        const kvw_plan_region_t *g = &p->regions[slots[c->slot]];
+        const kvw_run_t *r = &runs[c->run];
         uint64_t item = g->item_len, bytes = r->count * item;
         if (c->off == 0 && bytes <= p->max_msg) {
             /* The common case: the whole run is one write. */
@@ -83,17 +93,45 @@ int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
         }
         return 1;
     }
-    uint32_t aux = c->seg - kv_segs;
-    if (!p->has_aux || aux >= p->num_aux)
+    return 0;
+}
+
+static int next_aux_write(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
+{
+    if (!p->has_aux || c->slot >= p->num_aux)
         return 0;
-    const kvw_plan_region_t *g = &p->regions[kv_segs + aux];
+    const kvw_plan_region_t *g = &p->regions[p->aux_slots[c->slot]];
     uint64_t left = g->item_len - c->off;
     uint64_t len = left < p->max_msg ? left : p->max_msg;
     emit(g, p->aux_src * g->item_len + c->off, p->aux_dst * g->item_len + c->off, len, w);
     c->off += len;
     if (c->off == g->item_len) {
         c->off = 0;
-        c->seg++;
+        c->slot++;
     }
     return 1;
+}
+
+int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
+{
+    for (;;) {
+        int got = 0;
+        if (c->phase == PHASE_KV)
+            got = next_run_write(p, c, p->kv_slots + (size_t)p->layer_begin * p->kv_per_layer,
+                                 (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer,
+                                 p->runs, p->num_runs, w);
+        else if (c->phase == PHASE_STATE)
+            got = next_run_write(p, c, p->state_slots, p->num_state, p->state_runs,
+                                 p->num_state_runs, w);
+        else if (c->phase == PHASE_AUX)
+            got = next_aux_write(p, c, w);
+        else
+            return 0;
+        if (got)
+            return 1;
+        c->phase++;
+        c->slot = 0;
+        c->run = 0;
+        c->off = 0;
+    }
 }

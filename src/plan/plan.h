@@ -1,8 +1,7 @@
 /* Pure transfer planning: no I/O, no allocation. Groups (source,
  * destination) page pairs into runs contiguous on both sides, and walks a
- * request's writes in posting order: for each layer the K runs then the V
- * runs, then one item per aux region; a run longer than the port's maximum
- * message is split. */
+ * request part's writes in posting order (see kvw_plan_t); a run longer
+ * than the port's maximum message is split. */
 #ifndef KVW_PLAN_PLAN_H
 #define KVW_PLAN_PLAN_H
 
@@ -23,18 +22,34 @@ typedef struct kvw_plan_region {
     uint32_t lkey, rkey;
 } kvw_plan_region_t;
 
+/* One part of a request: the KV regions of layers [layer_begin,
+ * layer_end) for the part's runs, and for the final part also the state
+ * regions for the state runs and one item of every aux region. Posting
+ * order: KV layer by layer (each layer's regions in kv_slots order), then
+ * state, then aux, so the final part's last write is an aux or state write
+ * when there is one. */
 typedef struct kvw_plan {
+    const kvw_plan_region_t *regions; /* every region, by region index */
+    const uint32_t *kv_slots;         /* layout: [l * kv_per_layer + j] -> region */
+    uint32_t kv_per_layer;
+    uint32_t layer_begin, layer_end;
     const kvw_run_t *runs;
     size_t num_runs;
-    const kvw_plan_region_t *regions; /* 2*num_layers KV regions, then num_aux aux */
-    uint32_t num_layers, num_aux;
+    /* final part only (zero otherwise) */
+    const uint32_t *state_slots;
+    uint32_t num_state;
+    const kvw_run_t *state_runs;
+    size_t num_state_runs;
+    const uint32_t *aux_slots;
+    uint32_t num_aux;
     int has_aux;
     uint64_t aux_src, aux_dst; /* aux item indices, when has_aux */
     uint64_t max_msg;          /* largest single write */
 } kvw_plan_t;
 
 typedef struct kvw_plan_cursor {
-    uint32_t seg; /* 2*layer (+1 for V), then 2L + aux region */
+    uint32_t phase; /* 0 KV, 1 state, 2 aux, 3 done */
+    uint32_t slot;  /* KV: (layer - layer_begin) * kv_per_layer + j; state, aux: slot index */
     size_t run;
     uint64_t off; /* bytes of the current run already emitted */
 } kvw_plan_cursor_t;

@@ -88,7 +88,8 @@ static void hello_of(const side_t *s, uint16_t type, kvw_wire_region_t *region, 
     m->type = type;
     kvw__qp_local_info(s->qp, &m->u.hello.qp);
     *region = (kvw_wire_region_t){s->mr.addr, BUF_LEN, BUF_LEN, s->mr.rkey};
-    m->u.hello.num_aux = 1;
+    m->u.hello.num_groups = 1; /* one aux-like group holding the buffer */
+    m->u.hello.groups[0] = (kvw_wire_group_t){1, 1, 1};
     m->u.hello.max_msg_sz = s->dev->max_msg_sz;
     m->u.hello.regions = region;
 }

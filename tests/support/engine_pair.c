@@ -32,6 +32,8 @@ void pair_config(kvw_config_t *cfg)
     cfg->transfer_timeout_ms = 3000;
     cfg->heartbeat_ms = 50;
     cfg->peer_timeout_ms = 400;
+    cfg->idle_heartbeat_ms = 100;
+    cfg->bootstrap_refresh_ms = 1000;
 }
 
 static uint8_t content(uint32_t region, uint64_t page, size_t byte)

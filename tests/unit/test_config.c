@@ -19,7 +19,7 @@ static const char *const env_names[] = {
     "KVW_SIGNAL_EVERY",   "KVW_POLL_SPIN_US",      "KVW_BOOTSTRAP_TIMEOUT_MS",
     "KVW_TRANSFER_TIMEOUT_MS", "KVW_HEARTBEAT_MS", "KVW_PEER_TIMEOUT_MS",
     "KVW_GID_INDEX",      "KVW_IB_PORT",           "KVW_QP_TIMEOUT",
-    "KVW_QP_RETRY_CNT",   "KVW_QP_RNR_RETRY",      "KVW_MAX_PEERS",
+    "KVW_QP_RETRY_CNT",   "KVW_QP_RNR_RETRY",      "KVW_MAX_PEERS",  "KVW_IDLE_HEARTBEAT_MS", "KVW_BOOTSTRAP_REFRESH_MS",
     "KVW_ORPHAN_TTL_MS",  "KVW_MAX_ORPHANS_PER_PEER", "KVW_MAX_ORPHAN_MIB_PER_PEER",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
@@ -285,6 +285,8 @@ static void test_print(void **state)
         {"transfer_timeout_ms", "KVW_TRANSFER_TIMEOUT_MS", 60000},
         {"heartbeat_ms", "KVW_HEARTBEAT_MS", 500},
         {"peer_timeout_ms", "KVW_PEER_TIMEOUT_MS", 2000},
+        {"idle_heartbeat_ms", "KVW_IDLE_HEARTBEAT_MS", 5000},
+        {"bootstrap_refresh_ms", "KVW_BOOTSTRAP_REFRESH_MS", 5000},
         {"max_peers", "KVW_MAX_PEERS", 256},
         {"orphan_ttl_ms", "KVW_ORPHAN_TTL_MS", 30000},
         {"max_orphans_per_peer", "KVW_MAX_ORPHANS_PER_PEER", 1024},

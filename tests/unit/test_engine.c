@@ -475,7 +475,7 @@ static void test_transfer_clock_starts_at_first_post(void **state)
 /* A stale endpoint at the bootstrap service (a dead prefill's, or one a
  * restarted service was fed): decode must not wait on it until its
  * bootstrap timeout but look the rank up again, and prefill's periodic
- * re-registration (every KVW_BOOTSTRAP_REFRESH_MS) must put the live
+ * re-registration (every bootstrap_refresh_ms) must put the live
  * endpoint back without anyone's help. */
 static void test_stale_registration_is_looked_up_again(void **state)
 {
@@ -495,7 +495,7 @@ static void test_stale_registration_is_looked_up_again(void **state)
     uint64_t took = pair_now_ms() - t0;
     print_message("decode reached prefill %llu ms after its endpoint was made stale\n",
                   (unsigned long long)took);
-    assert_true(took < KVW_BOOTSTRAP_REFRESH_MS + 1500);
+    assert_true(took < pair.cfg.bootstrap_refresh_ms + 1500);
     send_now(&a);
     assert_landed(&a);
     pair_destroy_room(&a);
@@ -884,7 +884,7 @@ static void test_wrong_frame_counts_dropped_whole(void **state)
     assert_int_equal(ack.type, KVW_MSG_HELLO_ACK);
     assert_int_equal(ack.status, KVW_ERR_MISMATCH);
     print_message("refusal says: %s\n", ack.u.hello.reason);
-    assert_non_null(strstr(ack.u.hello.reason, "layers"));
+    assert_non_null(strstr(ack.u.hello.reason, "buffer groups"));
     kvw__wire_free(&ack);
     zmq_close(d);
     zmq_ctx_term(zctx);
@@ -904,6 +904,7 @@ static void test_idle_control_thread_sleeps(void **state)
     kvw_config_t cfg;
     pair_config(&cfg);
     cfg.heartbeat_ms = 1000;
+    cfg.idle_heartbeat_ms = 1000;
     cfg.peer_timeout_ms = 5000;
     assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
     pair_room_t a;
@@ -917,7 +918,7 @@ static void test_idle_control_thread_sleeps(void **state)
     pair_sleep_ms(2000);
     uint64_t dp = atomic_load(&pair.prefill->control_wakes) - p0;
     uint64_t dd = atomic_load(&pair.decode->control_wakes) - d0;
-    print_message("idle 2 s with a connected peer, heartbeat 1 s: control loop woke %llu times "
+    print_message("idle 2 s with a connected peer, idle heartbeat 1 s: control loop woke %llu times "
                   "(prefill), %llu (decode); a 100 ms tick would be 20+\n",
                   (unsigned long long)dp, (unsigned long long)dd);
     assert_true(dp <= 10);
@@ -930,7 +931,7 @@ static void test_max_msg_sz_is_the_smaller(void **state)
     (void)state;
     kvw_engine_t *e = pair.prefill;
     kvw_peer_t p = {.engine = e};
-    uint32_t n = 2 * e->num_layers + e->num_aux;
+    uint32_t n = e->layout.num_regions;
     p.regions = calloc(n, sizeof(*p.regions));
     kvw_wire_region_t *regs = calloc(n, sizeof(*regs));
     assert_non_null(p.regions);
@@ -938,8 +939,11 @@ static void test_max_msg_sz_is_the_smaller(void **state)
     for (uint32_t i = 0; i < n; i++)
         regs[i] = (kvw_wire_region_t){0x1000, e->regions[i].len, e->regions[i].item_len, 1};
     kvw_msg_t h = {.type = KVW_MSG_HELLO};
-    h.u.hello.num_layers = e->num_layers;
-    h.u.hello.num_aux = e->num_aux;
+    h.u.hello.num_groups = e->layout.num_groups;
+    for (uint32_t i = 0; i < e->layout.num_groups; i++)
+        h.u.hello.groups[i] = (kvw_wire_group_t){(uint8_t)e->layout.groups[i].kind,
+                                                 e->layout.groups[i].num_layers,
+                                                 e->layout.groups[i].per_layer};
     h.u.hello.regions = regs;
     char why[160];
     h.u.hello.max_msg_sz = 4096;

@@ -135,6 +135,30 @@ static void test_runs_repeated_page_not_contiguous(void **state)
 
 /* ------------------------------------------------------------ plans */
 
+/* The classic layout's slots: K and V regions of each layer (K layers
+ * first in regions[], then V layers), then the aux regions. */
+static uint32_t kv_tab[8][16], aux_tab[8][8];
+
+static const uint32_t *classic_kv(uint32_t layers)
+{
+    for (uint32_t l = 0; l < layers; l++) {
+        kv_tab[layers][2 * l] = l;
+        kv_tab[layers][2 * l + 1] = layers + l;
+    }
+    return kv_tab[layers];
+}
+
+static const uint32_t *classic_aux(uint32_t layers)
+{
+    for (uint32_t a = 0; a < 8; a++)
+        aux_tab[layers][a] = 2 * layers + a;
+    return aux_tab[layers];
+}
+
+#define CLASSIC(layers)                                                                            \
+    .kv_slots = classic_kv(layers), .kv_per_layer = 2, .layer_end = (layers),                      \
+    .aux_slots = classic_aux(layers)
+
 static void test_plan_empty_no_writes(void **state)
 {
     (void)state;
@@ -142,7 +166,7 @@ static void test_plan_empty_no_writes(void **state)
         {0x1000, 0x9000, 64, 1, 2}, {0x2000, 0xa000, 64, 3, 4},
         {0x3000, 0xb000, 64, 5, 6}, {0x4000, 0xc000, 64, 7, 8},
     };
-    kvw_plan_t p = {.runs = NULL, .num_runs = 0, .regions = regions, .num_layers = 2,
+    kvw_plan_t p = {.runs = NULL, .num_runs = 0, .regions = regions, CLASSIC(2),
                     .num_aux = 0, .has_aux = 0, .max_msg = 1 << 20};
     kvw_write_t out[4];
     assert_int_equal(kvw__plan_count(&p), 0);
@@ -159,7 +183,7 @@ static void test_plan_empty_no_writes(void **state)
     assert_int_equal(drain(&p, out, 4), 0);
 
     /* No layers at all. */
-    p.num_layers = 0;
+    p.layer_end = 0;
     p.num_aux = 0;
     assert_int_equal(kvw__plan_count(&p), 0);
     assert_int_equal(drain(&p, out, 4), 0);
@@ -171,7 +195,7 @@ static void test_plan_only_aux(void **state)
     /* 0 runs with an aux item: only the aux writes. */
     kvw_plan_region_t regions[3] = {
         {0x1000, 0x9000, 64, 1, 2}, {0x2000, 0xa000, 64, 3, 4}, {0x5000, 0xd000, 16, 9, 10}};
-    kvw_plan_t p = {.num_runs = 0, .regions = regions, .num_layers = 1, .num_aux = 1,
+    kvw_plan_t p = {.num_runs = 0, .regions = regions, CLASSIC(1), .num_aux = 1,
                     .has_aux = 1, .aux_src = 3, .aux_dst = 5, .max_msg = 1 << 20};
     kvw_write_t out[4];
     assert_int_equal(kvw__plan_count(&p), 1);
@@ -187,7 +211,7 @@ static void test_plan_one_page(void **state)
     size_t nr = kvw__plan_runs(src, dst, 1, runs);
     kvw_plan_region_t regions[2] = {{0x10000, 0x80000, 256, 11, 21},
                                     {0x20000, 0x90000, 256, 12, 22}};
-    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, .num_layers = 1,
+    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, CLASSIC(1),
                     .max_msg = 1 << 20};
     kvw_write_t out[4];
     assert_int_equal(kvw__plan_count(&p), 2);
@@ -215,7 +239,7 @@ static void test_plan_unequal_item_lengths_order(void **state)
         {0x500000, 0xd00000, 50, 0xa4, 0xb4},  /* aux 0 */
         {0x600000, 0xe00000, 70, 0xa5, 0xb5},  /* aux 1 */
     };
-    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, .num_layers = 2,
+    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, CLASSIC(2),
                     .num_aux = 2, .has_aux = 1, .aux_src = 4, .aux_dst = 9,
                     .max_msg = 1 << 20};
     kvw_write_t out[16];
@@ -247,7 +271,7 @@ static void test_plan_split_long_run(void **state)
     assert_int_equal(nr, 1);
     kvw_plan_region_t regions[2] = {{0x10000, 0x80000, 2048, 1, 2},
                                     {0x40000, 0xc0000, 2048, 3, 4}};
-    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, .num_layers = 1,
+    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, CLASSIC(1),
                     .max_msg = 5000};
     kvw_write_t out[8];
     assert_int_equal(kvw__plan_count(&p), 6);
@@ -269,7 +293,7 @@ static void test_plan_split_exact_multiple(void **state)
     kvw_run_t runs[4];
     size_t nr = kvw__plan_runs(src, dst, 4, runs);
     kvw_plan_region_t regions[2] = {{0, 0x100000, 1000, 1, 2}, {0x8000, 0x200000, 1000, 3, 4}};
-    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, .num_layers = 1,
+    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, CLASSIC(1),
                     .max_msg = 2000};
     kvw_write_t out[8];
     assert_int_equal(kvw__plan_count(&p), 4);
@@ -292,7 +316,7 @@ static void test_plan_split_aux_item(void **state)
         {0x100000, 0x200000, 2500, 5, 6}, /* aux 0: 2500 > 1000 */
         {0x300000, 0x400000, 1000, 7, 8}, /* aux 1: exactly max_msg */
     };
-    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, .num_layers = 1,
+    kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, CLASSIC(1),
                     .num_aux = 2, .has_aux = 1, .aux_src = 2, .aux_dst = 1, .max_msg = 1000};
     kvw_write_t out[8];
     assert_int_equal(kvw__plan_count(&p), 6);
@@ -323,9 +347,9 @@ static size_t model_writes(const uint64_t *src, const uint64_t *dst, size_t n,
                            const kvw_plan_t *p, kvw_write_t *exp, size_t cap)
 {
     size_t k = 0;
-    for (uint32_t layer = 0; layer < p->num_layers; layer++) {
+    for (uint32_t layer = 0; layer < p->layer_end; layer++) {
         for (int v = 0; v < 2; v++) {
-            const kvw_plan_region_t *g = &p->regions[v ? p->num_layers + layer : layer];
+            const kvw_plan_region_t *g = &p->regions[v ? p->layer_end + layer : layer];
             /* Per page, merging with the previous page when both sides continue. */
             size_t i = 0;
             while (i < n) {
@@ -346,7 +370,7 @@ static size_t model_writes(const uint64_t *src, const uint64_t *dst, size_t n,
     }
     if (p->has_aux) {
         for (uint32_t a = 0; a < p->num_aux; a++) {
-            const kvw_plan_region_t *g = &p->regions[2 * p->num_layers + a];
+            const kvw_plan_region_t *g = &p->regions[2 * p->layer_end + a];
             for (uint64_t off = 0; off < g->item_len; off += p->max_msg) {
                 uint64_t len = g->item_len - off < p->max_msg ? g->item_len - off : p->max_msg;
                 assert_true(k < cap);
@@ -399,7 +423,7 @@ static void test_plan_count_matches_randomized(void **state)
             regions[g] = (kvw_plan_region_t){(uint64_t)(g + 1) << 32, (uint64_t)(g + 17) << 32,
                                              1 + rnd(3000), 100 + g, 200 + g};
         }
-        kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, .num_layers = L,
+        kvw_plan_t p = {.runs = runs, .num_runs = nr, .regions = regions, CLASSIC(L),
                         .num_aux = A, .has_aux = (int)rnd(2), .aux_src = rnd(50),
                         .aux_dst = rnd(50), .max_msg = 64 + rnd(8000)};
         size_t ne = model_writes(src, dst, n, &p, exp, RAND_CAP);

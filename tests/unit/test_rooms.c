@@ -31,12 +31,14 @@
 
 #include <cmocka.h>
 
-enum { WAIT_MS = 120000, MAX_TIDS = 4 };
+enum { WAIT_MS = 120000, MAX_TIDS = 8 };
 
-/* Engine threads by name: each engine has one of each. */
+/* Engine threads by name: each engine has one control and one poller
+ * thread, and each ZeroMQ context (both engines', the bootstrap
+ * service's) an I/O thread that does the sockets' actual work. */
 typedef struct tids {
-    int control[MAX_TIDS], poller[MAX_TIDS];
-    int ncontrol, npoller;
+    int control[MAX_TIDS], poller[MAX_TIDS], io[MAX_TIDS];
+    int ncontrol, npoller, nio;
 } tids_t;
 
 static bool read_line(const char *path, char *buf, size_t size)
@@ -62,6 +64,8 @@ static tids_t engine_threads(void)
             t.control[t.ncontrol++] = atoi(de->d_name);
         if (strcmp(comm, "kvw-poller\n") == 0 && t.npoller < MAX_TIDS)
             t.poller[t.npoller++] = atoi(de->d_name);
+        if (strncmp(comm, "ZMQbg/IO/", 9) == 0 && t.nio < MAX_TIDS)
+            t.io[t.nio++] = atoi(de->d_name);
     }
     if (d)
         closedir(d);
@@ -138,11 +142,21 @@ static who_t find_threads(engine_pair_t *p)
 
 typedef struct cpu {
     double control[2], poller[2], process;
+    /* ZeroMQ starts a context's I/O thread with its first socket, so the
+     * set is taken afresh each time: a thread new since the first
+     * snapshot counts from zero. */
+    int io_tid[MAX_TIDS], nio;
+    double io[MAX_TIDS];
 } cpu_t;
 
 static cpu_t cpu_now(const who_t *w)
 {
     cpu_t c = {.process = cpu_s(0)};
+    tids_t t = engine_threads();
+    for (c.nio = 0; c.nio < t.nio; c.nio++) {
+        c.io_tid[c.nio] = t.io[c.nio];
+        c.io[c.nio] = cpu_s(t.io[c.nio]);
+    }
     for (int i = 0; i < 2; i++) {
         c.control[i] = cpu_s(w->control[i]);
         c.poller[i] = cpu_s(w->poller[i]);
@@ -278,8 +292,21 @@ static void check_rooms(const pair_room_t *r, uint32_t n)
     assert_int_equal(pc.bytes_posted, (uint64_t)n * room_bytes);
 }
 
+static double io_used(const cpu_t *a, const cpu_t *b)
+{
+    double used = 0;
+    for (int i = 0; i < b->nio; i++) {
+        double before = 0;
+        for (int j = 0; j < a->nio; j++)
+            before = a->io_tid[j] == b->io_tid[i] ? a->io[j] : before;
+        used += b->io[i] - before;
+    }
+    return used;
+}
+
 static void print_cpu(uint32_t n, const cpu_t *a, const cpu_t *b, double secs)
 {
+    double io = io_used(a, b);
     static const char *side[2] = {"prefill", "decode"};
     for (int i = 0; i < 2; i++) {
         double ctl = b->control[i] - a->control[i], pol = b->poller[i] - a->poller[i];
@@ -287,6 +314,9 @@ static void print_cpu(uint32_t n, const cpu_t *a, const cpu_t *b, double secs)
                       "kvw-poller %.3f CPU-s = %.1f us per request\n",
                       side[i], ctl, ctl * 1e6 / n, pol, pol * 1e6 / n);
     }
+    print_message("rooms: ZeroMQ I/O threads (%d: both engines' and the bootstrap's) %.3f "
+                  "CPU-s = %.1f us per request\n",
+                  b->nio, io, io * 1e6 / n);
     print_message("rooms: whole process (both engines, ZeroMQ, fake NIC, this test's polling) "
                   "%.2f CPU-s in %.2f s wall (ASan+UBSan build)\n",
                   b->process - a->process, secs);

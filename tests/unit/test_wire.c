@@ -123,12 +123,16 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->status, b->status);
         assert_int_equal(a->u.hello.engine_id, b->u.hello.engine_id);
         assert_qp_equal(&a->u.hello.qp, &b->u.hello.qp);
-        assert_int_equal(a->u.hello.num_layers, b->u.hello.num_layers);
-        assert_int_equal(a->u.hello.num_aux, b->u.hello.num_aux);
+        assert_int_equal(a->u.hello.num_groups, b->u.hello.num_groups);
+        for (uint32_t g = 0; g < a->u.hello.num_groups; g++) {
+            assert_int_equal(a->u.hello.groups[g].kind, b->u.hello.groups[g].kind);
+            assert_int_equal(a->u.hello.groups[g].num_layers, b->u.hello.groups[g].num_layers);
+            assert_int_equal(a->u.hello.groups[g].per_layer, b->u.hello.groups[g].per_layer);
+        }
         assert_int_equal(a->u.hello.recv_credits, b->u.hello.recv_credits);
         assert_int_equal(a->u.hello.max_msg_sz, b->u.hello.max_msg_sz);
         assert_string_equal(a->u.hello.reason, b->u.hello.reason);
-        for (size_t i = 0; i < 2 * (size_t)a->u.hello.num_layers + a->u.hello.num_aux; i++) {
+        for (size_t i = 0; i < kvw__wire_hello_regions(a); i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
             assert_int_equal(x->addr, y->addr);
             assert_int_equal(x->len, y->len);
@@ -141,7 +145,8 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.request.token, b->u.request.token);
         assert_int_equal(a->u.request.aux_index, b->u.request.aux_index);
         assert_int_equal(a->u.request.num_pages, b->u.request.num_pages);
-        for (uint32_t i = 0; i < a->u.request.num_pages; i++)
+        assert_int_equal(a->u.request.num_state, b->u.request.num_state);
+        for (uint32_t i = 0; i < a->u.request.num_pages + a->u.request.num_state; i++)
             assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
         break;
     case KVW_MSG_REQUEST_FAILED:
@@ -197,6 +202,17 @@ static kvw_wire_region_t sample_regions[5] = {
     {0x10, 48 * 3, 48, 0},
 };
 
+/* The classic layout's groups: L layers of K and V, then A aux regions. */
+static void set_layout(kvw_msg_t *m, uint32_t layers, uint32_t aux)
+{
+    uint32_t n = 0;
+    if (layers)
+        m->u.hello.groups[n++] = (kvw_wire_group_t){0, layers, 2};
+    if (aux)
+        m->u.hello.groups[n++] = (kvw_wire_group_t){1, 1, aux};
+    m->u.hello.num_groups = n;
+}
+
 static kvw_msg_t sample_hello(uint16_t type)
 {
     kvw_msg_t m;
@@ -208,8 +224,7 @@ static kvw_msg_t sample_hello(uint16_t type)
         (kvw_qp_info_t){.qpn = 0xabcdef, .psn = 0x123456, .lid = 0xbeef, .mtu = 5, .link_layer = 2};
     for (int i = 0; i < 16; i++)
         m.u.hello.qp.gid[i] = (uint8_t)(0xf0 + i);
-    m.u.hello.num_layers = 2;
-    m.u.hello.num_aux = 1;
+    set_layout(&m, 2, 1);
     m.u.hello.recv_credits = 256;
     m.u.hello.max_msg_sz = 8u << 20;
     m.u.hello.regions = sample_regions;
@@ -280,13 +295,18 @@ static void test_roundtrip_hello(void **state)
     m = sample_hello(KVW_MSG_HELLO_ACK);
     roundtrip(&m);
     /* No regions at all (e.g. an ACK carrying only a status). */
-    m.u.hello.num_layers = 0;
-    m.u.hello.num_aux = 0;
+    set_layout(&m, 0, 0);
     m.u.hello.regions = NULL;
     roundtrip(&m);
     /* Aux only. */
-    m.u.hello.num_aux = 1;
+    set_layout(&m, 0, 1);
     m.u.hello.regions = &sample_regions[4];
+    roundtrip(&m);
+    /* MLA: one latent region per layer, plus a state group. */
+    m.u.hello.num_groups = 2;
+    m.u.hello.groups[0] = (kvw_wire_group_t){0, 3, 1};
+    m.u.hello.groups[1] = (kvw_wire_group_t){2, 1, 2};
+    m.u.hello.regions = sample_regions;
     roundtrip(&m);
 }
 
@@ -295,7 +315,12 @@ static void test_roundtrip_request(void **state)
     (void)state;
     kvw_msg_t m = sample_request();
     roundtrip(&m);
-    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 20 + 4 * 8);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + 4 * 8);
+    /* Pages, then state indices, in one array. */
+    m.u.request.num_pages = 3;
+    m.u.request.num_state = 1;
+    roundtrip(&m);
+    m.u.request.num_state = 0;
     m.u.request.num_pages = 0;
     m.u.request.pages = NULL;
     m.u.request.aux_index = 5;
@@ -491,7 +516,7 @@ static void test_reject_bad_header(void **state)
 /* A REQUEST header + body claiming num_pages with `present` pages. */
 static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
 {
-    size_t body = 20 + 8 * (size_t)present;
+    size_t body = 24 + 8 * (size_t)present;
     put32(buf, KVW_WIRE_MAGIC);
     put16(buf + 4, KVW_WIRE_VERSION);
     put16(buf + 6, KVW_MSG_REQUEST);
@@ -500,8 +525,9 @@ static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
     put32(buf + 20, 2);          /* token */
     put32(buf + 24, KVW_NO_AUX); /* aux */
     put32(buf + 28, num_pages);
+    put32(buf + 32, 0); /* state indices */
     for (uint32_t i = 0; i < present; i++)
-        put64(buf + 32 + 8 * i, i);
+        put64(buf + 36 + 8 * i, i);
     return KVW_WIRE_HEADER_LEN + body;
 }
 
@@ -526,23 +552,26 @@ static void test_reject_request_page_count(void **state)
     expect_reject(buf, forge_request(buf, 1, 0));
 }
 
-/* A HELLO with the given counts and `present` valid regions. */
-static size_t forge_hello(uint8_t *buf, uint32_t num_layers, uint32_t num_aux, uint32_t present)
+/* A HELLO whose one group claims layers x per_layer regions, with
+ * `present` valid regions; num_groups patched when not 0. */
+static size_t forge_hello(uint8_t *buf, uint32_t layers, uint32_t per_layer, uint32_t present,
+                          uint32_t num_groups)
 {
     kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
-    m.u.hello.num_layers = 0;
-    m.u.hello.num_aux = present; /* encode `present` regions as aux, then patch counts */
+    m.u.hello.num_groups = 1;
+    m.u.hello.groups[0] = (kvw_wire_group_t){0, 1, present}; /* encode `present`, then patch */
     kvw_wire_region_t regions[8];
     assert_true(present <= 8);
     for (uint32_t i = 0; i < present; i++)
         regions[i] = (kvw_wire_region_t){0x1000 * (i + 1), 64, 16, i};
     m.u.hello.regions = present ? regions : NULL;
     size_t len = encode_ok(&m, buf, BUF_CAP);
-    /* num_layers, num_aux, recv_credits, max_msg_sz and an empty reason
-     * sit right before the regions. */
-    size_t counts = len - (size_t)present * 28 - 18;
-    put32(buf + counts, num_layers);
-    put32(buf + counts + 4, num_aux);
+    /* header, status, engine id, QP info, then num_groups and the group */
+    size_t at = KVW_WIRE_HEADER_LEN + 4 + 8 + 28;
+    if (num_groups)
+        put32(buf + at, num_groups);
+    put32(buf + at + 4 + 1, layers);
+    put32(buf + at + 4 + 5, per_layer);
     return len;
 }
 
@@ -588,22 +617,23 @@ static void test_reject_hello_counts(void **state)
     (void)state;
     uint8_t buf[BUF_CAP];
     kvw_msg_t out;
-    /* Sanity: 1 layer + 1 aux with 3 regions present decodes. */
-    size_t len = forge_hello(buf, 1, 1, 3);
+    /* Sanity: 1 layer x 3 regions with 3 regions present decodes. */
+    size_t len = forge_hello(buf, 1, 3, 3, 0);
     decode_ok(buf, len, &out);
-    assert_int_equal(out.u.hello.num_layers, 1);
-    assert_int_equal(out.u.hello.num_aux, 1);
+    assert_int_equal(out.u.hello.num_groups, 1);
+    assert_int_equal(out.u.hello.groups[0].per_layer, 3);
     assert_int_equal(out.u.hello.regions[2].addr, 0x3000);
     kvw__wire_free(&out);
 
-    expect_reject(buf, forge_hello(buf, 0xffffffffu, 0, 0));
-    expect_reject(buf, forge_hello(buf, 0x80000000u, 0, 0)); /* 2*n wraps a uint32 to 0 */
-    expect_reject(buf, forge_hello(buf, 0x80000000u, 2, 2)); /* ... or to num_aux */
-    expect_reject(buf, forge_hello(buf, 0, 0xffffffffu, 1));
-    expect_reject(buf, forge_hello(buf, 0xffffffffu, 0xffffffffu, 2));
-    expect_reject(buf, forge_hello(buf, 4096, 257, 0)); /* 8449 > KVW_WIRE_MAX_REGIONS */
-    expect_reject(buf, forge_hello(buf, 2, 0, 3));      /* 4 claimed, 3 present */
-    expect_reject(buf, forge_hello(buf, 1, 0, 3));      /* 2 claimed, 3 present */
+    expect_reject(buf, forge_hello(buf, 0xffffffffu, 1, 0, 0));
+    expect_reject(buf, forge_hello(buf, 0x80000000u, 2, 0, 0)); /* 2^32: wraps a uint32 to 0 */
+    expect_reject(buf, forge_hello(buf, 0x80000000u, 2, 2, 0));
+    expect_reject(buf, forge_hello(buf, 0xffffffffu, 0xffffffffu, 2, 0));
+    expect_reject(buf, forge_hello(buf, 4096, 5, 0, 0)); /* 20480 > KVW_WIRE_MAX_REGIONS */
+    expect_reject(buf, forge_hello(buf, 2, 2, 3, 0));    /* 4 claimed, 3 present */
+    expect_reject(buf, forge_hello(buf, 1, 2, 3, 0));    /* 2 claimed, 3 present */
+    expect_reject(buf, forge_hello(buf, 1, 3, 3, 65));   /* more groups than allowed */
+    expect_reject(buf, forge_hello(buf, 1, 3, 3, 2));    /* a group missing */
 }
 
 static void test_reject_bad_region(void **state)
@@ -612,8 +642,7 @@ static void test_reject_bad_region(void **state)
     kvw_wire_region_t regions[3] = {
         {0x1000, 4096, 1024, 1}, {0x9000, 4096, 1024, 2}, {0x20000, 48, 16, 3}};
     kvw_msg_t m = sample_hello(KVW_MSG_HELLO_ACK);
-    m.u.hello.num_layers = 1;
-    m.u.hello.num_aux = 1;
+    set_layout(&m, 1, 1);
     m.u.hello.regions = regions;
     uint8_t buf[BUF_CAP];
 
@@ -732,9 +761,10 @@ static void test_encode_refuses(void **state)
 
     /* Over the limits (the arrays are never touched). */
     m = sample_hello(KVW_MSG_HELLO);
-    m.u.hello.num_layers = 4096;
-    m.u.hello.num_aux = 257;
+    m.u.hello.groups[0] = (kvw_wire_group_t){0, 4096, 5};
     m.u.hello.regions = NULL;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    m.u.hello.num_groups = KVW_WIRE_MAX_GROUPS + 1;
     assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
     m = sample_request();
     m.u.request.num_pages = KVW_WIRE_MAX_PAGES + 1;
@@ -745,8 +775,8 @@ static void test_encode_refuses(void **state)
     m.u.request.num_pages = KVW_WIRE_MAX_PAGES;
     assert_int_equal(kvw__wire_size(&m), KVW_WIRE_MAX_MSG);
     m = sample_hello(KVW_MSG_HELLO);
-    m.u.hello.num_layers = 4096;
-    m.u.hello.num_aux = 256;
+    m.u.hello.num_groups = KVW_WIRE_MAX_GROUPS;
+    m.u.hello.groups[0] = (kvw_wire_group_t){0, 4096, 4};
     memset(m.u.hello.reason, 'r', sizeof(m.u.hello.reason) - 1);
     assert_true(kvw__wire_size(&m) < KVW_WIRE_MAX_MSG);
 }

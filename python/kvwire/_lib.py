@@ -1,0 +1,289 @@
+"""ctypes declarations for libkvwire (include/kvwire.h) and the loader.
+
+Internal module: the public API is in kvwire/__init__.py. Every structure
+here mirrors one in include/kvwire.h field for field; python/tests/test_abi.py
+compiles the header and checks sizes and offsets so the two cannot drift.
+
+Functions that a given libkvwire may lack (the API grows) are looked up
+one by one: a missing one is None in `optional`, and the feature that needs
+it raises kvwire.Error(KVW_ERR_UNSUPPORTED) naming the symbol, instead of
+failing the import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_size_t,
+    c_uint8,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from typing import Dict, List, Optional
+
+# ------------------------------------------------------------ structures
+
+
+class kvw_config_t(Structure):
+    _fields_ = [
+        ("sq_depth", c_uint32),
+        ("rq_depth", c_uint32),
+        ("chain_max", c_uint32),
+        ("signal_every", c_uint32),
+        ("poll_spin_us", c_uint32),
+        ("bootstrap_timeout_ms", c_uint32),
+        ("transfer_timeout_ms", c_uint32),
+        ("heartbeat_ms", c_uint32),
+        ("peer_timeout_ms", c_uint32),
+        ("idle_heartbeat_ms", c_uint32),
+        ("bootstrap_refresh_ms", c_uint32),
+        ("max_peers", c_uint32),
+        ("orphan_ttl_ms", c_uint32),
+        ("max_orphans_per_peer", c_uint32),
+        ("max_orphan_mib_per_peer", c_uint32),
+        ("gid_index", c_int32),
+        ("ib_port", c_uint8),
+        ("qp_timeout", c_uint8),
+        ("qp_retry_cnt", c_uint8),
+        ("qp_rnr_retry", c_uint8),
+        ("cluster_key_file", c_char * 256),
+        ("cluster_key", c_char * 41),
+    ]
+
+
+class kvw_region_t(Structure):
+    _fields_ = [("addr", c_void_p), ("len", c_size_t), ("item_len", c_size_t)]
+
+
+class kvw_group_t(Structure):
+    _fields_ = [
+        ("kind", c_int),
+        ("num_layers", c_uint32),
+        ("regions_per_layer", c_uint32),
+        ("regions", POINTER(kvw_region_t)),
+    ]
+
+
+class kvw_engine_params_t(Structure):
+    # num_groups/groups sit at the end, so a library without groups reads
+    # the prefix and never sees them (they are 0/NULL unless groups are used,
+    # and groups are only used when the library has them).
+    _fields_ = [
+        ("role", c_int),
+        ("engine_rank", c_uint32),
+        ("device", c_char_p),
+        ("local_ip", c_char_p),
+        ("bootstrap_addr", c_char_p),
+        ("num_layers", c_uint32),
+        ("kv_regions", POINTER(kvw_region_t)),
+        ("num_aux", c_uint32),
+        ("aux_regions", POINTER(kvw_region_t)),
+        ("config", POINTER(kvw_config_t)),
+        ("num_groups", c_uint32),
+        ("groups", POINTER(kvw_group_t)),
+    ]
+
+
+class kvw_counters_t(Structure):
+    _fields_ = [
+        (name, c_uint64)
+        for name in (
+            "bytes_posted",
+            "wrs_posted",
+            "chains_posted",
+            "completions",
+            "wrs_completed",
+            "wrs_flushed",
+            "errors",
+            "requests_ok",
+            "requests_failed",
+            "cq_sleeps",
+        )
+    ]
+
+
+class kvw_bootstrap_params_t(Structure):
+    _fields_ = [
+        ("bind_addr", c_char_p),
+        ("config", POINTER(kvw_config_t)),
+        ("lease_ms", c_uint32),
+    ]
+
+
+class kvw_indices_t(Structure):
+    _fields_ = [
+        ("pages", POINTER(c_uint64)),
+        ("num_pages", c_size_t),
+        ("aux_index", c_uint32),
+        ("state", POINTER(c_uint64)),
+        ("num_state", c_size_t),
+    ]
+
+
+class kvw_part_t(Structure):
+    _fields_ = [
+        ("pages", POINTER(c_uint64)),
+        ("num_pages", c_size_t),
+        ("first_page", c_size_t),
+        ("layer_begin", c_uint32),
+        ("layer_end", c_uint32),
+    ]
+
+
+class kvw_req_metrics_t(Structure):
+    _fields_ = [("bytes", c_uint64), ("writes", c_uint64), ("transfer_us", c_uint64)]
+
+
+STRUCTS = {
+    "kvw_config_t": kvw_config_t,
+    "kvw_region_t": kvw_region_t,
+    "kvw_group_t": kvw_group_t,
+    "kvw_engine_params_t": kvw_engine_params_t,
+    "kvw_counters_t": kvw_counters_t,
+    "kvw_bootstrap_params_t": kvw_bootstrap_params_t,
+    "kvw_indices_t": kvw_indices_t,
+    "kvw_part_t": kvw_part_t,
+    "kvw_req_metrics_t": kvw_req_metrics_t,
+}
+
+LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+NO_AUX = 0xFFFFFFFF
+
+# ------------------------------------------------------------ prototypes
+
+_u64p = POINTER(c_uint64)
+_cp = c_char_p
+# name: (restype, argtypes). Handles are plain c_void_p.
+REQUIRED = {
+    "kvw_strerror": (_cp, [c_int]),
+    "kvw_status_name": (_cp, [c_int]),
+    "kvw_poll_name": (_cp, [c_int]),
+    "kvw_set_log_handler": (None, [LOG_FN, c_void_p, c_int]),
+    "kvw_config_init": (c_int, [POINTER(kvw_config_t)]),
+    "kvw_config_print": (None, [POINTER(kvw_config_t), c_void_p]),
+    "kvw_engine_create": (c_int, [POINTER(kvw_engine_params_t), POINTER(c_void_p)]),
+    "kvw_engine_destroy": (None, [c_void_p]),
+    "kvw_engine_device_name": (_cp, [c_void_p]),
+    "kvw_engine_gid_index": (c_int, [c_void_p]),
+    "kvw_engine_endpoint": (_cp, [c_void_p]),
+    "kvw_engine_counters": (None, [c_void_p, POINTER(kvw_counters_t)]),
+    "kvw_sender_create": (c_int, [c_void_p, c_uint64, POINTER(c_void_p)]),
+    "kvw_sender_init": (c_int, [c_void_p, c_size_t, c_uint32]),
+    "kvw_sender_send": (c_int, [c_void_p, _u64p, c_size_t]),
+    "kvw_sender_poll": (c_int, [c_void_p]),
+    "kvw_sender_failure": (c_int, [c_void_p, POINTER(c_char_p)]),
+    "kvw_sender_abort": (c_int, [c_void_p]),
+    "kvw_sender_destroy": (None, [c_void_p]),
+    "kvw_receiver_create": (c_int, [c_void_p, c_char_p, c_uint32, c_uint64, POINTER(c_void_p)]),
+    "kvw_receiver_init": (c_int, [c_void_p, _u64p, c_size_t, c_uint32]),
+    "kvw_receiver_poll": (c_int, [c_void_p]),
+    "kvw_receiver_failure": (c_int, [c_void_p, POINTER(c_char_p)]),
+    "kvw_receiver_abort": (c_int, [c_void_p]),
+    "kvw_receiver_destroy": (None, [c_void_p]),
+    "kvw_bootstrap_create": (c_int, [c_char_p, POINTER(c_void_p)]),
+    "kvw_bootstrap_create2": (c_int, [POINTER(kvw_bootstrap_params_t), POINTER(c_void_p)]),
+    "kvw_bootstrap_addr": (_cp, [c_void_p]),
+    "kvw_bootstrap_destroy": (None, [c_void_p]),
+}
+# Newer calls; each may be missing from an older libkvwire.
+OPTIONAL = {
+    "kvw_receiver_init_indices": (c_int, [c_void_p, POINTER(kvw_indices_t)]),
+    "kvw_sender_send_part": (c_int, [c_void_p, POINTER(kvw_part_t)]),
+    "kvw_sender_send_state": (c_int, [c_void_p, _u64p, c_size_t]),
+    "kvw_sender_metrics": (c_int, [c_void_p, POINTER(kvw_req_metrics_t)]),
+    "kvw_receiver_metrics": (c_int, [c_void_p, POINTER(kvw_req_metrics_t)]),
+}
+# Buffer groups change kvw_engine_params_t, which no symbol names: a library
+# that has the calls introduced with them is taken to understand groups.
+GROUPS_MARKER = "kvw_receiver_init_indices"
+
+# ------------------------------------------------------------ loading
+
+
+class Lib:
+    """The loaded library: `c` is the ctypes.CDLL (which releases the GIL
+    around every call), `path` where it came from, `optional` the newer
+    functions (None when missing)."""
+
+    def __init__(self, cdll: ctypes.CDLL, path: str):
+        self.c = cdll
+        self.path = path
+        missing = []
+        for name, (res, args) in REQUIRED.items():
+            try:
+                fn = getattr(cdll, name)
+            except AttributeError:
+                missing.append(name)
+                continue
+            fn.restype = res
+            fn.argtypes = args
+        if missing:
+            raise OSError(f"{path} lacks {', '.join(missing)}: not a libkvwire this binding knows")
+        self.optional: Dict[str, Optional[object]] = {}
+        for name, (res, args) in OPTIONAL.items():
+            fn = getattr(cdll, name, None)
+            if fn is not None:
+                fn.restype = res
+                fn.argtypes = args
+            self.optional[name] = fn
+
+    def has(self, name: str) -> bool:
+        return self.optional.get(name) is not None
+
+
+def candidates() -> List[str]:
+    """Where libkvwire is looked for, in order: $KVWIRE_LIB (a file), next to
+    this package (an install that copied the library in), the source tree's
+    build directories (running from python/ in a checkout), then the
+    system's search path (ctypes.util.find_library, ldconfig)."""
+    out: List[str] = []
+    env = os.environ.get("KVWIRE_LIB")
+    if env:
+        out.append(env)
+        return out  # an explicit choice is never second-guessed
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("libkvwire.so.0", "libkvwire.so"):
+        out.append(os.path.join(here, name))
+    repo = os.path.dirname(os.path.dirname(here))
+    if os.path.exists(os.path.join(repo, "include", "kvwire.h")):
+        out.append(os.path.join(repo, "build", "libkvwire.so.0"))
+    found = ctypes.util.find_library("kvwire")
+    if found:
+        out.append(found)
+    out.append("libkvwire.so.0")  # the dynamic loader's own search (LD_LIBRARY_PATH)
+    return out
+
+
+_loaded: Optional[Lib] = None
+
+
+def load() -> Lib:
+    """Load libkvwire once per process (thread-safe enough: a race loads the
+    same library twice, which dlopen makes one)."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    errors = []
+    for path in candidates():
+        if os.sep in path and not os.path.exists(path):
+            errors.append(f"{path}: no such file")
+            continue
+        try:
+            _loaded = Lib(ctypes.CDLL(path), path)
+            return _loaded
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError(
+        "kvwire: cannot load libkvwire (build it with `make`, then set KVWIRE_LIB="
+        "/path/to/libkvwire.so.0 or install it): " + "; ".join(errors)
+    )

@@ -1,0 +1,181 @@
+"""Host-only tests of the binding: no RDMA device needed."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kvwire
+from kvwire import _lib
+
+
+def test_import_and_library():
+    assert os.path.exists(kvwire.library_path()) or kvwire.library_path().startswith("lib")
+    feats = kvwire.features()
+    assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics"}
+
+
+def test_status_and_poll_names_match_the_library():
+    for st in kvwire.Status:
+        assert kvwire._c.kvw_status_name(int(st)).decode() == "KVW_" + st.name
+    names = {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring", 4: "Success"}
+    for v, n in names.items():
+        assert kvwire._c.kvw_poll_name(v).decode() == n
+        assert kvwire.Poll(v) == v
+
+
+def test_error_attributes():
+    e = kvwire.Error(kvwire.Status.ERR_TIMEOUT)
+    assert e.status == -10 and e.name == "KVW_ERR_TIMEOUT" and e.reason == "timed out"
+    e = kvwire.Error(-8, "page 9 is outside", "kvw_sender_send(room 1)")
+    assert "kvw_sender_send(room 1): page 9 is outside (KVW_ERR_OUT_OF_RANGE)" == str(e)
+    assert isinstance(kvwire.ClosedError("x"), kvwire.Error)
+
+
+def test_config_defaults_env_and_overrides(monkeypatch):
+    monkeypatch.setenv("KVW_SQ_DEPTH", "1024")
+    c = kvwire.Config(peer_timeout_ms=1234, cluster_key_file="/tmp/k")
+    assert c.sq_depth == 1024 and c.peer_timeout_ms == 1234 and c.chain_max == 64
+    assert c.cluster_key_file == "/tmp/k"
+    assert "KVW_SQ_DEPTH" in c.dump() and "1024" in c.dump()
+    assert c.as_dict()["gid_index"] == -1
+    with pytest.raises(TypeError):
+        kvwire.Config(no_such_field=1)
+    with pytest.raises(ValueError):
+        kvwire.Config(ib_port=256)
+    with pytest.raises(ValueError):
+        kvwire.Config(sq_depth=-1)
+    with pytest.raises(TypeError):
+        kvwire.Config(sq_depth="12")
+    with pytest.raises(ValueError):
+        kvwire.Config(cluster_key="x" * 41)
+
+
+def test_config_bad_env_raises(monkeypatch):
+    monkeypatch.setenv("KVW_SQ_DEPTH", "lots")
+    with pytest.raises(kvwire.Error) as ei:
+        kvwire.Config()
+    assert ei.value.status == kvwire.Status.ERR_INVALID
+    assert "KVW_SQ_DEPTH" in ei.value.reason  # the library's own message
+
+
+def test_bootstrap_create_close_and_use_after_close():
+    with kvwire.Bootstrap("127.0.0.1:0") as bs:
+        host, port = bs.addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+    assert bs.closed
+    with pytest.raises(kvwire.ClosedError):
+        bs.addr
+    bs.close()  # idempotent
+
+
+def test_bootstrap_bad_address_raises():
+    with pytest.raises(kvwire.Error) as ei:
+        kvwire.Bootstrap("not-an-address")
+    assert ei.value.status < 0
+
+
+def test_bootstrap_many_times_leaks_nothing():
+    for _ in range(20):
+        kvwire.Bootstrap("127.0.0.1:0").close()
+    b = kvwire.Bootstrap("127.0.0.1:0")
+    del b  # garbage collection closes it
+
+
+def _has_rdma():
+    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+
+
+@pytest.mark.skipif(_has_rdma(), reason="this host has an RDMA device")
+def test_engine_create_fails_cleanly_without_device():
+    import array
+
+    mem = bytearray(4 * 1024)
+    kv = [kvwire.Region.of(mem, 1024)] * 2
+    for _ in range(5):
+        with pytest.raises(kvwire.Error) as ei:
+            kvwire.Engine("decode", "127.0.0.1", kv=kv)
+        assert ei.value.status in (kvwire.Status.ERR_NO_DEVICE, kvwire.Status.ERR_VERBS)
+        assert ei.value.reason  # the library's message, e.g. "no RDMA device owns ..."
+    with pytest.raises(kvwire.Error) as ei:
+        kvwire.Engine("decode", "127.0.0.1", kv=kv, device="nosuchdev0")
+    assert ei.value.status < 0
+
+
+def test_engine_bad_params():
+    with pytest.raises(ValueError):
+        kvwire.Engine("middle", "127.0.0.1")
+    with pytest.raises(kvwire.Error) as ei:
+        kvwire.Engine("decode", "127.0.0.1")  # no memory at all
+    assert ei.value.status == kvwire.Status.ERR_INVALID
+    with pytest.raises(TypeError):
+        kvwire.Engine("decode", "127.0.0.1", kv=[(-1, 10, 1)] * 2)
+
+
+def test_region_of_buffers():
+    mem = bytearray(8192)
+    r = kvwire.Region.of(mem, 1024)
+    assert r.length == 8192 and r.item_len == 1024 and r.owner is not None
+    addr = ctypes.addressof((ctypes.c_char * 8192).from_buffer(mem))
+    assert r.addr == addr
+    with pytest.raises(ValueError):
+        kvwire.Region.of(bytes(16), 8)  # read-only
+
+
+def _closed(cls, **attrs):
+    obj = cls.__new__(cls)
+    obj._cell = kvwire._Cell(None, "sender")
+    for k, v in attrs.items():
+        setattr(obj, k, v)
+    return obj
+
+
+def test_requests_raise_after_close_never_crash():
+    s = _closed(kvwire.Sender, room=1, _engine=None)
+    for call in (lambda: s.poll(), lambda: s.init(1), lambda: s.send([1]), lambda: s.abort(),
+                 lambda: s.failure()):
+        with pytest.raises(kvwire.ClosedError):
+            call()
+    r = _closed(kvwire.Receiver, room=2, _engine=None)
+    for call in (lambda: r.poll(), lambda: r.init([1]), lambda: r.abort(), lambda: r.failure()):
+        with pytest.raises(kvwire.ClosedError):
+            call()
+    e = _closed(kvwire.Engine, _lock=__import__("threading").RLock(), _children={})
+    for call in (lambda: e.endpoint, lambda: e.counters(), lambda: e.sender(1),
+                 lambda: e.receiver("1.2.3.4:5", 0, 1)):
+        with pytest.raises(kvwire.ClosedError):
+            call()
+
+
+def test_missing_symbols_disable_only_their_feature(monkeypatch):
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_send_part", None)
+    s = kvwire.Sender.__new__(kvwire.Sender)
+    s._cell = kvwire._Cell(1, "sender")  # never reaches C: the feature check comes first
+    s.room = 1
+    with pytest.raises(kvwire.Error) as ei:
+        s.send_part([1], 0)
+    assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+    assert "kvw_sender_send_part" in ei.value.reason
+    s._cell = None
+
+
+def test_log_handler_routes_and_captures(monkeypatch):
+    seen = []
+    kvwire.set_log_handler(lambda lvl, msg: seen.append((lvl, msg)))
+    try:
+        monkeypatch.setenv("KVW_CHAIN_MAX", "x")
+        with pytest.raises(kvwire.Error):
+            kvwire.Config()
+    finally:
+        kvwire.set_log_handler(None)
+    assert any(l == kvwire.LogLevel.ERROR and "KVW_CHAIN_MAX" in m for l, m in seen)
+
+
+def test_import_without_numpy():
+    code = ("import sys; sys.modules['numpy'] = None; import kvwire; "
+            "i = kvwire.as_indices([1, 2, 3]); assert i.count == 3 and i.copied; print('ok')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,269 @@
+/* Decode side of a request: the public receiver API. */
+#include "engine/engine.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvw_receiver {
+    kvw_req_t req;
+};
+
+/* (lock) Give up a receiver whose request prefill does not have: nothing
+ * can land, so it fails now, and prefill is told so that its sender fails
+ * too instead of waiting for a request that never comes. */
+static void receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    kvw__req_fail(r, st, "%s", why);
+    r->request_due = false;
+    r->abort_due = true;
+    kvw__req_touch_locked(r);
+}
+
+/* (lock) Give up a receiver that has not ended. */
+static void receiver_abort_locked(kvw_req_t *r, const char *why)
+{
+    if (r->aborting)
+        return; /* already waiting for prefill's confirmation */
+    if (r->request_sent)
+        kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, why);
+    else
+        receiver_fail_unsent_locked(r, KVW_ERR_ABORTED, why);
+}
+
+/* Abort a receiver that has not ended and wait until it has: when this
+ * returns no write of the request can land any more. The wait is bounded:
+ * without prefill's confirmation the control thread kills the connection
+ * after peer_timeout_ms, which fails the request. */
+static void receiver_end(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    if (!kvw__req_ended(r))
+        receiver_abort_locked(r, "receiver destroyed by the caller");
+    pthread_mutex_unlock(&e->lock);
+    uint64_t give_up = kvw__now_ns() + 2 * kvw__ms_ns(e->cfg.peer_timeout_ms) + kvw__ms_ns(1000);
+    while (!kvw__req_ended(r) && kvw__now_ns() < give_up) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!kvw__req_ended(r))
+        KVW_ERROR("room %llu: receiver destroyed before its abort completed",
+                  (unsigned long long)r->room);
+}
+
+static void receiver_destroy(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    receiver_end(r);
+    pthread_mutex_lock(&e->lock);
+    if (e->tokens[r->token & 0xffff] == r)
+        e->tokens[r->token & 0xffff] = NULL;
+    kvw__req_release_handle_locked(r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__req_unref(r); /* the caller's */
+}
+
+/* ------------------------------------------------------------- receiver */
+
+kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token)
+{
+    kvw_req_t *r = e->tokens[token & 0xffff];
+    return r && r->token == token ? r : NULL;
+}
+
+static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    uint32_t slots = 1u << KVW_TOKEN_BITS;
+    for (uint32_t i = 0; i < slots; i++) {
+        uint32_t slot = (e->token_hint + i) & (slots - 1);
+        if (!e->tokens[slot]) {
+            /* The generation makes a late immediate for a reused slot miss. */
+            uint16_t gen = ++e->token_gen[slot];
+            r->token = ((uint32_t)gen << 16) | slot;
+            e->tokens[slot] = r;
+            e->token_hint = slot + 1;
+            return KVW_OK;
+        }
+    }
+    KVW_ERROR("more than %u receivers in flight on one engine", slots);
+    return KVW_ERR_NO_MEMORY;
+}
+
+kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
+                                 uint64_t room, kvw_receiver_t **recv_p)
+{
+    if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
+        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6)
+        return KVW_ERR_INVALID;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = KVW_OK;
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, room);
+    if (r) {
+        st = KVW_ERR_EXISTS;
+    } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {
+        st = KVW_ERR_NO_MEMORY;
+    } else if ((st = token_alloc_locked(e, r))) {
+        kvw__req_drop_locked(r);
+    } else {
+        r->has_user = true;
+        atomic_fetch_add(&r->refs, 1);
+        r->prefill_rank = prefill_rank;
+        snprintf(r->bootstrap_addr, sizeof(r->bootstrap_addr), "%s", bootstrap_addr);
+        kvw__req_touch_locked(r); /* attach it to a peer */
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!st)
+        *recv_p = (kvw_receiver_t *)r;
+    return st;
+}
+
+/* Check and copy a request's indices (pages, then state) for the wire. */
+static kvw_status_t copy_indices(const kvw_engine_t *e, const kvw_indices_t *x, uint64_t **copy_p,
+                                 char *why, size_t size)
+{
+    kvw_status_t st = kvw__check_count(e, KVW_LAYOUT_KV, x->num_pages, why, size);
+    if (!st)
+        st = kvw__check_indices(e, KVW_LAYOUT_KV, "destination", x->pages, x->num_pages, why,
+                                size);
+    if (!st)
+        st = kvw__check_aux(e, x->aux_index, why, size);
+    if (!st && x->num_state && !e->layout.num_state) {
+        snprintf(why, size, "%zu state indices, but the layout has no state group", x->num_state);
+        st = KVW_ERR_INVALID;
+    }
+    if (!st)
+        st = kvw__check_indices(e, KVW_LAYOUT_STATE, "destination", x->state, x->num_state, why,
+                                size);
+    if (!st && x->num_pages + x->num_state > KVW_WIRE_MAX_PAGES) {
+        snprintf(why, size, "%zu pages and %zu state indices: at most %u together",
+                 x->num_pages, x->num_state, KVW_WIRE_MAX_PAGES);
+        st = KVW_ERR_OUT_OF_RANGE;
+    }
+    size_t n = x->num_pages + x->num_state;
+    uint64_t *copy = NULL;
+    if (!st && n && !(copy = malloc(n * sizeof(uint64_t)))) {
+        snprintf(why, size, "no memory for the page list");
+        st = KVW_ERR_NO_MEMORY;
+    }
+    if (copy) {
+        if (x->num_pages)
+            memcpy(copy, x->pages, x->num_pages * sizeof(uint64_t));
+        if (x->num_state)
+            memcpy(copy + x->num_pages, x->state, x->num_state * sizeof(uint64_t));
+    }
+    *copy_p = copy;
+    return st;
+}
+
+/* What decode expects to land: its own pages' bytes in every KV region,
+ * one aux item per aux region, its state items in every state region. */
+static uint64_t expected_bytes(const kvw_engine_t *e, const kvw_indices_t *x)
+{
+    const kvw_layout_t *l = &e->layout;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < l->kv_layers * l->kv_per_layer; i++)
+        bytes += x->num_pages * e->regions[l->kv_slots[i]].item_len;
+    for (uint32_t i = 0; x->aux_index != KVW_NO_AUX && i < l->num_aux; i++)
+        bytes += e->regions[l->aux_slots[i]].item_len;
+    for (uint32_t i = 0; i < l->num_state; i++)
+        bytes += x->num_state * e->regions[l->state_slots[i]].item_len;
+    return bytes;
+}
+
+kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *x)
+{
+    if (!rc || !x || (x->num_pages && !x->pages) || (x->num_state && !x->state))
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &rc->req;
+    kvw_engine_t *e = r->engine;
+    char why[KVW_WIRE_REASON_MAX];
+    uint64_t *copy = NULL;
+    kvw_status_t st = copy_indices(e, x, &copy, why, sizeof(why));
+    pthread_mutex_lock(&e->lock);
+    if (r->pages || r->request_due || r->request_sent || kvw__req_ended(r)) {
+        free(copy);
+        pthread_mutex_unlock(&e->lock);
+        return KVW_ERR_STATE;
+    }
+    if (st) {
+        KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+        receiver_fail_unsent_locked(r, st, why);
+    } else {
+        r->pages = copy;
+        r->npages = x->num_pages;
+        r->nstate = x->num_state;
+        r->aux = x->aux_index;
+        atomic_store(&r->bytes_posted, expected_bytes(e, x));
+        r->request_due = true;
+        kvw__req_touch_locked(r);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t n,
+                               uint32_t aux_index)
+{
+    kvw_indices_t x = {.pages = pages, .num_pages = n, .aux_index = aux_index};
+    return kvw_receiver_init_indices(rc, &x);
+}
+
+kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m)
+{
+    if (!rc || !m)
+        return KVW_ERR_INVALID;
+    const kvw_req_t *r = &rc->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    uint64_t sent = r->sent_ns, landed = atomic_load(&r->landed_ns);
+    pthread_mutex_unlock(&e->lock);
+    *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
+                             .transfer_us = sent && landed > sent ? (landed - sent) / 1000 : 0};
+    return KVW_OK;
+}
+
+void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    kvw_engine_t *e = r->engine;
+    r->aborting = true;
+    r->abort_status = st;
+    snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
+    r->abort_due = true;
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.peer_timeout_ms));
+    KVW_INFO("room %llu: aborting: %s", (unsigned long long)r->room, why);
+    kvw__req_touch_locked(r);
+}
+
+kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
+{
+    if (!rc)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &rc->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = kvw__req_ended(r) ? KVW_ERR_STATE : KVW_OK;
+    if (!st)
+        receiver_abort_locked(r, "aborted by the caller");
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *rc)
+{
+    return (kvw_poll_t)atomic_load(&rc->req.state);
+}
+
+kvw_status_t kvw_receiver_failure(const kvw_receiver_t *rc, const char **reason_p)
+{
+    return kvw__req_failure(&rc->req, reason_p);
+}
+
+void kvw_receiver_destroy(kvw_receiver_t *rc)
+{
+    if (rc)
+        receiver_destroy(&rc->req);
+}

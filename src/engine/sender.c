@@ -1,0 +1,518 @@
+/* Prefill side of a request: the public sender API. A request is handed
+ * over in parts (all at once, one prefill chunk at a time, or layer by
+ * layer as the forward pass produces them); each part is planned as soon
+ * as decode's pages are known and posted by the poller while later parts
+ * are still being computed. The part that covers the request's last (page,
+ * layer) pair, with the state given, is the final one: it also writes the
+ * aux item and the state, and its last write carries the immediate that
+ * tells decode the whole request landed (RC delivers in order). */
+#include "engine/engine.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvw_sender {
+    kvw_req_t req;
+};
+
+/* ------------------------------------------------------------ parts */
+
+static void free_seg(kvw_seg_t *s)
+{
+    free(s->src);
+    free(s->runs);
+    free(s->state_runs);
+    free(s);
+}
+
+void kvw__sender_free_parts(kvw_req_t *r)
+{
+    kvw_seg_t *s = r->segs_head;
+    while (s) {
+        kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
+        free_seg(s);
+        s = next;
+    }
+    r->segs_head = r->segs_tail = NULL;
+    free(r->covered);
+    free(r->src_state);
+    r->covered = r->src_state = NULL;
+}
+
+/* (lock) Plan s against decode's pages: runs of (source, destination) pairs
+ * contiguous on both sides, and for the final part the aux item and state. */
+static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
+{
+    const kvw_engine_t *e = r->engine;
+    const kvw_layout_t *l = &e->layout;
+    kvw_plan_t *p = &s->plan;
+    s->runs = s->n ? calloc(s->n, sizeof(*s->runs)) : NULL;
+    size_t ns = s->final ? r->num_dst_state : 0;
+    s->state_runs = ns ? calloc(ns, sizeof(*s->state_runs)) : NULL;
+    if ((s->n && !s->runs) || (ns && !s->state_runs))
+        return KVW_ERR_NO_MEMORY;
+    *p = (kvw_plan_t){.regions = r->peer->regions,
+                      .kv_slots = l->kv_slots,
+                      .kv_per_layer = l->kv_per_layer,
+                      .layer_begin = s->lb,
+                      .layer_end = s->le,
+                      .max_msg = r->peer->max_msg_sz};
+    p->num_runs = kvw__plan_runs(s->src, r->dst_pages + s->first, s->n, s->runs);
+    p->runs = s->runs;
+    if (s->final) {
+        p->state_slots = l->state_slots;
+        p->num_state = ns ? l->num_state : 0;
+        p->num_state_runs = kvw__plan_runs(r->src_state, r->dst_state, ns, s->state_runs);
+        p->state_runs = s->state_runs;
+        p->aux_slots = l->aux_slots;
+        p->num_aux = l->num_aux;
+        p->has_aux = r->aux_index != KVW_NO_AUX && r->dst_aux != KVW_NO_AUX;
+        p->aux_src = r->aux_index;
+        p->aux_dst = r->dst_aux;
+    }
+    s->writes_total = kvw__plan_count(p);
+    return KVW_OK;
+}
+
+/* (lock) Plan the parts handed over before decode's request was known. */
+static kvw_status_t plan_pending_locked(kvw_req_t *r)
+{
+    for (; r->to_plan; r->to_plan = atomic_load_explicit(&r->to_plan->next, memory_order_relaxed)) {
+        kvw_status_t st = plan_seg_locked(r, r->to_plan);
+        if (st)
+            return st;
+    }
+    return KVW_OK;
+}
+
+/* (lock) The poller's first look at r: it holds a reference from now on. */
+static void hand_to_poller_locked(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    if (!r->in_poller) {
+        r->in_poller = true;
+        atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
+        r->drained = false;
+        atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+        /* A watchdog, not the limit: the transfer clock starts at the
+         * first post (first_post_ns), which the control thread checks. */
+        kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
+    }
+    r->starved = false;
+    r->qnext = NULL;
+    if (e->ready_tail)
+        e->ready_tail->qnext = r;
+    else
+        e->ready_head = r;
+    e->ready_tail = r;
+    atomic_store(&e->ready_pending, true);
+    kvw__wake(e->poller_wake_fd);
+}
+
+kvw_status_t kvw__sender_feed_locked(kvw_req_t *r)
+{
+    if (!r->have_dst || !r->segs_head || atomic_load(&r->state) == KVW_POLL_FAILED)
+        return KVW_OK;
+    kvw_status_t st = plan_pending_locked(r);
+    if (st)
+        return kvw__sender_fail_locked(r, st, "no memory to plan the transfer");
+    if (!r->in_poller || r->starved)
+        hand_to_poller_locked(r);
+    return KVW_OK;
+}
+
+bool kvw__sender_starve_locked(kvw_req_t *r)
+{
+    if (atomic_load_explicit(&r->seg->next, memory_order_relaxed) || r->to_plan)
+        return false; /* a planned part arrived meanwhile */
+    r->starved = true;
+    return true;
+}
+
+void kvw__sender_unstarve_locked(kvw_req_t *r)
+{
+    if (r->starved)
+        hand_to_poller_locked(r);
+}
+
+/* ----------------------------------------------------------- accepting */
+
+kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    if (st != KVW_ERR_ABORTED)
+        KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+    kvw__req_fail(r, st, "%s", why);
+    kvw__sender_unstarve_locked(r); /* the poller lets it go once its writes drained */
+    if (r->have_dst) {
+        /* Decode is waiting: tell it, but only once no write of ours can
+         * still land in its pages (drained), so its Failed is final. */
+        r->notify_failure = true;
+        if (r->drained)
+            kvw__req_touch_locked(r);
+    }
+    return st;
+}
+
+/* Decode's pages, aux and state must fit its own regions (as it told us in
+ * its handshake) and agree with what this sender declared. */
+static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, const kvw_msg_t *m,
+                                  char *why, size_t size)
+{
+    uint32_t n = m->u.request.num_pages, ns = m->u.request.num_state;
+    const uint64_t *pages = m->u.request.pages, *state = pages + n;
+    size_t bad = kvw__first_out_of_range(pages, n, peer->remote_max[KVW_LAYOUT_KV]);
+    if (bad < n) {
+        snprintf(why, size, "destination page %llu (index %zu) outside decode's regions (%llu pages)",
+                 (unsigned long long)pages[bad], bad,
+                 (unsigned long long)peer->remote_max[KVW_LAYOUT_KV]);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    bad = kvw__first_out_of_range(state, ns, peer->remote_max[KVW_LAYOUT_STATE]);
+    if (bad < ns) {
+        snprintf(why, size, "destination state index %llu outside decode's state regions",
+                 (unsigned long long)state[bad]);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    uint32_t aux = m->u.request.aux_index;
+    if (aux != KVW_NO_AUX && aux >= peer->remote_max[KVW_LAYOUT_AUX]) {
+        snprintf(why, size, "destination aux index %u outside decode's aux regions (%llu items)",
+                 aux, (unsigned long long)peer->remote_max[KVW_LAYOUT_AUX]);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    if (r->inited && (r->num_pages != n || (r->aux_index == KVW_NO_AUX) != (aux == KVW_NO_AUX))) {
+        snprintf(why, size, "decode asks for %u pages%s, prefill sends %zu%s", n,
+                 aux == KVW_NO_AUX ? "" : " + aux", r->num_pages,
+                 r->aux_index == KVW_NO_AUX ? "" : " + aux");
+        return KVW_ERR_MISMATCH;
+    }
+    if (r->have_state && r->num_src_state != ns) {
+        snprintf(why, size, "decode asks for %u state indices, prefill gave %zu", ns,
+                 r->num_src_state);
+        return KVW_ERR_MISMATCH;
+    }
+    return KVW_OK;
+}
+
+kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
+                                               char *why, size_t size)
+{
+    kvw_status_t st = check_request(r, peer, m, why, size);
+    if (st)
+        return st;
+    uint32_t n = m->u.request.num_pages, ns = m->u.request.num_state;
+    size_t total = (size_t)n + ns;
+    r->dst_pages = total ? malloc(total * sizeof(uint64_t)) : NULL;
+    if (total && !r->dst_pages)
+        return KVW_ERR_NO_MEMORY;
+    if (total)
+        memcpy(r->dst_pages, m->u.request.pages, total * sizeof(uint64_t));
+    r->dst_state = r->dst_pages ? r->dst_pages + n : NULL;
+    r->num_dst_state = ns;
+    r->dst_aux = m->u.request.aux_index;
+    r->token = m->u.request.token;
+    kvw__req_attach_locked(r, peer);
+    r->have_dst = true;
+    if (!r->inited)
+        r->num_pages = n;
+    if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING)
+        atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
+    if (r->has_user)
+        kvw__req_set_deadline_locked(r, 0); /* waiting for prefill's own compute has no limit */
+    return kvw__sender_feed_locked(r);
+}
+
+/* ------------------------------------------------------------- the API */
+
+kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **sender_p)
+{
+    if (!e || !sender_p || e->role != KVW_ROLE_PREFILL)
+        return KVW_ERR_INVALID;
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    kvw_status_t st = KVW_OK;
+    if (r && r->user_gone && r->drained && !r->notify_failure) {
+        kvw__req_drop_locked(r); /* a destroyed sender's tombstone: the room is new */
+        r = NULL;
+    }
+    if (r && r->has_user) {
+        st = KVW_ERR_EXISTS; /* a live sender already owns this room */
+    } else if (!r && !(r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room))) {
+        st = KVW_ERR_NO_MEMORY;
+    }
+    if (!st) {
+        r->has_user = true; /* adopt a request decode sent ahead of us, if any */
+        if (r->orphan) {
+            kvw__req_unorphan_locked(r);
+            kvw__req_set_deadline_locked(r, 0); /* waiting for our compute has no limit */
+        }
+        atomic_fetch_add(&r->refs, 1);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!st)
+        *sender_p = (kvw_sender_t *)r;
+    return st;
+}
+
+kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_index)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    char why[KVW_WIRE_REASON_MAX];
+    kvw_status_t st = KVW_OK;
+    uint64_t *covered = calloc(e->layout.kv_layers, sizeof(uint64_t));
+    pthread_mutex_lock(&e->lock);
+    if (r->inited || atomic_load(&r->state) == KVW_POLL_FAILED) {
+        st = KVW_ERR_STATE;
+    } else if (!covered) {
+        st = kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory for the request");
+    } else if ((st = kvw__check_count(e, KVW_LAYOUT_KV, num_pages, why, sizeof(why))) ||
+               (st = kvw__check_aux(e, aux_index, why, sizeof(why)))) {
+        kvw__sender_fail_locked(r, st, why);
+    } else if (r->have_dst && (r->num_pages != num_pages ||
+                               (aux_index == KVW_NO_AUX) != (r->dst_aux == KVW_NO_AUX))) {
+        snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s", num_pages,
+                 aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
+                 r->dst_aux == KVW_NO_AUX ? "" : " + aux");
+        st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
+    } else {
+        r->inited = true;
+        r->num_pages = num_pages;
+        r->aux_index = aux_index;
+        r->covered = covered;
+        covered = NULL;
+    }
+    pthread_mutex_unlock(&e->lock);
+    free(covered);
+    return st;
+}
+
+/* (lock) Is the request complete once these layers have `upto` pages? */
+static bool completes_locked(const kvw_req_t *r, uint32_t lb, uint32_t le, uint64_t upto)
+{
+    const kvw_engine_t *e = r->engine;
+    if (e->layout.num_state && !r->have_state)
+        return false;
+    for (uint32_t l = 0; l < e->layout.kv_layers; l++)
+        if ((l >= lb && l < le ? upto : r->covered[l]) != r->num_pages)
+            return false;
+    return true;
+}
+
+/* (lock) A part out of order or out of bounds changes nothing. */
+static kvw_status_t check_part_locked(const kvw_req_t *r, const kvw_part_t *part, char *why,
+                                      size_t size)
+{
+    uint32_t lb = part->layer_begin, le = part->layer_end, layers = r->engine->layout.kv_layers;
+    if (lb > le || le > layers) {
+        snprintf(why, size, "layers [%u, %u) outside the %u kv layers", lb, le, layers);
+        return KVW_ERR_INVALID;
+    }
+    if (part->first_page > r->num_pages || part->num_pages > r->num_pages - part->first_page) {
+        snprintf(why, size, "pages [%zu, %zu) past the %zu init declared", part->first_page,
+                 part->first_page + part->num_pages, r->num_pages);
+        return KVW_ERR_INVALID;
+    }
+    for (uint32_t l = lb; l < le; l++)
+        if (r->covered[l] != part->first_page) {
+            snprintf(why, size, "layer %u has pages [0, %llu) handed over, the part starts at %zu",
+                     l, (unsigned long long)r->covered[l], part->first_page);
+            return KVW_ERR_INVALID;
+        }
+    return KVW_OK;
+}
+
+static kvw_seg_t *new_seg(const kvw_part_t *part, uint32_t lb, uint32_t le)
+{
+    kvw_seg_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->first = part->first_page;
+    s->n = part->num_pages;
+    s->lb = lb;
+    s->le = le;
+    s->src = s->n ? malloc(s->n * sizeof(uint64_t)) : NULL;
+    if (s->n && !s->src) {
+        free(s);
+        return NULL;
+    }
+    if (s->n)
+        memcpy(s->src, part->pages, s->n * sizeof(uint64_t));
+    return s;
+}
+
+/* (lock) Append s; plan it now if decode's pages are known. */
+static kvw_status_t append_seg_locked(kvw_req_t *r, kvw_seg_t *s)
+{
+    if (r->have_dst && !r->to_plan) {
+        kvw_status_t st = plan_seg_locked(r, s);
+        if (st) {
+            free_seg(s);
+            return kvw__sender_fail_locked(r, st, "no memory to plan the transfer");
+        }
+    } else if (!r->to_plan) {
+        r->to_plan = s;
+    }
+    if (r->segs_tail) /* release: the poller follows next without the lock */
+        atomic_store_explicit(&r->segs_tail->next, s, memory_order_release);
+    else
+        r->segs_head = s;
+    r->segs_tail = s;
+    r->final_given |= s->final;
+    return kvw__sender_feed_locked(r);
+}
+
+static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part)
+{
+    kvw_engine_t *e = r->engine;
+    char why[KVW_WIRE_REASON_MAX];
+    if (!r->inited || r->final_given || kvw__req_ended(r))
+        return KVW_ERR_STATE;
+    kvw_part_t p = *part;
+    if (!p.layer_begin && !p.layer_end)
+        p.layer_end = e->layout.kv_layers;
+    kvw_status_t st = check_part_locked(r, &p, why, sizeof(why));
+    if (st) {
+        KVW_ERROR("room %llu: part refused: %s", (unsigned long long)r->room, why);
+        return st;
+    }
+    if ((st = kvw__check_indices(e, KVW_LAYOUT_KV, "source", p.pages, p.num_pages, why,
+                                 sizeof(why))))
+        return kvw__sender_fail_locked(r, st, why);
+    kvw_seg_t *s = new_seg(&p, p.layer_begin, p.layer_end);
+    if (!s)
+        return kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory for the page list");
+    uint64_t upto = p.first_page + p.num_pages;
+    s->final = completes_locked(r, p.layer_begin, p.layer_end, upto);
+    for (uint32_t l = p.layer_begin; l < p.layer_end; l++)
+        r->covered[l] = upto;
+    return append_seg_locked(r, s);
+}
+
+kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part)
+{
+    if (!sender || !part || (part->num_pages && !part->pages))
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &sender->req;
+    pthread_mutex_lock(&r->engine->lock);
+    kvw_status_t st = send_part_locked(r, part);
+    pthread_mutex_unlock(&r->engine->lock);
+    return st;
+}
+
+/* The next pages for every layer: a prefill chunk, or the whole request. */
+kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *pages, size_t n)
+{
+    if (!sender || (n && !pages))
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &sender->req;
+    pthread_mutex_lock(&r->engine->lock);
+    /* Chunks cover every layer alike: continue from layer 0's count. */
+    kvw_part_t part = {.pages = pages, .num_pages = n};
+    part.first_page = r->covered && r->engine->layout.kv_layers ? r->covered[0] : 0;
+    kvw_status_t st = send_part_locked(r, &part);
+    pthread_mutex_unlock(&r->engine->lock);
+    return st;
+}
+
+kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, size_t n)
+{
+    if (!sender || (n && !state))
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &sender->req;
+    kvw_engine_t *e = r->engine;
+    char why[KVW_WIRE_REASON_MAX];
+    uint64_t *copy = n ? malloc(n * sizeof(uint64_t)) : NULL;
+    if (n && !copy)
+        return KVW_ERR_NO_MEMORY;
+    if (n)
+        memcpy(copy, state, n * sizeof(uint64_t));
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = KVW_OK;
+    if (!r->inited || r->have_state || r->final_given || kvw__req_ended(r)) {
+        st = KVW_ERR_STATE;
+    } else if (!e->layout.num_state) {
+        st = KVW_ERR_INVALID; /* no state group to write */
+    } else if ((st = kvw__check_indices(e, KVW_LAYOUT_STATE, "source", copy, n, why,
+                                        sizeof(why)))) {
+        kvw__sender_fail_locked(r, st, why);
+    } else if (r->have_dst && r->num_dst_state != n) {
+        snprintf(why, sizeof(why), "prefill gives %zu state indices, decode asked for %zu", n,
+                 r->num_dst_state);
+        st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
+    } else {
+        r->src_state = copy;
+        r->num_src_state = n;
+        r->have_state = true;
+        copy = NULL;
+        if (completes_locked(r, 0, 0, 0)) { /* every page already handed over */
+            kvw_part_t none = {.first_page = r->num_pages};
+            kvw_seg_t *s = new_seg(&none, 0, 0);
+            if (!s)
+                st = kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory");
+            else {
+                s->final = true;
+                st = append_seg_locked(r, s);
+            }
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    free(copy);
+    return st;
+}
+
+kvw_poll_t kvw_sender_poll(const kvw_sender_t *s)
+{
+    return (kvw_poll_t)atomic_load(&s->req.state);
+}
+
+kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
+{
+    return kvw__req_failure(&s->req, reason_p);
+}
+
+kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
+{
+    if (!s || !m)
+        return KVW_ERR_INVALID;
+    const kvw_req_t *r = &s->req;
+    uint64_t first = atomic_load(&r->first_post_ns), done = atomic_load(&r->done_ns);
+    *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
+                             .writes = atomic_load(&r->writes_posted),
+                             .transfer_us = first && done > first ? (done - first) / 1000 : 0};
+    return KVW_OK;
+}
+
+kvw_status_t kvw_sender_abort(kvw_sender_t *s)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = kvw__req_ended(r) ? KVW_ERR_STATE : KVW_OK;
+    if (!st)
+        kvw__sender_fail_locked(r, KVW_ERR_ABORTED, "aborted by prefill");
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding it now, not at the next completion */
+    return st;
+}
+
+void kvw_sender_destroy(kvw_sender_t *s)
+{
+    if (!s)
+        return;
+    kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    if (!kvw__req_ended(r))
+        kvw__sender_fail_locked(r, KVW_ERR_ABORTED, "sender destroyed by the caller");
+    kvw__req_release_handle_locked(r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding it */
+    kvw__req_unref(r);            /* the caller's */
+}
