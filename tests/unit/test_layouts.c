@@ -1,0 +1,417 @@
+/* Any KV layout, chunked and layer-wise sends, on the engine itself: a
+ * prefill and a decode engine in one process on the fake NIC (not RDMA)
+ * with buffer groups of the test's choosing. Every byte of decode's memory
+ * is checked: what the request covers must equal prefill's source, the
+ * rest must still hold the canary. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "support/engine_pair.h"
+#include "support/fake_nic.h"
+
+enum { WAIT_MS = 5000, MAX_GROUPS = 8, MAX_REGIONS = 256, CANARY = 0xee };
+
+/* One side's memory: every region of every group, allocated. */
+typedef struct side {
+    kvw_group_t groups[MAX_GROUPS];
+    kvw_region_t regions[MAX_REGIONS];
+    uint8_t *mem[MAX_REGIONS];
+    uint32_t num_groups, num_regions;
+} side_t;
+
+typedef struct lpair {
+    kvw_bootstrap_t *bs;
+    kvw_engine_t *prefill, *decode;
+    side_t src, dst;
+    kvw_config_t cfg;
+} lpair_t;
+
+static lpair_t lp;
+
+static uint8_t pattern(uint32_t region, uint64_t item, size_t byte)
+{
+    return (uint8_t)(region * 29u + item * 7u + byte * 13u + 3u);
+}
+
+/* Add a group of layers x per_layer regions, each `items` items of
+ * item_len[j] bytes (region j of every layer). */
+static void add_group(side_t *s, kvw_group_kind_t kind, uint32_t layers, uint32_t per_layer,
+                      const size_t *item_len, uint64_t items, bool fill)
+{
+    assert_true(s->num_groups < MAX_GROUPS);
+    uint32_t first = s->num_regions;
+    for (uint32_t j = 0; j < per_layer; j++)
+        for (uint32_t l = 0; l < layers; l++) {
+            uint32_t r = s->num_regions++;
+            assert_true(r < MAX_REGIONS);
+            size_t len = item_len[j] * items;
+            s->mem[r] = malloc(len);
+            assert_non_null(s->mem[r]);
+            for (size_t b = 0; b < len; b++)
+                s->mem[r][b] = fill ? pattern(r, b / item_len[j], b % item_len[j]) : CANARY;
+            s->regions[r] = (kvw_region_t){s->mem[r], len, item_len[j]};
+        }
+    s->groups[s->num_groups++] = (kvw_group_t){kind, layers, per_layer, &s->regions[first]};
+}
+
+/* The same groups on both sides: prefill's filled, decode's canary. */
+static void add_both(kvw_group_kind_t kind, uint32_t layers, uint32_t per_layer,
+                     const size_t *item_len, uint64_t items)
+{
+    add_group(&lp.src, kind, layers, per_layer, item_len, items, true);
+    add_group(&lp.dst, kind, layers, per_layer, item_len, items, false);
+}
+
+static kvw_status_t open_engines(void)
+{
+    if (fake_nic_init(NULL))
+        return KVW_ERR_NO_DEVICE;
+    kvw__verbs_set_ops(&fake_nic_ops);
+    pair_config(&lp.cfg);
+    kvw_bootstrap_params_t bp = {.bind_addr = "127.0.0.1:0", .config = &lp.cfg};
+    kvw_status_t st = kvw_bootstrap_create2(&bp, &lp.bs);
+    kvw_engine_params_t pp = {.role = KVW_ROLE_PREFILL,
+                              .device = "fake0",
+                              .local_ip = "127.0.0.1",
+                              .bootstrap_addr = st ? NULL : kvw_bootstrap_addr(lp.bs),
+                              .config = &lp.cfg,
+                              .num_groups = lp.src.num_groups,
+                              .groups = lp.src.groups};
+    kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
+                              .device = "fake1",
+                              .local_ip = "127.0.0.1",
+                              .config = &lp.cfg,
+                              .num_groups = lp.dst.num_groups,
+                              .groups = lp.dst.groups};
+    if (!st)
+        st = kvw_engine_create(&pp, &lp.prefill);
+    if (!st)
+        st = kvw_engine_create(&dp, &lp.decode);
+    return st;
+}
+
+static void free_side(side_t *s)
+{
+    for (uint32_t r = 0; r < s->num_regions; r++)
+        free(s->mem[r]);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvw_engine_destroy(lp.decode);
+    kvw_engine_destroy(lp.prefill);
+    kvw_bootstrap_destroy(lp.bs);
+    kvw__verbs_set_ops(NULL);
+    fake_nic_fini();
+    free_side(&lp.src);
+    free_side(&lp.dst);
+    memset(&lp, 0, sizeof(lp));
+    return 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(&lp, 0, sizeof(lp));
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    return 0;
+}
+
+/* What one request moves: page i of the request goes from src_pages[i] to
+ * dst_pages[i] in every KV region, state[i] likewise in every state region,
+ * aux item aux_src to aux_dst in every aux region. */
+typedef struct req_spec {
+    uint64_t room;
+    size_t n, ns;
+    const uint64_t *src_pages, *dst_pages, *src_state, *dst_state;
+    uint32_t aux_src, aux_dst;
+} req_spec_t;
+
+/* Expected byte at decode region r offset b. */
+static uint8_t expected(const req_spec_t *q, uint32_t kind, uint32_t r, size_t item_len, size_t b)
+{
+    uint64_t item = b / item_len;
+    const uint64_t *dst = kind == KVW_GROUP_STATE ? q->dst_state : q->dst_pages;
+    const uint64_t *src = kind == KVW_GROUP_STATE ? q->src_state : q->src_pages;
+    size_t n = kind == KVW_GROUP_KV ? q->n : kind == KVW_GROUP_STATE ? q->ns : 0;
+    for (size_t i = 0; i < n; i++)
+        if (dst[i] == item)
+            return pattern(r, src[i], b % item_len);
+    if (kind == KVW_GROUP_AUX && q->aux_dst != KVW_NO_AUX && item == q->aux_dst)
+        return pattern(r, q->aux_src, b % item_len);
+    return CANARY;
+}
+
+/* Bytes of decode's memory that differ from what the request should have
+ * left there (landed bytes, and the canary everywhere else). */
+static size_t wrong_bytes(const req_spec_t *q)
+{
+    size_t wrong = 0;
+    for (uint32_t g = 0; g < lp.dst.num_groups; g++) {
+        const kvw_group_t *gr = &lp.dst.groups[g];
+        for (uint32_t k = 0; k < gr->num_layers * gr->regions_per_layer; k++) {
+            uint32_t r = (uint32_t)(gr->regions - lp.dst.regions) + k;
+            const kvw_region_t *reg = &lp.dst.regions[r];
+            for (size_t b = 0; b < reg->len; b++)
+                wrong += lp.dst.mem[r][b] != expected(q, gr->kind, r, reg->item_len, b);
+        }
+    }
+    return wrong;
+}
+
+static kvw_poll_t wait_end(kvw_poll_t (*poll)(const void *), const void *h)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    kvw_poll_t s;
+    while ((s = poll(h)) != KVW_POLL_SUCCESS && s != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    return s;
+}
+
+static kvw_poll_t poll_s(const void *h)
+{
+    return kvw_sender_poll(h);
+}
+
+static kvw_poll_t poll_r(const void *h)
+{
+    return kvw_receiver_poll(h);
+}
+
+/* Create both sides of q; the receiver is initialised, the sender too. */
+static void start(const req_spec_t *q, kvw_sender_t **s, kvw_receiver_t **r)
+{
+    assert_int_equal(kvw_sender_create(lp.prefill, q->room, s), KVW_OK);
+    assert_int_equal(kvw_receiver_create(lp.decode, kvw_bootstrap_addr(lp.bs), 0, q->room, r),
+                     KVW_OK);
+    kvw_indices_t x = {q->dst_pages, q->n, q->aux_dst, q->dst_state, q->ns};
+    assert_int_equal(kvw_receiver_init_indices(*r, &x), KVW_OK);
+    assert_int_equal(kvw_sender_init(*s, q->n, q->aux_src), KVW_OK);
+}
+
+static void finish(const req_spec_t *q, kvw_sender_t *s, kvw_receiver_t *r)
+{
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    assert_int_equal(wrong_bytes(q), 0);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+}
+
+/* -------------------------------------------------------------- tests */
+
+/* DeepSeek-like MLA: one 576-byte latent region per layer, 61 layers. The
+ * bytes posted are exactly the pages' bytes: nothing doubled for a V that
+ * does not exist. */
+static void test_mla_no_wasted_bytes(void **state)
+{
+    (void)state;
+    size_t latent = 576, aux = 64;
+    add_both(KVW_GROUP_KV, 61, 1, &latent, 32);
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[] = {3, 4, 5, 9, 20}, dst[] = {0, 1, 2, 7, 31};
+    req_spec_t q = {.room = 1, .n = 5, .src_pages = src, .dst_pages = dst, .aux_src = 2,
+                    .aux_dst = 1};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, src, 5), KVW_OK);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    kvw_req_metrics_t m;
+    assert_int_equal(kvw_sender_metrics(s, &m), KVW_OK);
+    print_message("MLA: 5 pages x 61 layers x 576 B + one 64 B aux item = %llu bytes in %llu "
+                  "writes (runs 3+1+1 per layer), %llu us\n",
+                  (unsigned long long)m.bytes, (unsigned long long)m.writes,
+                  (unsigned long long)m.transfer_us);
+    assert_int_equal(m.bytes, 5ull * 61 * 576 + 64);
+    assert_int_equal(m.writes, 3ull * 61 + 1);
+    kvw_req_metrics_t dm;
+    assert_int_equal(kvw_receiver_metrics(r, &dm), KVW_OK);
+    assert_int_equal(dm.bytes, m.bytes);
+    finish(&q, s, r);
+}
+
+/* K/V with different item lengths per region, two aux groups, and a state
+ * group with its own index space (two layers of Mamba-like state). */
+static void test_kv_two_aux_and_state(void **state)
+{
+    (void)state;
+    size_t kv[2] = {256, 128}, aux_a = 48, aux_b[2] = {16, 80}, st = 512;
+    add_both(KVW_GROUP_KV, 3, 2, kv, 16);
+    add_both(KVW_GROUP_AUX, 1, 1, &aux_a, 4);
+    add_both(KVW_GROUP_AUX, 1, 2, aux_b, 4);
+    add_both(KVW_GROUP_STATE, 2, 1, &st, 8);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[] = {1, 2, 3, 10}, dst[] = {5, 6, 7, 0}, ss[] = {6}, ds[] = {2};
+    req_spec_t q = {.room = 2, .n = 4, .ns = 1, .src_pages = src, .dst_pages = dst,
+                    .src_state = ss, .dst_state = ds, .aux_src = 3, .aux_dst = 0};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, src, 4), KVW_OK);
+    /* Every page is handed over, but the state is not: not complete yet. */
+    pair_sleep_ms(50);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    assert_int_equal(kvw_sender_send_state(s, ss, 1), KVW_OK);
+    finish(&q, s, r);
+}
+
+/* sglang's chunked prefill: send() once per chunk, the last one shorter. */
+static void test_chunked_sends(void **state)
+{
+    (void)state;
+    size_t kv[2] = {256, 256}, aux = 32;
+    add_both(KVW_GROUP_KV, 4, 2, kv, 32);
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 2);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[13], dst[13];
+    for (int i = 0; i < 13; i++) {
+        src[i] = (uint64_t)(i * 2);   /* never contiguous at the source */
+        dst[i] = (uint64_t)(31 - i); /* nor at the destination */
+    }
+    req_spec_t q = {.room = 3, .n = 13, .src_pages = src, .dst_pages = dst, .aux_src = 1,
+                    .aux_dst = 0};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, src, 5), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, src + 5, 5), KVW_OK);
+    pair_sleep_ms(30);
+    /* The first chunks landed while the last is not handed over yet. */
+    assert_int_equal(lp.dst.mem[0][dst[0] * 256], pattern(0, src[0], 0));
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    assert_int_equal(kvw_sender_send(s, src + 10, 4), KVW_ERR_INVALID); /* past init's 13 */
+    assert_int_equal(kvw_sender_send(s, src + 10, 3), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, src, 1), KVW_ERR_STATE); /* already complete */
+    kvw_req_metrics_t m;
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    assert_int_equal(kvw_sender_metrics(s, &m), KVW_OK);
+    assert_int_equal(m.writes, 13ull * 8 + 1); /* one write per page per region, and aux */
+    finish(&q, s, r);
+}
+
+typedef struct layer_feed {
+    kvw_sender_t *s;
+    const uint64_t *pages;
+    size_t n;
+    uint32_t layers;
+    int delay_ms;
+} layer_feed_t;
+
+/* The forward pass: each layer becomes ready after delay_ms, and is handed
+ * over from this thread, not the one that created the sender. */
+static void *feed_layers(void *arg)
+{
+    layer_feed_t *f = arg;
+    for (uint32_t l = 0; l < f->layers; l++) {
+        pair_sleep_ms(f->delay_ms);
+        kvw_part_t p = {.pages = f->pages, .num_pages = f->n, .layer_begin = l,
+                        .layer_end = l + 1};
+        if (kvw_sender_send_part(f->s, &p) != KVW_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* Layer-wise streaming: earlier layers land while later ones are still
+ * being computed; the request completes with the last layer. */
+static void test_layerwise_from_another_thread(void **state)
+{
+    (void)state;
+    size_t kv[2] = {512, 512};
+    add_both(KVW_GROUP_KV, 6, 2, kv, 16);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[] = {0, 1, 2, 3, 8, 9}, dst[] = {10, 11, 12, 13, 1, 2};
+    req_spec_t q = {.room = 4, .n = 6, .src_pages = src, .dst_pages = dst,
+                    .aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    layer_feed_t f = {s, src, 6, 6, 40};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, feed_layers, &f), 0);
+    /* Layer 0 (K region of layer 0 is region 0) lands long before the end. */
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (lp.dst.mem[0][dst[0] * 512] != pattern(0, src[0], 0) && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    uint64_t layers_left_ms = 6 * 40;
+    print_message("layer 0 landed while layers 1-5 (%llu ms of compute) were still to come\n",
+                  (unsigned long long)layers_left_ms);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    /* A part out of order changes nothing. */
+    kvw_part_t bad = {.pages = src, .num_pages = 6, .layer_begin = 5, .layer_end = 6,
+                      .first_page = 1};
+    assert_int_equal(kvw_sender_send_part(s, &bad), KVW_ERR_INVALID);
+    void *rc;
+    pthread_join(t, &rc);
+    assert_null(rc);
+    finish(&q, s, r);
+}
+
+/* Chunks and layers combined: two chunks, each handed over layer range by
+ * layer range. */
+static void test_chunks_times_layers(void **state)
+{
+    (void)state;
+    size_t lat = 192;
+    add_both(KVW_GROUP_KV, 4, 1, &lat, 16);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[] = {0, 1, 2, 3, 4, 5}, dst[] = {6, 7, 8, 9, 10, 11};
+    req_spec_t q = {.room = 5, .n = 6, .src_pages = src, .dst_pages = dst,
+                    .aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    kvw_part_t parts[] = {
+        {src, 4, 0, 0, 2}, {src, 4, 0, 2, 4}, {src + 4, 2, 4, 2, 4}, {src + 4, 2, 4, 0, 2}};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(kvw_receiver_poll(r) == KVW_POLL_SUCCESS, 0);
+        assert_int_equal(kvw_sender_send_part(s, &parts[i]), KVW_OK);
+    }
+    finish(&q, s, r);
+}
+
+/* Different groups on the two sides: refused, saying what differs. */
+static void test_group_mismatch_says_what(void **state)
+{
+    (void)state;
+    size_t lat = 576, kv[2] = {576, 576};
+    add_group(&lp.src, KVW_GROUP_KV, 4, 1, &lat, 8, true);
+    add_group(&lp.dst, KVW_GROUP_KV, 4, 2, kv, 8, false);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t pages[] = {1};
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_receiver_create(lp.decode, kvw_bootstrap_addr(lp.bs), 0, 9, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, pages, 1, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    print_message("%s\n", why);
+    /* prefill speaks: the "peer" is this decode engine */
+    assert_non_null(strstr(why, "group 0: peer has kv, 4 layers x 2 regions; we have kv, 4 x 1"));
+    kvw_receiver_destroy(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_mla_no_wasted_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kv_two_aux_and_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_sends, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_layerwise_from_another_thread, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunks_times_layers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_mismatch_says_what, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("layouts and parts on the fake NIC (not RDMA)", tests, NULL,
+                                       NULL);
+}
