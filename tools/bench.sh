@@ -11,11 +11,14 @@
 #   64k  contiguous blocks, 32 x 2 KiB pages per run = one 64 KiB WR
 #   1m   contiguous blocks, 512 x 2 KiB pages per run = one 1 MiB WR
 #   lat  ib_write_lat -s 8 vs one 1-layer, 8-byte-item request (p50)
-# Usage: bench.sh BUILD_DIR     env: REPS (5), SIZES ("2k 64k 1m lat")
+#   layer  layer-wise streaming vs send at end: a simulated forward pass (32
+#        layers, LAYER_MS ms each), time from the last layer ready to
+#        decode's Success, REPS interleaved pairs (kvwire-bench --layer-ms)
+# Usage: bench.sh BUILD_DIR     env: REPS (5), SIZES ("2k 64k 1m lat layer"), LAYER_MS (20)
 set -u
 build=${1:-build}
 reps=${REPS:-5}
-sizes=${SIZES:-"2k 64k 1m lat"}
+sizes=${SIZES:-"2k 64k 1m lat layer"}
 dev=${KVW_TB_DEV0:?run inside tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)
@@ -168,5 +171,15 @@ awk -F'\t' '
             printf "  %-34s %s\n", k, m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
         }
     }' "$raw" | sort
+case " $sizes " in *" layer "*)
+    echo
+    echo "== layer-wise streaming vs send at end ($dev, ${KVW_TB_DEV1:-$dev})"
+    if ! "$build/kvwire-bench" --dev0 "$dev" --ip0 "$ip" --dev1 "${KVW_TB_DEV1:-$dev}" \
+        --ip1 "${KVW_TB_IP1:-$ip}" --layer-ms "${LAYER_MS:-20}" --layers 32 --item 16384 \
+        --tokens 16 --requests "$reps"; then
+        fails=$((fails + 1))
+    fi
+    ;;
+esac
 echo "== bench done in $(($(date +%s) - t_start)) s, $fails kvwire run(s) failed"
 [ $fails -eq 0 ]

@@ -26,6 +26,14 @@
  * process's getrusage (all threads) over its window / GB moved. Prefill's
  * window is from all warmup senders Success to all senders Success.
  *
+ * Layer-wise mode (--layer-ms MS): one process, both engines; a simulated
+ * forward pass makes each layer ready MS ms after the previous one, and
+ * each request is sent either at the end (send() once every layer is
+ * ready) or streamed (send_part() per layer as it becomes ready), the two
+ * interleaved for --requests reps. Reported: time from the last layer
+ * ready to decode's Success (the part of time-to-first-token the transfer
+ * adds), median per mode, and their ratio streamed / at end.
+ *
  * Verification: each request gets its own destination pages when the pool
  * fits --max-pool-mb; then every byte of the first --verify requests
  * (default all) is checked after the window. Otherwise destination pages
@@ -52,7 +60,7 @@ typedef struct opts {
     const char *dev0, *ip0, *dev1, *ip1;
     bool fragmented, json, quiet;
     uint64_t layers, kv_heads, head_dim, dtype, page_tokens, item, tokens, contig;
-    uint64_t requests, warmup, inflight, seed, verify, poll_us, max_pool_mb;
+    uint64_t requests, warmup, inflight, seed, verify, poll_us, max_pool_mb, layer_ms;
     /* derived */
     uint64_t pages, total, dst_windows, src_windows, pool;
 } opts_t;
@@ -540,7 +548,8 @@ static void usage(void)
             "            --page-tokens T (1) | --item BYTES;  --tokens N per request (1024)\n"
             "  run:      --requests N (16) --warmup N (2) --inflight N (4) --seed S (1)\n"
             "            --verify N|all (all) --poll-us US (50; 0 = yield) --max-pool-mb MB (512)\n"
-            "  output:   --json (one JSON line) --quiet (no table, no progress)\n");
+            "  output:   --json (one JSON line) --quiet (no table, no progress)\n"
+            "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer)\n");
     exit(2);
 }
 
@@ -557,7 +566,8 @@ static void parse(int argc, char **argv, opts_t *o)
         {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},    {"warmup", 1, 0, 'W'},
         {"inflight", 1, 0, 'f'},    {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
         {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'}, {"json", 0, 0, 'j'},
-        {"quiet", 0, 0, 'q'},       {"help", 0, 0, '?'},        {0, 0, 0, 0}};
+        {"quiet", 0, 0, 'q'},       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
+        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
@@ -589,6 +599,7 @@ static void parse(int argc, char **argv, opts_t *o)
         case 'M': o->max_pool_mb = v; break;
         case 'j': o->json = true; break;
         case 'q': o->quiet = true; break;
+        case 'Y': o->layer_ms = v; break;
         default: usage();
         }
     }
@@ -624,11 +635,125 @@ static void parse(int argc, char **argv, opts_t *o)
     }
 }
 
+/* ------------------------------------------------------ layer-wise mode */
+
+static void sleep_ms(uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+}
+
+/* One request: the forward pass, then (or meanwhile) the transfer. Returns
+ * seconds from the last layer ready to decode's Success. */
+static double layered_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *de,
+                              const char *bs, const memory_t *dm, uint64_t k, bool streamed)
+{
+    req_plan_t rp;
+    plan_req(o, k, &rp);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    kvw_status_t st = kvw_receiver_create(de, bs, 0, rp.room, &r);
+    if (!st)
+        st = kvw_receiver_init(r, rp.dst, o->pages, KVW_NO_AUX);
+    if (!st)
+        st = kvw_sender_create(pe, rp.room, &s);
+    if (!st)
+        st = kvw_sender_init(s, o->pages, KVW_NO_AUX);
+    if (st)
+        die("layer-wise", "starting a request", st, NULL);
+    while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING) /* decode's request is there */
+        sched_yield();
+    for (uint64_t l = 0; l < o->layers; l++) {
+        sleep_ms(o->layer_ms); /* layer l is being computed */
+        kvw_part_t p = {rp.src, o->pages, 0, (uint32_t)l, (uint32_t)l + 1};
+        if (streamed && (st = kvw_sender_send_part(s, &p)))
+            die("layer-wise", "send_part", st, NULL);
+    }
+    double ready = now_s();
+    if (!streamed && (st = kvw_sender_send(s, rp.src, o->pages)))
+        die("layer-wise", "send", st, NULL);
+    kvw_poll_t ps;
+    while ((ps = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && ps != KVW_POLL_FAILED)
+        sched_yield();
+    double tail = now_s() - ready;
+    if (ps != KVW_POLL_SUCCESS) {
+        const char *why = "";
+        die("layer-wise", "the request failed", kvw_receiver_failure(r, &why), why);
+    }
+    if (verify_req(o, dm, &rp))
+        die("layer-wise", "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
+    while (kvw_sender_poll(s) == KVW_POLL_TRANSFERRING)
+        sched_yield();
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    free_req(&rp);
+    return tail;
+}
+
+static double median(double *v, uint64_t n)
+{
+    qsort(v, n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int run_layerwise(const opts_t *o)
+{
+    memory_t pm, dm;
+    alloc_memory(o, &pm, true);
+    alloc_memory(o, &dm, false);
+    char bind[96];
+    snprintf(bind, sizeof(bind), "%s:0", o->ip0);
+    kvw_bootstrap_t *bs;
+    kvw_status_t st = kvw_bootstrap_create(bind, &bs);
+    if (st)
+        die("layer-wise", "starting the bootstrap service", st, NULL);
+    kvw_engine_t *pe = make_engine(o, &pm, true, kvw_bootstrap_addr(bs));
+    kvw_engine_t *de = make_engine(o, &dm, false, NULL);
+    uint64_t n = o->requests;
+    double *at_end = calloc(n, sizeof(double)), *streamed = calloc(n, sizeof(double));
+    layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 0, false); /* connect, warm up */
+    for (uint64_t i = 0; i < n; i++) { /* interleaved, alternating which goes first */
+        bool stream_first = i % 2;
+        double a = layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 1 + 2 * i,
+                                   stream_first);
+        double b = layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 2 + 2 * i,
+                                   !stream_first);
+        streamed[i] = stream_first ? a : b;
+        at_end[i] = stream_first ? b : a;
+        if (!o->quiet)
+            printf("rep %" PRIu64 ": last layer ready -> Success: at end %.2f ms, streamed %.2f ms\n",
+                   i, at_end[i] * 1e3, streamed[i] * 1e3);
+    }
+    double me = median(at_end, n), ms = median(streamed, n);
+    double bytes = (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
+    printf("layer-wise: %" PRIu64 " layers x %" PRIu64 " pages x 2 x %" PRIu64
+           " B (%.2f MB) per request, %" PRIu64 " ms compute per layer, %" PRIu64
+           " reps: last layer ready -> decode Success, median: at end %.2f ms, streamed %.2f ms, "
+           "ratio streamed/at end %.3f\n",
+           o->layers, o->pages, o->item, bytes / 1e6, o->layer_ms, n, me * 1e3, ms * 1e3,
+           me > 0 ? ms / me : 0);
+    if (o->json)
+        printf("{\"mode\":\"layerwise\",\"layers\":%" PRIu64 ",\"layer_ms\":%" PRIu64
+               ",\"at_end_ms\":%.3f,\"streamed_ms\":%.3f,\"ratio\":%.4f}\n",
+               o->layers, o->layer_ms, me * 1e3, ms * 1e3, me > 0 ? ms / me : 0);
+    free(at_end);
+    free(streamed);
+    kvw_engine_destroy(de);
+    kvw_engine_destroy(pe);
+    kvw_bootstrap_destroy(bs);
+    free_memory(&pm);
+    free_memory(&dm);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
     parse(argc, argv, &o);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (o.layer_ms)
+        return run_layerwise(&o);
     int addr_pipe[2], result_pipe[2], done_pipe[2];
     if (pipe(addr_pipe) || pipe(result_pipe) || pipe(done_pipe)) {
         perror("kvwire-bench: pipe");

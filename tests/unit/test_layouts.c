@@ -1,8 +1,12 @@
 /* Any KV layout, chunked and layer-wise sends, on the engine itself: a
- * prefill and a decode engine in one process on the fake NIC (not RDMA)
- * with buffer groups of the test's choosing. Every byte of decode's memory
- * is checked: what the request covers must equal prefill's source, the
- * rest must still hold the canary. */
+ * prefill and a decode engine in one process with buffer groups of the
+ * test's choosing. Every byte of decode's memory is checked: what the
+ * request covers must equal prefill's source, the rest must still hold the
+ * canary.
+ *
+ * Built twice: as a unit test on the fake NIC (not RDMA), and with
+ * LAYOUTS_ON_RXE as tests/integration/layouts_test on the test bed's real
+ * rxe devices (rxe0 -> rxe1). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,8 +20,11 @@
 #include "engine/engine.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
+#include "support/testbed_env.h"
 
-enum { WAIT_MS = 5000, MAX_GROUPS = 8, MAX_REGIONS = 256, CANARY = 0xee };
+#include <stdatomic.h>
+
+enum { WAIT_MS = 20000, MAX_GROUPS = 8, MAX_REGIONS = 256, CANARY = 0xee };
 
 /* One side's memory: every region of every group, allocated. */
 typedef struct side {
@@ -70,24 +77,46 @@ static void add_both(kvw_group_kind_t kind, uint32_t layers, uint32_t per_layer,
     add_group(&lp.dst, kind, layers, per_layer, item_len, items, false);
 }
 
-static kvw_status_t open_engines(void)
+/* The two devices: the fake NIC's, or the test bed's rxe0 and rxe1. */
+static kvw_status_t devices(tb_device_t *d0, tb_device_t *d1)
 {
+#ifdef LAYOUTS_ON_RXE
+    if (!tb_device(0, d0))
+        return KVW_ERR_NO_DEVICE;
+    if (!tb_device(1, d1))
+        *d1 = *d0;
+    kvw_config_init(&lp.cfg);
+#else
     if (fake_nic_init(NULL))
         return KVW_ERR_NO_DEVICE;
     kvw__verbs_set_ops(&fake_nic_ops);
+    *d0 = (tb_device_t){"fake0", "127.0.0.1"};
+    *d1 = (tb_device_t){"fake1", "127.0.0.1"};
     pair_config(&lp.cfg);
-    kvw_bootstrap_params_t bp = {.bind_addr = "127.0.0.1:0", .config = &lp.cfg};
-    kvw_status_t st = kvw_bootstrap_create2(&bp, &lp.bs);
+#endif
+    return KVW_OK;
+}
+
+static kvw_status_t open_engines(void)
+{
+    tb_device_t d0, d1;
+    kvw_status_t st = devices(&d0, &d1);
+    if (st)
+        return st;
+    char bind[80];
+    snprintf(bind, sizeof(bind), "%s:0", d0.ip);
+    kvw_bootstrap_params_t bp = {.bind_addr = bind, .config = &lp.cfg};
+    st = kvw_bootstrap_create2(&bp, &lp.bs);
     kvw_engine_params_t pp = {.role = KVW_ROLE_PREFILL,
-                              .device = "fake0",
-                              .local_ip = "127.0.0.1",
+                              .device = d0.name,
+                              .local_ip = d0.ip,
                               .bootstrap_addr = st ? NULL : kvw_bootstrap_addr(lp.bs),
                               .config = &lp.cfg,
                               .num_groups = lp.src.num_groups,
                               .groups = lp.src.groups};
     kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
-                              .device = "fake1",
-                              .local_ip = "127.0.0.1",
+                              .device = d1.name,
+                              .local_ip = d1.ip,
                               .config = &lp.cfg,
                               .num_groups = lp.dst.num_groups,
                               .groups = lp.dst.groups};
@@ -110,8 +139,10 @@ static int teardown(void **state)
     kvw_engine_destroy(lp.decode);
     kvw_engine_destroy(lp.prefill);
     kvw_bootstrap_destroy(lp.bs);
+#ifndef LAYOUTS_ON_RXE
     kvw__verbs_set_ops(NULL);
     fake_nic_fini();
+#endif
     free_side(&lp.src);
     free_side(&lp.dst);
     memset(&lp, 0, sizeof(lp));
@@ -286,8 +317,10 @@ static void test_chunked_sends(void **state)
     start(&q, &s, &r);
     assert_int_equal(kvw_sender_send(s, src, 5), KVW_OK);
     assert_int_equal(kvw_sender_send(s, src + 5, 5), KVW_OK);
-    pair_sleep_ms(30);
-    /* The first chunks landed while the last is not handed over yet. */
+    /* The first chunks land while the last is not handed over yet. */
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (lp.dst.mem[0][dst[0] * 256] != pattern(0, src[0], 0) && pair_now_ms() < end)
+        pair_sleep_ms(1);
     assert_int_equal(lp.dst.mem[0][dst[0] * 256], pattern(0, src[0], 0));
     assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
     assert_int_equal(kvw_sender_send(s, src + 10, 4), KVW_ERR_INVALID); /* past init's 13 */
@@ -306,14 +339,19 @@ typedef struct layer_feed {
     size_t n;
     uint32_t layers;
     int delay_ms;
+    atomic_bool first_landed; /* set by the test once layer 0's bytes are at decode */
 } layer_feed_t;
 
 /* The forward pass: each layer becomes ready after delay_ms, and is handed
- * over from this thread, not the one that created the sender. */
+ * over from this thread, not the one that created the sender. Layer 1 is
+ * "computed" only once layer 0 has landed (or after WAIT_MS), so the test
+ * sees an early layer at decode while later ones do not exist yet. */
 static void *feed_layers(void *arg)
 {
     layer_feed_t *f = arg;
     for (uint32_t l = 0; l < f->layers; l++) {
+        for (int waited = 0; l == 1 && !atomic_load(&f->first_landed) && waited < WAIT_MS; waited++)
+            pair_sleep_ms(1);
         pair_sleep_ms(f->delay_ms);
         kvw_part_t p = {.pages = f->pages, .num_pages = f->n, .layer_begin = l,
                         .layer_end = l + 1};
@@ -337,17 +375,16 @@ static void test_layerwise_from_another_thread(void **state)
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
-    layer_feed_t f = {s, src, 6, 6, 40};
+    layer_feed_t f = {s, src, 6, 6, 40, false};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, feed_layers, &f), 0);
     /* Layer 0 (K region of layer 0 is region 0) lands long before the end. */
     uint64_t end = pair_now_ms() + WAIT_MS;
     while (lp.dst.mem[0][dst[0] * 512] != pattern(0, src[0], 0) && pair_now_ms() < end)
         pair_sleep_ms(1);
-    uint64_t layers_left_ms = 6 * 40;
-    print_message("layer 0 landed while layers 1-5 (%llu ms of compute) were still to come\n",
-                  (unsigned long long)layers_left_ms);
     assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    print_message("layer 0 landed while layers 1-5 were still to be computed\n");
+    atomic_store(&f.first_landed, true);
     /* A part out of order changes nothing. */
     kvw_part_t bad = {.pages = src, .num_pages = 6, .layer_begin = 5, .layer_end = 6,
                       .first_page = 1};
@@ -412,6 +449,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunks_times_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_mismatch_says_what, setup, teardown),
     };
-    return cmocka_run_group_tests_name("layouts and parts on the fake NIC (not RDMA)", tests, NULL,
-                                       NULL);
+#ifdef LAYOUTS_ON_RXE
+    tb_device_t d;
+    const char *name = tb_device(0, &d) ? "layouts and parts on real RDMA (rxe)" : "no RDMA device";
+    printf("layouts_test: devices %s, test bed mode %s\n", tb_device(0, &d) ? d.name : "-",
+           tb_mode());
+#else
+    const char *name = "layouts and parts on the fake NIC (not RDMA)";
+#endif
+    return cmocka_run_group_tests_name(name, tests, NULL, NULL);
 }
