@@ -85,14 +85,17 @@ void *kvw__zsocket(void *zctx, int type, uint32_t heartbeat_ms)
     }
     (void)heartbeat_ms;
     int linger = 0;
-    /* Bounded queues: a peer that floods us (or stops reading) costs at
-     * most KVW_ZSOCK_HWM messages of at most the largest valid one each;
-     * beyond that ZeroMQ drops or refuses, and our sends never block. */
-    int hwm = KVW_ZSOCK_HWM, one = 1;
+    /* Bounded queues. Receiving: a peer that floods us costs at most
+     * KVW_ZSOCK_HWM messages of at most the largest valid one each; beyond
+     * that ZeroMQ stops reading its connection (TCP pushes back). Sending:
+     * our own messages only (one per request in flight at most, and there
+     * are at most 65536 of those), so a burst of requests queues instead of
+     * failing; our sends never block. */
+    int hwm = KVW_ZSOCK_HWM, send_hwm = KVW_ZSOCK_SEND_HWM, one = 1;
     int64_t maxmsg = KVW_WIRE_MAX_MSG;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(s, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm));
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm));
     /* No ZMTP heartbeats: the engines' own PING/PONG (paced by load, see
      * idle_heartbeat_ms) and the sockets' monitors already tell a dead peer,

@@ -16,7 +16,10 @@ kvw_status_t kvw__zsend_to(void *sock, const void *id, size_t id_len, const kvw_
  * decode error text lands in reason. KVW_ERR_NOT_FOUND when nothing was
  * waiting under ZMQ_DONTWAIT. */
 kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, size_t reason_size);
-enum { KVW_ZSOCK_HWM = 256 }; /* messages queued per connection, each way */
+enum {
+    KVW_ZSOCK_HWM = 256,            /* messages received and queued per connection */
+    KVW_ZSOCK_SEND_HWM = 1u << 17, /* messages of ours queued per connection */
+};
 
 /* Create a socket with the options every kvwire socket wants: no linger on
  * close, messages no larger than the largest valid one, bounded queues,

@@ -261,8 +261,8 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         break;
     }
     case KVW_MSG_BYE:
-        kvw__peer_kill(p, (kvw_status_t)m->status, "decode closed the connection: %.120s",
-                       m->u.failed.reason);
+        kvw__peer_close(p, (kvw_status_t)m->status, "decode closed the connection: %.120s",
+                        m->u.failed.reason);
         break;
     default:
         kvw__ctl_dropped(e, "unexpected %s from peer %u", kvw__wire_type_name(m->type), p->index);
@@ -304,7 +304,7 @@ static void probe_connections(kvw_engine_t *e)
             continue; /* a lost probe tells nothing */
         if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
             if (errno == EHOSTUNREACH)
-                kvw__peer_kill(p, KVW_ERR_PEER, "decode engine's control connection closed");
+                kvw__peer_close(p, KVW_ERR_PEER, "decode engine's control connection closed");
             continue;
         }
         kvw__zsend_raw(e->router, &pong, ZMQ_DONTWAIT);
@@ -344,6 +344,12 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
         kvw_peer_t *p = kvw__peer_at(e, i);
         if (!p || atomic_load(&p->state) != PEER_CONNECTED)
             continue;
+        if (atomic_load(&p->closing)) { /* the poller kills it once drained, or here */
+            kvw__peer_close_if_drained(p, false);
+            uint64_t at = p->close_deadline_ns + 1; /* written before closing was set */
+            next = !next || at < next ? at : next;
+            continue;
+        }
         uint64_t due = p->last_seen_ns + limit;
         if (now > due)
             kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms", ms);

@@ -58,6 +58,10 @@ struct kvw_peer {
     uint32_t serial;   /* unique over the engine's life: decode's routing identity */
     _Atomic int state; /* kvw_peer_state_t; changes only by compare-and-swap */
     atomic_bool killing;  /* the first killer wins; state turns DEAD once the QP is in ERR */
+    atomic_bool closing;  /* the other side left: post nothing new, kill once drained */
+    uint64_t close_deadline_ns;           /* (lock) kill by then even if not drained */
+    kvw_status_t close_status;            /* (lock) */
+    char close_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     bool kill_due;        /* (lock) killed under the lock: the control thread finishes it */
     atomic_bool poller_done; /* dead, and the poller has let go of its queues */
     bool live;               /* (lock) published and not dead: counts against max_peers */
@@ -328,6 +332,14 @@ void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The other side went away (its process exited, or it said BYE): post
+ * nothing new on p, let the writes already posted complete (one that
+ * landed is a Success: decode may have read it and left), then kill p with
+ * this reason; at the latest after peer_timeout_ms. Any thread. */
+void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Poller: a closing peer with nothing in flight any more is killed. */
+void kvw__peer_close_if_drained(kvw_peer_t *p, bool drained);
 /* Move p from state `from` to `to`; false (and nothing changed) if p was
  * no longer in `from`, e.g. killed meanwhile. */
 bool kvw__peer_transition(kvw_peer_t *p, kvw_peer_state_t from, kvw_peer_state_t to);

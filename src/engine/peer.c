@@ -371,3 +371,36 @@ void kvw__peer_finish_kills(kvw_engine_t *e)
         pthread_mutex_unlock(&e->lock);
     }
 }
+
+void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+{
+    if (atomic_load(&p->killing) || atomic_load(&p->closing))
+        return;
+    kvw_engine_t *e = p->engine;
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&e->lock);
+    vsnprintf(p->close_reason, sizeof(p->close_reason), fmt, ap);
+    p->close_status = st;
+    p->close_deadline_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.peer_timeout_ms);
+    pthread_mutex_unlock(&e->lock);
+    va_end(ap);
+    atomic_store(&p->closing, true);
+    kvw__wake(e->poller_wake_fd); /* it decides when the writes drained */
+    kvw__wake(e->control_wake_fd); /* it enforces the deadline */
+}
+
+void kvw__peer_close_if_drained(kvw_peer_t *p, bool drained)
+{
+    if (!atomic_load(&p->closing) || atomic_load(&p->killing))
+        return;
+    kvw_engine_t *e = p->engine;
+    pthread_mutex_lock(&e->lock);
+    bool due = drained || kvw__now_ns() >= p->close_deadline_ns;
+    kvw_status_t st = p->close_status;
+    char why[KVW_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why), "%s", p->close_reason);
+    pthread_mutex_unlock(&e->lock);
+    if (due)
+        kvw__peer_kill(p, st, "%s", why);
+}

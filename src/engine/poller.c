@@ -390,9 +390,13 @@ static int run_once(kvw_engine_t *e)
         kvw_peer_t *p = kvw__peer_at(e, i);
         if (!p || atomic_load(&p->poller_done))
             continue;
-        if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED)
+        bool closing = atomic_load(&p->closing);
+        if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED && !closing)
             work += post_peer(e, p);
         work += poll_peer(e, p);
+        if (closing) /* every posted write completed: what landed was retired */
+            kvw__peer_close_if_drained(p, !p->inflight_head &&
+                                              (!p->txq_ready || p->txq.completed >= p->txq.posted));
     }
     return work;
 }

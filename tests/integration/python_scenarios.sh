@@ -20,8 +20,10 @@ if ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
 fi
 
 echo "[ RUN      ] pytest python/tests (binding, sglang backend harness)"
-"$py" -m pytest -q -p no:cacheprovider -rfEs python/tests >"$work/pytest.log" 2>&1
+KVWIRE_TEST_REPORT="$work/report" "$py" -m pytest -q -p no:cacheprovider -rfEs python/tests \
+    >"$work/pytest.log" 2>&1
 rc=$?
+[ -f "$work/report" ] && sed 's/^/    /' "$work/report"
 grep -E '^(FAILED|ERROR|SKIPPED)' "$work/pytest.log" | sed 's/^/    /'
 [ $rc -eq 0 ] || tail -n 60 "$work/pytest.log" | sed 's/^/    | /'
 echo "    pytest: $(tail -n 1 "$work/pytest.log")"

@@ -85,7 +85,8 @@ soak() {
         grep "^room $r: FAILED" "$work/soak-p.log" | sed 's/^/    p| /'
         grep "^room $r: " "$work/soak-d.log" | sed 's/^/    d| /'
     done
-    pfail=$(grep -c '^room [0-9]*: FAILED' "$work/soak-p.log")
+    pfail=$(sed -n 's/^room \([0-9]*\): FAILED.*/\1/p' "$work/soak-p.log" |
+        awk -v k=$kill_every '$1 % k == k - 1' | wc -l)
     echo "    prefill: $pfail of the $(echo "$kills" | tr , '\n' | wc -l) killed decode processes' rooms failed there (the rest had landed)"
     echo "    soak took $took s"
     if [ -n "$before" ] && [ -n "$after" ]; then

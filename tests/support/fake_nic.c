@@ -90,6 +90,7 @@ typedef struct nic_cqe {
     struct ibv_wc wc;
     nic_qp_t *sq_owner; /* send CQEs: polling one frees its QP's slots up to seq */
     uint64_t seq;
+    uint64_t visible_ns; /* a late ACK: pollable from then on (FIFO) */
 } nic_cqe_t;
 
 struct nic_cq {
@@ -99,6 +100,7 @@ struct nic_cq {
     uint32_t size, head, count;
     bool armed, solicited_only;
     uint64_t events_delivered, events_acked;
+    uint64_t notify_at; /* a late ACK's CQE turns pollable then: notify then */
     nic_cq_t *next;
 };
 
@@ -767,8 +769,33 @@ static void cq_push(nic_cq_t *cq, const struct ibv_wc *wc, nic_qp_t *sq_owner, u
     e->wc = *wc;
     e->sq_owner = sq_owner;
     e->seq = seq;
+    /* The data landed; the sender hears of it only when the ACK arrives. */
+    e->visible_ns = sq_owner && wc->status == IBV_WC_SUCCESS
+                        ? now_ns() + (uint64_t)nic.faults.ack_delay_us * 1000
+                        : 0;
     nic.stats.cqes++;
+    if (e->visible_ns) { /* the event comes with the ACK (wire thread) */
+        if (!cq->notify_at || e->visible_ns < cq->notify_at)
+            cq->notify_at = e->visible_ns;
+        return;
+    }
     cq_notify(cq, solicited || wc->status != IBV_WC_SUCCESS);
+}
+
+/* Wire thread: deliver the events of CQEs whose late ACK arrived; *wake
+ * gets the earliest one still to come. */
+static void late_acks(uint64_t now, uint64_t *wake)
+{
+    for (nic_cq_t *cq = nic.cqs; cq; cq = cq->next) {
+        if (!cq->notify_at)
+            continue;
+        if (cq->notify_at <= now) {
+            cq->notify_at = 0;
+            cq_notify(cq, false);
+        } else if (cq->notify_at < *wake) {
+            *wake = cq->notify_at;
+        }
+    }
 }
 
 /* Drop the CQEs of a destroyed QP so none points at it (mlx5 cleans its
@@ -825,7 +852,8 @@ static int nic_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     nic_cq_t *cq = cq_of(ibcq);
     int got = 0;
     lock();
-    while (got < n && cq->count) {
+    uint64_t now = now_ns();
+    while (got < n && cq->count && cq->ring[cq->head].visible_ns <= now) {
         nic_cqe_t *e = &cq->ring[cq->head];
         wc[got++] = e->wc;
         /* Like mlx5: send-queue slots come back when the CQE is polled. */
@@ -1392,6 +1420,7 @@ static void *wire_main(void *arg)
     lock();
     while (!nic.stop) {
         uint64_t now = now_ns(), wake = NIC_NEVER;
+        late_acks(now, &wake);
         nic_qp_t *qp = next_ready(now, &wake);
         if (qp) {
             execute_head(qp, now);

@@ -57,6 +57,9 @@ typedef struct fake_nic_faults {
     uint32_t delay_us;
     uint32_t delay_jitter_us;
     uint64_t seed;
+    /* A successful send's completion can be polled only ack_delay_us after
+     * its data landed (a late ACK): the receiver may act on the data first. */
+    uint32_t ack_delay_us;
 } fake_nic_faults_t;
 
 typedef struct fake_nic_stats {

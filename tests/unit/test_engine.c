@@ -1010,6 +1010,36 @@ static void test_unknown_rank_fails_fast(void **state)
     kvw_receiver_destroy(r);
 }
 
+/* Finding (rxe soak): a decode engine that got every byte and exited at
+ * once made prefill fail the room, because prefill moved the QP to ERR on
+ * seeing the connection close before it had retired the last write's
+ * completion. Now prefill lets posted writes complete first. */
+static void test_decode_leaving_after_success_is_success(void **state)
+{
+    (void)state;
+    fake_nic_faults_t late_ack = {.ack_delay_us = 150000};
+    fake_nic_set_faults(&late_ack);
+    for (uint64_t room = 1; room <= 5; room++) {
+        pair_room_t a;
+        pair_pick(&a, room, 8, room, 0);
+        assert_int_equal(kvw_sender_create(pair.prefill, a.room, &a.s), KVW_OK);
+        assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+        a.r = receive_on(pair.decode, &a);
+        send_now(&a);
+        assert_int_equal(wait_receiver(a.r), KVW_POLL_SUCCESS);
+        kvw_receiver_destroy(a.r); /* decode has its data and leaves at once */
+        a.r = NULL;
+        kvw_engine_destroy(pair.decode);
+        pair.decode = NULL;
+        const char *why = "";
+        if (pair_wait_sender(&a, WAIT_MS) != KVW_POLL_SUCCESS)
+            kvw_sender_failure(a.s, &why);
+        assert_string_equal(why, "");
+        pair_destroy_room(&a);
+        assert_int_equal(pair_add_decode(&pair, &pair.decode), KVW_OK);
+    }
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -1049,6 +1079,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_unknown_rank_fails_fast, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
+                                        close_pair),
     };
     return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
 }

@@ -1,9 +1,10 @@
 """kvwire as an sglang PD-disaggregation transfer backend.
 
 Pinned contract: sglang's python/sglang/srt/disaggregation/base/conn.py at
-sgl-project/sglang commit 0094505da74125a31ceb354f37ae7a1b6a97d3f5 (main,
-the newest release line's interface: KVReceiver.init(prefill_dp_rank) +
-send_metadata(...), KVSender.send once per chunk, get_transfer_metric()).
+sgl-project/sglang commit 0094505da74125a31ceb354f37ae7a1b6a97d3f5 (main;
+the newest base/conn.py we could read, not tied to a release tag):
+KVReceiver.init(prefill_dp_rank) + send_metadata(...), KVSender.send once
+per prefill chunk, get_transfer_metric().
 The classes below implement BaseKVManager, BaseKVSender, BaseKVReceiver and
 BaseKVBootstrapServer of that file by duck typing: sglang is not imported
 here (it is imported only by install(), to patch it).

@@ -34,6 +34,12 @@ def test_prefill_decode_processes(tmp_path, mla):
                 p.kill()
     print(pout)
     print(dout)
+    report = os.environ.get("KVWIRE_TEST_REPORT")  # python_scenarios.sh shows these lines
+    if report:
+        with open(report, "a") as f:
+            for line in (pout + dout).splitlines():
+                if line.startswith(("prefill:", "decode:")):
+                    f.write(f"sglang harness ({'mla' if mla else 'mha'}) {line}\n")
     assert dec.returncode == 0, dout
     assert pre.returncode == 0, pout
     assert "0 bytes wrong, as expected: True" in dout

@@ -120,3 +120,60 @@ def test_engine_close_closes_requests_then_raises():
             call()
     r.close()
     e.close()
+
+
+def test_layerwise_send_part(pair):
+    bs, pre, dec, src, dst, *_ = pair
+    if not kvwire.features()["send_part"]:
+        pytest.skip("libkvwire without send_part")
+    sp, dp = [0, 1, 2, 3, 9, 10], [20, 21, 22, 23, 24, 2]
+    with dec.receiver(bs.addr, 0, 105) as r, pre.sender(105) as s:
+        r.init(dp)
+        s.init(len(sp))
+        s.send_part(sp, 0, 0, 1)              # layer 0, every page
+        s.send_part(sp[:4], 0, 1, L)          # layers 1.., the first chunk
+        assert r.poll() != Poll.SUCCESS       # not complete before the last part
+        s.send_part(np.array(sp[4:], dtype=np.uint64), 4, 1, L)
+        assert wait(r) == Poll.SUCCESS and wait(s) == Poll.SUCCESS
+        m = r.metrics()
+        assert m.bytes == len(sp) * 2 * L * ITEM
+    check(src, dst, sp, dp)
+
+
+def test_groups_mla_aux_and_state():
+    if not kvwire.features()["groups"]:
+        pytest.skip("libkvwire without buffer groups")
+    rng = np.random.default_rng(9)
+    LAY, SITEM = 3, 256
+
+    def memory(fill):
+        mk = (lambda n: rng.integers(0, 256, n, dtype=np.uint8)) if fill else \
+            (lambda n: np.zeros(n, dtype=np.uint8))
+        kv = [mk(POOL * ITEM) for _ in range(LAY)]          # MLA: one region per layer
+        aux = [mk(4 * 64), mk(4 * 128)]                     # two metadata buffers
+        state = [mk(8 * SITEM)]                             # e.g. a Mamba state pool
+        groups = [kvwire.Group(kvwire.GroupKind.KV, LAY, 1, [kvwire.Region.of(a, ITEM) for a in kv]),
+                  kvwire.Group(kvwire.GroupKind.AUX, 1, 2, [kvwire.Region.of(aux[0], 64),
+                                                            kvwire.Region.of(aux[1], 128)]),
+                  kvwire.Group(kvwire.GroupKind.STATE, 1, 1, [kvwire.Region.of(state[0], SITEM)])]
+        return kv, aux, state, groups
+
+    skv, saux, sst, sg = memory(True)
+    dkv, daux, dst_, dg = memory(False)
+    with kvwire.Bootstrap(f"{IP0}:0") as bs, \
+            kvwire.Engine("prefill", IP0, device=DEV0, bootstrap_addr=bs.addr, groups=sg) as pre, \
+            kvwire.Engine("decode", IP1, device=DEV1, groups=dg) as dec:
+        sp, dp = [4, 5, 6], [7, 8, 30]
+        with dec.receiver(bs.addr, 0, 200) as r, pre.sender(200) as s:
+            r.init(dp, aux_index=3, state=[6])
+            s.init(len(sp), aux_index=1)
+            s.send_state([2])
+            s.send(sp)
+            assert wait(r) == Poll.SUCCESS, r.failure()
+            assert wait(s) == Poll.SUCCESS
+        for i in range(LAY):
+            for a, b in zip(sp, dp):
+                assert (dkv[i][b * ITEM:(b + 1) * ITEM] == skv[i][a * ITEM:(a + 1) * ITEM]).all()
+        assert (daux[0][3 * 64:4 * 64] == saux[0][64:128]).all()
+        assert (daux[1][3 * 128:4 * 128] == saux[1][128:256]).all()
+        assert (dst_[0][6 * SITEM:7 * SITEM] == sst[0][2 * SITEM:3 * SITEM]).all()
