@@ -174,6 +174,31 @@ typedef struct kvw_config {
      *                     characters (kvw_config_print never shows it). */
     char cluster_key_file[256];
     char cluster_key[41];
+    /* Fabric settings, applied to every QP as it moves to RTR (README
+     * "Fabric settings"); the QP bring-up log at info level shows them.
+     *   traffic_class  KVW_TRAFFIC_CLASS, 0 (0..255): the GRH traffic
+     *                  class. RoCE: DSCP << 2 (plus ECN bits), e.g. 106
+     *                  for DSCP 26; it picks the switch queue.
+     *   service_level  KVW_SERVICE_LEVEL, 0 (0..15): the IB SL (SL to VL
+     *                  mapping of the subnet); on RoCE the 802.1p priority
+     *                  of VLAN-tagged traffic, where the NIC uses it.
+     *   hop_limit      KVW_HOP_LIMIT, 255 (1..255): the GRH hop limit (IP
+     *                  TTL on RoCEv2), as NCCL and perftest set it.
+     *   flow_label     KVW_FLOW_LABEL, -1 (-1..0xfffff): the GRH flow
+     *                  label; RoCEv2 NICs hash it into the UDP source
+     *                  port, the ECMP entropy. -1 derives it per QP from
+     *                  both QPNs (the Linux rdma_calc_flow_label hash, the
+     *                  same value on both sides), spreading connections
+     *                  over paths; 0 leaves it to the NIC; else fixed.
+     *   ib_use_grh     KVW_IB_USE_GRH, -1 (-1..1): InfiniBand only (RoCE
+     *                  always carries a GRH). -1: a GRH when the peer's
+     *                  GID is in another subnet or gid_index was set, LID
+     *                  routing otherwise; 0: LID routing; 1: a GRH. */
+    uint8_t traffic_class;
+    uint8_t service_level;
+    uint8_t hop_limit;
+    int32_t flow_label;
+    int32_t ib_use_grh;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides. Returns

@@ -48,6 +48,11 @@ static const config_field_t fields[] = {
     FIELD(qp_rnr_retry, FIELD_U8, 7, 0, 7),
     TEXT(cluster_key_file, FIELD_STR),
     TEXT(cluster_key, FIELD_SECRET),
+    FIELD(traffic_class, FIELD_U8, 0, 0, 255),
+    FIELD(service_level, FIELD_U8, 0, 0, 15),
+    FIELD(hop_limit, FIELD_U8, 255, 1, 255),
+    FIELD(flow_label, FIELD_I32, -1, -1, 0xfffff),
+    FIELD(ib_use_grh, FIELD_I32, -1, -1, 1),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))

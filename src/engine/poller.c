@@ -2,7 +2,7 @@
  * requests onto their peer's send queue in doorbell-batched chains, retires
  * completions, and drives request states. When idle it spins briefly, then
  * sleeps on the completion channel so an idle engine burns no core. */
-#include "engine/engine.h"
+#include "engine/poller.h"
 
 #include "common/log.h"
 
@@ -447,4 +447,20 @@ void *kvw__poller_main(void *arg)
         if (kvw__peer_at(e, i))
             drop_queues(e, kvw__peer_at(e, i));
     return NULL;
+}
+
+/* The seam (poller.h): the same functions the thread runs, nothing added. */
+int kvw__poller_run_once(kvw_engine_t *e)
+{
+    return run_once(e);
+}
+
+int kvw__poller_post_peer(kvw_engine_t *e, kvw_peer_t *p)
+{
+    return post_peer(e, p);
+}
+
+int kvw__poller_poll_peer(kvw_engine_t *e, kvw_peer_t *p)
+{
+    return poll_peer(e, p);
 }

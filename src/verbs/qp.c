@@ -79,7 +79,48 @@ void kvw__qp_local_info(const kvw_qp_t *qp, kvw_qp_info_t *info_p)
     memcpy(info_p->gid, qp->dev->gid.raw, 16);
 }
 
-static kvw_status_t to_rtr(kvw_qp_t *q, const kvw_qp_info_t *r)
+uint32_t kvw__flow_label(uint32_t local_qpn, uint32_t remote_qpn)
+{
+    /* Linux's rdma_calc_flow_label(): a product is symmetric, so both ends
+     * of a connection derive the same label, and folding spreads the high
+     * bits of the product over the 20 the GRH carries. */
+    uint64_t v = (uint64_t)(local_qpn & KVW_QPN_MASK) * (remote_qpn & KVW_QPN_MASK);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    return (uint32_t)(v & KVW_FLOW_LABEL_MASK);
+}
+
+/* RoCE has no LIDs: always a GRH. InfiniBand routes by LID inside a subnet;
+ * a GRH is needed to cross subnets (the GID's upper 64 bits are the subnet
+ * prefix), and an explicit gid_index says the operator wants that GID used. */
+bool kvw__qp_wants_grh(const kvw_dev_t *dev, const kvw_qp_info_t *remote, const kvw_config_t *cfg)
+{
+    if (dev->link_layer == IBV_LINK_LAYER_ETHERNET)
+        return true;
+    if (cfg->ib_use_grh >= 0)
+        return cfg->ib_use_grh == 1;
+    return cfg->gid_index >= 0 || memcmp(dev->gid.raw, remote->gid, 8) != 0;
+}
+
+void kvw__qp_fill_ah(const kvw_dev_t *dev, uint32_t local_qpn, const kvw_qp_info_t *remote,
+                     const kvw_config_t *cfg, struct ibv_ah_attr *ah_p)
+{
+    memset(ah_p, 0, sizeof(*ah_p));
+    ah_p->port_num = dev->port;
+    ah_p->dlid = remote->lid;
+    ah_p->sl = cfg->service_level & 0xf; /* 4 bits on the wire */
+    if (!kvw__qp_wants_grh(dev, remote, cfg))
+        return;
+    ah_p->is_global = 1;
+    memcpy(ah_p->grh.dgid.raw, remote->gid, 16);
+    ah_p->grh.sgid_index = (uint8_t)dev->gid_index;
+    ah_p->grh.hop_limit = cfg->hop_limit;
+    ah_p->grh.traffic_class = cfg->traffic_class;
+    ah_p->grh.flow_label = cfg->flow_label < 0 ? kvw__flow_label(local_qpn, remote->qpn)
+                                               : (uint32_t)cfg->flow_label & KVW_FLOW_LABEL_MASK;
+}
+
+static kvw_status_t to_rtr(kvw_qp_t *q, const kvw_qp_info_t *r, const kvw_config_t *cfg)
 {
     enum ibv_mtu mtu =
         q->dev->active_mtu < (enum ibv_mtu)r->mtu ? q->dev->active_mtu : (enum ibv_mtu)r->mtu;
@@ -90,15 +131,8 @@ static kvw_status_t to_rtr(kvw_qp_t *q, const kvw_qp_info_t *r)
         .rq_psn = r->psn,
         .max_dest_rd_atomic = 1,
         .min_rnr_timer = 12,
-        .ah_attr = {.port_num = q->dev->port, .dlid = r->lid, .sl = 0},
     };
-    /* RoCE needs a GRH (there are no LIDs); plain IB within a subnet does not. */
-    if (q->dev->link_layer == IBV_LINK_LAYER_ETHERNET) {
-        a.ah_attr.is_global = 1;
-        memcpy(a.ah_attr.grh.dgid.raw, r->gid, 16);
-        a.ah_attr.grh.sgid_index = (uint8_t)q->dev->gid_index;
-        a.ah_attr.grh.hop_limit = 255;
-    }
+    kvw__qp_fill_ah(q->dev, q->qp->qp_num, r, cfg, &a.ah_attr);
     int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     if (q->dev->ops->modify_qp(q->qp, &a, mask)) {
@@ -106,6 +140,8 @@ static kvw_status_t to_rtr(kvw_qp_t *q, const kvw_qp_info_t *r)
                   strerror(errno));
         return KVW_ERR_VERBS;
     }
+    q->path_mtu = mtu;
+    q->ah = a.ah_attr;
     return KVW_OK;
 }
 
@@ -128,6 +164,22 @@ static kvw_status_t to_rts(kvw_qp_t *q, const kvw_config_t *cfg)
     return KVW_OK;
 }
 
+/* Once per QP, so an operator can check what the fabric was asked for. */
+static void log_bring_up(const kvw_qp_t *q, const kvw_qp_info_t *r, const kvw_config_t *cfg)
+{
+    const struct ibv_ah_attr *ah = &q->ah;
+    char grh[128] = "grh off";
+    char lid[40] = "";
+    if (ah->is_global)
+        snprintf(grh, sizeof(grh), "tclass %u, flow_label 0x%05x%s, hop_limit %u, grh on",
+                 ah->grh.traffic_class, ah->grh.flow_label, cfg->flow_label < 0 ? " (derived)" : "",
+                 ah->grh.hop_limit);
+    if (q->dev->link_layer == IBV_LINK_LAYER_INFINIBAND)
+        snprintf(lid, sizeof(lid), ", lid %u -> %u", q->dev->lid, ah->dlid);
+    KVW_INFO("%s: QP %u -> peer QP %u up: mtu %d, gid_index %d, sl %u, %s%s", q->dev->name,
+             q->qp->qp_num, r->qpn, 128 << q->path_mtu, q->dev->gid_index, ah->sl, grh, lid);
+}
+
 kvw_status_t kvw__qp_connect(kvw_qp_t *qp, const kvw_qp_info_t *remote, const kvw_config_t *cfg)
 {
     if (remote->link_layer != qp->dev->link_layer) {
@@ -135,8 +187,17 @@ kvw_status_t kvw__qp_connect(kvw_qp_t *qp, const kvw_qp_info_t *remote, const kv
                   remote->link_layer, qp->dev->link_layer);
         return KVW_ERR_MISMATCH;
     }
-    kvw_status_t st = to_rtr(qp, remote);
-    return st ? st : to_rts(qp, cfg);
+    if (qp->dev->link_layer == IBV_LINK_LAYER_INFINIBAND &&
+        !kvw__qp_wants_grh(qp->dev, remote, cfg) && memcmp(qp->dev->gid.raw, remote->gid, 8) != 0)
+        KVW_WARN("%s: QP %u: peer GID is in another subnet but ib_use_grh=0 (KVW_IB_USE_GRH): "
+                 "LID routing will not reach it",
+                 qp->dev->name, qp->qp->qp_num);
+    kvw_status_t st = to_rtr(qp, remote, cfg);
+    if (!st)
+        st = to_rts(qp, cfg);
+    if (!st)
+        log_bring_up(qp, remote, cfg);
+    return st;
 }
 
 void kvw__qp_set_error(kvw_qp_t *qp)

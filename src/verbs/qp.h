@@ -23,7 +23,13 @@ typedef struct kvw_qp {
     struct ibv_qp *qp;
     uint32_t psn;
     uint32_t sq_depth, rq_depth;
+    /* The path as set at RTR, for the bring-up log. */
+    enum ibv_mtu path_mtu;
+    struct ibv_ah_attr ah;
 } kvw_qp_t;
+
+#define KVW_QPN_MASK 0xffffffu
+#define KVW_FLOW_LABEL_MASK 0xfffffu
 
 /* Create an RC QP and its CQ (bound to channel if not NULL, with cq_ctx).
  * The QP is left in INIT, accepting remote writes only when remote_write
@@ -32,8 +38,17 @@ kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, vo
                             uint32_t sq_depth, uint32_t rq_depth, bool remote_write,
                             kvw_qp_t **qp_p);
 void kvw__qp_local_info(const kvw_qp_t *qp, kvw_qp_info_t *info_p);
-/* INIT -> RTR -> RTS towards remote. */
+/* INIT -> RTR -> RTS towards remote, with cfg's fabric settings; logs the
+ * path at info level once connected. */
 kvw_status_t kvw__qp_connect(kvw_qp_t *qp, const kvw_qp_info_t *remote, const kvw_config_t *cfg);
+/* Pure helpers, exposed for tests. The flow label a QP derives when
+ * cfg->flow_label is -1: a hash of both QPNs, the same on both ends. */
+uint32_t kvw__flow_label(uint32_t local_qpn, uint32_t remote_qpn);
+/* Does the address vector towards remote carry a GRH (see ib_use_grh)? */
+bool kvw__qp_wants_grh(const kvw_dev_t *dev, const kvw_qp_info_t *remote, const kvw_config_t *cfg);
+/* The address vector towards remote, with cfg's fabric settings. */
+void kvw__qp_fill_ah(const kvw_dev_t *dev, uint32_t local_qpn, const kvw_qp_info_t *remote,
+                     const kvw_config_t *cfg, struct ibv_ah_attr *ah_p);
 /* Move to ERR: every outstanding WR completes with a flush error and the
  * peer can no longer write into our memory through this QP. */
 void kvw__qp_set_error(kvw_qp_t *qp);

@@ -74,14 +74,7 @@ for case in none other; do
 done
 
 echo "[ RUN      ] a prefill without the key cannot register at a keyed standalone bootstrap"
-"$build/kvw-bootstrap" --key-file "$key" "$ip0" >"$work/bs.log" 2>&1 &
-bspid=$!
-n=0
-until grep -q '^bootstrap ' "$work/bs.log" || [ $n -ge 200 ]; do
-    sleep 0.05
-    n=$((n + 1))
-done
-bs=$(sed -n 's/^bootstrap //p' "$work/bs.log")
+start_bootstrap --key-file "$key" "$ip0"
 KVW_BOOTSTRAP_TIMEOUT_MS=3000 "$xfer" prefill --dev "$dev0" --ip "$ip0" --bootstrap "$bs" \
     --layers 2 --pool 16 --pages 4 --requests 1 >"$work/p.log" 2>&1
 prc=$?

@@ -20,3 +20,16 @@ result() { # name rc
         failed=$((failed + 1))
     fi
 }
+
+# Start a standalone bootstrap service (kvw-bootstrap ARGS... IP) in the
+# background; sets bspid and bs (its "ip:port"), empty if it did not start.
+start_bootstrap() {
+    "$build/kvw-bootstrap" "$@" >"$work/bs.log" 2>&1 &
+    bspid=$!
+    n=0
+    until grep -q '^bootstrap ' "$work/bs.log" || [ $n -ge 200 ]; do
+        sleep 0.05
+        n=$((n + 1))
+    done
+    bs=$(sed -n 's/^bootstrap //p' "$work/bs.log")
+}

@@ -198,15 +198,8 @@ restart_prefill() {
     echo "[ RUN      ] $name: $dev0 ($ip0) -> $dev1 ($ip1)"
     rc=0
     rm -f "$work/ready" "$work/bs"
-    "$build/kvw-bootstrap" "$ip0" >"$work/bs.log" 2>&1 &
-    bspid=$!
-    n=0
-    until grep -q '^bootstrap ' "$work/bs.log" || [ $n -ge 200 ]; do
-        sleep 0.05
-        n=$((n + 1))
-    done
-    sed -n 's/^bootstrap //p' "$work/bs.log" >"$work/bs"
-    bs=$(cat "$work/bs")
+    start_bootstrap "$ip0"
+    printf '%s\n' "$bs" >"$work/bs"
     [ -n "$bs" ] || need "the bootstrap service did not start"
     echo "    bootstrap service (pid $bspid) at $bs"
     # P1 serves rooms 0-3 (D's first wave), P2 rooms 4-7 (D's second).

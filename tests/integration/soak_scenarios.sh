@@ -111,14 +111,7 @@ idle() {
     name="idle: prefill and decode connected for $idle_s s use < 0.5% of a core each"
     echo "[ RUN      ] $name"
     rm -f "$work/bs"
-    "$build/kvw-bootstrap" "$ip0" >"$work/bs.log" 2>&1 &
-    bspid=$!
-    n=0
-    until grep -q '^bootstrap ' "$work/bs.log" || [ $n -ge 200 ]; do
-        sleep 0.05
-        n=$((n + 1))
-    done
-    bs=$(sed -n 's/^bootstrap //p' "$work/bs.log")
+    start_bootstrap "$ip0"
     small="--layers 2 --item 4096 --pool 16 --pages 4 --requests 2 --inflight 1 --idle-s $idle_s"
     # shellcheck disable=SC2086
     "$xfer" prefill --dev "$dev0" --ip "$ip0" --bootstrap "$bs" $small >"$work/idle-p.log" 2>&1 &

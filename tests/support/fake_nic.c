@@ -1620,6 +1620,20 @@ int fake_nic_qp_access(uint32_t qp_num)
     return access;
 }
 
+int fake_nic_qp_ah(uint32_t qp_num, struct ibv_ah_attr *ah_p)
+{
+    int rc = -1;
+    lock();
+    for (const nic_qp_t *q = nic.qps; q && rc < 0; q = q->next)
+        if (q->ibqp.qp_num == qp_num && q->ibqp.state != IBV_QPS_RESET &&
+            q->ibqp.state != IBV_QPS_INIT) {
+            *ah_p = q->ah;
+            rc = 0;
+        }
+    unlock();
+    return rc;
+}
+
 int fake_nic_quiesce(int timeout_ms)
 {
     uint64_t deadline = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;

@@ -103,6 +103,10 @@ void fake_nic_stats(fake_nic_stats_t *stats);
  * this number: what a peer could do to them. -1 if there is none. */
 int fake_nic_mr_access(const void *addr);
 int fake_nic_qp_access(uint32_t qp_num);
+/* The address vector the QP with this number was given at RTR (as
+ * ibv_modify_qp received it), in *ah_p. 0, or -1 if there is no such QP or
+ * it never reached RTR. */
+int fake_nic_qp_ah(uint32_t qp_num, struct ibv_ah_attr *ah_p);
 /* Wait until no send WR can still execute (a WR that RNR-retries forever
  * for want of a receive counts as done waiting). 0, or -1 on timeout. */
 int fake_nic_quiesce(int timeout_ms);

@@ -15,12 +15,31 @@
 /* ------------------------------------------------------------ helpers */
 
 static const char *const env_names[] = {
-    "KVW_SQ_DEPTH",       "KVW_RQ_DEPTH",          "KVW_CHAIN_MAX",
-    "KVW_SIGNAL_EVERY",   "KVW_POLL_SPIN_US",      "KVW_BOOTSTRAP_TIMEOUT_MS",
-    "KVW_TRANSFER_TIMEOUT_MS", "KVW_HEARTBEAT_MS", "KVW_PEER_TIMEOUT_MS",
-    "KVW_GID_INDEX",      "KVW_IB_PORT",           "KVW_QP_TIMEOUT",
-    "KVW_QP_RETRY_CNT",   "KVW_QP_RNR_RETRY",      "KVW_MAX_PEERS",  "KVW_IDLE_HEARTBEAT_MS", "KVW_BOOTSTRAP_REFRESH_MS",
-    "KVW_ORPHAN_TTL_MS",  "KVW_MAX_ORPHANS_PER_PEER", "KVW_MAX_ORPHAN_MIB_PER_PEER",
+    "KVW_SQ_DEPTH",
+    "KVW_RQ_DEPTH",
+    "KVW_CHAIN_MAX",
+    "KVW_SIGNAL_EVERY",
+    "KVW_POLL_SPIN_US",
+    "KVW_BOOTSTRAP_TIMEOUT_MS",
+    "KVW_TRANSFER_TIMEOUT_MS",
+    "KVW_HEARTBEAT_MS",
+    "KVW_PEER_TIMEOUT_MS",
+    "KVW_GID_INDEX",
+    "KVW_IB_PORT",
+    "KVW_QP_TIMEOUT",
+    "KVW_QP_RETRY_CNT",
+    "KVW_QP_RNR_RETRY",
+    "KVW_MAX_PEERS",
+    "KVW_IDLE_HEARTBEAT_MS",
+    "KVW_BOOTSTRAP_REFRESH_MS",
+    "KVW_ORPHAN_TTL_MS",
+    "KVW_MAX_ORPHANS_PER_PEER",
+    "KVW_MAX_ORPHAN_MIB_PER_PEER",
+    "KVW_TRAFFIC_CLASS",
+    "KVW_SERVICE_LEVEL",
+    "KVW_HOP_LIMIT",
+    "KVW_FLOW_LABEL",
+    "KVW_IB_USE_GRH",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -76,6 +95,11 @@ static void assert_defaults(const kvw_config_t *c)
     assert_int_equal(c->qp_timeout, 14);
     assert_int_equal(c->qp_retry_cnt, 7);
     assert_int_equal(c->qp_rnr_retry, 7);
+    assert_int_equal(c->traffic_class, 0);
+    assert_int_equal(c->service_level, 0);
+    assert_int_equal(c->hop_limit, 255);
+    assert_int_equal(c->flow_label, -1);
+    assert_int_equal(c->ib_use_grh, -1);
 }
 
 /* ------------------------------------------------------------ config */
@@ -109,6 +133,11 @@ static void test_env_overrides(void **state)
     setenv("KVW_QP_TIMEOUT", "31", 1);
     setenv("KVW_QP_RETRY_CNT", "0", 1);
     setenv("KVW_QP_RNR_RETRY", "6", 1);
+    setenv("KVW_TRAFFIC_CLASS", "106", 1);
+    setenv("KVW_SERVICE_LEVEL", "15", 1);
+    setenv("KVW_HOP_LIMIT", "64", 1);
+    setenv("KVW_FLOW_LABEL", "1048575", 1);
+    setenv("KVW_IB_USE_GRH", "1", 1);
     kvw_config_t c;
     assert_int_equal(kvw_config_init(&c), KVW_OK);
     assert_int_equal(c.sq_depth, 1024);
@@ -125,6 +154,11 @@ static void test_env_overrides(void **state)
     assert_int_equal(c.qp_timeout, 31);
     assert_int_equal(c.qp_retry_cnt, 0);
     assert_int_equal(c.qp_rnr_retry, 6);
+    assert_int_equal(c.traffic_class, 106);
+    assert_int_equal(c.service_level, 15);
+    assert_int_equal(c.hop_limit, 64);
+    assert_int_equal(c.flow_label, 0xfffff);
+    assert_int_equal(c.ib_use_grh, 1);
     assert_int_equal(kvw__config_validate(&c), KVW_OK);
     assert_int_equal(log_count, 0);
 
@@ -132,6 +166,22 @@ static void test_env_overrides(void **state)
     setenv("KVW_GID_INDEX", "-1", 1);
     assert_int_equal(kvw_config_init(&c), KVW_OK);
     assert_int_equal(c.gid_index, -1);
+
+    /* So do flow_label and ib_use_grh; their other end values too. */
+    setenv("KVW_FLOW_LABEL", "-1", 1);
+    setenv("KVW_IB_USE_GRH", "-1", 1);
+    setenv("KVW_TRAFFIC_CLASS", "255", 1);
+    setenv("KVW_HOP_LIMIT", "1", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.flow_label, -1);
+    assert_int_equal(c.ib_use_grh, -1);
+    assert_int_equal(c.traffic_class, 255);
+    assert_int_equal(c.hop_limit, 1);
+    setenv("KVW_FLOW_LABEL", "0", 1);
+    setenv("KVW_IB_USE_GRH", "0", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.flow_label, 0);
+    assert_int_equal(c.ib_use_grh, 0);
 
     /* An empty variable is ignored. */
     clear_env();
@@ -174,6 +224,17 @@ static void test_env_bad_values(void **state)
         {"KVW_QP_RETRY_CNT", "8"},
         {"KVW_QP_RNR_RETRY", "x7"},
         {"KVW_QP_RNR_RETRY", "-"},
+        {"KVW_TRAFFIC_CLASS", "256"}, /* must not wrap to 0 in a uint8_t */
+        {"KVW_TRAFFIC_CLASS", "-1"},
+        {"KVW_SERVICE_LEVEL", "16"},
+        {"KVW_HOP_LIMIT", "0"},
+        {"KVW_HOP_LIMIT", "256"},
+        {"KVW_FLOW_LABEL", "1048576"}, /* 2^20: more than the GRH's 20 bits */
+        {"KVW_FLOW_LABEL", "-2"},
+        {"KVW_FLOW_LABEL", "0x12345"},
+        {"KVW_IB_USE_GRH", "2"},
+        {"KVW_IB_USE_GRH", "-2"},
+        {"KVW_IB_USE_GRH", "yes"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         clear_env();
@@ -241,6 +302,12 @@ static void test_validate(void **state)
         {offsetof(kvw_config_t, qp_timeout), 1, 32},
         {offsetof(kvw_config_t, qp_retry_cnt), 1, 8},
         {offsetof(kvw_config_t, qp_rnr_retry), 1, 255},
+        {offsetof(kvw_config_t, service_level), 1, 16},
+        {offsetof(kvw_config_t, hop_limit), 1, 0},
+        {offsetof(kvw_config_t, flow_label), 4, 0x100000},
+        {offsetof(kvw_config_t, flow_label), 4, -2},
+        {offsetof(kvw_config_t, ib_use_grh), 4, 2},
+        {offsetof(kvw_config_t, ib_use_grh), 4, -2},
     };
     for (size_t i = 0; i < sizeof(out_of_range) / sizeof(out_of_range[0]); i++) {
         assert_int_equal(kvw_config_init(&c), KVW_OK);
@@ -262,6 +329,7 @@ static void test_print(void **state)
     (void)state;
     setenv("KVW_SQ_DEPTH", "2048", 1);
     setenv("KVW_GID_INDEX", "2", 1);
+    setenv("KVW_TRAFFIC_CLASS", "106", 1);
     kvw_config_t c;
     assert_int_equal(kvw_config_init(&c), KVW_OK);
     char *text = NULL;
@@ -296,6 +364,11 @@ static void test_print(void **state)
         {"qp_timeout", "KVW_QP_TIMEOUT", 14},
         {"qp_retry_cnt", "KVW_QP_RETRY_CNT", 7},
         {"qp_rnr_retry", "KVW_QP_RNR_RETRY", 7},
+        {"traffic_class", "KVW_TRAFFIC_CLASS", 106},
+        {"service_level", "KVW_SERVICE_LEVEL", 0},
+        {"hop_limit", "KVW_HOP_LIMIT", 255},
+        {"flow_label", "KVW_FLOW_LABEL", -1},
+        {"ib_use_grh", "KVW_IB_USE_GRH", -1},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);
@@ -333,6 +406,22 @@ static void test_print(void **state)
     kvw_config_print(&c, f);
     fclose(f);
     assert_non_null(strstr(text, "= -1"));
+    free(text);
+
+    /* flow_label's -1 sentinel prints signed, and so does its 20-bit top. */
+    c.flow_label = -1;
+    f = open_memstream(&text, &size);
+    assert_non_null(f);
+    kvw_config_print(&c, f);
+    fclose(f);
+    assert_non_null(strstr(text, "flow_label             = -1       (KVW_FLOW_LABEL)"));
+    free(text);
+    c.flow_label = 0xfffff;
+    f = open_memstream(&text, &size);
+    assert_non_null(f);
+    kvw_config_print(&c, f);
+    fclose(f);
+    assert_non_null(strstr(text, "flow_label             = 1048575  (KVW_FLOW_LABEL)"));
     free(text);
 }
 
