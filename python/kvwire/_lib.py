@@ -58,6 +58,11 @@ class kvw_config_t(Structure):
         ("qp_rnr_retry", c_uint8),
         ("cluster_key_file", c_char * 256),
         ("cluster_key", c_char * 41),
+        ("traffic_class", c_uint8),
+        ("service_level", c_uint8),
+        ("hop_limit", c_uint8),
+        ("flow_label", c_int32),
+        ("ib_use_grh", c_int32),
     ]
 
 
