@@ -159,6 +159,11 @@ awk -F'\t' '
         if (("1m") in sz) ratio("1m", "kv_GBps", 1e9, "pt_bw", "1 MiB contiguous vs ib_write_bw", ">= 0.95x")
         if (("lat") in sz) ratio("lat", "kv_p50_ms", 1000, "pt_lat_us", "8 B request p50 / ib_write_lat typical", "(latency: lower is better)")
     }' "$raw"
+# The null-device rate (kvw-wrcost --rate) is measured by make bench on
+# the host before the guest boots: it is about this machine's core, which
+# the emulated one is not.
+echo "== null device, host core (make bench ran kvw-wrcost --rate before the guest):"
+sed 's/^/  /' "$build/nullrate.txt" 2>/dev/null || echo "  not measured (run $build/kvw-wrcost --rate on the host)"
 echo
 echo "== kvwire CPU-s per GB (median over reps) and doorbells"
 awk -F'\t' '

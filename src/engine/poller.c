@@ -160,6 +160,25 @@ static bool imm_credit(kvw_peer_t *p)
     return false;
 }
 
+/* Plain writes of s that can go in as a span of whole runs (at most room,
+ * never the part's last write when it carries the immediate): appended
+ * straight from the precomputed byte runs. Returns how many (0: none, take
+ * the next write one at a time). */
+static uint32_t build_span(kvw_txq_t *q, kvw_seg_t *s, uint32_t room, uint64_t *bytes)
+{
+    uint64_t plain = seg_total(s) - s->writes_built - (s->final ? 1 : 0);
+    const kvw_plan_region_t *g;
+    const kvw_wrun_t *runs;
+    uint32_t n =
+        kvw__plan_span(&s->plan, &s->cursor, plain < room ? (uint32_t)plain : room, &g, &runs);
+    if (!n)
+        return 0;
+    *bytes += kvw__txq_add_runs(q, g, runs, n);
+    kvw__plan_skip(&s->plan, &s->cursor, n);
+    s->writes_built += n;
+    return n;
+}
+
 /* Build r's next writes into the open chain; returns how many. */
 static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
 {
@@ -179,6 +198,12 @@ static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
             s = next;
             continue;
         }
+        uint32_t n = build_span(q, s, room - built, &bytes);
+        if (n) {
+            built += n;
+            r->last_seq = q->posted + q->pending - 1;
+            continue;
+        }
         int last = s->final && s->writes_built + 1 == total;
         if (last && !imm_credit(p))
             break;
@@ -187,10 +212,10 @@ static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
         r->last_seq = kvw__txq_add(q, &w, last, r->token);
         p->imm_posted += (uint64_t)last;
         s->writes_built++;
-        r->writes_built++;
         bytes += w.len;
         built++;
     }
+    r->writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->writes_posted, built, memory_order_relaxed);
     return built;

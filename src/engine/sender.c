@@ -49,7 +49,10 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
     const kvw_engine_t *e = r->engine;
     const kvw_layout_t *l = &e->layout;
     kvw_plan_t *p = &s->plan;
-    s->runs = s->n ? calloc(s->n, sizeof(*s->runs)) : NULL;
+    /* The runs in bytes (kvw__plan_wruns) live after the runs, in the same
+     * allocation: free_seg frees both. Not zeroed: only the entries the
+     * planner fills are read. */
+    s->runs = s->n ? malloc(s->n * (sizeof(*s->runs) + sizeof(kvw_wrun_t))) : NULL;
     size_t ns = s->final ? r->num_dst_state : 0;
     s->state_runs = ns ? calloc(ns, sizeof(*s->state_runs)) : NULL;
     if ((s->n && !s->runs) || (ns && !s->state_runs))
@@ -60,8 +63,10 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
                       .layer_begin = s->lb,
                       .layer_end = s->le,
                       .max_msg = r->peer->max_msg_sz};
-    p->num_runs = kvw__plan_runs(s->src, r->dst_pages + s->first, s->n, s->runs);
+    p->num_runs = kvw__plan_runs(s->src, r->dst_pages ? r->dst_pages + s->first : NULL, s->n, s->runs);
     p->runs = s->runs;
+    if (s->n)
+        kvw__plan_wruns(p, (kvw_wrun_t *)(s->runs + s->n));
     if (s->final) {
         p->state_slots = l->state_slots;
         p->num_state = ns ? l->num_state : 0;
@@ -162,7 +167,7 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
                                   char *why, size_t size)
 {
     uint32_t n = m->u.request.num_pages, ns = m->u.request.num_state;
-    const uint64_t *pages = m->u.request.pages, *state = pages + n;
+    const uint64_t *pages = m->u.request.pages, *state = pages ? pages + n : NULL;
     size_t bad = kvw__first_out_of_range(pages, n, peer->remote_max[KVW_LAYOUT_KV]);
     if (bad < n) {
         snprintf(why, size, "destination page %llu (index %zu) outside decode's regions (%llu pages)",

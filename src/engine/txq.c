@@ -18,14 +18,18 @@ kvw_status_t kvw__txq_init(kvw_txq_t *q, const kvw_verbs_ops_t *ops, struct ibv_
     q->signal_every = signal_every;
     q->wrs = calloc(chain_max, sizeof(*q->wrs));
     q->sges = calloc(chain_max, sizeof(*q->sges));
-    if (!q->wrs || !q->sges) {
+    q->special = calloc(chain_max, sizeof(*q->special));
+    if (!q->wrs || !q->sges || !q->special) {
         kvw__txq_fini(q);
         return KVW_ERR_NO_MEMORY;
     }
-    /* Links and SGE pointers never change: set them once, not per WR. */
+    /* Links, SGE pointers and the shared form never change (a slot that
+     * leaves the form is put back after its post): set once, not per WR. */
     for (uint32_t i = 0; i < chain_max; i++) {
         q->wrs[i].next = i + 1 < chain_max ? &q->wrs[i + 1] : NULL;
         q->wrs[i].sg_list = &q->sges[i];
+        q->wrs[i].num_sge = 1;
+        q->wrs[i].opcode = IBV_WR_RDMA_WRITE;
     }
     return KVW_OK;
 }
@@ -34,17 +38,10 @@ void kvw__txq_fini(kvw_txq_t *q)
 {
     free(q->wrs);
     free(q->sges);
+    free(q->special);
     q->wrs = NULL;
     q->sges = NULL;
-}
-
-uint32_t kvw__txq_room(const kvw_txq_t *q)
-{
-    if (q->post_failed || q->broken)
-        return 0;
-    uint64_t credits = q->depth - (q->posted + q->pending - q->completed);
-    uint32_t chain_room = q->chain_max - q->pending;
-    return credits < chain_room ? (uint32_t)credits : chain_room;
+    q->special = NULL;
 }
 
 uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t imm)
@@ -57,20 +54,38 @@ uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t
     sge->length = w->len;
     sge->lkey = w->lkey;
     wr->wr_id = seq;
-    wr->num_sge = w->len != 0; /* a zero-length write carries only the immediate */
-    wr->opcode = IBV_WR_RDMA_WRITE;
-    if (with_imm) {
-        wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr->imm_data = htonl(imm);
-    }
     wr->wr.rdma.remote_addr = w->remote_addr;
     wr->wr.rdma.rkey = w->rkey;
-    wr->send_flags = 0;
-    if (++q->since_signal >= q->signal_every) {
-        wr->send_flags = IBV_SEND_SIGNALED;
-        q->since_signal = 0;
+    q->pending_bytes += w->len;
+    if (with_imm || !w->len) {
+        wr->num_sge = w->len != 0; /* a zero-length write carries only the immediate */
+        if (with_imm) {
+            wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr->imm_data = htonl(imm);
+        }
+        q->special[q->nspecial++] = i;
     }
     return seq;
+}
+
+/* Every Nth WR of the chain and its last one get `flags`: set before the
+ * post, cleared after it (slots are unsignaled between posts). */
+static void set_signaled(kvw_txq_t *q, uint32_t n, unsigned flags)
+{
+    uint32_t every = q->signal_every ? q->signal_every : 1;
+    for (uint32_t i = every - 1; i < n - 1; i += every)
+        q->wrs[i].send_flags = flags;
+    q->wrs[n - 1].send_flags = flags;
+}
+
+/* Put the slots kvw__txq_add changed back into the shared form. */
+static void restore_special(kvw_txq_t *q)
+{
+    for (uint32_t k = 0; k < q->nspecial; k++) {
+        q->wrs[q->special[k]].num_sge = 1;
+        q->wrs[q->special[k]].opcode = IBV_WR_RDMA_WRITE;
+    }
+    q->nspecial = 0;
 }
 
 /* How many WRs of an n-WR chain ibv_post_send took before failing at bad. */
@@ -86,26 +101,31 @@ kvw_status_t kvw__txq_flush(kvw_txq_t *q)
     if (!q->pending)
         return KVW_OK;
     uint32_t n = q->pending;
+    uint64_t bytes = q->pending_bytes;
     /* The chain's end is always signaled so nothing stays unretired. */
-    q->wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
-    q->since_signal = 0;
+    set_signaled(q, n, IBV_SEND_SIGNALED);
     q->pending = 0;
+    q->pending_bytes = 0;
     struct ibv_send_wr *bad = NULL, *after = q->wrs[n - 1].next;
     q->wrs[n - 1].next = NULL; /* end the chain here for this post */
     int rc = q->ops->post_send(q->qp, q->wrs, &bad);
     q->wrs[n - 1].next = after;
+    set_signaled(q, n, 0);
+    restore_special(q);
     uint32_t taken = n;
     if (rc) {
         taken = accepted_before(q, bad, n);
         q->post_failed = true;
         KVW_ERROR("ibv_post_send of a %u-WR chain failed at WR %u: %s", n, taken,
                   strerror(rc > 0 ? rc : errno));
+        bytes = 0; /* only what was taken counts as posted */
+        for (uint32_t i = 0; i < taken; i++)
+            bytes += q->sges[i].length;
     }
     q->posted += taken;
     q->chains += taken > 0;
     q->wrs_posted += taken;
-    for (uint32_t i = 0; i < taken; i++)
-        q->bytes_posted += q->sges[i].length;
+    q->bytes_posted += bytes;
     return rc ? KVW_ERR_VERBS : KVW_OK;
 }
 

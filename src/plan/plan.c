@@ -43,14 +43,35 @@ static uint64_t count_runs(const kvw_plan_t *p, const uint32_t *slots, size_t nu
 uint64_t kvw__plan_count(const kvw_plan_t *p)
 {
     size_t kv_slots = (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer;
-    uint64_t total =
-        count_runs(p, p->kv_slots + (size_t)p->layer_begin * p->kv_per_layer, kv_slots, p->runs,
-                   p->num_runs) +
-        count_runs(p, p->state_slots, p->num_state, p->state_runs, p->num_state_runs);
+    uint64_t total = count_runs(p, p->kv_slots + (size_t)p->layer_begin * p->kv_per_layer, kv_slots,
+                                p->runs, p->num_runs) +
+                     count_runs(p, p->state_slots, p->num_state, p->state_runs, p->num_state_runs);
     if (p->has_aux)
         for (uint32_t a = 0; a < p->num_aux; a++)
             total += div_ceil(p->regions[p->aux_slots[a]].item_len, p->max_msg);
     return total;
+}
+
+void kvw__plan_wruns(kvw_plan_t *p, kvw_wrun_t *out)
+{
+    p->wruns = NULL;
+    p->wrun_item = 0;
+    if (!p->num_runs || p->layer_end <= p->layer_begin || !p->kv_per_layer)
+        return;
+    uint64_t item = p->regions[p->kv_slots[(size_t)p->layer_begin * p->kv_per_layer]].item_len;
+    uint64_t longest = 0, before = 0;
+    for (size_t r = 0; r < p->num_runs; r++)
+        longest = p->runs[r].count > longest ? p->runs[r].count : longest;
+    /* Zero-length writes and split runs keep the general path. */
+    if (!item || longest > p->max_msg / item)
+        return;
+    for (size_t r = 0; r < p->num_runs; r++) {
+        const kvw_run_t *run = &p->runs[r];
+        out[r] = (kvw_wrun_t){run->src * item, run->dst * item, before, run->count * item};
+        before += run->count * item;
+    }
+    p->wruns = out;
+    p->wrun_item = item;
 }
 
 static void emit(const kvw_plan_region_t *g, uint64_t src_off, uint64_t dst_off, uint64_t len,
@@ -66,8 +87,7 @@ static void emit(const kvw_plan_region_t *g, uint64_t src_off, uint64_t dst_off,
 /* The next write of `runs` over the regions of `slots`; 0 when the phase
  * is done. */
 static int next_run_write(const kvw_plan_t *p, kvw_plan_cursor_t *c, const uint32_t *slots,
-                          size_t num_slots, const kvw_run_t *runs, size_t num_runs,
-                          kvw_write_t *w)
+                          size_t num_slots, const kvw_run_t *runs, size_t num_runs, kvw_write_t *w)
 {
     while (c->slot < num_slots) {
         if (c->run >= num_runs) {
@@ -118,8 +138,8 @@ int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
         int got = 0;
         if (c->phase == PHASE_KV)
             got = next_run_write(p, c, p->kv_slots + (size_t)p->layer_begin * p->kv_per_layer,
-                                 (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer,
-                                 p->runs, p->num_runs, w);
+                                 (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer, p->runs,
+                                 p->num_runs, w);
         else if (c->phase == PHASE_STATE)
             got = next_run_write(p, c, p->state_slots, p->num_state, p->state_runs,
                                  p->num_state_runs, w);

@@ -12,6 +12,14 @@ typedef struct kvw_run {
     uint64_t src, dst, count; /* first source page, first destination page, pages */
 } kvw_run_t;
 
+/* A run in bytes for one item size, computed once per request part so that
+ * posting it costs no multiply and no split check (kvw__plan_span). */
+typedef struct kvw_wrun {
+    uint64_t src_off, dst_off; /* bytes into the local and the remote region */
+    uint64_t before;           /* bytes of the runs before this one */
+    uint64_t len;              /* bytes: the run is one write */
+} kvw_wrun_t;
+
 /* Group n pairs into maximal runs; runs must hold n entries. Returns the
  * number of runs (0 when n == 0). */
 size_t kvw__plan_runs(const uint64_t *src, const uint64_t *dst, size_t n, kvw_run_t *runs);
@@ -45,6 +53,10 @@ typedef struct kvw_plan {
     int has_aux;
     uint64_t aux_src, aux_dst; /* aux item indices, when has_aux */
     uint64_t max_msg;          /* largest single write */
+    /* runs in bytes for the KV regions of item_len wrun_item, set by
+     * kvw__plan_wruns; NULL: every write comes from kvw__plan_next */
+    const kvw_wrun_t *wruns;
+    uint64_t wrun_item;
 } kvw_plan_t;
 
 typedef struct kvw_plan_cursor {
@@ -64,5 +76,43 @@ typedef struct kvw_write {
 int kvw__plan_next(const kvw_plan_t *plan, kvw_plan_cursor_t *cur, kvw_write_t *w_p);
 /* Number of writes kvw__plan_next() will produce. */
 uint64_t kvw__plan_count(const kvw_plan_t *plan);
+
+/* Precompute the KV runs in bytes into out (num_runs entries) and point
+ * plan->wruns at them, for the item size of the part's first KV region,
+ * when each run of that size is a single write (no split). Otherwise
+ * plan->wruns stays NULL. The posting order does not change. */
+void kvw__plan_wruns(kvw_plan_t *plan, kvw_wrun_t *out);
+
+/* The fast path of kvw__plan_next, inlined into the poller's build loop:
+ * how many of the next writes (at most max) are whole KV runs of the
+ * current region, for which wruns hold the bytes. Sets the region and the
+ * first run. 0 when the next write is not such a one (another phase, a
+ * split run, a region of another item size, a slot boundary): take it from
+ * kvw__plan_next. Consume what was used with kvw__plan_skip. */
+static inline uint32_t kvw__plan_span(const kvw_plan_t *p, const kvw_plan_cursor_t *c, uint32_t max,
+                                      const kvw_plan_region_t **g_p, const kvw_wrun_t **r_p)
+{
+    size_t slots = (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer;
+    if (!p->wruns || c->phase != 0 || c->off || c->slot >= slots || c->run >= p->num_runs)
+        return 0;
+    const kvw_plan_region_t *g =
+        &p->regions[p->kv_slots[(size_t)p->layer_begin * p->kv_per_layer + c->slot]];
+    if (g->item_len != p->wrun_item)
+        return 0;
+    size_t left = p->num_runs - c->run;
+    *g_p = g;
+    *r_p = &p->wruns[c->run];
+    return left < max ? (uint32_t)left : max;
+}
+
+/* Advance past n writes of a span (as n kvw__plan_next calls would). */
+static inline void kvw__plan_skip(const kvw_plan_t *p, kvw_plan_cursor_t *c, uint32_t n)
+{
+    c->run += n;
+    if (c->run == p->num_runs) {
+        c->run = 0;
+        c->slot++;
+    }
+}
 
 #endif

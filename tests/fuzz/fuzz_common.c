@@ -180,8 +180,10 @@ void fuzz_hello(kvw_msg_t *m, uint16_t type, uint64_t engine_id, kvw_wire_region
     /* No QP on the fake NIC has this number: writes towards it fail at
      * once (IBV_WC_RETRY_EXC_ERR), which kills the connection cleanly. */
     m->u.hello.qp = (kvw_qp_info_t){.qpn = 0xfff0f, .psn = 1, .mtu = 3, .link_layer = 2};
-    m->u.hello.num_layers = FUZZ_LAYERS;
-    m->u.hello.num_aux = 1;
+    /* The classic layout the harness engines use: K/V layers, one aux region. */
+    m->u.hello.num_groups = 2;
+    m->u.hello.groups[0] = (kvw_wire_group_t){KVW_GROUP_KV, FUZZ_LAYERS, 2};
+    m->u.hello.groups[1] = (kvw_wire_group_t){KVW_GROUP_AUX, 1, 1};
     m->u.hello.recv_credits = 16;
     m->u.hello.max_msg_sz = 1u << 20;
     for (int i = 0; i < FUZZ_REGIONS; i++) {

@@ -23,11 +23,15 @@ static bool hello_equal(const kvw_msg_t *a, const kvw_msg_t *b)
 {
     const __typeof__(a->u.hello) *x = &a->u.hello, *y = &b->u.hello;
     if (x->engine_id != y->engine_id || !qp_equal(&x->qp, &y->qp) ||
-        x->num_layers != y->num_layers || x->num_aux != y->num_aux ||
-        x->recv_credits != y->recv_credits || x->max_msg_sz != y->max_msg_sz ||
-        strcmp(x->reason, y->reason) != 0)
+        x->num_groups != y->num_groups || x->recv_credits != y->recv_credits ||
+        x->max_msg_sz != y->max_msg_sz || strcmp(x->reason, y->reason) != 0)
         return false;
-    size_t n = 2 * (size_t)x->num_layers + x->num_aux;
+    for (uint32_t i = 0; i < x->num_groups; i++)
+        if (x->groups[i].kind != y->groups[i].kind ||
+            x->groups[i].num_layers != y->groups[i].num_layers ||
+            x->groups[i].per_layer != y->groups[i].per_layer)
+            return false;
+    size_t n = (size_t)kvw__wire_hello_regions(a);
     for (size_t i = 0; i < n; i++) {
         const kvw_wire_region_t *g = &x->regions[i], *h = &y->regions[i];
         if (g->addr != h->addr || g->len != h->len || g->item_len != h->item_len ||
@@ -41,8 +45,9 @@ static bool request_equal(const kvw_msg_t *a, const kvw_msg_t *b)
 {
     const __typeof__(a->u.request) *x = &a->u.request, *y = &b->u.request;
     return x->room == y->room && x->token == y->token && x->aux_index == y->aux_index &&
-           x->num_pages == y->num_pages &&
-           (x->num_pages == 0 || memcmp(x->pages, y->pages, 8 * (size_t)x->num_pages) == 0);
+           x->num_pages == y->num_pages && x->num_state == y->num_state &&
+           (x->num_pages + x->num_state == 0 ||
+            memcmp(x->pages, y->pages, 8 * ((size_t)x->num_pages + x->num_state)) == 0);
 }
 
 /* Field by field, only the fields the type carries: the rest of the union
