@@ -790,9 +790,16 @@ static void late_acks(uint64_t now, uint64_t *wake)
         if (!cq->notify_at)
             continue;
         if (cq->notify_at <= now) {
-            cq->notify_at = 0;
             cq_notify(cq, false);
-        } else if (cq->notify_at < *wake) {
+            /* The next late ACK in this CQ, if any, notifies in its turn. */
+            cq->notify_at = 0;
+            for (uint32_t i = 0; i < cq->count; i++) {
+                uint64_t v = cq->ring[(cq->head + i) % cq->size].visible_ns;
+                if (v > now && (!cq->notify_at || v < cq->notify_at))
+                    cq->notify_at = v;
+            }
+        }
+        if (cq->notify_at && cq->notify_at < *wake) {
             *wake = cq->notify_at;
         }
     }
