@@ -184,6 +184,13 @@ case " $sizes " in *" layer "*)
         --tokens 16 --requests "$reps"; then
         fails=$((fails + 1))
     fi
+    # The latency critical path: decode's request already at prefill, one
+    # 8-byte item, from prefill's send() to decode's Success ("at end").
+    echo "== critical path: one 8 B request, prefill send() -> decode Success (at end, median)"
+    if ! "$build/kvwire-bench" --dev0 "$dev" --ip0 "$ip" --dev1 "$dev" --ip1 "$ip" \
+        --layer-ms 1 --layers 1 --item 8 --tokens 1 --requests 21 --quiet; then
+        fails=$((fails + 1))
+    fi
     ;;
 esac
 echo "== bench done in $(($(date +%s) - t_start)) s, $fails kvwire run(s) failed"
