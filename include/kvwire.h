@@ -199,6 +199,23 @@ typedef struct kvw_config {
     uint8_t hop_limit;
     int32_t flow_label;
     int32_t ib_use_grh;
+    /* GPU memory (README "GPU memory"). Host regions ignore all three.
+     *   gpu_path     KVW_GPU_PATH, "" (= "auto"): how GPU regions are
+     *                registered: "auto" tries dma-buf, then nvidia_peermem,
+     *                then staging, and logs why the better paths were not
+     *                taken; "dmabuf", "peermem" or "staging" force one.
+     *   gpu_flush    KVW_GPU_FLUSH, -1 (-1..1): decode flushes the NIC's
+     *                writes into GPU regions (cuFlushGPUDirectRDMAWrites)
+     *                before reporting Success. -1: only on GPUs that do not
+     *                order those writes for their own kernels (before
+     *                compute capability 9.0); 0: never; 1: always.
+     *   gpu_relaxed_ordering  KVW_GPU_RELAXED_ORDERING, -1 (-1..1): PCIe
+     *                relaxed ordering on the MRs (IBV_ACCESS_RELAXED_ORDERING,
+     *                ignored by NICs and kernels without it). -1: GPU
+     *                regions; 0: none; 1: every region. */
+    char gpu_path[16];
+    int32_t gpu_flush;
+    int32_t gpu_relaxed_ordering;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides. Returns

@@ -63,6 +63,9 @@ class kvw_config_t(Structure):
         ("hop_limit", c_uint8),
         ("flow_label", c_int32),
         ("ib_use_grh", c_int32),
+        ("gpu_path", c_char * 16),
+        ("gpu_flush", c_int32),
+        ("gpu_relaxed_ordering", c_int32),
     ]
 
 

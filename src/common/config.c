@@ -53,6 +53,9 @@ static const config_field_t fields[] = {
     FIELD(hop_limit, FIELD_U8, 255, 1, 255),
     FIELD(flow_label, FIELD_I32, -1, -1, 0xfffff),
     FIELD(ib_use_grh, FIELD_I32, -1, -1, 1),
+    TEXT(gpu_path, FIELD_STR),
+    FIELD(gpu_flush, FIELD_I32, -1, -1, 1),
+    FIELD(gpu_relaxed_ordering, FIELD_I32, -1, -1, 1),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))
@@ -173,6 +176,20 @@ void kvw_config_print(const kvw_config_t *cfg, FILE *out)
     }
 }
 
+int kvw__config_gpu_path(const kvw_config_t *cfg)
+{
+    /* Same order as kvw_mem_path_t (mem/mem.h): host, dmabuf, peermem, staging. */
+    static const char *const names[] = {"", "dmabuf", "peermem", "staging"};
+    if (!memchr(cfg->gpu_path, '\0', sizeof(cfg->gpu_path)))
+        return -2;
+    if (!cfg->gpu_path[0] || strcmp(cfg->gpu_path, "auto") == 0)
+        return -1;
+    for (int i = 1; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+        if (strcmp(cfg->gpu_path, names[i]) == 0)
+            return i;
+    return -2;
+}
+
 /* Internal: checks that relate fields to each other; used by the engine. */
 kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
 {
@@ -200,6 +217,12 @@ kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
     if (cfg->cluster_key[0] && cfg->cluster_key_file[0]) {
         KVW_ERROR("config: set either cluster_key (KVW_CLUSTER_KEY) or cluster_key_file "
                   "(KVW_CLUSTER_KEY_FILE), not both");
+        return KVW_ERR_INVALID;
+    }
+    if (kvw__config_gpu_path(cfg) < -1) {
+        KVW_ERROR("config: gpu_path (KVW_GPU_PATH) '%s' is not one of auto, dmabuf, peermem, "
+                  "staging",
+                  cfg->gpu_path);
         return KVW_ERR_INVALID;
     }
     if (cfg->heartbeat_ms >= cfg->peer_timeout_ms) {

@@ -5,5 +5,8 @@
 
 /* Range and cross-field checks on a config the caller may have edited. */
 kvw_status_t kvw__config_validate(const kvw_config_t *cfg);
+/* gpu_path as a forced kvw_mem_path_t (1 dmabuf, 2 peermem, 3 staging),
+ * -1 for auto ("" or "auto"), -2 if it names none of them. */
+int kvw__config_gpu_path(const kvw_config_t *cfg);
 
 #endif

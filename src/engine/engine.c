@@ -135,8 +135,9 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
 static kvw_status_t register_regions(kvw_engine_t *e)
 {
     for (uint32_t i = 0; i < e->layout.num_regions; i++) {
-        kvw_status_t st = kvw__mem_register(e->dev, e->regions[i].addr, e->regions[i].len,
-                                            e->role == KVW_ROLE_DECODE, &e->mrs[i]);
+        kvw_status_t st =
+            kvw__mem_register_in(&e->mem, e->dev, e->regions[i].addr, e->regions[i].len,
+                                 e->role == KVW_ROLE_DECODE, &e->mrs[i]);
         if (st)
             return st;
     }
@@ -240,7 +241,8 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     if ((st = kvw__dev_open(p->device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)) ||
         (st = kvw__dev_check_limits(e->dev, e->cfg.sq_depth, e->cfg.rq_depth)))
         return st;
-    if ((st = register_regions(e)) || (st = open_channel(e)) || (st = open_control(e)))
+    if ((st = kvw__mem_ctx_init(&e->mem, &e->cfg)) || (st = register_regions(e)) ||
+        (st = open_channel(e)) || (st = open_control(e)))
         return st;
     return start_threads(e);
 }

@@ -181,6 +181,7 @@ struct kvw_engine {
     kvw_layout_t layout;
     kvw_region_t *regions; /* layout.num_regions, group by group */
     kvw_mr_t *mrs;
+    kvw_mem_ctx_t mem; /* how each region was registered; read-only once threads run */
     uint64_t local_max[3]; /* items every local region of each kind holds (KVW_LAYOUT_*) */
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */

@@ -221,15 +221,17 @@ static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
     return built;
 }
 
-/* Every part r has was posted and more will come: park it (it keeps the
- * poller's reference; the next part, a failure or a dead connection hands
- * it back). False if a part arrived meanwhile. */
-static bool starve(kvw_engine_t *e, kvw_req_t *r)
+/* Every part r (the head of p's active queue) has was posted and more will
+ * come: park it (it keeps the poller's reference; the next part, a failure
+ * or a dead connection hands it back). It stays if a part arrived meanwhile. */
+static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 {
     pthread_mutex_lock(&e->lock);
-    bool parked = kvw__sender_starve_locked(r);
+    /* Off the active queue before the lock is released: once it is marked
+     * starved, another thread may hand it back (through qnext) at once. */
+    if (kvw__sender_starve_locked(r))
+        queue_pop(&p->active_head, &p->active_tail);
     pthread_mutex_unlock(&e->lock);
-    return parked;
 }
 
 /* Stop feeding a request that failed meanwhile (aborted, destroyed): what
@@ -281,8 +283,7 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
             queue_push(&p->inflight_head, &p->inflight_tail, r);
         } else if (n < room && !p->credit_blocked && current_seg(r)->writes_built ==
                                                          seg_total(current_seg(r))) {
-            if (starve(e, r))
-                queue_pop(&p->active_head, &p->active_tail); /* waits for its next part */
+            starve(e, p, r); /* waits for its next part */
         }
     }
     if (!st)
@@ -360,9 +361,16 @@ static void repost_receive(kvw_engine_t *e, kvw_peer_t *p, uint64_t index)
 static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
 {
     uint32_t token = ntohl(wc->imm_data);
+    /* GPU regions on GPUs that do not order the NIC's writes for their own
+     * kernels: make every landed byte visible before saying Success (a CUDA
+     * call, so before the lock). */
+    kvw_status_t flushed = kvw__mem_needs_flush(&e->mem) ? kvw__mem_flush_gpu_writes(&e->mem)
+                                                         : KVW_OK;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__token_lookup_locked(e, token);
-    if (r && r->peer == p && r->aborting)
+    if (r && r->peer == p && flushed)
+        kvw__req_fail(r, KVW_ERR_TRANSFER, "the data landed but flushing GPU writes failed");
+    else if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
         kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
     else if (r && r->peer == p && kvw__req_succeed(r)) {

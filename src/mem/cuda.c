@@ -1,72 +1,379 @@
-/* CUDA driver seam, loaded with dlopen so CUDA is never a build or link
- * requirement. Without libcuda.so.1 every pointer is host memory. */
+/* The real CUDA seam: the driver API loaded with dlopen, so CUDA is never a
+ * build or link requirement. Without libcuda.so.1 every pointer is host
+ * memory and every query says why. */
 #include "mem/mem.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
-/* The few driver types and constants we need, from cuda.h (stable ABI). */
+/* The few driver types and constants used, from cuda.h (a stable ABI). */
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr_t;
+typedef unsigned long long CUmemHandle_t;
+typedef void *CUcontext_t;
+
 enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+    CU_MEMORYTYPE_HOST = 1,
     CU_MEMORYTYPE_DEVICE = 2,
+    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118,
+    CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124,
     CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
+    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0,
+    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100,
 };
+
+/* CUmemAllocationProp (cuMemGetAllocationPropertiesFromHandle), with room
+ * to spare in case a later driver writes more. */
+typedef union {
+    struct {
+        int type, requested_handle_types;
+        struct {
+            int type, id;
+        } location;
+        void *win32_meta;
+        struct {
+            unsigned char compression_type, gpu_direct_rdma_capable;
+            unsigned short usage;
+            unsigned char reserved[4];
+        } alloc_flags;
+    } p;
+    unsigned char room[256];
+} mem_alloc_prop_t;
+
+#define MAX_GPUS 64
 
 static struct {
     pthread_once_t once;
-    CUresult (*pointer_get_attribute)(void *data, int attribute, CUdeviceptr_t ptr);
+    pthread_mutex_t lock; /* primary[] */
+    char why[160];        /* set when the driver is unusable */
+    CUresult (*init)(unsigned int flags);
+    CUresult (*get_error_name)(CUresult rc, const char **name);
+    CUresult (*device_get_count)(int *n);
+    CUresult (*device_get)(int *dev, int ordinal);
+    CUresult (*device_get_attribute)(int *v, int attr, int dev);
+    CUresult (*device_get_name)(char *name, int len, int dev);
+    CUresult (*device_get_pci_bus_id)(char *id, int len, int dev);
+    CUresult (*primary_ctx_retain)(CUcontext_t *ctx, int dev);
+    CUresult (*ctx_get_current)(CUcontext_t *ctx);
+    CUresult (*ctx_set_current)(CUcontext_t ctx);
+    CUresult (*pointer_get_attribute)(void *data, int attr, CUdeviceptr_t ptr);
     CUresult (*get_handle_for_range)(void *handle, CUdeviceptr_t ptr, size_t size, int type,
                                      unsigned long long flags);
-} cuda = {.once = PTHREAD_ONCE_INIT};
+    CUresult (*flush_rdma_writes)(int target, int scope);
+    CUresult (*retain_allocation_handle)(CUmemHandle_t *h, void *addr);
+    CUresult (*get_allocation_properties)(void *prop, CUmemHandle_t h);
+    CUresult (*mem_release)(CUmemHandle_t h);
+    CUcontext_t primary[MAX_GPUS];
+} cu = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static const char *err_name(CUresult rc)
+{
+    const char *name = NULL;
+    if (cu.get_error_name && cu.get_error_name(rc, &name) == CUDA_SUCCESS && name)
+        return name;
+    return "CUDA error";
+}
+
+static void say(char *why, size_t size, const char *what, CUresult rc)
+{
+    if (why && size)
+        snprintf(why, size, "%s: %s (%d)", what, err_name(rc), rc);
+}
+
+#define SYM(field, name) (*(void **)&cu.field = dlsym(lib, name))
 
 static void cuda_load(void)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
+    if (!lib) {
+        snprintf(cu.why, sizeof(cu.why), "libcuda.so.1 not found (no NVIDIA driver)");
         return;
-    /* Kept open for the life of the process, as NCCL and UCX do. */
-    *(void **)&cuda.pointer_get_attribute = dlsym(lib, "cuPointerGetAttribute");
-    *(void **)&cuda.get_handle_for_range = dlsym(lib, "cuMemGetHandleForAddressRange");
+    }
+    /* Kept open for the life of the process, as NCCL and UCX do. The _v2
+     * names are the ones cuda.h maps the plain names to. */
+    SYM(init, "cuInit");
+    SYM(get_error_name, "cuGetErrorName");
+    SYM(device_get_count, "cuDeviceGetCount");
+    SYM(device_get, "cuDeviceGet");
+    SYM(device_get_attribute, "cuDeviceGetAttribute");
+    SYM(device_get_name, "cuDeviceGetName");
+    SYM(device_get_pci_bus_id, "cuDeviceGetPCIBusId");
+    SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    SYM(ctx_get_current, "cuCtxGetCurrent");
+    SYM(ctx_set_current, "cuCtxSetCurrent");
+    SYM(pointer_get_attribute, "cuPointerGetAttribute");
+    SYM(get_handle_for_range, "cuMemGetHandleForAddressRange"); /* CUDA 11.7 */
+    SYM(flush_rdma_writes, "cuFlushGPUDirectRDMAWrites");       /* CUDA 11.3 */
+    SYM(retain_allocation_handle, "cuMemRetainAllocationHandle");
+    SYM(get_allocation_properties, "cuMemGetAllocationPropertiesFromHandle");
+    SYM(mem_release, "cuMemRelease");
+    if (!cu.init || !cu.pointer_get_attribute || !cu.device_get_count || !cu.device_get ||
+        !cu.device_get_attribute || !cu.primary_ctx_retain || !cu.ctx_get_current ||
+        !cu.ctx_set_current) {
+        snprintf(cu.why, sizeof(cu.why), "libcuda.so.1 lacks the driver API kvwire needs");
+        return;
+    }
+    /* Without cuInit every pointer query fails and GPU memory would pass
+     * for host memory. Harmless when the application already called it. */
+    CUresult rc = cu.init(0);
+    if (rc != CUDA_SUCCESS) {
+        say(cu.why, sizeof(cu.why), "cuInit", rc);
+        cu.init = NULL;
+    }
 }
 
-int kvw__cuda_is_device_ptr(const void *addr)
+static int real_init(char *why, size_t size)
 {
-    pthread_once(&cuda.once, cuda_load);
-    if (!cuda.pointer_get_attribute)
+    pthread_once(&cu.once, cuda_load);
+    if (cu.init)
         return 0;
-    unsigned int type = 0;
-    if (cuda.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                   (CUdeviceptr_t)(uintptr_t)addr) != 0)
-        return 0; /* not known to CUDA: host memory */
-    return type == CU_MEMORYTYPE_DEVICE;
+    if (why && size)
+        snprintf(why, size, "%s", cu.why);
+    return -1;
 }
 
-int kvw__cuda_dmabuf_fd(const void *addr, size_t len, int *fd_p, uint64_t *offset_p,
-                        size_t *aligned_len_p)
+static int real_device_count(void)
 {
-    pthread_once(&cuda.once, cuda_load);
-    if (!cuda.get_handle_for_range)
+    int n = 0;
+    if (real_init(NULL, 0) || cu.device_get_count(&n) != CUDA_SUCCESS)
+        return 0;
+    return n;
+}
+
+static int attr(int dev, int which)
+{
+    int v = -1;
+    if (cu.device_get_attribute(&v, which, dev) != CUDA_SUCCESS)
+        return -1; /* an older driver does not know the attribute */
+    return v;
+}
+
+static int real_device_info(int ordinal, kvw_cuda_dev_t *info_p, char *why, size_t size)
+{
+    if (real_init(why, size))
         return -1;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t start = (uintptr_t)addr & ~(page - 1);
-    uintptr_t end = ((uintptr_t)addr + len + page - 1) & ~(page - 1);
-    int fd = -1;
-    if (cuda.get_handle_for_range(&fd, (CUdeviceptr_t)start, end - start,
-                                  CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != 0 ||
-        fd < 0)
+    int dev = 0;
+    CUresult rc = cu.device_get(&dev, ordinal);
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuDeviceGet", rc);
         return -1;
-    *fd_p = fd;
-    *offset_p = (uint64_t)((uintptr_t)addr - start);
-    *aligned_len_p = end - start;
+    }
+    kvw_cuda_dev_t d;
+    memset(&d, 0, sizeof(d));
+    if (!cu.device_get_name || cu.device_get_name(d.name, (int)sizeof(d.name), dev))
+        snprintf(d.name, sizeof(d.name), "GPU %d", ordinal);
+    if (!cu.device_get_pci_bus_id || cu.device_get_pci_bus_id(d.pci, (int)sizeof(d.pci), dev))
+        snprintf(d.pci, sizeof(d.pci), "?");
+    d.cc_major = attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    d.cc_minor = attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    d.dmabuf = cu.get_handle_for_range ? attr(dev, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) : 0;
+    d.gdr = attr(dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED);
+    d.vmm_gdr = attr(dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED);
+    d.writes_ordering = attr(dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING);
+    *info_p = d;
     return 0;
 }
 
-int kvw__cuda_peermem_loaded(void)
+/* The device's primary context, retained once and kept for the process
+ * (released contexts would have to be re-created on every use). */
+static CUcontext_t primary_ctx(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= MAX_GPUS)
+        return NULL;
+    pthread_mutex_lock(&cu.lock);
+    CUcontext_t ctx = cu.primary[ordinal];
+    int dev = 0;
+    if (!ctx && cu.device_get(&dev, ordinal) == CUDA_SUCCESS &&
+        cu.primary_ctx_retain(&ctx, dev) == CUDA_SUCCESS)
+        cu.primary[ordinal] = ctx;
+    pthread_mutex_unlock(&cu.lock);
+    return ctx;
+}
+
+static CUresult ptr_attr(void *data, int which, const void *addr)
+{
+    return cu.pointer_get_attribute(data, which, (CUdeviceptr_t)(uintptr_t)addr);
+}
+
+/* cuMemCreate allocations: a handle can be retained from the address, and
+ * its properties carry the GPUDirect RDMA flag. */
+static void vmm_info(const void *addr, kvw_cuda_ptr_t *p)
+{
+    CUmemHandle_t h = 0;
+    if (!cu.retain_allocation_handle || !cu.get_allocation_properties || !cu.mem_release ||
+        cu.retain_allocation_handle(&h, (void *)(uintptr_t)addr) != CUDA_SUCCESS)
+        return;
+    p->vmm = true;
+    mem_alloc_prop_t prop;
+    memset(&prop, 0, sizeof(prop));
+    if (cu.get_allocation_properties(&prop, h) == CUDA_SUCCESS)
+        p->rdma_capable = prop.p.alloc_flags.gpu_direct_rdma_capable != 0;
+    cu.mem_release(h); /* drops only the reference retain took */
+}
+
+static void device_ptr_info(const void *addr, kvw_cuda_ptr_t *p)
+{
+    unsigned long long base = 0;
+    size_t size = 0;
+    unsigned int capable = 0;
+    if (ptr_attr(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr) == CUDA_SUCCESS &&
+        ptr_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr) == CUDA_SUCCESS) {
+        p->base = base;
+        p->size = size;
+    }
+    if (ptr_attr(&capable, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, addr) == CUDA_SUCCESS)
+        p->rdma_capable = capable != 0;
+    vmm_info(addr, p);
+    CUcontext_t ctx = NULL;
+    /* VMM memory belongs to no context: use the device's primary one. */
+    if (ptr_attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, addr) != CUDA_SUCCESS || !ctx)
+        ctx = primary_ctx(p->device);
+    p->ctx = ctx;
+}
+
+static int real_pointer_info(const void *addr, kvw_cuda_ptr_t *info_p, char *why, size_t size)
+{
+    kvw_cuda_ptr_t p = {.type = KVW_CUDA_PTR_HOST, .device = -1, .rdma_capable = -1};
+    if (real_init(NULL, 0)) {
+        *info_p = p; /* no driver: no GPU memory either */
+        return 0;
+    }
+    unsigned int type = 0, managed = 0;
+    CUresult rc = ptr_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
+    if (rc == CUDA_ERROR_INVALID_VALUE) {
+        *info_p = p; /* not an address CUDA knows */
+        return 0;
+    }
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuPointerGetAttribute(MEMORY_TYPE)", rc);
+        return -1;
+    }
+    int ordinal = -1;
+    ptr_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, addr);
+    ptr_attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr);
+    p.device = ordinal;
+    if (managed)
+        p.type = KVW_CUDA_PTR_MANAGED;
+    else if (type == CU_MEMORYTYPE_DEVICE)
+        p.type = KVW_CUDA_PTR_DEVICE;
+    else if (type == CU_MEMORYTYPE_HOST)
+        p.type = KVW_CUDA_PTR_PINNED;
+    if (p.type == KVW_CUDA_PTR_DEVICE)
+        device_ptr_info(addr, &p);
+    *info_p = p;
+    return 0;
+}
+
+/* Run fn in ctx on this thread, then give the thread its context back. */
+static CUresult in_ctx(void *ctx, CUresult (*fn)(void *arg), void *arg)
+{
+    CUcontext_t old = NULL;
+    cu.ctx_get_current(&old);
+    CUresult rc = old == ctx ? CUDA_SUCCESS : cu.ctx_set_current(ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = fn(arg);
+    if (old != ctx)
+        cu.ctx_set_current(old);
+    return rc;
+}
+
+typedef struct {
+    uint64_t start;
+    size_t len;
+    int fd;
+} export_arg_t;
+
+static CUresult do_export(void *arg)
+{
+    export_arg_t *a = arg;
+    return cu.get_handle_for_range(&a->fd, (CUdeviceptr_t)a->start, a->len,
+                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+}
+
+static int real_dmabuf_export(void *ctx, uint64_t start, size_t len, int *fd_p, char *why,
+                              size_t size)
+{
+    if (real_init(why, size))
+        return -1;
+    if (!cu.get_handle_for_range) {
+        snprintf(why, size, "the driver lacks cuMemGetHandleForAddressRange (CUDA < 11.7)");
+        return -1;
+    }
+    export_arg_t a = {.start = start, .len = len, .fd = -1};
+    CUresult rc = in_ctx(ctx, do_export, &a);
+    if (rc != CUDA_SUCCESS || a.fd < 0) {
+        say(why, size, "cuMemGetHandleForAddressRange(DMA_BUF_FD)", rc);
+        return -1;
+    }
+    *fd_p = a.fd;
+    return 0;
+}
+
+static CUresult do_flush(void *arg)
+{
+    (void)arg;
+    return cu.flush_rdma_writes(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                                CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
+}
+
+static int real_flush_writes(void *ctx, char *why, size_t size)
+{
+    if (real_init(why, size))
+        return -1;
+    if (!cu.flush_rdma_writes) {
+        snprintf(why, size, "the driver lacks cuFlushGPUDirectRDMAWrites (CUDA < 11.3)");
+        return -1;
+    }
+    CUresult rc = in_ctx(ctx, do_flush, NULL);
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuFlushGPUDirectRDMAWrites", rc);
+        return -1;
+    }
+    return 0;
+}
+
+static bool real_peermem_loaded(void)
 {
     return access("/sys/module/nvidia_peermem", F_OK) == 0 ||
            access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0;
+}
+
+const kvw_cuda_ops_t kvw__cuda_real_ops = {
+    .init = real_init,
+    .device_count = real_device_count,
+    .device_info = real_device_info,
+    .pointer_info = real_pointer_info,
+    .dmabuf_export = real_dmabuf_export,
+    .flush_writes = real_flush_writes,
+    .peermem_loaded = real_peermem_loaded,
+};
+
+static const kvw_cuda_ops_t *current_ops = &kvw__cuda_real_ops;
+
+const kvw_cuda_ops_t *kvw__cuda_ops(void)
+{
+    return current_ops;
+}
+
+void kvw__cuda_set_ops(const kvw_cuda_ops_t *ops)
+{
+    current_ops = ops ? ops : &kvw__cuda_real_ops;
 }

@@ -27,6 +27,12 @@ static void gid_to_text(const union ibv_gid *gid, char *buf, size_t size)
         snprintf(buf, size, "?");
 }
 
+int kvw__gid_usable(const struct ibv_gid_entry *e, const char *local_ip)
+{
+    return e->gid_type == IBV_GID_TYPE_ROCE_V2 && kvw__gid_is_ipv4_mapped(&e->gid) &&
+           gid_matches_ip(&e->gid, local_ip);
+}
+
 /* RoCE: prefer a RoCEv2 GID that is IPv4-mapped (routable, and GID 0, the
  * link-local one, hangs on rxe) and carries our IP. InfiniBand: GID 0. */
 static kvw_status_t choose_gid(kvw_dev_t *dev, const struct ibv_port_attr *pa,
@@ -47,8 +53,7 @@ static kvw_status_t choose_gid(kvw_dev_t *dev, const struct ibv_port_attr *pa,
             struct ibv_gid_entry e;
             if (dev->ops->query_gid_ex(dev->ctx, dev->port, (uint32_t)i, &e))
                 continue; /* empty slots return an error */
-            if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && kvw__gid_is_ipv4_mapped(&e.gid) &&
-                gid_matches_ip(&e.gid, local_ip))
+            if (kvw__gid_usable(&e, local_ip))
                 dev->gid_index = i;
         }
         if (dev->gid_index < 0) {

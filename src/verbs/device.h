@@ -33,5 +33,9 @@ kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint
 /* Pure helper, exposed for tests: is this GID an IPv4-mapped address
  * (::ffff:a.b.c.d)? */
 int kvw__gid_is_ipv4_mapped(const union ibv_gid *gid);
+/* Pure: would kvwire pick this RoCE GID (RoCEv2, IPv4-mapped, carrying
+ * local_ip when given)? The first usable index is the one picked; on
+ * InfiniBand it is GID 0. */
+int kvw__gid_usable(const struct ibv_gid_entry *e, const char *local_ip);
 
 #endif

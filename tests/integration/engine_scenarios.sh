@@ -105,6 +105,10 @@ rc=1
 if [ $drc -ne 0 ] && grep -q '1/3 requests ok' "$work/dead.log" && [ "$took" -lt 60 ]; then rc=0; fi
 result "dead prefill" $rc
 
+echo "[ RUN      ] kvwire-info on rxe (text and --json)"
+"$build/kvwire-info" --ip "$ip0" && "$build/kvwire-info" --json >"$work/info.json"
+result "kvwire-info" $?
+
 rm -rf "$work"
 echo "[==========] engine scenarios: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -149,6 +150,7 @@ typedef struct nic_state {
     pthread_t wire;
     uint32_t max_msg_sz;
     int max_qp_wr;
+    bool no_dmabuf;
     uint64_t retry_ns, rnr_delay_ns;
     nic_dev_t *devs;
     int num_devs;
@@ -552,16 +554,17 @@ static struct ibv_mr *nic_reg_mr(struct ibv_pd *ibpd, void *addr, size_t len, in
     return &m->ibmr;
 }
 
+/* Tests pose host memory as GPU memory, so the "dma-buf" is the host
+ * memory at iova: registered like reg_mr, once the fd proves real. */
 static struct ibv_mr *nic_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
                                         uint64_t iova, int fd, int access)
 {
-    (void)pd;
     (void)offset;
-    (void)len;
-    (void)iova;
-    (void)fd;
-    (void)access;
-    return fail_ptr(EOPNOTSUPP);
+    if (nic.no_dmabuf)
+        return fail_ptr(EOPNOTSUPP);
+    if (fd < 0 || fcntl(fd, F_GETFD) < 0)
+        return fail_ptr(EBADF); /* also the answer to kvwire's support probe */
+    return nic_reg_mr(pd, (void *)(uintptr_t)iova, len, access);
 }
 
 static int nic_dereg_mr(struct ibv_mr *ibmr)
@@ -1451,6 +1454,7 @@ static int init_state(const fake_nic_config_t *c, int n)
     memset(&nic, 0, sizeof(nic));
     nic.max_msg_sz = c->max_msg_sz ? c->max_msg_sz : NIC_DEFAULT_MAX_MSG;
     nic.max_qp_wr = c->max_qp_wr ? (int)c->max_qp_wr : NIC_MAX_QP_WR;
+    nic.no_dmabuf = c->no_dmabuf != 0;
     nic.retry_ns = (uint64_t)c->retry_us * 1000;
     nic.rnr_delay_ns =
         (uint64_t)(c->rnr_delay_us ? c->rnr_delay_us : NIC_DEFAULT_RNR_DELAY_US) * 1000;
@@ -1574,6 +1578,14 @@ static int set_killed(const char *name, bool killed)
 int fake_nic_kill_device(const char *name)
 {
     return set_killed(name, true);
+}
+
+uint8_t fake_nic_peek(const void *addr)
+{
+    lock(); /* the wire thread writes memory with the lock held */
+    uint8_t v = *(const volatile uint8_t *)addr;
+    unlock();
+    return v;
 }
 
 int fake_nic_revive_device(const char *name)

@@ -35,6 +35,9 @@ typedef struct fake_nic_config {
     uint32_t retry_us;                    /* how long an unreachable peer is retried before
                                            * IBV_WC_RETRY_EXC_ERR; 0: fail at once */
     uint32_t rnr_delay_us;                /* between RNR retries; 0: 640 (min_rnr_timer 12) */
+    /* ibv_reg_dmabuf_mr fails with EOPNOTSUPP (as on rxe); else it
+     * registers the host memory at iova (tests pose it as GPU memory). */
+    int no_dmabuf;
 } fake_nic_config_t;
 
 /* Faults. All counts are 1-based and 0 means off; the counters restart at
@@ -94,6 +97,9 @@ void fake_nic_set_faults(const fake_nic_faults_t *faults);
  * IBV_WC_RETRY_EXC_ERR, its own QPs send nothing more, yet its objects stay
  * valid so its engine can still be destroyed. Returns 0, -1 if unknown. */
 int fake_nic_kill_device(const char *name);
+/* One byte of memory the wire may be writing, read race-free (for tests
+ * that watch data land before the request ends). */
+uint8_t fake_nic_peek(const void *addr);
 /* A new process on a killed device: QPs created from now on work again
  * (the killed ones' peers have failed by then). Returns 0, -1 if unknown. */
 int fake_nic_revive_device(const char *name);

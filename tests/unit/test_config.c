@@ -40,6 +40,8 @@ static const char *const env_names[] = {
     "KVW_HOP_LIMIT",
     "KVW_FLOW_LABEL",
     "KVW_IB_USE_GRH",
+    "KVW_GPU_FLUSH",
+    "KVW_GPU_RELAXED_ORDERING",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -100,6 +102,9 @@ static void assert_defaults(const kvw_config_t *c)
     assert_int_equal(c->hop_limit, 255);
     assert_int_equal(c->flow_label, -1);
     assert_int_equal(c->ib_use_grh, -1);
+    assert_string_equal(c->gpu_path, "");
+    assert_int_equal(c->gpu_flush, -1);
+    assert_int_equal(c->gpu_relaxed_ordering, -1);
 }
 
 /* ------------------------------------------------------------ config */
@@ -369,6 +374,8 @@ static void test_print(void **state)
         {"hop_limit", "KVW_HOP_LIMIT", 255},
         {"flow_label", "KVW_FLOW_LABEL", -1},
         {"ib_use_grh", "KVW_IB_USE_GRH", -1},
+        {"gpu_flush", "KVW_GPU_FLUSH", -1},
+        {"gpu_relaxed_ordering", "KVW_GPU_RELAXED_ORDERING", -1},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);
@@ -378,7 +385,8 @@ static void test_print(void **state)
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char name[64], env[64];
         long long value;
-        if (strncmp(line, "cluster_key", 11) == 0) { /* text, and not set here */
+        if (strncmp(line, "cluster_key", 11) == 0 || strncmp(line, "gpu_path", 8) == 0) {
+            /* text, and not set here */
             assert_non_null(strstr(line, "= -"));
             continue;
         }
