@@ -287,10 +287,11 @@ static void finish_kill_locked(kvw_peer_t *p)
         p->live = false;
         e->live_peers--;
     }
-    KVW_WARN("peer %u: %s", p->index, p->dead_reason);
+    uint32_t hit = 0; /* requests still running that this fails */
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->peer != p)
             continue;
+        hit += !kvw__req_ended(r);
         if (r->aborting) /* it was being given up anyway: keep its own reason */
             kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, p->dead_reason);
         else
@@ -301,6 +302,11 @@ static void finish_kill_locked(kvw_peer_t *p)
             kvw__sender_unstarve_locked(r); /* the poller lets it go */
         kvw__req_attach_locked(r, NULL);
     }
+    /* A peer that left cleanly with nothing in flight is news, not trouble. */
+    if (hit || !atomic_load(&p->closing))
+        KVW_WARN("peer %u: %s (%u request(s) failed)", p->index, p->dead_reason, hit);
+    else
+        KVW_INFO("peer %u: %s", p->index, p->dead_reason);
     atomic_store(&p->bye_due, true);
     kvw__wake(e->control_wake_fd);
     kvw__wake(e->poller_wake_fd); /* it drops the peer's queues */
