@@ -26,6 +26,10 @@ SILENT_BOUND_MS=2600
 # in the guest, so a wave takes seconds and the kill lands mid-transfer).
 KILL_WORK="--layers 8 --item 16384 --pool 128 --pages 32 --requests 4 --inflight 4
     --contig 4 --dst-contig 2 --aux-item 256 --aux-items 8 --seed 21"
+# kill -9 of a decode engine: twice the wave, all in flight, so the wave
+# cannot end in the second or so a loaded guest takes to notice A's first
+# bytes and kill it.
+KILL_DECODE_WORK="$KILL_WORK --requests 8 --inflight 8 --pool 256"
 # A silent peer is detected in ~2 s: 8 requests of 8 MB, all in flight, so
 # the wave cannot end before the SIGSTOP.
 SILENT_WORK="--layers 8 --item 16384 --pool 256 --pages 32 --requests 8 --inflight 8
@@ -119,13 +123,13 @@ kill_decode() {
     rc=0
     rm -f "$work/ready"
     # shellcheck disable=SC2086
-    start_prefill "$work/p.log" --decoders 3 --may-fail 0-3 --deadline-s 90 $KILL_WORK
+    start_prefill "$work/p.log" --decoders 3 --may-fail 0-7 --deadline-s 90 $KILL_DECODE_WORK
     # shellcheck disable=SC2086
     start_decode "$work/a.log" "$2" "$3" --decoder-index 0 --ready-file "$work/ready" \
-        --deadline-s 60 $KILL_WORK
+        --deadline-s 60 $KILL_DECODE_WORK
     apid=$dpid
     # shellcheck disable=SC2086
-    start_decode "$work/b.log" "$2" "$3" --decoder-index 1 --deadline-s 60 $KILL_WORK
+    start_decode "$work/b.log" "$2" "$3" --decoder-index 1 --deadline-s 60 $KILL_DECODE_WORK
     bpid=$dpid
     if wait_file "$work/ready" 40; then
         tkill=$(now_ms)
@@ -139,7 +143,7 @@ kill_decode() {
     fi
     wait "$apid" 2>/dev/null
     # shellcheck disable=SC2086
-    start_decode "$work/c.log" "$2" "$3" --decoder-index 2 --deadline-s 60 $KILL_WORK
+    start_decode "$work/c.log" "$2" "$3" --decoder-index 2 --deadline-s 60 $KILL_DECODE_WORK
     cpid=$dpid
     wait "$bpid" || need "decode B (same prefill, alive) did not complete every request"
     wait "$cpid" || need "restarted decode C did not complete every request"
@@ -148,7 +152,7 @@ kill_decode() {
     show "$work/p.log" prefill
     show "$work/b.log" "decode B"
     show "$work/c.log" "decode C"
-    grep -q '^room [0-3]: FAILED' "$work/p.log" ||
+    grep -q '^room [0-7]: FAILED' "$work/p.log" ||
         need "no request of A failed at prefill (killed too late?)"
     within "$(diff_ms "$tkill" "$(last_failed "$work/p.log")")" $KILL_BOUND_MS \
         "prefill failed A's last request after the kill"
