@@ -172,46 +172,17 @@ static void handle(kvw_bootstrap_t *b, const void *id, size_t id_len, const kvw_
 }
 
 /* Receive the rest of a message into nothing. Returns how many frames. */
-static int drain(void *sock)
-{
-    int frames = 0, more = 1;
-    size_t more_len = sizeof(more);
-    while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &more_len) == 0 && more) {
-        zmq_msg_t z;
-        zmq_msg_init(&z);
-        int rc = zmq_msg_recv(&z, sock, 0);
-        zmq_msg_close(&z);
-        if (rc < 0)
-            break;
-        frames++;
-    }
-    return frames;
-}
-
 /* Decode exactly one body frame after the identity; false (with a reason)
  * for anything else, the whole message then consumed. */
 static bool recv_body(kvw_bootstrap_t *b, kvw_msg_t *m, char *why, size_t why_size)
 {
-    int more = 0;
-    size_t more_len = sizeof(more);
-    if (zmq_getsockopt(b->sock, ZMQ_RCVMORE, &more, &more_len) || !more) {
+    if (!kvw__zmore(b->sock)) {
         snprintf(why, why_size, "an identity with no body");
         return false;
     }
-    zmq_msg_t z;
-    zmq_msg_init(&z);
-    if (zmq_msg_recv(&z, b->sock, 0) < 0) {
-        zmq_msg_close(&z);
-        snprintf(why, why_size, "receive failed: %s", zmq_strerror(errno));
-        return false;
-    }
-    int extra = drain(b->sock);
-    kvw_status_t st = KVW_ERR_PROTOCOL;
-    if (extra)
-        snprintf(why, why_size, "%d frames after the identity, want 1", extra + 1);
-    else
-        st = kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m, why, why_size);
-    zmq_msg_close(&z);
+    kvw_status_t st = kvw__zrecv(b->sock, m, ZMQ_DONTWAIT, why, why_size);
+    if (st == KVW_ERR_NOT_FOUND)
+        snprintf(why, why_size, "no body frame");
     return st == KVW_OK;
 }
 
@@ -563,10 +534,4 @@ kvw_status_t kvw__bootstrap_register_as(void *zctx, const kvw_zsecurity_t *sec,
     st = kvw__registrar_register(r, timeout_ms);
     kvw__registrar_destroy(r, false);
     return st;
-}
-
-kvw_status_t kvw__bootstrap_register(void *zctx, const char *bootstrap_addr, uint32_t rank,
-                                     const char *endpoint, uint32_t timeout_ms)
-{
-    return kvw__bootstrap_register_as(zctx, NULL, bootstrap_addr, rank, endpoint, 0, timeout_ms);
 }

@@ -55,9 +55,5 @@ kvw_status_t kvw__bootstrap_register_as(void *zctx, const kvw_zsecurity_t *sec,
                                         const char *bootstrap_addr, uint32_t rank,
                                         const char *endpoint, uint64_t engine_id,
                                         uint32_t timeout_ms);
-/* Deprecated: kvw__bootstrap_register_as with no security and engine id 0.
- * Kept until its last caller (tests/unit/test_engine.c) moves. */
-kvw_status_t kvw__bootstrap_register(void *zctx, const char *bootstrap_addr, uint32_t rank,
-                                     const char *endpoint, uint32_t timeout_ms);
 
 #endif

@@ -58,6 +58,28 @@ kvw_status_t kvw__zsend_to(void *sock, const void *id, size_t id_len, const kvw_
     return kvw__zsend_raw(sock, m, ZMQ_DONTWAIT);
 }
 
+bool kvw__zmore(void *sock)
+{
+    int more = 0;
+    size_t len = sizeof(more);
+    return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more;
+}
+
+int kvw__zskip_rest(void *sock)
+{
+    int n = 0;
+    while (kvw__zmore(sock)) {
+        zmq_msg_t z;
+        zmq_msg_init(&z);
+        int rc = zmq_msg_recv(&z, sock, 0);
+        zmq_msg_close(&z);
+        if (rc < 0)
+            break;
+        n++;
+    }
+    return n;
+}
+
 kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, size_t reason_size)
 {
     zmq_msg_t z;
@@ -70,8 +92,14 @@ kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, siz
         snprintf(reason, reason_size, "zmq receive failed: %s", zmq_strerror(err));
         return KVW_ERR_CONTROL;
     }
-    kvw_status_t st =
-        kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m_p, reason, reason_size);
+    /* The whole message goes, whatever it holds: a stray frame left behind
+     * would be read as the next message (or a ROUTER's next identity). */
+    int extra = kvw__zskip_rest(sock);
+    kvw_status_t st = KVW_ERR_PROTOCOL;
+    if (extra)
+        snprintf(reason, reason_size, "a message of %d frames, not 1", extra + 1);
+    else
+        st = kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m_p, reason, reason_size);
     zmq_msg_close(&z);
     return st;
 }
@@ -146,11 +174,7 @@ int kvw__zmonitor_event(void *monitor)
     int n = zmq_recv(monitor, head, sizeof(head), ZMQ_DONTWAIT);
     if (n < 0)
         return 0;
-    int more = 0;
-    size_t more_len = sizeof(more);
-    char rest[256];
-    while (zmq_getsockopt(monitor, ZMQ_RCVMORE, &more, &more_len) == 0 && more)
-        zmq_recv(monitor, rest, sizeof(rest), 0);
+    kvw__zskip_rest(monitor);
     if (n < 2)
         return -1;
     uint16_t ev;

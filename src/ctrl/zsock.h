@@ -12,12 +12,18 @@
 kvw_status_t kvw__zsend(void *sock, const kvw_msg_t *m, int flags);
 /* Send a ROUTER identity frame followed by m. */
 kvw_status_t kvw__zsend_to(void *sock, const void *id, size_t id_len, const kvw_msg_t *m);
-/* Receive one frame (non-blocking with ZMQ_DONTWAIT) and decode it. The
- * decode error text lands in reason. KVW_ERR_NOT_FOUND when nothing was
- * waiting under ZMQ_DONTWAIT. */
+/* Receive one whole message (non-blocking with ZMQ_DONTWAIT), which must
+ * be exactly one frame, and decode it. A message of more frames is
+ * consumed whole and refused (KVW_ERR_PROTOCOL). The error text lands in
+ * reason. KVW_ERR_NOT_FOUND when nothing was waiting under ZMQ_DONTWAIT.
+ * After a ROUTER's identity frame, this receives the body that follows. */
 kvw_status_t kvw__zrecv(void *sock, kvw_msg_t *m_p, int flags, char *reason, size_t reason_size);
+/* Whether the frame just received has more frames after it. */
+bool kvw__zmore(void *sock);
+/* Receive and drop what is left of the current message; how many frames. */
+int kvw__zskip_rest(void *sock);
 enum {
-    KVW_ZSOCK_HWM = 256,            /* messages received and queued per connection */
+    KVW_ZSOCK_HWM = 256,           /* messages received and queued per connection */
     KVW_ZSOCK_SEND_HWM = 1u << 17, /* messages of ours queued per connection */
 };
 

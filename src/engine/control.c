@@ -56,45 +56,6 @@ void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
     e->drop_logged_ns = now;
 }
 
-static bool more_frames(void *sock)
-{
-    int more = 0;
-    size_t len = sizeof(more);
-    return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more;
-}
-
-/* Drain what is left of the current message; how many frames that was. */
-static int skip_rest(void *sock)
-{
-    int n = 0;
-    char sink[64];
-    while (more_frames(sock) && zmq_recv(sock, sink, sizeof(sink), 0) >= 0)
-        n++;
-    return n;
-}
-
-/* Receive the body frame, which must be the message's last. */
-static kvw_status_t recv_last_body(kvw_engine_t *e, void *sock, kvw_msg_t *m_p, char *why,
-                                   size_t why_size)
-{
-    zmq_msg_t z;
-    zmq_msg_init(&z);
-    if (zmq_msg_recv(&z, sock, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&z);
-        snprintf(why, why_size, "no body frame");
-        return KVW_ERR_PROTOCOL;
-    }
-    int extra = skip_rest(sock);
-    kvw_status_t st = KVW_ERR_PROTOCOL;
-    if (extra)
-        snprintf(why, why_size, "%d frames more than one body", extra);
-    else
-        st = kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m_p, why, why_size);
-    zmq_msg_close(&z);
-    (void)e;
-    return st;
-}
-
 kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,
                                   kvw_msg_t *m_p)
 {
@@ -102,13 +63,13 @@ kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size
         int n = zmq_recv(sock, id, KVW_CTL_MAX_ID, ZMQ_DONTWAIT);
         if (n < 0)
             return KVW_ERR_NOT_FOUND;
-        char why[KVW_WIRE_REASON_MAX] = "";
-        if (!more_frames(sock)) {
+        if (!kvw__zmore(sock)) {
             kvw__ctl_dropped(e, "an identity frame without a body");
             continue;
         }
-        if (recv_last_body(e, sock, m_p, why, sizeof(why))) {
-            kvw__ctl_dropped(e, "%s", why);
+        char why[KVW_WIRE_REASON_MAX] = "";
+        if (kvw__zrecv(sock, m_p, ZMQ_DONTWAIT, why, sizeof(why))) {
+            kvw__ctl_dropped(e, "%s", why[0] ? why : "no body frame");
             continue;
         }
         *id_len = (size_t)n;
@@ -116,28 +77,7 @@ kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size
     }
 }
 
-kvw_status_t kvw__ctl_recv(kvw_engine_t *e, void *sock, kvw_msg_t *m_p, char *why,
-                           size_t why_size)
-{
-    zmq_msg_t z;
-    zmq_msg_init(&z);
-    if (zmq_msg_recv(&z, sock, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&z);
-        return KVW_ERR_NOT_FOUND;
-    }
-    int extra = skip_rest(sock);
-    kvw_status_t st = KVW_ERR_PROTOCOL;
-    if (extra)
-        snprintf(why, why_size, "a message of %d frames, not 1", extra + 1);
-    else
-        st = kvw__wire_decode(zmq_msg_data(&z), zmq_msg_size(&z), m_p, why, why_size);
-    zmq_msg_close(&z);
-    (void)e;
-    return st;
-}
-
-kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len,
-                            const kvw_msg_t *m)
+kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len, const kvw_msg_t *m)
 {
     kvw_status_t st = kvw__zsend_to(e->router, id, id_len, m);
     if (st)
@@ -247,11 +187,6 @@ static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
     }
 }
 
-static uint64_t earliest(uint64_t a, uint64_t b)
-{
-    return !a ? b : !b ? a : a < b ? a : b;
-}
-
 /* Serve what other threads queued, then what is due. */
 static void serve_requests(kvw_engine_t *e, uint64_t now)
 {
@@ -315,7 +250,7 @@ void *kvw__control_main(void *arg)
         }
         build_poll_set(e, &ps);
         pthread_mutex_lock(&e->lock);
-        uint64_t due = earliest(peers_due, kvw__next_deadline_locked(e));
+        uint64_t due = kvw__earliest(peers_due, kvw__next_deadline_locked(e));
         pthread_mutex_unlock(&e->lock);
         if (zmq_poll(ps.items, ps.n, timeout_ms(due, kvw__now_ns())) < 0 && errno != EINTR)
             KVW_WARN("zmq_poll failed: %s", zmq_strerror(errno));
@@ -327,7 +262,7 @@ void *kvw__control_main(void *arg)
         peers_due = e->role == KVW_ROLE_PREFILL ? kvw__prefill_peers_tick(e, now)
                                                 : kvw__decode_peers_tick(e, now);
         if (e->registrar) /* re-register: a restarted bootstrap service relearns us */
-            peers_due = earliest(peers_due, kvw__registrar_tick(e->registrar, now));
+            peers_due = kvw__earliest(peers_due, kvw__registrar_tick(e->registrar, now));
         serve_requests(e, now);
         if (e->role == KVW_ROLE_DECODE)
             kvw__decode_connect_pending(e);

@@ -11,23 +11,26 @@ enum {
     KVW_CTL_MAX_ID = 255, /* ZeroMQ routing ids are at most 255 bytes */
 };
 
+/* The earlier of two due times, 0 meaning none. */
+static inline uint64_t kvw__earliest(uint64_t a, uint64_t b)
+{
+    return !a ? b : !b ? a : a < b ? a : b;
+}
+
 /* REQUEST_FAILED, ABORT or BYE carrying an error status and a reason. */
 kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_status_t st,
                            const char *why);
 
-/* Receive one whole message: a ROUTER's identity frame and exactly one body
- * frame, or a DEALER's one body frame. Anything else (extra or missing
- * frames, an undecodable body) is dropped whole and counted, with at most
- * one log line per second. KVW_OK with *m_p to free, or KVW_ERR_NOT_FOUND
- * when nothing (valid) is waiting. */
+/* Receive one whole ROUTER message: the identity frame and exactly one
+ * body frame (kvw__zrecv). Anything else (extra or missing frames, an
+ * undecodable body) is dropped whole and counted, with at most one log
+ * line per second. KVW_OK with *m_p to free, or KVW_ERR_NOT_FOUND when
+ * nothing (valid) is waiting. A DEALER's messages come through kvw__zrecv. */
 kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,
                                   kvw_msg_t *m_p);
-kvw_status_t kvw__ctl_recv(kvw_engine_t *e, void *sock, kvw_msg_t *m_p, char *why,
-                           size_t why_size);
 /* Send m to a ROUTER peer; an unroutable identity (its connection is gone)
  * is counted and logged at most once per second. */
-kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len,
-                            const kvw_msg_t *m);
+kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len, const kvw_msg_t *m);
 /* Count one dropped message and log (rate-limited) why. */
 void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

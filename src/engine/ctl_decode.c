@@ -142,7 +142,7 @@ void kvw__decode_on_bootstrap(kvw_engine_t *e, kvw_peer_t *p)
     kvw_msg_t m;
     char why[KVW_WIRE_REASON_MAX] = "";
     while (p->bs_sock && atomic_load(&p->state) == PEER_LOOKUP) {
-        kvw_status_t st = kvw__ctl_recv(e, p->bs_sock, &m, why, sizeof(why));
+        kvw_status_t st = kvw__zrecv(p->bs_sock, &m, ZMQ_DONTWAIT, why, sizeof(why));
         if (st == KVW_ERR_NOT_FOUND)
             return;
         if (st || m.type != KVW_MSG_BS_LOOKUP_REPLY || m.u.bs.rank != p->rank) {
@@ -218,7 +218,7 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
     kvw_msg_t m;
     char why[KVW_WIRE_REASON_MAX] = "";
     while (p->sock && atomic_load(&p->state) != PEER_DEAD) {
-        kvw_status_t st = kvw__ctl_recv(e, p->sock, &m, why, sizeof(why));
+        kvw_status_t st = kvw__zrecv(p->sock, &m, ZMQ_DONTWAIT, why, sizeof(why));
         if (st == KVW_ERR_NOT_FOUND)
             return;
         if (st) {
@@ -236,8 +236,8 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
                            "prefill rank %u closed the connection: %.100s", p->rank,
                            m.u.failed.reason);
         else if (m.type != KVW_MSG_PONG)
-            kvw__ctl_dropped(e, "unexpected %s from prefill rank %u",
-                             kvw__wire_type_name(m.type), p->rank);
+            kvw__ctl_dropped(e, "unexpected %s from prefill rank %u", kvw__wire_type_name(m.type),
+                             p->rank);
         kvw__wire_free(&m);
     }
 }
@@ -267,11 +267,6 @@ static void send_credits(kvw_engine_t *e, kvw_peer_t *p, bool force)
         atomic_store(&p->credits_sent, posted);
 }
 
-static uint64_t earliest(uint64_t a, uint64_t b)
-{
-    return !a ? b : !b ? a : a < b ? a : b;
-}
-
 /* Handshake deadlines and lookup retries; returns when next due. */
 static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t now)
 {
@@ -290,9 +285,9 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
     s = atomic_load(&p->state);
     uint64_t next = p->deadline_ns + 1;
     if (s == PEER_LOOKUP)
-        next = earliest(next, p->next_ping_ns ? p->next_ping_ns + 1 : 0);
+        next = kvw__earliest(next, p->next_ping_ns ? p->next_ping_ns + 1 : 0);
     else if (s == PEER_HELLO)
-        next = earliest(next, p->hello_retry_ns + 1);
+        next = kvw__earliest(next, p->hello_retry_ns + 1);
     return next;
 }
 
@@ -323,7 +318,7 @@ static uint64_t connected_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
         kvw__zsend(p->sock, &ping, ZMQ_DONTWAIT);
         p->next_ping_ns = now + kvw__ms_ns(interval);
     }
-    return earliest(silent_at + 1, p->next_ping_ns);
+    return kvw__earliest(silent_at + 1, p->next_ping_ns);
 }
 
 uint64_t kvw__decode_peers_tick(kvw_engine_t *e, uint64_t now)
@@ -334,9 +329,9 @@ uint64_t kvw__decode_peers_tick(kvw_engine_t *e, uint64_t now)
         kvw_peer_t *p = kvw__peer_at(e, i);
         int s = p ? atomic_load(&p->state) : PEER_DEAD;
         if (s == PEER_LOOKUP || s == PEER_HELLO)
-            next = earliest(next, connecting_tick(e, p, s, now));
+            next = kvw__earliest(next, connecting_tick(e, p, s, now));
         else if (s == PEER_CONNECTED)
-            next = earliest(next, connected_tick(e, p, now));
+            next = kvw__earliest(next, connected_tick(e, p, now));
     }
     return next;
 }
@@ -482,8 +477,8 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
 static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
 {
     pthread_mutex_lock(&e->lock);
-    bool wanted = r->listed && !r->peer &&
-                  (r->abort_due || atomic_load(&r->state) != KVW_POLL_FAILED);
+    bool wanted =
+        r->listed && !r->peer && (r->abort_due || atomic_load(&r->state) != KVW_POLL_FAILED);
     kvw_peer_t *p = wanted ? find_peer_locked(e, r) : NULL;
     if (p) { /* made for an earlier receiver of this round */
         kvw__req_attach_locked(r, p);

@@ -346,20 +346,18 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
             continue;
         if (atomic_load(&p->closing)) { /* the poller kills it once drained, or here */
             kvw__peer_close_if_drained(p, false);
-            uint64_t at = p->close_deadline_ns + 1; /* written before closing was set */
-            next = !next || at < next ? at : next;
+            next = kvw__earliest(next, p->close_deadline_ns + 1); /* set before closing */
             continue;
         }
         uint64_t due = p->last_seen_ns + limit;
         if (now > due)
             kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms", ms);
-        else if (!next || due + 1 < next)
-            next = due + 1;
+        else
+            next = kvw__earliest(next, due + 1);
     }
     if (e->probe_until_ns && now < e->probe_until_ns) {
         probe_connections(e);
-        uint64_t probe = now + kvw__ms_ns(PROBE_TICK_MS);
-        next = !next || probe < next ? probe : next;
+        next = kvw__earliest(next, now + kvw__ms_ns(PROBE_TICK_MS));
     } else {
         e->probe_until_ns = 0;
     }
