@@ -92,6 +92,9 @@ $(BUILD)/integration/%: tests/integration/%.c $(STATIC) $(TEST_SUPPORT_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT_SRCS) -o $@ $(STATIC) $(LDLIBS) -lcmocka -lm
 
+# The rxe build of the layout tests is the unit test's file (#include).
+$(BUILD)/integration/layouts_test: tests/unit/test_layouts.c
+
 $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(TSAN) $< $(TEST_SUPPORT_SRCS) $(TSAN_OBJS) \

@@ -261,8 +261,8 @@ static void test_mla_no_wasted_bytes(void **state)
     add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
     assert_int_equal(open_engines(), KVW_OK);
     uint64_t src[] = {3, 4, 5, 9, 20}, dst[] = {0, 1, 2, 7, 31};
-    req_spec_t q = {.room = 1, .n = 5, .src_pages = src, .dst_pages = dst, .aux_src = 2,
-                    .aux_dst = 1};
+    req_spec_t q = {
+        .room = 1, .n = 5, .src_pages = src, .dst_pages = dst, .aux_src = 2, .aux_dst = 1};
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
@@ -294,8 +294,15 @@ static void test_kv_two_aux_and_state(void **state)
     add_both(KVW_GROUP_STATE, 2, 1, &st, 8);
     assert_int_equal(open_engines(), KVW_OK);
     uint64_t src[] = {1, 2, 3, 10}, dst[] = {5, 6, 7, 0}, ss[] = {6}, ds[] = {2};
-    req_spec_t q = {.room = 2, .n = 4, .ns = 1, .src_pages = src, .dst_pages = dst,
-                    .src_state = ss, .dst_state = ds, .aux_src = 3, .aux_dst = 0};
+    req_spec_t q = {.room = 2,
+                    .n = 4,
+                    .ns = 1,
+                    .src_pages = src,
+                    .dst_pages = dst,
+                    .src_state = ss,
+                    .dst_state = ds,
+                    .aux_src = 3,
+                    .aux_dst = 0};
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
@@ -317,11 +324,11 @@ static void test_chunked_sends(void **state)
     assert_int_equal(open_engines(), KVW_OK);
     uint64_t src[13], dst[13];
     for (int i = 0; i < 13; i++) {
-        src[i] = (uint64_t)(i * 2);   /* never contiguous at the source */
+        src[i] = (uint64_t)(i * 2);  /* never contiguous at the source */
         dst[i] = (uint64_t)(31 - i); /* nor at the destination */
     }
-    req_spec_t q = {.room = 3, .n = 13, .src_pages = src, .dst_pages = dst, .aux_src = 1,
-                    .aux_dst = 0};
+    req_spec_t q = {
+        .room = 3, .n = 13, .src_pages = src, .dst_pages = dst, .aux_src = 1, .aux_dst = 0};
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
@@ -363,8 +370,7 @@ static void *feed_layers(void *arg)
         for (int waited = 0; l == 1 && !atomic_load(&f->first_landed) && waited < WAIT_MS; waited++)
             pair_sleep_ms(1);
         pair_sleep_ms(f->delay_ms);
-        kvw_part_t p = {.pages = f->pages, .num_pages = f->n, .layer_begin = l,
-                        .layer_end = l + 1};
+        kvw_part_t p = {.pages = f->pages, .num_pages = f->n, .layer_begin = l, .layer_end = l + 1};
         if (kvw_sender_send_part(f->s, &p) != KVW_OK)
             return (void *)1;
     }
@@ -380,8 +386,12 @@ static void test_layerwise_from_another_thread(void **state)
     add_both(KVW_GROUP_KV, 6, 2, kv, 16);
     assert_int_equal(open_engines(), KVW_OK);
     uint64_t src[] = {0, 1, 2, 3, 8, 9}, dst[] = {10, 11, 12, 13, 1, 2};
-    req_spec_t q = {.room = 4, .n = 6, .src_pages = src, .dst_pages = dst,
-                    .aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    req_spec_t q = {.room = 4,
+                    .n = 6,
+                    .src_pages = src,
+                    .dst_pages = dst,
+                    .aux_src = KVW_NO_AUX,
+                    .aux_dst = KVW_NO_AUX};
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
@@ -396,8 +406,8 @@ static void test_layerwise_from_another_thread(void **state)
     print_message("layer 0 landed while layers 1-5 were still to be computed\n");
     atomic_store(&f.first_landed, true);
     /* A part out of order changes nothing. */
-    kvw_part_t bad = {.pages = src, .num_pages = 6, .layer_begin = 5, .layer_end = 6,
-                      .first_page = 1};
+    kvw_part_t bad = {
+        .pages = src, .num_pages = 6, .layer_begin = 5, .layer_end = 6, .first_page = 1};
     assert_int_equal(kvw_sender_send_part(s, &bad), KVW_ERR_INVALID);
     void *rc;
     pthread_join(t, &rc);
@@ -414,8 +424,12 @@ static void test_chunks_times_layers(void **state)
     add_both(KVW_GROUP_KV, 4, 1, &lat, 16);
     assert_int_equal(open_engines(), KVW_OK);
     uint64_t src[] = {0, 1, 2, 3, 4, 5}, dst[] = {6, 7, 8, 9, 10, 11};
-    req_spec_t q = {.room = 5, .n = 6, .src_pages = src, .dst_pages = dst,
-                    .aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    req_spec_t q = {.room = 5,
+                    .n = 6,
+                    .src_pages = src,
+                    .dst_pages = dst,
+                    .aux_src = KVW_NO_AUX,
+                    .aux_dst = KVW_NO_AUX};
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
@@ -426,6 +440,56 @@ static void test_chunks_times_layers(void **state)
         assert_int_equal(kvw_sender_send_part(s, &parts[i]), KVW_OK);
     }
     finish(&q, s, r);
+}
+
+/* Bad input in a part: an out-of-range source page fails the request on
+ * both sides before anything is posted, and decode's pages keep their
+ * canary; a state count that disagrees with decode's fails it likewise. */
+static void test_bad_parts_fail_both_sides(void **state)
+{
+    (void)state;
+    size_t kv[2] = {256, 256}, st = 128;
+    add_both(KVW_GROUP_KV, 2, 2, kv, 16);
+    add_both(KVW_GROUP_STATE, 1, 1, &st, 4);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[] = {1, 2}, dst[] = {3, 4}, bad[] = {1, 16}, ss[] = {0}, ds[] = {1, 2};
+    req_spec_t q = {.room = 30,
+                    .n = 2,
+                    .ns = 2,
+                    .src_pages = src,
+                    .dst_pages = dst,
+                    .src_state = ss,
+                    .dst_state = ds,
+                    .aux_src = KVW_NO_AUX,
+                    .aux_dst = KVW_NO_AUX};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING) /* decode's request arrives */
+        pair_sleep_ms(1);
+    kvw_part_t p = {bad, 2, 0, 0, 1};
+    assert_int_equal(kvw_sender_send_part(s, &p), KVW_ERR_OUT_OF_RANGE);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_OUT_OF_RANGE);
+    assert_non_null(strstr(why, "source page 16"));
+    assert_int_equal(kvw_sender_failure(s, NULL), KVW_ERR_OUT_OF_RANGE);
+    req_spec_t none = {.aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    assert_int_equal(wrong_bytes(&none), 0); /* nothing landed */
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+
+    q.room = 31;
+    start(&q, &s, &r);
+    while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING)
+        pair_sleep_ms(1);
+    assert_int_equal(kvw_sender_send_state(s, ss, 1), KVW_ERR_MISMATCH); /* decode asked 2 */
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_int_equal(kvw_sender_failure(s, NULL), KVW_ERR_MISMATCH);
+    assert_int_equal(wrong_bytes(&none), 0);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
 }
 
 /* Different groups on the two sides: refused, saying what differs. */
@@ -457,6 +521,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunked_sends, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layerwise_from_another_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunks_times_layers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_parts_fail_both_sides, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_mismatch_says_what, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
