@@ -84,7 +84,7 @@ extern "C" {
     X(ERR_STATE, -13, "call not allowed in the current state")                                     \
     X(ERR_NOT_FOUND, -14, "not found")                                                             \
     X(ERR_EXISTS, -15, "already exists")                                                           \
-    X(ERR_UNSUPPORTED, -16, "not supported on this device or build")                              \
+    X(ERR_UNSUPPORTED, -16, "not supported on this device or build")                               \
     X(ERR_ABORTED, -17, "request aborted")                                                         \
     X(ERR_LIMIT, -18, "a configured limit was reached")
 
@@ -124,14 +124,14 @@ KVW_API void kvw_set_log_handler(kvw_log_fn fn, void *arg, kvw_log_level_t max_l
 /* Tuning knobs. kvw_config_init() fills the defaults below and then applies
  * the KVW_* environment variable named beside each field. */
 typedef struct kvw_config {
-    uint32_t sq_depth;           /* KVW_SQ_DEPTH, 512: send WRs outstanding per QP */
-    uint32_t rq_depth;           /* KVW_RQ_DEPTH, 256: receives posted per QP (decode) */
-    uint32_t chain_max;          /* KVW_CHAIN_MAX, 64: WRs linked per ibv_post_send */
-    uint32_t signal_every;       /* KVW_SIGNAL_EVERY, 32: signal every Nth WR (and chain ends) */
-    uint32_t poll_spin_us;       /* KVW_POLL_SPIN_US, 50: busy-poll this long before sleeping */
+    uint32_t sq_depth;             /* KVW_SQ_DEPTH, 512: send WRs outstanding per QP */
+    uint32_t rq_depth;             /* KVW_RQ_DEPTH, 256: receives posted per QP (decode) */
+    uint32_t chain_max;            /* KVW_CHAIN_MAX, 64: WRs linked per ibv_post_send */
+    uint32_t signal_every;         /* KVW_SIGNAL_EVERY, 32: signal every Nth WR (and chain ends) */
+    uint32_t poll_spin_us;         /* KVW_POLL_SPIN_US, 50: busy-poll this long before sleeping */
     uint32_t bootstrap_timeout_ms; /* KVW_BOOTSTRAP_TIMEOUT_MS, 30000: connect + request */
     uint32_t transfer_timeout_ms;  /* KVW_TRANSFER_TIMEOUT_MS, 60000: data posted -> landed */
-    uint32_t heartbeat_ms;       /* KVW_HEARTBEAT_MS, 500: control-plane liveness ping */
+    uint32_t heartbeat_ms;         /* KVW_HEARTBEAT_MS, 500: control-plane liveness ping */
     /* KVW_PEER_TIMEOUT_MS, 2000: a silent peer is declared dead, and the
      * longest an abort waits for prefill's acknowledgement. A peer process
      * that exits is noticed sooner, when its control connection closes. */
@@ -157,11 +157,11 @@ typedef struct kvw_config {
     uint32_t orphan_ttl_ms;
     uint32_t max_orphans_per_peer;
     uint32_t max_orphan_mib_per_peer;
-    int32_t gid_index;           /* KVW_GID_INDEX, -1: -1 picks RoCEv2 IPv4-mapped GID */
-    uint8_t ib_port;             /* KVW_IB_PORT, 1 */
-    uint8_t qp_timeout;          /* KVW_QP_TIMEOUT, 14: ACK timeout 4.096us*2^n */
-    uint8_t qp_retry_cnt;        /* KVW_QP_RETRY_CNT, 7 */
-    uint8_t qp_rnr_retry;        /* KVW_QP_RNR_RETRY, 7 */
+    int32_t gid_index;    /* KVW_GID_INDEX, -1: -1 picks RoCEv2 IPv4-mapped GID */
+    uint8_t ib_port;      /* KVW_IB_PORT, 1 */
+    uint8_t qp_timeout;   /* KVW_QP_TIMEOUT, 14: ACK timeout 4.096us*2^n */
+    uint8_t qp_retry_cnt; /* KVW_QP_RETRY_CNT, 7 */
+    uint8_t qp_rnr_retry; /* KVW_QP_RNR_RETRY, 7 */
     /* Authentication and encryption of the control plane (ZeroMQ CURVE),
      * off by default. The cluster key is one secret shared by every engine
      * and bootstrap service of a deployment (tools/kvw-keygen makes one):
@@ -216,6 +216,24 @@ typedef struct kvw_config {
     char gpu_path[16];
     int32_t gpu_flush;
     int32_t gpu_relaxed_ordering;
+    /* Staging (GPU regions the NIC cannot reach; README "GPU memory").
+     * Memory is pinned host memory allocated at engine creation, and only
+     * when a region takes the staging path.
+     *   staging_mib        KVW_STAGING_MIB, 256 (1..1048576): the pool.
+     *                      Prefill streams any request through it chunk by
+     *                      chunk. Decode holds a request's pages in it from
+     *                      its REQUEST until they are copied to the GPU, so
+     *                      a request larger than the pool fails with
+     *                      KVW_ERR_LIMIT and requests wait (in order) for
+     *                      room.
+     *   staging_chunk_kib  KVW_STAGING_CHUNK_KIB, 4096 (64..1048576): prefill
+     *                      copies and writes in chunks of this size.
+     *   staging_lanes      KVW_STAGING_LANES, 2 (1..4): CUDA streams per GPU
+     *                      copying in turn, so one chunk is copied while the
+     *                      NIC writes the one before. */
+    uint32_t staging_mib;
+    uint32_t staging_chunk_kib;
+    uint32_t staging_lanes;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides. Returns
@@ -290,7 +308,7 @@ typedef struct kvw_engine_params {
     const kvw_region_t *kv_regions; /* K layers 0..L-1, then V layers 0..L-1 */
     uint32_t num_aux;
     const kvw_region_t *aux_regions; /* may be NULL when num_aux == 0 */
-    const kvw_config_t *config;     /* NULL: kvw_config_init() defaults */
+    const kvw_config_t *config;      /* NULL: kvw_config_init() defaults */
     /* Any layout (copied): at least one KV group, at most 64 groups. */
     uint32_t num_groups;
     const kvw_group_t *groups;
@@ -303,8 +321,7 @@ typedef struct kvw_engine kvw_engine_t;
  * service. Blocks for at most config.bootstrap_timeout_ms. The params and
  * region arrays are copied; the memory they describe is not. On error
  * nothing is left allocated or registered. */
-KVW_API kvw_status_t kvw_engine_create(const kvw_engine_params_t *params,
-                                       kvw_engine_t **engine_p);
+KVW_API kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t **engine_p);
 /* Stop the threads, fail any request still in flight, deregister and free.
  * Accepts NULL. All senders/receivers must have been destroyed. */
 KVW_API void kvw_engine_destroy(kvw_engine_t *engine);
@@ -318,19 +335,19 @@ KVW_API const char *kvw_engine_endpoint(const kvw_engine_t *engine);
 
 /* Monotonic counters of one engine (all since creation). */
 typedef struct kvw_counters {
-    uint64_t bytes_posted;      /* payload bytes in posted RDMA writes */
-    uint64_t wrs_posted;        /* work requests posted */
-    uint64_t chains_posted;     /* ibv_post_send calls (doorbells) */
-    uint64_t completions;       /* completion entries retired (send and recv) */
+    uint64_t bytes_posted;  /* payload bytes in posted RDMA writes */
+    uint64_t wrs_posted;    /* work requests posted */
+    uint64_t chains_posted; /* ibv_post_send calls (doorbells) */
+    uint64_t completions;   /* completion entries retired (send and recv) */
     /* Posted WRs end one of two ways: completed (landed at the peer) or
      * flushed (failed, or dropped with a broken connection). Once an engine
      * is idle, wrs_posted == wrs_completed + wrs_flushed. */
     uint64_t wrs_completed;
     uint64_t wrs_flushed;
-    uint64_t errors;            /* error completions and failed posts */
-    uint64_t requests_ok;       /* requests that reached Success */
-    uint64_t requests_failed;   /* requests that reached Failed */
-    uint64_t cq_sleeps;         /* times the poller blocked on the completion channel */
+    uint64_t errors;          /* error completions and failed posts */
+    uint64_t requests_ok;     /* requests that reached Success */
+    uint64_t requests_failed; /* requests that reached Failed */
+    uint64_t cq_sleeps;       /* times the poller blocked on the completion channel */
 } kvw_counters_t;
 
 /* Snapshot the counters; thread-safe, values are each exact but not taken
@@ -362,8 +379,7 @@ typedef struct kvw_receiver kvw_receiver_t;
 KVW_API kvw_status_t kvw_sender_create(kvw_engine_t *engine, uint64_t room,
                                        kvw_sender_t **sender_p);
 /* Declare how many pages will be sent and which aux item (or KVW_NO_AUX). */
-KVW_API kvw_status_t kvw_sender_init(kvw_sender_t *sender, size_t num_pages,
-                                     uint32_t aux_index);
+KVW_API kvw_status_t kvw_sender_init(kvw_sender_t *sender, size_t num_pages, uint32_t aux_index);
 /* Hand over the next num_pages source page indices of the request, for
  * every layer: all of them at once, or one prefill chunk per call. They are
  * checked against the registered regions and copied, and their writes start
@@ -452,8 +468,7 @@ KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
  * after an abort, KVW_ERR_TIMEOUT after a transfer timeout, KVW_ERR_PEER
  * when the connection died, or prefill's status with a reason starting
  * "prefill: " when prefill failed the request. */
-KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver,
-                                          const char **reason_p);
+KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver, const char **reason_p);
 /* Give the request up without blocking. Before the request was sent to
  * prefill it turns Failed (KVW_ERR_ABORTED) at once. After, it stays
  * Transferring until prefill confirms that every write it posted for the

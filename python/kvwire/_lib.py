@@ -66,6 +66,9 @@ class kvw_config_t(Structure):
         ("gpu_path", c_char * 16),
         ("gpu_flush", c_int32),
         ("gpu_relaxed_ordering", c_int32),
+        ("staging_mib", c_uint32),
+        ("staging_chunk_kib", c_uint32),
+        ("staging_lanes", c_uint32),
     ]
 
 

@@ -56,6 +56,9 @@ static const config_field_t fields[] = {
     TEXT(gpu_path, FIELD_STR),
     FIELD(gpu_flush, FIELD_I32, -1, -1, 1),
     FIELD(gpu_relaxed_ordering, FIELD_I32, -1, -1, 1),
+    FIELD(staging_mib, FIELD_U32, 256, 1, 1u << 20),
+    FIELD(staging_chunk_kib, FIELD_U32, 4096, 64, 1u << 20),
+    FIELD(staging_lanes, FIELD_U32, 2, 1, 4),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))

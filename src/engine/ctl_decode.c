@@ -392,10 +392,11 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     kvw_msg_t m = {.type = KVW_MSG_REQUEST};
     m.u.request.room = r->room;
     m.u.request.token = r->token;
-    m.u.request.aux_index = r->aux;
+    /* Staged kinds name slots of the staging pool, not our GPU pages. */
+    m.u.request.aux_index = r->slots ? (uint32_t)r->slots[r->npages + r->nstate] : r->aux;
     m.u.request.num_pages = (uint32_t)r->npages;
     m.u.request.num_state = (uint32_t)r->nstate;
-    m.u.request.pages = r->pages;
+    m.u.request.pages = r->slots ? r->slots : r->pages;
     r->request_due = false;
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
         kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",

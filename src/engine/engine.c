@@ -2,6 +2,7 @@
  * region once, bind the control socket, publish it, start the threads; and
  * undo all of it in reverse order. */
 #include "engine/engine.h"
+#include "engine/stager.h"
 
 #include "common/config.h"
 #include "common/log.h"
@@ -90,8 +91,8 @@ static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t
             KVW_ERROR("engine params: group %u has no regions", i);
             return KVW_ERR_INVALID;
         }
-        lg[i] = (kvw_layout_group_t){(uint32_t)g[i].kind, g[i].num_layers, g[i].regions_per_layer,
-                                     0};
+        lg[i] =
+            (kvw_layout_group_t){(uint32_t)g[i].kind, g[i].num_layers, g[i].regions_per_layer, 0};
     }
     char why[160];
     int rc = kvw__layout_build(&e->layout, lg, n, KVW_WIRE_MAX_REGIONS, why, sizeof(why));
@@ -242,7 +243,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         (st = kvw__dev_check_limits(e->dev, e->cfg.sq_depth, e->cfg.rq_depth)))
         return st;
     if ((st = kvw__mem_ctx_init(&e->mem, &e->cfg)) || (st = register_regions(e)) ||
-        (st = open_channel(e)) || (st = open_control(e)))
+        (st = kvw__stager_create(e)) || (st = open_channel(e)) || (st = open_control(e)))
         return st;
     return start_threads(e);
 }
@@ -285,6 +286,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     if (!e)
         return;
     atomic_store(&e->stop, true);
+    kvw__stager_stop(e); /* it appends to requests and takes the lock */
     if (e->control_started) {
         kvw__wake(e->control_wake_fd);
         pthread_join(e->control_thread, NULL);
@@ -304,6 +306,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     if (e->peers)
         kvw__peers_destroy_all(e);
     free((void *)e->peers);
+    kvw__stager_destroy(e); /* no QP reads the pool any more */
     /* A clean exit frees the rank at once (only a crash waits out the lease). */
     kvw__registrar_destroy(e->registrar, true);
     kvw__zmonitor_close(e->router, e->router_monitor);

@@ -48,21 +48,25 @@ typedef struct kvw_seg {
     kvw_run_t *runs;       /* planned: n entries */
     kvw_run_t *state_runs; /* final part: one per state index */
     kvw_plan_t plan;
-    kvw_plan_cursor_t cursor;                  /* poller */
-    uint64_t writes_total, writes_built;       /* poller (total: set when planned) */
+    kvw_plan_cursor_t cursor;            /* poller */
+    uint64_t writes_total, writes_built; /* poller (total: set when planned) */
+    /* A staged slice (engine/stager.h): its source is a staging chunk. */
+    uint32_t chunk;                   /* chunk + 1; 0: none, or the poller took it */
+    kvw_plan_region_t *stage_regions; /* planned: the regions, staged ones in the chunk */
+    uint64_t *state_src;              /* final slice with staged state: 0..n-1 */
 } kvw_seg_t;
 
 struct kvw_peer {
     kvw_engine_t *engine;
-    uint32_t index;    /* slot in engine->peers, reused once the peer is reclaimed */
-    uint32_t serial;   /* unique over the engine's life: decode's routing identity */
-    _Atomic int state; /* kvw_peer_state_t; changes only by compare-and-swap */
-    atomic_bool killing;  /* the first killer wins; state turns DEAD once the QP is in ERR */
-    atomic_bool closing;  /* the other side left: post nothing new, kill once drained */
-    uint64_t close_deadline_ns;           /* (lock) kill by then even if not drained */
-    kvw_status_t close_status;            /* (lock) */
+    uint32_t index;             /* slot in engine->peers, reused once the peer is reclaimed */
+    uint32_t serial;            /* unique over the engine's life: decode's routing identity */
+    _Atomic int state;          /* kvw_peer_state_t; changes only by compare-and-swap */
+    atomic_bool killing;        /* the first killer wins; state turns DEAD once the QP is in ERR */
+    atomic_bool closing;        /* the other side left: post nothing new, kill once drained */
+    uint64_t close_deadline_ns; /* (lock) kill by then even if not drained */
+    kvw_status_t close_status;  /* (lock) */
     char close_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    bool kill_due;        /* (lock) killed under the lock: the control thread finishes it */
+    bool kill_due;           /* (lock) killed under the lock: the control thread finishes it */
     atomic_bool poller_done; /* dead, and the poller has let go of its queues */
     bool live;               /* (lock) published and not dead: counts against max_peers */
     uint32_t nreqs;          /* (lock) listed requests whose r->peer is this peer */
@@ -91,7 +95,7 @@ struct kvw_peer {
     uint32_t rank;
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
     uint64_t last_seen_ns, next_ping_ns, deadline_ns;
-    uint64_t hello_retry_ns; /* decode: no HELLO_ACK by then, look the rank up again */
+    uint64_t hello_retry_ns;   /* decode: no HELLO_ACK by then, look the rank up again */
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
     /* poller thread only */
@@ -100,6 +104,7 @@ struct kvw_peer {
     bool credit_blocked;                      /* the next immediate waits for a CREDIT */
     uint64_t imm_posted;                      /* prefill: immediates posted */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
+    uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
     struct ibv_recv_wr *rwrs;                 /* decode: zero-SGE receives, set before publish */
 };
@@ -123,8 +128,8 @@ struct kvw_req {
     uint64_t deadline_ns; /* (lock) limit of the current state, 0 = none; set through
                              kvw__req_set_deadline_locked */
     bool orphan;          /* (lock) prefill: decode asked, no sender claimed it yet */
-    bool has_user;                         /* (lock) a sender/receiver handle refers to it */
-    bool user_gone;                        /* (lock) handle destroyed; kept only as a tombstone */
+    bool has_user;        /* (lock) a sender/receiver handle refers to it */
+    bool user_gone;       /* (lock) handle destroyed; kept only as a tombstone */
 
     /* sender (all (lock) unless marked poller) */
     bool inited, have_dst;
@@ -134,19 +139,19 @@ struct kvw_req {
     _Atomic uint64_t done_ns;       /* its last write completed */
     size_t num_pages;               /* declared by init */
     uint32_t aux_index;
-    uint64_t *covered;              /* per KV layer: page positions handed over */
-    uint64_t *src_state;            /* given by kvw_sender_send_state */
+    uint64_t *covered;   /* per KV layer: page positions handed over */
+    uint64_t *src_state; /* given by kvw_sender_send_state */
     size_t num_src_state;
-    bool have_state, final_given;   /* the part that completes the request exists */
+    bool have_state, final_given;    /* the part that completes the request exists */
     uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
     size_t num_dst_state;
     uint32_t dst_aux, token;
     kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
-    kvw_seg_t *to_plan;             /* first part not planned yet (decode's request unknown) */
-    bool in_poller;                 /* the poller holds a reference (queued or starved) */
-    bool starved;                   /* the poller posted every part it has; waits for more */
-    kvw_seg_t *seg;                 /* poller: the part being posted */
-    uint64_t writes_built, last_seq; /* poller */
+    kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
+    bool in_poller;                   /* the poller holds a reference (queued or starved) */
+    bool starved;                     /* the poller posted every part it has; waits for more */
+    kvw_seg_t *seg;                   /* poller: the part being posted */
+    uint64_t writes_built, last_seq;  /* poller */
     _Atomic uint64_t bytes_posted, writes_posted; /* poller writes, anyone reads */
 
     /* receiver */
@@ -163,6 +168,15 @@ struct kvw_req {
     uint32_t aux;
     uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
+
+    /* staging (engine/stager.h) */
+    kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
+    kvw_req_t *snext;                         /* on a stager queue */
+    bool stage_queued;                        /* (stager lock) on its job queue */
+    bool stage_waiting;                       /* (lock) decode: waits for slots */
+    uint64_t *slots; /* decode: a slot per page, per state index, then aux */
+    bool slots_held; /* (stager lock) */
+    bool staging_in; /* (stager lock) decode: the copy to the GPU runs */
 };
 
 typedef struct kvw_engine_counters {
@@ -181,8 +195,9 @@ struct kvw_engine {
     kvw_layout_t layout;
     kvw_region_t *regions; /* layout.num_regions, group by group */
     kvw_mr_t *mrs;
-    kvw_mem_ctx_t mem; /* how each region was registered; read-only once threads run */
-    uint64_t local_max[3]; /* items every local region of each kind holds (KVW_LAYOUT_*) */
+    kvw_mem_ctx_t mem;         /* how each region was registered; read-only once threads run */
+    struct kvw_stager *stager; /* GPU regions copied through host memory; NULL: none */
+    uint64_t local_max[3];     /* items every local region of each kind holds (KVW_LAYOUT_*) */
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
     void *zctx, *router;
@@ -190,8 +205,8 @@ struct kvw_engine {
      * before the threads start, read only after. */
     struct kvw_zsecurity *zsec;
     struct kvw_registrar *registrar; /* prefill with a bootstrap: control thread */
-    void *router_monitor;    /* PAIR receiving the router's disconnect events */
-    uint64_t probe_until_ns; /* control: probe peers' connections until then */
+    void *router_monitor;            /* PAIR receiving the router's disconnect events */
+    uint64_t probe_until_ns;         /* control: probe peers' connections until then */
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
@@ -202,22 +217,22 @@ struct kvw_engine {
      * Only the control thread fills or clears a slot (under the lock), and
      * only the poller frees a cleared one's peer, at the start of a pass. */
     kvw_peer_t *_Atomic *peers;
-    uint32_t peer_slots;          /* capacity: live ones are capped at cfg.max_peers */
-    _Atomic uint32_t num_peers;   /* slots in use so far (high-water mark) */
-    uint32_t live_peers;          /* (lock) published and not dead */
-    uint32_t next_serial;         /* control */
-    kvw_peer_t *graveyard;        /* (lock) unpublished peers for the poller to free */
+    uint32_t peer_slots;        /* capacity: live ones are capped at cfg.max_peers */
+    _Atomic uint32_t num_peers; /* slots in use so far (high-water mark) */
+    uint32_t live_peers;        /* (lock) published and not dead */
+    uint32_t next_serial;       /* control */
+    kvw_peer_t *graveyard;      /* (lock) unpublished peers for the poller to free */
     atomic_bool graves_pending;
-    kvw_req_t *reqs, *reqs_tail;  /* oldest first */
-    kvw_req_t **rooms;            /* (lock) hash of reqs by room */
-    size_t room_mask, num_reqs;   /* (lock) */
-    kvw_req_t **heap;             /* (lock) reqs with a deadline, earliest first */
-    size_t heap_len, heap_cap;    /* (lock) */
+    kvw_req_t *reqs, *reqs_tail;      /* oldest first */
+    kvw_req_t **rooms;                /* (lock) hash of reqs by room */
+    size_t room_mask, num_reqs;       /* (lock) */
+    kvw_req_t **heap;                 /* (lock) reqs with a deadline, earliest first */
+    size_t heap_len, heap_cap;        /* (lock) */
     kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
-    kvw_req_t **pending;          /* (lock) decode: receivers waiting for a new connection */
-    size_t npending, pending_cap; /* (lock) */
-    uint64_t drops, drop_logged_ns; /* control: messages dropped, last logged */
-    _Atomic uint64_t control_wakes; /* control loop iterations (tests: an idle loop sleeps) */
+    kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
+    size_t npending, pending_cap;     /* (lock) */
+    uint64_t drops, drop_logged_ns;   /* control: messages dropped, last logged */
+    _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending; /* lets the spinning poller skip the lock */
     kvw_req_t **tokens;        /* decode: slot -> receiver */
@@ -253,6 +268,12 @@ kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *sid
                                 const uint64_t *idx, size_t n, char *why, size_t size);
 /* sender.c: free a request's parts (when the request is freed). */
 void kvw__sender_free_parts(kvw_req_t *r);
+/* Free one part (and give back its staging chunk). */
+void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
+/* (lock) Append a part to r, planning it if decode's pages are known (the
+ * stager's way in: its parts were checked when they were handed over).
+ * Frees s and fails r when it cannot be planned. */
+kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s);
 /* (lock) Move r to Failed (once; later calls and ended requests are
  * ignored) with a reason. */
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)

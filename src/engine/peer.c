@@ -51,7 +51,8 @@ static uint32_t free_slot(kvw_engine_t *e)
 kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p, char *why, size_t why_size)
 {
     if (e->live_peers >= e->cfg.max_peers) {
-        snprintf(why, why_size, "%u connections are live, the most max_peers (KVW_MAX_PEERS) allows",
+        snprintf(why, why_size,
+                 "%u connections are live, the most max_peers (KVW_MAX_PEERS) allows",
                  e->live_peers);
         return KVW_ERR_LIMIT;
     }
@@ -175,13 +176,13 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     bool target = e->role == KVW_ROLE_DECODE;
     for (uint32_t i = 0; i < l->num_regions; i++)
         m->u.hello.regions[i] =
-            (kvw_wire_region_t){target ? e->mrs[i].addr : 0, e->regions[i].len,
+            (kvw_wire_region_t){target ? e->mrs[i].addr : 0,
+                                target ? e->mrs[i].len : e->regions[i].len, /* staged: slots */
                                 e->regions[i].item_len, target ? e->mrs[i].rkey : 0};
 }
 
 /* The peer's groups must match ours exactly. */
-static kvw_status_t accept_groups(const kvw_engine_t *e, const kvw_msg_t *h, char *why,
-                                  size_t size)
+static kvw_status_t accept_groups(const kvw_engine_t *e, const kvw_msg_t *h, char *why, size_t size)
 {
     const kvw_layout_t *l = &e->layout;
     if (h->u.hello.num_groups != l->num_groups) {
@@ -229,8 +230,8 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
         return st;
     uint32_t n = e->layout.num_regions;
     /* rxe takes 8 MiB per message, mlx5 1 GiB: plan with the smaller. */
-    p->max_msg_sz = h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz
-                                                                : e->dev->max_msg_sz;
+    p->max_msg_sz =
+        h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz : e->dev->max_msg_sz;
     uint64_t *items = calloc(n, sizeof(*items));
     if (!items)
         return KVW_ERR_NO_MEMORY;
@@ -392,7 +393,7 @@ void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     pthread_mutex_unlock(&e->lock);
     va_end(ap);
     atomic_store(&p->closing, true);
-    kvw__wake(e->poller_wake_fd); /* it decides when the writes drained */
+    kvw__wake(e->poller_wake_fd);  /* it decides when the writes drained */
     kvw__wake(e->control_wake_fd); /* it enforces the deadline */
 }
 

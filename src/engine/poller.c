@@ -3,6 +3,7 @@
  * completions, and drives request states. When idle it spins briefly, then
  * sleeps on the completion channel so an idle engine burns no core. */
 #include "engine/poller.h"
+#include "engine/stager.h"
 
 #include "common/log.h"
 
@@ -102,6 +103,8 @@ static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
         kvw__txq_fail_at(&p->txq, p->txq.completed); /* no-op once broken */
         publish_outcomes(e, &p->txq);
     }
+    if (p->chunk_head) /* the QP is in ERR: the NIC reads no chunk any more */
+        kvw__stager_chunks_completed(p, true);
 }
 
 static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, const kvw_txq_t *before)
@@ -179,6 +182,14 @@ static uint32_t build_span(kvw_txq_t *q, kvw_seg_t *s, uint32_t room, uint64_t *
     return n;
 }
 
+/* A staged slice whose writes are all built: its chunk is free again once
+ * they completed. */
+static void seg_posted(kvw_peer_t *p, kvw_req_t *r, kvw_seg_t *s)
+{
+    if (s->chunk && s->writes_built == seg_total(s))
+        kvw__stager_chunk_posted(p, s, r->last_seq);
+}
+
 /* Build r's next writes into the open chain; returns how many. */
 static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
 {
@@ -202,6 +213,7 @@ static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
         if (n) {
             built += n;
             r->last_seq = q->posted + q->pending - 1;
+            seg_posted(p, r, s);
             continue;
         }
         int last = s->final && s->writes_built + 1 == total;
@@ -214,6 +226,7 @@ static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
         s->writes_built++;
         bytes += w.len;
         built++;
+        seg_posted(p, r, s);
     }
     r->writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
@@ -281,8 +294,8 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
         if (fully_built(r)) {
             queue_pop(&p->active_head, &p->active_tail);
             queue_push(&p->inflight_head, &p->inflight_tail, r);
-        } else if (n < room && !p->credit_blocked && current_seg(r)->writes_built ==
-                                                         seg_total(current_seg(r))) {
+        } else if (n < room && !p->credit_blocked &&
+                   current_seg(r)->writes_built == seg_total(current_seg(r))) {
             starve(e, p, r); /* waits for its next part */
         }
     }
@@ -364,20 +377,24 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc
     /* GPU regions on GPUs that do not order the NIC's writes for their own
      * kernels: make every landed byte visible before saying Success (a CUDA
      * call, so before the lock). */
-    kvw_status_t flushed = kvw__mem_needs_flush(&e->mem) ? kvw__mem_flush_gpu_writes(&e->mem)
-                                                         : KVW_OK;
+    kvw_status_t flushed =
+        kvw__mem_needs_flush(&e->mem) ? kvw__mem_flush_gpu_writes(&e->mem) : KVW_OK;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__token_lookup_locked(e, token);
+    bool staged = r && r->slots && kvw__stager_on(e);
     if (r && r->peer == p && flushed)
         kvw__req_fail(r, KVW_ERR_TRANSFER, "the data landed but flushing GPU writes failed");
     else if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
         kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
-    else if (r && r->peer == p && kvw__req_succeed(r)) {
+    else if (r && r->peer == p && staged) {
+        /* In the staging pool: Success once copied to the GPU. */
+        atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
+        kvw__stager_landed_locked(r);
+    } else if (r && r->peer == p && kvw__req_succeed(r)) {
         atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0); /* its transfer limit no longer applies */
-    }
-    else
+    } else
         KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
     pthread_mutex_unlock(&e->lock);
     /* Give the receive back at once so the peer never meets an empty queue. */
@@ -405,6 +422,8 @@ static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
         atomic_fetch_add_explicit(&e->counters.completions, (uint64_t)n, memory_order_relaxed);
         if (e->role == KVW_ROLE_PREFILL)
             retire_inflight(p);
+        if (p->chunk_head)
+            kvw__stager_chunks_completed(p, false);
     }
     if (atomic_load(&p->state) == PEER_DEAD && !atomic_load(&p->poller_done)) {
         drop_queues(e, p);

@@ -1,5 +1,6 @@
 /* Decode side of a request: the public receiver API. */
 #include "engine/engine.h"
+#include "engine/stager.h"
 
 #include "common/log.h"
 
@@ -59,6 +60,7 @@ static void receiver_destroy(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     receiver_end(r);
+    kvw__stager_unreserve(r); /* it ended: nothing lands in its slots any more */
     pthread_mutex_lock(&e->lock);
     if (e->tokens[r->token & 0xffff] == r)
         e->tokens[r->token & 0xffff] = NULL;
@@ -127,8 +129,7 @@ static kvw_status_t copy_indices(const kvw_engine_t *e, const kvw_indices_t *x, 
 {
     kvw_status_t st = kvw__check_count(e, KVW_LAYOUT_KV, x->num_pages, why, size);
     if (!st)
-        st = kvw__check_indices(e, KVW_LAYOUT_KV, "destination", x->pages, x->num_pages, why,
-                                size);
+        st = kvw__check_indices(e, KVW_LAYOUT_KV, "destination", x->pages, x->num_pages, why, size);
     if (!st)
         st = kvw__check_aux(e, x->aux_index, why, size);
     if (!st && x->num_state && !e->layout.num_state) {
@@ -139,8 +140,8 @@ static kvw_status_t copy_indices(const kvw_engine_t *e, const kvw_indices_t *x, 
         st = kvw__check_indices(e, KVW_LAYOUT_STATE, "destination", x->state, x->num_state, why,
                                 size);
     if (!st && x->num_pages + x->num_state > KVW_WIRE_MAX_PAGES) {
-        snprintf(why, size, "%zu pages and %zu state indices: at most %u together",
-                 x->num_pages, x->num_state, KVW_WIRE_MAX_PAGES);
+        snprintf(why, size, "%zu pages and %zu state indices: at most %u together", x->num_pages,
+                 x->num_state, KVW_WIRE_MAX_PAGES);
         st = KVW_ERR_OUT_OF_RANGE;
     }
     size_t n = x->num_pages + x->num_state;
@@ -198,8 +199,14 @@ kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *
         r->nstate = x->num_state;
         r->aux = x->aux_index;
         atomic_store(&r->bytes_posted, expected_bytes(e, x));
-        r->request_due = true;
-        kvw__req_touch_locked(r);
+        bool ready = true;
+        if (kvw__stager_on(e) && (st = kvw__stager_reserve_locked(r, &ready, why, sizeof(why)))) {
+            KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+            receiver_fail_unsent_locked(r, st, why);
+        } else {
+            r->request_due = ready; /* else when the stager has slots for it */
+            kvw__req_touch_locked(r);
+        }
     }
     pthread_mutex_unlock(&e->lock);
     return st;

@@ -2,6 +2,7 @@
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */
 #include "engine/engine.h"
+#include "engine/stager.h"
 
 #include "common/log.h"
 
@@ -12,7 +13,6 @@
 #include <time.h>
 
 /* ------------------------------------------------------------ lifecycle */
-
 
 kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
 {
@@ -71,9 +71,11 @@ void kvw__req_unref(kvw_req_t *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
+    kvw__stager_unreserve(r);
     kvw__sender_free_parts(r);
     free(r->dst_pages);
     free(r->pages);
+    free(r->slots);
     free(r);
 }
 
@@ -206,9 +208,8 @@ kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *sid
     size_t bad = kvw__first_out_of_range(idx, n, max);
     if (bad == n)
         return KVW_OK;
-    snprintf(why, size, "%s %s %llu (index %zu) outside the registered regions (%llu items)",
-             side, kind == KVW_LAYOUT_KV ? "page" : "state index", (unsigned long long)idx[bad],
-             bad, (unsigned long long)max);
+    snprintf(why, size, "%s %s %llu (index %zu) outside the registered regions (%llu items)", side,
+             kind == KVW_LAYOUT_KV ? "page" : "state index", (unsigned long long)idx[bad], bad,
+             (unsigned long long)max);
     return KVW_ERR_OUT_OF_RANGE;
 }
-

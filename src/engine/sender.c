@@ -7,6 +7,7 @@
  * aux item and the state, and its last write carries the immediate that
  * tells decode the whole request landed (RC delivers in order). */
 #include "engine/engine.h"
+#include "engine/stager.h"
 
 #include "common/log.h"
 
@@ -20,23 +21,32 @@ struct kvw_sender {
 
 /* ------------------------------------------------------------ parts */
 
-static void free_seg(kvw_seg_t *s)
+void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s)
 {
+    kvw__stager_put_chunk(e, s->chunk);
     free(s->src);
     free(s->runs);
     free(s->state_runs);
+    free(s->stage_regions);
+    free(s->state_src);
     free(s);
+}
+
+static void free_list(kvw_engine_t *e, kvw_seg_t *s)
+{
+    while (s) {
+        kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
+        kvw__seg_free(e, s);
+        s = next;
+    }
 }
 
 void kvw__sender_free_parts(kvw_req_t *r)
 {
-    kvw_seg_t *s = r->segs_head;
-    while (s) {
-        kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
-        free_seg(s);
-        s = next;
-    }
+    free_list(r->engine, r->segs_head);
+    free_list(r->engine, r->unstaged_head);
     r->segs_head = r->segs_tail = NULL;
+    r->unstaged_head = r->unstaged_tail = NULL;
     free(r->covered);
     free(r->src_state);
     r->covered = r->src_state = NULL;
@@ -50,27 +60,33 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
     const kvw_layout_t *l = &e->layout;
     kvw_plan_t *p = &s->plan;
     /* The runs in bytes (kvw__plan_wruns) live after the runs, in the same
-     * allocation: free_seg frees both. Not zeroed: only the entries the
+     * allocation: kvw__seg_free frees both. Not zeroed: only the entries the
      * planner fills are read. */
     s->runs = s->n ? malloc(s->n * (sizeof(*s->runs) + sizeof(kvw_wrun_t))) : NULL;
     size_t ns = s->final ? r->num_dst_state : 0;
     s->state_runs = ns ? calloc(ns, sizeof(*s->state_runs)) : NULL;
-    if ((s->n && !s->runs) || (ns && !s->state_runs))
+    if (s->chunk) /* a staged slice: its source is the chunk */
+        s->stage_regions = malloc(l->num_regions * sizeof(*s->stage_regions));
+    if ((s->n && !s->runs) || (ns && !s->state_runs) || (s->chunk && !s->stage_regions))
         return KVW_ERR_NO_MEMORY;
-    *p = (kvw_plan_t){.regions = r->peer->regions,
+    if (s->chunk)
+        kvw__stager_slice_regions(r, s, s->stage_regions);
+    *p = (kvw_plan_t){.regions = s->chunk ? s->stage_regions : r->peer->regions,
                       .kv_slots = l->kv_slots,
                       .kv_per_layer = l->kv_per_layer,
                       .layer_begin = s->lb,
                       .layer_end = s->le,
                       .max_msg = r->peer->max_msg_sz};
-    p->num_runs = kvw__plan_runs(s->src, r->dst_pages ? r->dst_pages + s->first : NULL, s->n, s->runs);
+    p->num_runs =
+        kvw__plan_runs(s->src, r->dst_pages ? r->dst_pages + s->first : NULL, s->n, s->runs);
     p->runs = s->runs;
     if (s->n)
         kvw__plan_wruns(p, (kvw_wrun_t *)(s->runs + s->n));
     if (s->final) {
         p->state_slots = l->state_slots;
         p->num_state = ns ? l->num_state : 0;
-        p->num_state_runs = kvw__plan_runs(r->src_state, r->dst_state, ns, s->state_runs);
+        p->num_state_runs = kvw__plan_runs(s->state_src ? s->state_src : r->src_state, r->dst_state,
+                                           ns, s->state_runs);
         p->state_runs = s->state_runs;
         p->aux_slots = l->aux_slots;
         p->num_aux = l->num_aux;
@@ -170,7 +186,8 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
     const uint64_t *pages = m->u.request.pages, *state = pages ? pages + n : NULL;
     size_t bad = kvw__first_out_of_range(pages, n, peer->remote_max[KVW_LAYOUT_KV]);
     if (bad < n) {
-        snprintf(why, size, "destination page %llu (index %zu) outside decode's regions (%llu pages)",
+        snprintf(why, size,
+                 "destination page %llu (index %zu) outside decode's regions (%llu pages)",
                  (unsigned long long)pages[bad], bad,
                  (unsigned long long)peer->remote_max[KVW_LAYOUT_KV]);
         return KVW_ERR_OUT_OF_RANGE;
@@ -226,6 +243,8 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
         atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
     if (r->has_user)
         kvw__req_set_deadline_locked(r, 0); /* waiting for prefill's own compute has no limit */
+    if (kvw__stager_on(r->engine))
+        kvw__stager_kick_locked(r);
     return kvw__sender_feed_locked(r);
 }
 
@@ -350,13 +369,12 @@ static kvw_seg_t *new_seg(const kvw_part_t *part, uint32_t lb, uint32_t le)
     return s;
 }
 
-/* (lock) Append s; plan it now if decode's pages are known. */
-static kvw_status_t append_seg_locked(kvw_req_t *r, kvw_seg_t *s)
+kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s)
 {
     if (r->have_dst && !r->to_plan) {
         kvw_status_t st = plan_seg_locked(r, s);
         if (st) {
-            free_seg(s);
+            kvw__seg_free(r->engine, s);
             return kvw__sender_fail_locked(r, st, "no memory to plan the transfer");
         }
     } else if (!r->to_plan) {
@@ -369,6 +387,17 @@ static kvw_status_t append_seg_locked(kvw_req_t *r, kvw_seg_t *s)
     r->segs_tail = s;
     r->final_given |= s->final;
     return kvw__sender_feed_locked(r);
+}
+
+/* (lock) A new part: to the stager when GPU regions are staged, else
+ * straight to the request. */
+static kvw_status_t hand_over_locked(kvw_req_t *r, kvw_seg_t *s)
+{
+    if (!kvw__stager_on(r->engine))
+        return kvw__sender_append_locked(r, s);
+    r->final_given |= s->final;
+    kvw__stager_take_part_locked(r, s);
+    return KVW_OK;
 }
 
 static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part)
@@ -395,7 +424,7 @@ static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part)
     s->final = completes_locked(r, p.layer_begin, p.layer_end, upto);
     for (uint32_t l = p.layer_begin; l < p.layer_end; l++)
         r->covered[l] = upto;
-    return append_seg_locked(r, s);
+    return hand_over_locked(r, s);
 }
 
 kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part)
@@ -442,8 +471,8 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
         st = KVW_ERR_STATE;
     } else if (!e->layout.num_state) {
         st = KVW_ERR_INVALID; /* no state group to write */
-    } else if ((st = kvw__check_indices(e, KVW_LAYOUT_STATE, "source", copy, n, why,
-                                        sizeof(why)))) {
+    } else if ((st =
+                    kvw__check_indices(e, KVW_LAYOUT_STATE, "source", copy, n, why, sizeof(why)))) {
         kvw__sender_fail_locked(r, st, why);
     } else if (r->have_dst && r->num_dst_state != n) {
         snprintf(why, sizeof(why), "prefill gives %zu state indices, decode asked for %zu", n,
@@ -461,7 +490,7 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
                 st = kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory");
             else {
                 s->final = true;
-                st = append_seg_locked(r, s);
+                st = hand_over_locked(r, s);
             }
         }
     }

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr_t;
 typedef unsigned long long CUmemHandle_t;
 typedef void *CUcontext_t;
+typedef void *CUstream_t;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -37,6 +39,8 @@ enum {
     CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
     CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0,
     CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100,
+    CU_MEMHOSTALLOC_PORTABLE = 0x01,
+    CU_STREAM_NON_BLOCKING = 0x1,
 };
 
 /* CUmemAllocationProp (cuMemGetAllocationPropertiesFromHandle), with room
@@ -80,6 +84,13 @@ static struct {
     CUresult (*retain_allocation_handle)(CUmemHandle_t *h, void *addr);
     CUresult (*get_allocation_properties)(void *prop, CUmemHandle_t h);
     CUresult (*mem_release)(CUmemHandle_t h);
+    /* Staging (optional: each op says which one is missing). */
+    CUresult (*mem_host_alloc)(void **p, size_t len, unsigned int flags);
+    CUresult (*mem_free_host)(void *p);
+    CUresult (*stream_create)(CUstream_t *stream, unsigned int flags);
+    CUresult (*stream_destroy)(CUstream_t stream);
+    CUresult (*memcpy_async)(CUdeviceptr_t dst, CUdeviceptr_t src, size_t len, CUstream_t stream);
+    CUresult (*stream_synchronize)(CUstream_t stream);
     CUcontext_t primary[MAX_GPUS];
 } cu = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -124,6 +135,15 @@ static void cuda_load(void)
     SYM(retain_allocation_handle, "cuMemRetainAllocationHandle");
     SYM(get_allocation_properties, "cuMemGetAllocationPropertiesFromHandle");
     SYM(mem_release, "cuMemRelease");
+    SYM(mem_host_alloc, "cuMemHostAlloc");
+    SYM(mem_free_host, "cuMemFreeHost");
+    SYM(stream_create, "cuStreamCreate");
+    if (!SYM(stream_destroy, "cuStreamDestroy_v2"))
+        SYM(stream_destroy, "cuStreamDestroy"); /* drivers before CUDA 4.0 */
+    /* The legacy-default-stream names: the _ptsz variants differ only for
+     * stream 0, and kvwire passes streams of its own. */
+    SYM(memcpy_async, "cuMemcpyAsync");
+    SYM(stream_synchronize, "cuStreamSynchronize");
     if (!cu.init || !cu.pointer_get_attribute || !cu.device_get_count || !cu.device_get ||
         !cu.device_get_attribute || !cu.primary_ctx_retain || !cu.ctx_get_current ||
         !cu.ctx_set_current) {
@@ -350,6 +370,192 @@ static int real_flush_writes(void *ctx, char *why, size_t size)
     return 0;
 }
 
+/* ---- staging: pinned host memory and streams ---------------------------- */
+
+/* 0 when the loaded driver exports sym (have), else -1 with why naming
+ * it. Call after real_init: the pointers are NULL until the driver loads. */
+static int lacks(bool have, const char *sym, char *why, size_t size)
+{
+    if (have)
+        return 0;
+    if (why && size)
+        snprintf(why, size, "the driver lacks %s", sym);
+    return -1;
+}
+
+typedef struct {
+    void *p;
+    size_t len;
+} host_arg_t;
+
+static CUresult do_host_alloc(void *arg)
+{
+    host_arg_t *a = arg;
+    return cu.mem_host_alloc(&a->p, a->len, CU_MEMHOSTALLOC_PORTABLE);
+}
+
+static CUresult do_free_host(void *arg)
+{
+    return cu.mem_free_host(((host_arg_t *)arg)->p);
+}
+
+/* Pinned host memory needs a context current while it is allocated and
+ * freed; PORTABLE makes it pinned for every other context too, so GPU 0's
+ * primary context (retained for the process, outliving the pool) is used
+ * whichever contexts will copy through it. */
+static void *real_host_alloc(size_t len, char *why, size_t size)
+{
+    if (real_init(why, size) || lacks(cu.mem_host_alloc != NULL, "cuMemHostAlloc", why, size) ||
+        lacks(cu.mem_free_host != NULL, "cuMemFreeHost", why, size))
+        return NULL;
+    CUcontext_t ctx = primary_ctx(0);
+    if (!ctx) {
+        if (why && size)
+            snprintf(why, size, "cuDevicePrimaryCtxRetain: no primary context for GPU 0");
+        return NULL;
+    }
+    host_arg_t a = {.p = NULL, .len = len};
+    CUresult rc = in_ctx(ctx, do_host_alloc, &a);
+    if (rc != CUDA_SUCCESS || !a.p) {
+        say(why, size, "cuMemHostAlloc(PORTABLE)", rc);
+        return NULL;
+    }
+    return a.p;
+}
+
+static void real_host_free(void *p)
+{
+    if (!p || !cu.mem_free_host) /* p non-NULL: real_host_alloc loaded the driver */
+        return;
+    host_arg_t a = {.p = p};
+    CUcontext_t ctx = primary_ctx(0);
+    if (ctx)
+        in_ctx(ctx, do_free_host, &a);
+}
+
+/* The handle staging holds: a stream and the context it belongs to, made
+ * current around each call on it (the stager thread has none of its own). */
+typedef struct {
+    CUcontext_t ctx;
+    CUstream_t stream;
+} stream_t;
+
+static CUresult do_stream_create(void *arg)
+{
+    stream_t *s = arg;
+    /* NON_BLOCKING: no implicit synchronization with the legacy default
+     * stream, so the application's own work on stream 0 does not stall
+     * kvwire's copies (nor the reverse). */
+    return cu.stream_create(&s->stream, CU_STREAM_NON_BLOCKING);
+}
+
+static CUresult do_stream_destroy(void *arg)
+{
+    return cu.stream_destroy(((stream_t *)arg)->stream);
+}
+
+static int real_stream_create(void *ctx, void **stream_p, char *why, size_t size)
+{
+    if (real_init(why, size) || lacks(cu.stream_create != NULL, "cuStreamCreate", why, size) ||
+        lacks(cu.stream_destroy != NULL, "cuStreamDestroy_v2", why, size))
+        return -1;
+    /* NULL: the calling thread's current context, else GPU 0's primary
+     * one. It is resolved here, as in_ctx(NULL) would unbind the thread. */
+    if (!ctx && (cu.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx))
+        ctx = primary_ctx(0);
+    if (!ctx) {
+        if (why && size)
+            snprintf(why, size, "no CUDA context: none current and none primary on GPU 0");
+        return -1;
+    }
+    stream_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        if (why && size)
+            snprintf(why, size, "out of memory");
+        return -1;
+    }
+    s->ctx = ctx;
+    CUresult rc = in_ctx(ctx, do_stream_create, s);
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuStreamCreate(NON_BLOCKING)", rc);
+        free(s);
+        return -1;
+    }
+    *stream_p = s;
+    return 0;
+}
+
+/* Returns at once: work still queued on the stream completes, and the
+ * driver releases the stream then. */
+static void real_stream_destroy(void *stream)
+{
+    stream_t *s = stream;
+    if (!s)
+        return;
+    if (cu.stream_destroy)
+        in_ctx(s->ctx, do_stream_destroy, s);
+    free(s);
+}
+
+typedef struct {
+    stream_t *s;
+    void *dst;
+    const void *src;
+    size_t len;
+} copy_arg_t;
+
+static CUresult do_copy(void *arg)
+{
+    copy_arg_t *a = arg;
+    return cu.memcpy_async((CUdeviceptr_t)(uintptr_t)a->dst, (CUdeviceptr_t)(uintptr_t)a->src,
+                           a->len, a->s->stream);
+}
+
+static int real_copy_async(void *stream, void *dst, const void *src, size_t len, char *why,
+                           size_t size)
+{
+    if (real_init(why, size) || lacks(cu.memcpy_async != NULL, "cuMemcpyAsync", why, size))
+        return -1;
+    if (!stream) {
+        if (why && size)
+            snprintf(why, size, "cuMemcpyAsync: no stream");
+        return -1;
+    }
+    copy_arg_t a = {.s = stream, .dst = dst, .src = src, .len = len};
+    CUresult rc = in_ctx(a.s->ctx, do_copy, &a);
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuMemcpyAsync", rc);
+        return -1;
+    }
+    return 0;
+}
+
+static CUresult do_sync(void *arg)
+{
+    return cu.stream_synchronize(((stream_t *)arg)->stream);
+}
+
+/* Also reports a failure of any copy queued earlier (asynchronous errors
+ * surface at the next synchronization). */
+static int real_stream_sync(void *stream, char *why, size_t size)
+{
+    if (real_init(why, size) ||
+        lacks(cu.stream_synchronize != NULL, "cuStreamSynchronize", why, size))
+        return -1;
+    if (!stream) {
+        if (why && size)
+            snprintf(why, size, "cuStreamSynchronize: no stream");
+        return -1;
+    }
+    stream_t *s = stream;
+    CUresult rc = in_ctx(s->ctx, do_sync, s);
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuStreamSynchronize", rc);
+        return -1;
+    }
+    return 0;
+}
+
 static bool real_peermem_loaded(void)
 {
     return access("/sys/module/nvidia_peermem", F_OK) == 0 ||
@@ -364,6 +570,12 @@ const kvw_cuda_ops_t kvw__cuda_real_ops = {
     .dmabuf_export = real_dmabuf_export,
     .flush_writes = real_flush_writes,
     .peermem_loaded = real_peermem_loaded,
+    .host_alloc = real_host_alloc,
+    .host_free = real_host_free,
+    .stream_create = real_stream_create,
+    .stream_destroy = real_stream_destroy,
+    .copy_async = real_copy_async,
+    .stream_sync = real_stream_sync,
 };
 
 static const kvw_cuda_ops_t *current_ops = &kvw__cuda_real_ops;

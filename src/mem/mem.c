@@ -323,15 +323,6 @@ static void log_choice_once(kvw_mem_ctx_t *m, const kvw_dev_t *dev, const kvw_me
                  kvw__mem_path_name(p->path), p->reason);
 }
 
-static kvw_status_t refuse_staging(const kvw_dev_t *dev, const kvw_mem_plan_t *p, void *addr,
-                                   size_t len)
-{
-    KVW_ERROR("%s: GPU %d region %p (%zu bytes) needs staging through host memory, which "
-              "kvwire does not have yet: %s",
-              dev->name, p->ptr.device, addr, len, p->reason);
-    return KVW_ERR_UNSUPPORTED;
-}
-
 /* Remember the region's context for kvw__mem_flush_gpu_writes, once. */
 static kvw_status_t add_flush(kvw_mem_ctx_t *m, const kvw_mem_plan_t *p)
 {
@@ -358,13 +349,20 @@ kvw_status_t kvw__mem_register_in(kvw_mem_ctx_t *m, kvw_dev_t *dev, void *addr, 
     if (st)
         return st;
     log_choice_once(m, dev, &p);
-    if (p.path == KVW_MEM_PATH_STAGING)
-        return refuse_staging(dev, &p, addr, len);
+    if (p.path == KVW_MEM_PATH_STAGING) {
+        *mr_p = (kvw_mr_t){.addr = (uint64_t)(uintptr_t)addr,
+                           .len = len,
+                           .kind = KVW_MEM_CUDA,
+                           .path = p.path,
+                           .cuda_ctx = p.ptr.ctx};
+        return KVW_OK; /* nothing to register: the engine stages it */
+    }
     bool gpu = p.path != KVW_MEM_PATH_HOST;
     kvw_mr_t r = {.addr = (uint64_t)(uintptr_t)addr,
                   .len = len,
                   .kind = gpu ? KVW_MEM_CUDA : KVW_MEM_HOST,
-                  .path = p.path};
+                  .path = p.path,
+                  .cuda_ctx = gpu ? p.ptr.ctx : NULL};
     int access = mr_access(m, remote_write, gpu);
     if (gpu) {
         r.mr = register_gpu(m, dev, &p, addr, len, access);

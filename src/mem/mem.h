@@ -6,9 +6,9 @@
  *            registered with ibv_reg_dmabuf_mr;
  *   PEERMEM  GPU memory given to plain ibv_reg_mr, which the nvidia_peermem
  *            kernel module resolves;
- *   STAGING  GPU memory copied through registered host memory (not built
- *            yet: registration fails with KVW_ERR_UNSUPPORTED and says what
- *            would enable GPUDirect).
+ *   STAGING  GPU memory the NIC cannot reach: nothing is registered for
+ *            it; the engine copies its pages through a registered pool of
+ *            pinned host memory (mem/staging.h, engine/stager.c).
  * GPU regions try them in that order unless config gpu_path forces one.
  * CUDA is reached through a table of driver calls (kvw_cuda_ops_t), loaded
  * with dlopen at run time; tests swap in a fake. */
@@ -88,6 +88,20 @@ typedef struct kvw_cuda_ops {
     /* Whether the nvidia_peermem module is loaded (plain ibv_reg_mr on GPU
      * memory works). */
     bool (*peermem_loaded)(void);
+
+    /* Staging (mem/staging.c). Page-locked host memory usable by every
+     * context (cuMemHostAlloc, PORTABLE); NULL with why. */
+    void *(*host_alloc)(size_t len, char *why, size_t size);
+    void (*host_free)(void *p);
+    /* A non-blocking stream of kvwire's own in ctx. 0, or -1 with why. */
+    int (*stream_create)(void *ctx, void **stream_p, char *why, size_t size);
+    void (*stream_destroy)(void *stream);
+    /* Queue a copy of len bytes on stream (cuMemcpyAsync: unified
+     * addressing tells device from host on either side). 0, or -1 with why. */
+    int (*copy_async)(void *stream, void *dst, const void *src, size_t len, char *why, size_t size);
+    /* Block until every copy queued on stream so far completed. 0, or -1
+     * when one failed (why). */
+    int (*stream_sync)(void *stream, char *why, size_t size);
 } kvw_cuda_ops_t;
 
 /* The table used from now on; NULL restores the real one. Not thread-safe:
@@ -159,9 +173,10 @@ void kvw__mem_export_range(uint64_t addr, size_t len, uint64_t base, uint64_t si
 /* ---- registering ---------------------------------------------------------- */
 
 typedef struct kvw_mr {
-    struct ibv_mr *mr;
+    struct ibv_mr *mr; /* NULL for STAGING: the engine's staging pool stands in */
     kvw_mem_kind_t kind;
     kvw_mem_path_t path;
+    void *cuda_ctx; /* GPU regions: the CUDA context copies and flushes use */
     uint64_t addr;
     size_t len;
     uint32_t lkey, rkey;
@@ -171,7 +186,8 @@ typedef struct kvw_mr {
  * the peer when remote_write (decode's memory only: prefill's memory is a
  * write source and grants the network nothing). Logs each path's choice
  * once per ctx, with its reason. KVW_ERR_REGISTER when the verbs refuse
- * (the log says why and how to fix it), KVW_ERR_UNSUPPORTED for STAGING.
+ * (the log says why and how to fix it). A STAGING region succeeds with no
+ * ibv_mr (mr NULL, keys 0): the engine copies it through its staging pool.
  * Not thread-safe with other calls on the same ctx. */
 kvw_status_t kvw__mem_register_in(kvw_mem_ctx_t *m, kvw_dev_t *dev, void *addr, size_t len,
                                   bool remote_write, kvw_mr_t *mr_p);

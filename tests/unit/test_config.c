@@ -42,6 +42,9 @@ static const char *const env_names[] = {
     "KVW_IB_USE_GRH",
     "KVW_GPU_FLUSH",
     "KVW_GPU_RELAXED_ORDERING",
+    "KVW_STAGING_MIB",
+    "KVW_STAGING_CHUNK_KIB",
+    "KVW_STAGING_LANES",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -376,6 +379,9 @@ static void test_print(void **state)
         {"ib_use_grh", "KVW_IB_USE_GRH", -1},
         {"gpu_flush", "KVW_GPU_FLUSH", -1},
         {"gpu_relaxed_ordering", "KVW_GPU_RELAXED_ORDERING", -1},
+        {"staging_mib", "KVW_STAGING_MIB", 256},
+        {"staging_chunk_kib", "KVW_STAGING_CHUNK_KIB", 4096},
+        {"staging_lanes", "KVW_STAGING_LANES", 2},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);

@@ -18,7 +18,9 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "engine/stager.h"
 #include "support/engine_pair.h"
+#include "support/fake_cuda.h"
 #include "support/fake_nic.h"
 #include "support/testbed_env.h"
 
@@ -31,7 +33,9 @@ typedef struct side {
     kvw_group_t groups[MAX_GROUPS];
     kvw_region_t regions[MAX_REGIONS];
     uint8_t *mem[MAX_REGIONS];
+    bool gpu[MAX_REGIONS]; /* fake CUDA memory (support/fake_cuda.h) */
     uint32_t num_groups, num_regions;
+    bool next_gpu; /* add_group allocates "GPU" memory */
 } side_t;
 
 typedef struct lpair {
@@ -39,6 +43,7 @@ typedef struct lpair {
     kvw_engine_t *prefill, *decode;
     side_t src, dst;
     kvw_config_t cfg;
+    uint32_t staging_mib, staging_chunk_kib; /* nonzero: override */
 } lpair_t;
 
 static lpair_t lp;
@@ -60,7 +65,8 @@ static void add_group(side_t *s, kvw_group_kind_t kind, uint32_t layers, uint32_
             uint32_t r = s->num_regions++;
             assert_true(r < MAX_REGIONS);
             size_t len = item_len[j] * items;
-            s->mem[r] = malloc(len);
+            s->gpu[r] = s->next_gpu;
+            s->mem[r] = s->gpu[r] ? fake_cuda_alloc(len) : malloc(len);
             assert_non_null(s->mem[r]);
             for (size_t b = 0; b < len; b++)
                 s->mem[r][b] = fill ? pattern(r, b / item_len[j], b % item_len[j]) : CANARY;
@@ -103,6 +109,10 @@ static kvw_status_t open_engines(void)
     kvw_status_t st = devices(&d0, &d1);
     if (st)
         return st;
+    if (lp.staging_mib)
+        lp.cfg.staging_mib = lp.staging_mib;
+    if (lp.staging_chunk_kib)
+        lp.cfg.staging_chunk_kib = lp.staging_chunk_kib;
     char bind[80];
     snprintf(bind, sizeof(bind), "%s:0", d0.ip);
     kvw_bootstrap_params_t bp = {.bind_addr = bind, .config = &lp.cfg};
@@ -130,7 +140,10 @@ static kvw_status_t open_engines(void)
 static void free_side(side_t *s)
 {
     for (uint32_t r = 0; r < s->num_regions; r++)
-        free(s->mem[r]);
+        if (s->gpu[r])
+            fake_cuda_free(s->mem[r]);
+        else
+            free(s->mem[r]);
 }
 
 static int teardown(void **state)
@@ -146,6 +159,7 @@ static int teardown(void **state)
     free_side(&lp.src);
     free_side(&lp.dst);
     memset(&lp, 0, sizeof(lp));
+    kvw__cuda_set_ops(NULL);
     return 0;
 }
 
@@ -216,6 +230,15 @@ static kvw_poll_t poll_s(const void *h)
 static kvw_poll_t poll_r(const void *h)
 {
     return kvw_receiver_poll(h);
+}
+
+/* Wait until decode's request reached the sender. */
+static kvw_poll_t wait_end_ready(const kvw_sender_t *s)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    return kvw_sender_poll(s);
 }
 
 /* A byte of decode's memory while the NIC may be writing it. */
@@ -513,6 +536,232 @@ static void test_group_mismatch_says_what(void **state)
     kvw_receiver_destroy(r);
 }
 
+/* ------------------------------------------------------------ staging */
+
+/* GPU memory the NIC cannot reach, through the staging pool: the fake CUDA
+ * seam's "GPU" memory is host memory on a GPU without GPUDirect RDMA, its
+ * copies run on worker threads. On rxe the NIC is real; the GPU is not. */
+static void use_fake_gpu(void)
+{
+    fake_cuda_config_t c = {.gdr = 0, .copy_delay_us = 50};
+    fake_cuda_init(&c);
+    kvw__cuda_set_ops(&fake_cuda_ops);
+}
+
+/* 4 layers x K/V of 4 KiB pages and a state group on the "GPU" of the
+ * sides asked, a host aux group. A 1 MiB pool: prefill has 16 chunks of
+ * 64 KiB, decode 31 slots (8 x 4 KiB + 512 B each). */
+static void staged_layout(bool prefill_gpu, bool decode_gpu)
+{
+    size_t kv[2] = {4096, 4096}, aux = 64, st = 512;
+    lp.staging_mib = 1;
+    lp.staging_chunk_kib = 64;
+    lp.src.next_gpu = prefill_gpu;
+    lp.dst.next_gpu = decode_gpu;
+    add_both(KVW_GROUP_KV, 4, 2, kv, 48);
+    add_both(KVW_GROUP_STATE, 1, 1, &st, 8);
+    lp.src.next_gpu = lp.dst.next_gpu = false;
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
+}
+
+/* 20 scattered pages, one state index, the aux item. */
+static uint64_t st_src[20], st_dst[20], st_ss[] = {5}, st_ds[] = {2};
+
+static req_spec_t staged_spec(uint64_t room)
+{
+    for (int i = 0; i < 20; i++) {
+        st_src[i] = (uint64_t)(i * 2 + (i > 9)); /* runs of one page at the source */
+        st_dst[i] = (uint64_t)(47 - i);          /* descending at decode */
+    }
+    return (req_spec_t){.room = room,
+                        .n = 20,
+                        .ns = 1,
+                        .src_pages = st_src,
+                        .dst_pages = st_dst,
+                        .src_state = st_ss,
+                        .dst_state = st_ds,
+                        .aux_src = 3,
+                        .aux_dst = 1};
+}
+
+static void send_staged(const req_spec_t *q, kvw_sender_t *s)
+{
+    assert_int_equal(kvw_sender_send(s, q->src_pages, 12), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, q->src_pages + 12, 8), KVW_OK);
+    assert_int_equal(kvw_sender_send_state(s, q->src_state, 1), KVW_OK);
+}
+
+static void assert_pools_free(void)
+{
+    kvw_stager_stats_t ps, ds;
+    kvw__stager_stats(lp.prefill, &ps);
+    kvw__stager_stats(lp.decode, &ds);
+    assert_int_equal(ps.free_chunks, ps.chunks);
+    assert_int_equal(ds.free_slots, ds.slots);
+}
+
+/* Both sides staged: prefill streams each request through 64 KiB chunks
+ * (3 slices per layer), decode lands it in slots and copies it to its GPU
+ * pages before Success. A second request that does not fit decode's free
+ * slots waits, in order, and goes once the first returned them. */
+static void test_staged_gpu_both_sides(void **state)
+{
+    (void)state;
+    use_fake_gpu();
+    staged_layout(true, true);
+    assert_int_equal(open_engines(), KVW_OK);
+    kvw_stager_stats_t ps, ds;
+    kvw__stager_stats(lp.prefill, &ps);
+    kvw__stager_stats(lp.decode, &ds);
+    assert_int_equal(ps.chunks, 16);
+    assert_int_equal(ds.slots, 31);
+    assert_true(ps.kind[KVW_LAYOUT_KV] && ps.kind[KVW_LAYOUT_STATE] && !ps.kind[KVW_LAYOUT_AUX]);
+    for (uint32_t i = 0; i < lp.src.num_regions; i++) /* nothing on the "GPU" registered */
+        assert_int_equal(lp.prefill->mrs[i].path,
+                         lp.src.gpu[i] ? KVW_MEM_PATH_STAGING : KVW_MEM_PATH_HOST);
+    req_spec_t qa = staged_spec(40), qb = staged_spec(41);
+    qb.room = 41;
+    kvw_sender_t *sa, *sb;
+    kvw_receiver_t *ra, *rb;
+    start(&qa, &sa, &ra);
+    start(&qb, &sb, &rb); /* the same pages: both leave decode's memory alike */
+    assert_int_equal(wait_end_ready(sa), KVW_POLL_WAITING_FOR_INPUT);
+    pair_sleep_ms(100); /* b needs 20 slots, 11 are free: its request waits */
+    assert_int_equal(kvw_sender_poll(sb), KVW_POLL_BOOTSTRAPPING);
+    send_staged(&qa, sa);
+    assert_int_equal(wait_end(poll_r, ra), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_end(poll_s, sa), KVW_POLL_SUCCESS);
+    assert_int_equal(wrong_bytes(&qa), 0);
+    kvw_req_metrics_t m;
+    assert_int_equal(kvw_sender_metrics(sa, &m), KVW_OK);
+    assert_int_equal(m.bytes, 20ull * 8 * 4096 + 512 + 64);
+    send_staged(&qb, sb); /* may be before or after b's slots came */
+    finish(&qb, sb, rb);
+    kvw_sender_destroy(sa);
+    kvw_receiver_destroy(ra);
+    fake_cuda_stats_t cs;
+    fake_cuda_stats(&cs);
+    print_message("staged: %ld copies (%ld from the GPU, %ld to it), %llu bytes, at most %ld "
+                  "queued at once\n",
+                  cs.copies, cs.copies_from_gpu, cs.copies_to_gpu,
+                  (unsigned long long)cs.bytes_copied, cs.max_pending);
+    assert_true(cs.copies_from_gpu > 0 && cs.copies_to_gpu > 0);
+    assert_int_equal(cs.failed_copies, 0);
+    assert_pools_free();
+}
+
+/* Only prefill's memory on the GPU; decode's in host memory, registered. */
+static void test_staged_prefill_only(void **state)
+{
+    (void)state;
+    use_fake_gpu();
+    staged_layout(true, false);
+    assert_int_equal(open_engines(), KVW_OK);
+    assert_null(lp.decode->stager);
+    req_spec_t q = staged_spec(42);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    send_staged(&q, s);
+    finish(&q, s, r);
+    assert_pools_free();
+}
+
+/* What staging refuses or loses: a request larger than decode's pool fails
+ * at once naming the setting; a failed copy out of prefill's GPU fails the
+ * request on both sides with nothing landed; a failed copy into decode's
+ * GPU fails decode's side; the pools come back whole and the next request
+ * succeeds. */
+static void test_staged_limits_and_copy_failures(void **state)
+{
+    (void)state;
+    use_fake_gpu();
+    staged_layout(true, true);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t big[40];
+    for (int i = 0; i < 40; i++)
+        big[i] = (uint64_t)i;
+    kvw_receiver_t *r;
+    kvw_sender_t *s;
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_create(lp.decode, kvw_bootstrap_addr(lp.bs), 0, 50, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, big, 40, KVW_NO_AUX), KVW_ERR_LIMIT);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_LIMIT);
+    assert_non_null(strstr(why, "KVW_STAGING_MIB"));
+    kvw_receiver_destroy(r);
+
+    req_spec_t none = {.aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    req_spec_t q = staged_spec(51);
+    fake_cuda_fail_next(false);
+    start(&q, &s, &r);
+    send_staged(&q, s);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(s, &why), KVW_ERR_TRANSFER);
+    assert_non_null(strstr(why, "staging pool failed"));
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    assert_int_equal(wrong_bytes(&none), 0); /* decode's GPU memory untouched */
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+
+    q.room = 52;
+    fake_cuda_fail_next(true);
+    start(&q, &s, &r);
+    send_staged(&q, s);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_TRANSFER);
+    assert_non_null(strstr(why, "from the staging pool to the GPU failed"));
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS); /* it all landed */
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+
+    q.room = 53;
+    start(&q, &s, &r);
+    send_staged(&q, s);
+    finish(&q, s, r);
+    assert_pools_free();
+}
+
+/* Giving up while slices are being copied (slow copies): both handles
+ * destroyed mid-transfer. Every chunk and slot comes back, and the next
+ * request moves every byte. */
+static void test_staged_abort_mid_copy(void **state)
+{
+    (void)state;
+    fake_cuda_config_t c = {.gdr = 0, .copy_delay_us = 2000};
+    fake_cuda_init(&c);
+    kvw__cuda_set_ops(&fake_cuda_ops);
+    staged_layout(true, true);
+    assert_int_equal(open_engines(), KVW_OK);
+    req_spec_t q = staged_spec(60);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(wait_end_ready(s), KVW_POLL_WAITING_FOR_INPUT);
+    send_staged(&q, s);
+    pair_sleep_ms(20); /* some slices copied, most not */
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    kvw_stager_stats_t ps;
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    do {
+        pair_sleep_ms(5);
+        kvw__stager_stats(lp.prefill, &ps);
+    } while (ps.free_chunks != ps.chunks && pair_now_ms() < end);
+    assert_pools_free();
+    fake_cuda_init(&(fake_cuda_config_t){.gdr = 0});
+    q.room = 61;
+    start(&q, &s, &r);
+    send_staged(&q, s);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    /* Only what request 61 wrote, or what 60 may have landed before its
+     * abort (the same bytes): every page of it right. */
+    assert_int_equal(wrong_bytes(&q), 0);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    assert_pools_free();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +772,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunks_times_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_parts_fail_both_sides, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_mismatch_says_what, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_gpu_both_sides, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_prefill_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_limits_and_copy_failures, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_abort_mid_copy, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
     tb_device_t d;

@@ -259,13 +259,19 @@ static void test_staging_when_neither(void **state)
     assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_STAGING);
     assert_non_null(strstr(p.reason, "modprobe nvidia_peermem"));
     assert_non_null(strstr(p.reason, "open GPU kernel modules"));
-    /* Registration refuses it, saying staging is not built and why. */
+    /* Registration registers nothing (the engine stages it), keeps the
+     * region's context for the copies, and logs why once. */
     kvw_mr_t mr = {0};
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 4096, true, &mr),
-                     KVW_ERR_UNSUPPORTED);
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 4096, true, &mr), KVW_OK);
     assert_null(mr.mr);
-    assert_non_null(strstr(logbuf, "needs staging"));
+    assert_int_equal(mr.path, KVW_MEM_PATH_STAGING);
+    assert_ptr_equal(mr.cuda_ctx, &fake);
+    assert_int_equal(mr.lkey, 0);
+    assert_non_null(strstr(logbuf, "GPU 0 regions: staging"));
     assert_non_null(strstr(logbuf, "modprobe nvidia_peermem"));
+    fake_nic_stats_t ns;
+    fake_nic_stats(&ns);
+    assert_int_equal(ns.live_mrs, 0);
 }
 
 static void test_override_honoured(void **state)

@@ -1,0 +1,349 @@
+#include "support/fake_cuda.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { MAX_ALLOCS = 64 };
+
+typedef struct copy_op {
+    struct copy_op *next;
+    void *dst;
+    const void *src;
+    size_t len;
+    bool fail;
+} copy_op_t;
+
+typedef struct fake_stream {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    copy_op_t *head, *tail;
+    long queued, done;
+    bool failed, stop;
+} fake_stream_t;
+
+static struct {
+    pthread_mutex_t lock;
+    fake_cuda_config_t cfg;
+    struct {
+        uint8_t *p;
+        size_t len;
+    } allocs[MAX_ALLOCS];
+    fake_cuda_stats_t st;
+    long pending;
+    bool fail_from_gpu, fail_to_gpu;
+} fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static char ctx_token; /* the one fake context */
+
+void fake_cuda_init(const fake_cuda_config_t *cfg)
+{
+    pthread_mutex_lock(&fk.lock);
+    memset(&fk.allocs, 0, sizeof(fk.allocs));
+    memset(&fk.st, 0, sizeof(fk.st));
+    fk.pending = 0;
+    fk.fail_from_gpu = fk.fail_to_gpu = false;
+    fk.cfg = cfg ? *cfg : (fake_cuda_config_t){0};
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void fake_cuda_fail_next(bool to_gpu)
+{
+    pthread_mutex_lock(&fk.lock);
+    if (to_gpu)
+        fk.fail_to_gpu = true;
+    else
+        fk.fail_from_gpu = true;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void *fake_cuda_alloc(size_t len)
+{
+    uint8_t *p = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
+    if (!p)
+        return NULL;
+    memset(p, 0, len);
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (!fk.allocs[i].p) {
+            fk.allocs[i].p = p;
+            fk.allocs[i].len = len;
+            break;
+        }
+    pthread_mutex_unlock(&fk.lock);
+    return p;
+}
+
+void fake_cuda_free(void *p)
+{
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (fk.allocs[i].p == p)
+            fk.allocs[i].p = NULL;
+    pthread_mutex_unlock(&fk.lock);
+    free(p);
+}
+
+void fake_cuda_stats(fake_cuda_stats_t *st)
+{
+    pthread_mutex_lock(&fk.lock);
+    *st = fk.st;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+/* The allocation holding addr, or -1 (host memory). Under fk.lock. */
+static int find_alloc(const void *addr)
+{
+    const uint8_t *a = addr;
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (fk.allocs[i].p && a >= fk.allocs[i].p && a < fk.allocs[i].p + fk.allocs[i].len)
+            return i;
+    return -1;
+}
+
+static int f_init(char *why, size_t size)
+{
+    (void)why;
+    (void)size;
+    return 0;
+}
+
+static int f_device_count(void)
+{
+    return 1;
+}
+
+static int f_device_info(int ordinal, kvw_cuda_dev_t *info_p, char *why, size_t size)
+{
+    if (ordinal != 0) {
+        snprintf(why, size, "no fake GPU %d", ordinal);
+        return -1;
+    }
+    *info_p = (kvw_cuda_dev_t){.name = "fake GPU (host memory)",
+                               .pci = "0000:00:00.0",
+                               .cc_major = 9,
+                               .dmabuf = fk.cfg.gdr,
+                               .gdr = fk.cfg.gdr,
+                               .vmm_gdr = fk.cfg.gdr,
+                               .writes_ordering = 100};
+    return 0;
+}
+
+static int f_pointer_info(const void *addr, kvw_cuda_ptr_t *info_p, char *why, size_t size)
+{
+    (void)why;
+    (void)size;
+    kvw_cuda_ptr_t p = {.type = KVW_CUDA_PTR_HOST, .device = -1, .rdma_capable = -1};
+    pthread_mutex_lock(&fk.lock);
+    int i = find_alloc(addr);
+    if (i >= 0) {
+        p.type = KVW_CUDA_PTR_DEVICE;
+        p.device = 0;
+        p.ctx = &ctx_token;
+        p.base = (uint64_t)(uintptr_t)fk.allocs[i].p;
+        p.size = fk.allocs[i].len;
+    }
+    pthread_mutex_unlock(&fk.lock);
+    *info_p = p;
+    return 0;
+}
+
+static int f_dmabuf_export(void *ctx, uint64_t start, size_t len, int *fd_p, char *why, size_t size)
+{
+    (void)ctx;
+    (void)start;
+    (void)len;
+    (void)fd_p;
+    snprintf(why, size, "the fake GPU exports no dma-buf");
+    return -1;
+}
+
+static int f_flush_writes(void *ctx, char *why, size_t size)
+{
+    (void)ctx;
+    (void)why;
+    (void)size;
+    return 0;
+}
+
+static bool f_peermem_loaded(void)
+{
+    return false;
+}
+
+static void *f_host_alloc(size_t len, char *why, size_t size)
+{
+    if (fk.cfg.fail_host_alloc) {
+        snprintf(why, size, "cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (2) (injected)");
+        return NULL;
+    }
+    void *p = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
+    if (!p) {
+        snprintf(why, size, "out of host memory");
+        return NULL;
+    }
+    pthread_mutex_lock(&fk.lock);
+    fk.st.live_host_allocs++;
+    fk.st.host_bytes += len;
+    pthread_mutex_unlock(&fk.lock);
+    return p;
+}
+
+static void f_host_free(void *p)
+{
+    pthread_mutex_lock(&fk.lock);
+    fk.st.live_host_allocs--;
+    pthread_mutex_unlock(&fk.lock);
+    free(p);
+}
+
+static void sleep_us(unsigned us)
+{
+    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void run_copy(fake_stream_t *s, copy_op_t *op)
+{
+    if (fk.cfg.copy_delay_us)
+        sleep_us(fk.cfg.copy_delay_us);
+    if (!op->fail)
+        memmove(op->dst, op->src, op->len);
+    pthread_mutex_lock(&fk.lock);
+    fk.pending--;
+    pthread_mutex_unlock(&fk.lock);
+    pthread_mutex_lock(&s->lock);
+    s->failed |= op->fail;
+    s->done++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    free(op);
+}
+
+static void *stream_main(void *arg)
+{
+    fake_stream_t *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->head && !s->stop)
+            pthread_cond_wait(&s->cond, &s->lock);
+        if (!s->head)
+            break;
+        copy_op_t *op = s->head;
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        pthread_mutex_unlock(&s->lock);
+        run_copy(s, op);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+static int f_stream_create(void *ctx, void **stream_p, char *why, size_t size)
+{
+    (void)ctx;
+    fake_stream_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(why, size, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    if (pthread_create(&s->thread, NULL, stream_main, s)) {
+        snprintf(why, size, "pthread_create failed");
+        free(s);
+        return -1;
+    }
+    pthread_mutex_lock(&fk.lock);
+    fk.st.live_streams++;
+    pthread_mutex_unlock(&fk.lock);
+    *stream_p = s;
+    return 0;
+}
+
+static void f_stream_destroy(void *stream)
+{
+    fake_stream_t *s = stream;
+    pthread_mutex_lock(&s->lock);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    free(s);
+    pthread_mutex_lock(&fk.lock);
+    fk.st.live_streams--;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+static int f_copy_async(void *stream, void *dst, const void *src, size_t len, char *why,
+                        size_t size)
+{
+    fake_stream_t *s = stream;
+    copy_op_t *op = calloc(1, sizeof(*op));
+    if (!op) {
+        snprintf(why, size, "out of memory");
+        return -1;
+    }
+    *op = (copy_op_t){.dst = dst, .src = src, .len = len};
+    pthread_mutex_lock(&fk.lock);
+    fk.st.copies++;
+    bool from_gpu = find_alloc(src) >= 0, to_gpu = find_alloc(dst) >= 0;
+    if (from_gpu && fk.fail_from_gpu)
+        op->fail = !(fk.fail_from_gpu = false);
+    if (to_gpu && fk.fail_to_gpu)
+        op->fail = !(fk.fail_to_gpu = false);
+    fk.st.failed_copies += op->fail;
+    fk.st.bytes_copied += len;
+    fk.st.copies_from_gpu += from_gpu;
+    fk.st.copies_to_gpu += to_gpu;
+    if (++fk.pending > fk.st.max_pending)
+        fk.st.max_pending = fk.pending;
+    pthread_mutex_unlock(&fk.lock);
+    pthread_mutex_lock(&s->lock);
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    s->queued++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+static int f_stream_sync(void *stream, char *why, size_t size)
+{
+    fake_stream_t *s = stream;
+    pthread_mutex_lock(&s->lock);
+    while (s->done < s->queued)
+        pthread_cond_wait(&s->cond, &s->lock);
+    bool failed = s->failed;
+    s->failed = false; /* reported once, like a sticky error cleared by the caller */
+    pthread_mutex_unlock(&s->lock);
+    if (failed)
+        snprintf(why, size, "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (700) (injected)");
+    return failed ? -1 : 0;
+}
+
+const kvw_cuda_ops_t fake_cuda_ops = {
+    .init = f_init,
+    .device_count = f_device_count,
+    .device_info = f_device_info,
+    .pointer_info = f_pointer_info,
+    .dmabuf_export = f_dmabuf_export,
+    .flush_writes = f_flush_writes,
+    .peermem_loaded = f_peermem_loaded,
+    .host_alloc = f_host_alloc,
+    .host_free = f_host_free,
+    .stream_create = f_stream_create,
+    .stream_destroy = f_stream_destroy,
+    .copy_async = f_copy_async,
+    .stream_sync = f_stream_sync,
+};

@@ -1,0 +1,43 @@
+/* A fake CUDA driver behind kvwire's CUDA seam (kvw__cuda_set_ops), for
+ * the staging tests on the fake NIC and on real rxe: "device memory" is
+ * host memory that pointer_info reports as a cudaMalloc allocation on a
+ * GPU without GPUDirect RDMA (so kvwire must stage it), pinned memory is
+ * aligned_alloc, and every stream is a worker thread copying with memcpy,
+ * in order, so copies really run asynchronously to the caller. Faults: a
+ * copy that fails, copies that take time. Never reported as a GPU. */
+#ifndef KVW_TEST_FAKE_CUDA_H
+#define KVW_TEST_FAKE_CUDA_H
+
+#include "mem/mem.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+extern const kvw_cuda_ops_t fake_cuda_ops;
+
+typedef struct fake_cuda_config {
+    int gdr;                /* what the GPU reports for GPUDirect RDMA (0: staging) */
+    unsigned copy_delay_us; /* each copy takes at least this long */
+    long fail_host_alloc;   /* nonzero: pinned allocations fail */
+} fake_cuda_config_t;
+
+/* Reset state and counters; install with kvw__cuda_set_ops(&fake_cuda_ops). */
+void fake_cuda_init(const fake_cuda_config_t *cfg);
+/* The next copy out of (to_gpu false) or into (true) fake GPU memory
+ * fails: its stream's sync reports an error. */
+void fake_cuda_fail_next(bool to_gpu);
+/* len bytes of "GPU memory" (zeroed); freed by fake_cuda_free. */
+void *fake_cuda_alloc(size_t len);
+void fake_cuda_free(void *p);
+
+typedef struct fake_cuda_stats {
+    long copies, failed_copies;
+    uint64_t bytes_copied;
+    long max_pending; /* most copies queued on all streams at once */
+    long live_streams, live_host_allocs;
+    uint64_t host_bytes; /* pinned bytes allocated in all */
+    long copies_from_gpu, copies_to_gpu;
+} fake_cuda_stats_t;
+void fake_cuda_stats(fake_cuda_stats_t *st);
+
+#endif
