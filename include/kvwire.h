@@ -234,6 +234,15 @@ typedef struct kvw_config {
     uint32_t staging_mib;
     uint32_t staging_chunk_kib;
     uint32_t staging_lanes;
+    /* KVW_QPS_PER_PEER, 1 (1..16): RC QPs per connection. Prefill stripes
+     * each request's writes over them a chain at a time, with send-queue
+     * and immediate credits per QP; a request that used several ends with
+     * an immediate on each, and decode reports it landed only once all of
+     * them arrived. A connection uses the smaller of the two sides' counts.
+     * 1 suits rxe (one kernel thread per device does the work); on real
+     * NICs 2-4 spread a connection over the NIC's processing units and, on
+     * RoCE, over more ECMP paths (each QP has its own flow label). */
+    uint32_t qps_per_peer;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides. Returns

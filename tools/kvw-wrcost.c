@@ -134,13 +134,14 @@ static void engine_setup(harness_t *h, const wopts_t *o)
                                             .lkey = 100 + i,
                                             .rkey = 200 + i};
     p->engine = e;
-    p->qp = &h->qp;
+    p->nlanes = 1;
+    p->lanes[0].qp = &h->qp;
     h->qp.qp = (struct ibv_qp *)h; /* the null device never looks at them */
     h->qp.cq = (struct ibv_cq *)h;
     p->max_msg_sz = h->dev.max_msg_sz;
     p->remote_max[KVW_LAYOUT_KV] = o->pages;
     atomic_init(&p->state, PEER_CONNECTED);
-    atomic_init(&p->imm_limit, UINT64_MAX); /* decode posted receives for every immediate */
+    atomic_init(&p->lanes[0].imm_limit, UINT64_MAX); /* receives for every immediate */
     atomic_init(&h->slot, p);
     e->peers = &h->slot;
     e->peer_slots = 1;
@@ -165,8 +166,8 @@ static void engine_setup(harness_t *h, const wopts_t *o)
 static void engine_teardown(harness_t *h)
 {
     kvw_engine_t *e = h->e;
-    if (h->p->txq_ready)
-        kvw__txq_fini(&h->p->txq);
+    if (h->p->lanes[0].txq_ready)
+        kvw__txq_fini(&h->p->lanes[0].txq);
     while (e->reqs)
         kvw__req_drop_locked(e->reqs);
     kvw__reqtab_fini(e);

@@ -69,6 +69,7 @@ class kvw_config_t(Structure):
         ("staging_mib", c_uint32),
         ("staging_chunk_kib", c_uint32),
         ("staging_lanes", c_uint32),
+        ("qps_per_peer", c_uint32),
     ]
 
 

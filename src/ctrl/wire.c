@@ -141,12 +141,12 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
-        body = 4 + 8 + QP_INFO_LEN + 4 + (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + 2 +
+        body = 4 + 8 + 4 + (size_t)m->u.hello.num_qps * QP_INFO_LEN + 4 +
+               (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + 2 +
                strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
-        body = 8 + 4 + 4 + 4 + 4 +
-               8 * ((size_t)m->u.request.num_pages + m->u.request.num_state);
+        body = 8 + 4 + 4 + 4 + 4 + 8 * ((size_t)m->u.request.num_pages + m->u.request.num_state);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -155,8 +155,10 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_PING:
     case KVW_MSG_PONG:
-    case KVW_MSG_CREDIT:
         body = 8;
+        break;
+    case KVW_MSG_CREDIT:
+        body = 4 + 8 * (size_t)m->u.credit.num_qps;
         break;
     }
     return KVW_WIRE_HEADER_LEN + body;
@@ -189,7 +191,9 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
     case KVW_MSG_HELLO_ACK:
         put_le(w, (uint32_t)m->status, 4);
         put_le(w, m->u.hello.engine_id, 8);
-        put_qp(w, &m->u.hello.qp);
+        put_le(w, m->u.hello.num_qps, 4);
+        for (uint32_t i = 0; i < m->u.hello.num_qps; i++)
+            put_qp(w, &m->u.hello.qps[i]);
         put_le(w, m->u.hello.num_groups, 4);
         for (uint32_t i = 0; i < m->u.hello.num_groups; i++) {
             put_le(w, m->u.hello.groups[i].kind, 1);
@@ -229,7 +233,9 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.ping.engine_id, 8);
         break;
     case KVW_MSG_CREDIT:
-        put_le(w, m->u.credit.recvs_posted, 8);
+        put_le(w, m->u.credit.num_qps, 4);
+        for (uint32_t i = 0; i < m->u.credit.num_qps; i++)
+            put_le(w, m->u.credit.recvs_posted[i], 8);
         break;
     }
 }
@@ -239,8 +245,10 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
     if (!type_known(m->type))
         return KVW_ERR_INVALID;
     if ((m->type == KVW_MSG_HELLO || m->type == KVW_MSG_HELLO_ACK) &&
-        (m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS ||
+        (m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS || m->u.hello.num_qps > KVW_WIRE_MAX_QPS ||
          kvw__wire_hello_regions(m) > KVW_WIRE_MAX_REGIONS))
+        return KVW_ERR_INVALID;
+    if (m->type == KVW_MSG_CREDIT && m->u.credit.num_qps > KVW_WIRE_MAX_QPS)
         return KVW_ERR_INVALID;
     if (m->type == KVW_MSG_REQUEST &&
         (uint64_t)m->u.request.num_pages + m->u.request.num_state > KVW_WIRE_MAX_PAGES)
@@ -278,11 +286,16 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
 {
     m->status = (int32_t)get_le(r, 4);
     m->u.hello.engine_id = get_le(r, 8);
-    get_qp(r, &m->u.hello.qp);
+    m->u.hello.num_qps = (uint32_t)get_le(r, 4);
+    if (m->u.hello.num_qps > KVW_WIRE_MAX_QPS || (m->status == KVW_OK && !m->u.hello.num_qps))
+        return fail(reason, rsize, "%s: %u QPs (1..%u)", kvw__wire_type_name(m->type),
+                    m->u.hello.num_qps, KVW_WIRE_MAX_QPS);
+    for (uint32_t i = 0; i < m->u.hello.num_qps; i++)
+        get_qp(r, &m->u.hello.qps[i]);
     m->u.hello.num_groups = (uint32_t)get_le(r, 4);
     if (m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS)
-        return fail(reason, rsize, "%s: %u buffer groups, at most %u",
-                    kvw__wire_type_name(m->type), m->u.hello.num_groups, KVW_WIRE_MAX_GROUPS);
+        return fail(reason, rsize, "%s: %u buffer groups, at most %u", kvw__wire_type_name(m->type),
+                    m->u.hello.num_groups, KVW_WIRE_MAX_GROUPS);
     for (uint32_t i = 0; i < m->u.hello.num_groups; i++) {
         kvw_wire_group_t *g = &m->u.hello.groups[i];
         g->kind = (uint8_t)get_le(r, 1);
@@ -295,13 +308,16 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
     if (!get_str(r, m->u.hello.reason, sizeof(m->u.hello.reason)))
         return fail(reason, rsize, "%s: bad reason string", kvw__wire_type_name(m->type));
-    const kvw_qp_info_t *q = &m->u.hello.qp;
     /* QPNs and PSNs are 24-bit; MTU is an enum ibv_mtu (256..4096). A
      * refusal (HELLO_ACK with an error) carries no QP to check. */
-    if (m->status == KVW_OK && (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 1 ||
-                                q->mtu > 5 || (q->link_layer != 1 && q->link_layer != 2)))
-        return fail(reason, rsize, "%s: QP info out of range (qpn %u, psn %u, mtu %u, link %u)",
-                    kvw__wire_type_name(m->type), q->qpn, q->psn, q->mtu, q->link_layer);
+    for (uint32_t i = 0; m->status == KVW_OK && i < m->u.hello.num_qps; i++) {
+        const kvw_qp_info_t *q = &m->u.hello.qps[i];
+        if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 1 || q->mtu > 5 ||
+            (q->link_layer != 1 && q->link_layer != 2))
+            return fail(reason, rsize,
+                        "%s: QP %u info out of range (qpn %u, psn %u, mtu %u, link %u)",
+                        kvw__wire_type_name(m->type), i, q->qpn, q->psn, q->mtu, q->link_layer);
+    }
     /* The planner splits writes at the smaller of the two ports' limits;
      * every port takes at least one MTU. */
     if (m->status == KVW_OK && m->u.hello.max_msg_sz < 4096)
@@ -311,8 +327,8 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     /* Bound counts by the bytes actually present before allocating. */
     if (n64 > KVW_WIRE_MAX_REGIONS || n64 * REGION_LEN != remaining(r))
         return fail(reason, rsize, "%s: %u groups of %llu regions do not match %zu body bytes",
-                    kvw__wire_type_name(m->type), m->u.hello.num_groups,
-                    (unsigned long long)n64, remaining(r));
+                    kvw__wire_type_name(m->type), m->u.hello.num_groups, (unsigned long long)n64,
+                    remaining(r));
     size_t n = (size_t)n64;
     m->u.hello.regions = n ? calloc(n, sizeof(kvw_wire_region_t)) : NULL;
     if (n && !m->u.hello.regions)
@@ -343,6 +359,8 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     m->u.request.num_state = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "REQUEST truncated");
+    if (m->u.request.token & ~KVW_WIRE_TOKEN_MASK)
+        return fail(reason, rsize, "REQUEST: token 0x%x has more than 28 bits", m->u.request.token);
     uint64_t n = (uint64_t)m->u.request.num_pages + m->u.request.num_state;
     if (n > KVW_WIRE_MAX_PAGES || n * 8 != remaining(r))
         return fail(reason, rsize, "REQUEST: %u pages + %u state do not match %zu body bytes",
@@ -394,7 +412,12 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
         m->u.ping.engine_id = get_le(r, 8);
         return KVW_OK;
     case KVW_MSG_CREDIT:
-        m->u.credit.recvs_posted = get_le(r, 8);
+        m->u.credit.num_qps = (uint32_t)get_le(r, 4);
+        if (!m->u.credit.num_qps || m->u.credit.num_qps > KVW_WIRE_MAX_QPS)
+            return fail(reason, rsize, "CREDIT: %u QPs (1..%u)", m->u.credit.num_qps,
+                        KVW_WIRE_MAX_QPS);
+        for (uint32_t i = 0; i < m->u.credit.num_qps; i++)
+            m->u.credit.recvs_posted[i] = get_le(r, 8);
         return KVW_OK;
     }
     return fail(reason, rsize, "unknown message type %u", m->type);

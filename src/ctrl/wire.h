@@ -8,12 +8,18 @@
 #include "verbs/qp.h"
 
 #define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
-#define KVW_WIRE_VERSION 3
+#define KVW_WIRE_VERSION 4
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
-#define KVW_WIRE_MAX_REGIONS 16384    /* every buffer group's regions together */
+#define KVW_WIRE_MAX_REGIONS 16384 /* every buffer group's regions together */
 #define KVW_WIRE_MAX_GROUPS 64
+#define KVW_WIRE_MAX_QPS 16 /* QPs per connection (KVW_QPS_PER_PEER) */
+/* The immediate of a request's last writes: its token in the low 28 bits,
+ * and how many QPs carry one (each that carried part of it), less one, in
+ * the top 4. Decode reports the request landed once all of them arrived. */
+#define KVW_WIRE_TOKEN_MASK 0x0fffffffu
+#define KVW_WIRE_IMM_COUNT_SHIFT 28
 #define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi page and state indices per request */
 /* The largest valid message (a REQUEST of KVW_WIRE_MAX_PAGES pages): ZeroMQ
  * drops anything longer before we buffer it. */
@@ -37,7 +43,7 @@ typedef enum {
     KVW_MSG_ABORT = 22,
     KVW_MSG_PING = 30, /* decode -> prefill: liveness */
     KVW_MSG_PONG = 31,
-    KVW_MSG_CREDIT = 32, /* decode -> prefill: receives posted so far (cumulative) */
+    KVW_MSG_CREDIT = 32, /* decode -> prefill: receives posted so far per QP (cumulative) */
     KVW_MSG_BYE = 33,    /* either way: status, reason; the connection is dead */
 } kvw_msg_type_t;
 
@@ -64,17 +70,19 @@ typedef struct kvw_msg {
         } bs;
         struct {
             uint64_t engine_id;
-            kvw_qp_info_t qp;
+            uint32_t num_qps; /* 1..KVW_WIRE_MAX_QPS (0 in a refusal) */
+            kvw_qp_info_t qps[KVW_WIRE_MAX_QPS];
             uint32_t num_groups;
             kvw_wire_group_t groups[KVW_WIRE_MAX_GROUPS];
-            uint32_t recv_credits;      /* decode: receives posted for immediates */
-            uint32_t max_msg_sz;        /* largest RDMA message the sender's port takes */
+            uint32_t recv_credits;            /* decode: receives posted per QP for immediates */
+            uint32_t max_msg_sz;              /* largest RDMA message the sender's port takes */
             char reason[KVW_WIRE_REASON_MAX]; /* HELLO_ACK refusal: why */
-            kvw_wire_region_t *regions; /* every group's, in order; owned by the msg */
+            kvw_wire_region_t *regions;       /* every group's, in order; owned by the msg */
         } hello;
         struct {
             uint64_t room;
-            uint32_t token; /* decode's id for the request, echoed as the immediate */
+            uint32_t
+                token; /* decode's id for the request (KVW_WIRE_TOKEN_MASK), in the immediate */
             uint32_t aux_index;
             uint32_t num_pages;
             uint32_t num_state;
@@ -89,7 +97,8 @@ typedef struct kvw_msg {
             uint64_t engine_id;
         } ping;
         struct {
-            uint64_t recvs_posted;
+            uint32_t num_qps;
+            uint64_t recvs_posted[KVW_WIRE_MAX_QPS];
         } credit;
     } u;
 } kvw_msg_t;

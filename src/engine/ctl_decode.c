@@ -77,11 +77,12 @@ static void set_identity(kvw_engine_t *e, kvw_peer_t *p)
 static void send_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
 {
     /* Receives are posted once per QP; a repeated handshake reuses them. */
-    if (!atomic_load(&p->recvs_posted) && kvw__peer_post_recvs(p, e->cfg.rq_depth)) {
+    if (!atomic_load(&p->lanes[0].recvs_posted) && kvw__peer_post_recvs(p, e->cfg.rq_depth)) {
         kvw__peer_kill(p, KVW_ERR_VERBS, "cannot post receives");
         return;
     }
-    atomic_store(&p->credits_sent, atomic_load(&p->recvs_posted)); /* HELLO carries them */
+    for (uint32_t i = 0; i < p->nlanes; i++) /* HELLO carries them */
+        atomic_store(&p->lanes[i].credits_sent, atomic_load(&p->lanes[i].recvs_posted));
     kvw_msg_t hello;
     kvw__peer_hello(p, KVW_MSG_HELLO, &hello);
     kvw_status_t st = kvw__zsend(p->sock, &hello, ZMQ_DONTWAIT);
@@ -179,8 +180,17 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
                        m->u.hello.reason[0] ? m->u.hello.reason : kvw_strerror(st));
         return;
     }
-    if ((st = kvw__peer_accept_layout(p, m, why, sizeof(why))) ||
-        (st = kvw__qp_connect(p->qp, &m->u.hello.qp, &e->cfg))) {
+    if (m->u.hello.num_qps > p->nlanes) {
+        snprintf(why, sizeof(why), "prefill connected %u QPs, we offered %u", m->u.hello.num_qps,
+                 p->nlanes);
+        st = KVW_ERR_PEER;
+    } else {
+        st = kvw__peer_accept_layout(p, m, why, sizeof(why));
+    }
+    /* Prefill may take fewer QPs than we offered: the rest stay idle. */
+    for (uint32_t i = 0; !st && i < m->u.hello.num_qps; i++)
+        st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
+    if (st) {
         kvw__peer_kill(p, st, "handshake with prefill rank %u failed: %s", p->rank,
                        why[0] ? why : kvw_strerror(st));
         return;
@@ -190,8 +200,10 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
     if (!kvw__peer_transition(p, PEER_HELLO, PEER_CONNECTED))
         return; /* killed meanwhile: stays dead */
-    KVW_INFO("connected to prefill rank %u via %s as peer %u (QPN %u -> %u)", p->rank,
-             p->bootstrap_addr, p->index, p->qp->qp->qp_num, m->u.hello.qp.qpn);
+    p->connected = m->u.hello.num_qps;
+    KVW_INFO("connected to prefill rank %u via %s as peer %u (%u QP%s, QPN %u -> %u)", p->rank,
+             p->bootstrap_addr, p->index, p->connected, p->connected > 1 ? "s" : "",
+             p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn);
     pthread_mutex_lock(&e->lock);
     touch_waiting_locked(e, p); /* send the requests waiting for this peer */
     pthread_mutex_unlock(&e->lock);
@@ -256,15 +268,23 @@ void kvw__decode_on_monitor(kvw_engine_t *e, kvw_peer_t *p)
 
 /* ------------------------------------------------------------- peers */
 
+/* Every lane's count in one message, when any lane has a quarter queue
+ * (or, forced, anything) to tell. */
 static void send_credits(kvw_engine_t *e, kvw_peer_t *p, bool force)
 {
-    uint64_t posted = atomic_load(&p->recvs_posted), sent = atomic_load(&p->credits_sent);
-    if (posted == sent || (!force && posted - sent < (e->cfg.rq_depth + 3) / 4))
-        return;
     kvw_msg_t m = {.type = KVW_MSG_CREDIT};
-    m.u.credit.recvs_posted = posted;
-    if (kvw__zsend(p->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
-        atomic_store(&p->credits_sent, posted);
+    bool due = false;
+    m.u.credit.num_qps = p->nlanes;
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        uint64_t posted = atomic_load(&p->lanes[i].recvs_posted);
+        uint64_t sent = atomic_load(&p->lanes[i].credits_sent);
+        m.u.credit.recvs_posted[i] = posted;
+        due |= posted != sent && (force || posted - sent >= (e->cfg.rq_depth + 3) / 4);
+    }
+    if (!due || kvw__zsend(p->sock, &m, ZMQ_DONTWAIT) != KVW_OK)
+        return;
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        atomic_store(&p->lanes[i].credits_sent, m.u.credit.recvs_posted[i]);
 }
 
 /* Handshake deadlines and lookup retries; returns when next due. */
@@ -489,7 +509,7 @@ static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
     if (!wanted || p)
         return;
     char why[KVW_WIRE_REASON_MAX] = "";
-    kvw_status_t st = kvw__peer_create(e, &p);
+    kvw_status_t st = kvw__peer_create(e, e->cfg.qps_per_peer, &p);
     pthread_mutex_lock(&e->lock);
     if (!st) {
         p->rank = r->prefill_rank;

@@ -60,15 +60,21 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
         kvw__peer_kill(old, KVW_ERR_PEER, "decode engine reconnected");
     kvw_peer_t *p = NULL;
     char why[KVW_WIRE_REASON_MAX] = "";
-    /* Verbs calls (QP create and connect) happen before the lock. */
-    kvw_status_t st = kvw__peer_create(e, &p);
-    if (!st && !(st = kvw__peer_accept_layout(p, m, why, sizeof(why))))
-        st = kvw__qp_connect(p->qp, &m->u.hello.qp, &e->cfg);
+    /* Verbs calls (QP create and connect) happen before the lock. As many
+     * QPs as both sides want: decode connects that many of its own. */
+    uint32_t lanes =
+        m->u.hello.num_qps < e->cfg.qps_per_peer ? m->u.hello.num_qps : e->cfg.qps_per_peer;
+    kvw_status_t st = kvw__peer_create(e, lanes, &p);
+    if (!st)
+        st = kvw__peer_accept_layout(p, m, why, sizeof(why));
+    for (uint32_t i = 0; !st && i < lanes; i++)
+        st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
     if (!st) {
         memcpy(p->id, id, KVW_IDENTITY_LEN);
         p->serial = e->next_serial++;
         p->last_seen_ns = kvw__now_ns();
-        atomic_store(&p->imm_limit, m->u.hello.recv_credits);
+        for (uint32_t i = 0; i < lanes; i++)
+            atomic_store(&p->lanes[i].imm_limit, m->u.hello.recv_credits);
         atomic_store(&p->state, PEER_CONNECTED); /* not yet visible to other threads */
         pthread_mutex_lock(&e->lock);
         st = kvw__peer_publish_locked(e, p, why, sizeof(why));
@@ -83,9 +89,10 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw__peer_hello(p, KVW_MSG_HELLO_ACK, &ack);
     kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &ack);
     kvw__wire_free(&ack);
-    KVW_INFO("decode engine %016llx connected as peer %u (QPN %u -> %u, %u receive credits)",
-             (unsigned long long)m->u.hello.engine_id, p->index, p->qp->qp->qp_num,
-             m->u.hello.qp.qpn, m->u.hello.recv_credits);
+    KVW_INFO("decode engine %016llx connected as peer %u (%u QP%s, QPN %u -> %u, %u receive "
+             "credits per QP)",
+             (unsigned long long)m->u.hello.engine_id, p->index, lanes, lanes > 1 ? "s" : "",
+             p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn, m->u.hello.recv_credits);
 }
 
 /* (lock) Refuse a request that would take p past its orphan caps: decode
@@ -219,11 +226,15 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 
 static void on_credit(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
-    /* Cumulative, so only ever raise it: a reordered or stale CREDIT is harmless. */
-    uint64_t cur = atomic_load(&p->imm_limit);
-    while (m->u.credit.recvs_posted > cur &&
-           !atomic_compare_exchange_weak(&p->imm_limit, &cur, m->u.credit.recvs_posted))
-        ;
+    /* Cumulative, so only ever raise it: a reordered or stale CREDIT is
+     * harmless. Decode may have more QPs than it connected: ours count. */
+    for (uint32_t i = 0; i < m->u.credit.num_qps && i < p->nlanes; i++) {
+        _Atomic uint64_t *limit = &p->lanes[i].imm_limit;
+        uint64_t cur = atomic_load(limit);
+        while (m->u.credit.recvs_posted[i] > cur &&
+               !atomic_compare_exchange_weak(limit, &cur, m->u.credit.recvs_posted[i]))
+            ;
+    }
     kvw__wake(e->poller_wake_fd);
 }
 

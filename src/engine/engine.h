@@ -27,7 +27,9 @@
 #include <stdbool.h>
 
 enum {
-    KVW_TOKEN_BITS = 16,   /* receivers in flight per decode engine: 65536 */
+    KVW_TOKEN_BITS = 16, /* receivers in flight per decode engine: 65536 */
+    KVW_TOKEN_GEN_MASK = KVW_WIRE_TOKEN_MASK >> 16, /* the rest of the token: a generation */
+    KVW_MAX_LANES = KVW_WIRE_MAX_QPS,
     KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + connection serial */
 };
 
@@ -35,6 +37,25 @@ typedef enum { PEER_LOOKUP, PEER_HELLO, PEER_CONNECTED, PEER_DEAD } kvw_peer_sta
 
 typedef struct kvw_req kvw_req_t;
 typedef struct kvw_peer kvw_peer_t;
+
+/* One QP of a connection; a connection has cfg.qps_per_peer of them (the
+ * smaller count of the two sides is connected) and prefill stripes its
+ * chains over them. */
+typedef struct kvw_lane {
+    kvw_qp_t *qp;
+    /* Immediate credits. Every WRITE_WITH_IMM consumes one receive decode
+     * posted on that QP; prefill never has more immediates in flight on a
+     * QP than decode has posted receives there (cumulative counts, so a
+     * lost CREDIT heals). */
+    _Atomic uint64_t imm_limit;    /* prefill: receives decode has posted in all */
+    _Atomic uint64_t recvs_posted; /* decode: receives posted in all */
+    _Atomic uint64_t credits_sent; /* decode: recvs_posted as last told to prefill */
+    /* poller thread only */
+    kvw_txq_t txq;
+    bool txq_ready;
+    uint64_t imm_posted;      /* prefill: immediates posted */
+    struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
+} kvw_lane_t;
 
 /* One part of a sender's request (kvw_sender_send / send_part /
  * send_state), planned once decode's pages are known. The owner thread
@@ -73,20 +94,15 @@ struct kvw_peer {
     uint32_t orphans;        /* (lock) prefill: requests of this peer no sender claimed yet */
     uint64_t orphan_bytes;   /* (lock) their page lists */
     kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
-    kvw_qp_t *qp;
-    kvw_plan_region_t *regions;            /* every region, local paired with remote */
-    uint64_t remote_max[3];                /* items every remote region of each kind holds */
-    uint32_t max_msg_sz;                   /* the smaller of the two ports' limits */
+    kvw_lane_t lanes[KVW_MAX_LANES];
+    uint32_t nlanes;            /* created, fixed before the peer is published */
+    uint32_t connected;         /* decode: lanes prefill connected (its count may be smaller) */
+    kvw_plan_region_t *regions; /* every region, local paired with remote */
+    uint64_t remote_max[3];     /* items every remote region of each kind holds */
+    uint32_t max_msg_sz;        /* the smaller of the two ports' limits */
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
-
-    /* Immediate credits. Every WRITE_WITH_IMM consumes one receive decode
-     * posted; prefill never has more immediates in flight than decode has
-     * posted receives (cumulative counts, so a lost CREDIT heals). */
-    _Atomic uint64_t imm_limit;    /* prefill: receives decode has posted in all */
-    _Atomic uint64_t recvs_posted; /* decode: receives posted in all */
-    _Atomic uint64_t credits_sent; /* decode: recvs_posted as last told to prefill */
 
     /* control thread only */
     void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */
@@ -99,14 +115,11 @@ struct kvw_peer {
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
     /* poller thread only */
-    kvw_txq_t txq;
-    bool txq_ready;
     bool credit_blocked;                      /* the next immediate waits for a CREDIT */
-    uint64_t imm_posted;                      /* prefill: immediates posted */
+    uint32_t next_lane;                       /* prefill: the lane the next chain goes on */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
-    struct ibv_recv_wr *rwrs;                 /* decode: zero-SGE receives, set before publish */
 };
 
 struct kvw_req {
@@ -151,7 +164,12 @@ struct kvw_req {
     bool in_poller;                   /* the poller holds a reference (queued or starved) */
     bool starved;                     /* the poller posted every part it has; waits for more */
     kvw_seg_t *seg;                   /* poller: the part being posted */
-    uint64_t writes_built, last_seq;  /* poller */
+    uint64_t writes_built;            /* poller */
+    uint64_t last_seq[KVW_MAX_LANES]; /* poller: its last write on each lane */
+    uint32_t lane_mask;               /* poller: lanes that carried writes of it */
+    uint32_t imm_lanes;   /* poller: lanes its final immediates go on, fixed at the finish */
+    uint32_t imms_posted; /* poller: lanes whose zero-length immediate is posted */
+    uint32_t final_lane;  /* poller: the lane of its last write */
     _Atomic uint64_t bytes_posted, writes_posted; /* poller writes, anyone reads */
 
     /* receiver */
@@ -168,6 +186,7 @@ struct kvw_req {
     uint32_t aux;
     uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
+    uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
 
     /* staging (engine/stager.h) */
     kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
@@ -328,7 +347,9 @@ void kvw__reqtab_fini(kvw_engine_t *e);
 
 /* peer.c */
 /* Verbs calls: never under the engine lock. */
-kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p);
+kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, kvw_peer_t **peer_p);
+/* Every lane's QP to ERR: nothing more lands. Verbs: not under the lock. */
+void kvw__peer_set_error(kvw_peer_t *p);
 /* (lock) Give p a slot; KVW_ERR_LIMIT with the reason in why when
  * cfg.max_peers connections are live or every slot is still draining. */
 kvw_status_t kvw__peer_publish_locked(kvw_engine_t *e, kvw_peer_t *p, char *why, size_t why_size);

@@ -1,5 +1,6 @@
-/* Peers: one RC QP per (prefill engine, decode engine) pair, created during
- * the handshake, with the two memory tables paired region by region. */
+/* Peers: one connection per (prefill engine, decode engine) pair, of
+ * cfg.qps_per_peer RC QPs ("lanes"), created during the handshake, with the
+ * two memory tables paired region by region. */
 #include "engine/engine.h"
 
 #include "common/log.h"
@@ -12,7 +13,19 @@
 #include <string.h>
 #include <zmq.h>
 
-kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
+/* One QP (and its CQ) of p. Decode's receive WRs exist before the peer is
+ * published, so the poller (which re-posts them) sees them initialised. */
+static kvw_status_t lane_create(kvw_peer_t *p, kvw_lane_t *l)
+{
+    kvw_engine_t *e = p->engine;
+    bool decode = e->role == KVW_ROLE_DECODE;
+    if (decode && !(l->rwrs = calloc(e->cfg.rq_depth, sizeof(*l->rwrs))))
+        return KVW_ERR_NO_MEMORY;
+    return kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth, decode ? e->cfg.rq_depth : 1,
+                          decode, &l->qp);
+}
+
+kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, kvw_peer_t **peer_p)
 {
     kvw_peer_t *p = calloc(1, sizeof(*p));
     uint32_t n = e->layout.num_regions;
@@ -20,16 +33,9 @@ kvw_status_t kvw__peer_create(kvw_engine_t *e, kvw_peer_t **peer_p)
         return KVW_ERR_NO_MEMORY;
     p->engine = e;
     p->regions = calloc(n, sizeof(*p->regions));
-    /* Decode's receive WRs exist before the peer is published, so the
-     * poller (which re-posts them) sees them initialised. */
-    if (e->role == KVW_ROLE_DECODE)
-        p->rwrs = calloc(e->cfg.rq_depth, sizeof(*p->rwrs));
-    kvw_status_t st =
-        p->regions && (e->role != KVW_ROLE_DECODE || p->rwrs) ? KVW_OK : KVW_ERR_NO_MEMORY;
-    if (!st)
-        st = kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth,
-                            e->role == KVW_ROLE_DECODE ? e->cfg.rq_depth : 1,
-                            e->role == KVW_ROLE_DECODE, &p->qp);
+    kvw_status_t st = p->regions ? KVW_OK : KVW_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < nlanes && i < KVW_MAX_LANES && !st; i++, p->nlanes++)
+        st = lane_create(p, &p->lanes[i]);
     if (st) {
         kvw__peer_destroy(p);
         return st;
@@ -147,9 +153,11 @@ void kvw__peer_destroy(kvw_peer_t *p)
         zmq_close(p->sock);
     if (p->bs_sock)
         zmq_close(p->bs_sock);
-    kvw__txq_fini(&p->txq);
-    kvw__qp_destroy(p->qp);
-    free(p->rwrs);
+    for (uint32_t i = 0; i < KVW_MAX_LANES; i++) {
+        kvw__txq_fini(&p->lanes[i].txq);
+        kvw__qp_destroy(p->lanes[i].qp);
+        free(p->lanes[i].rwrs);
+    }
     free(p->regions);
     free(p);
 }
@@ -161,8 +169,11 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     memset(m, 0, sizeof(*m));
     m->type = type;
     m->u.hello.engine_id = e->id;
-    kvw__qp_local_info(p->qp, &m->u.hello.qp);
-    m->u.hello.recv_credits = (uint32_t)atomic_load(&p->recvs_posted);
+    m->u.hello.num_qps = p->nlanes;
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        kvw__qp_local_info(p->lanes[i].qp, &m->u.hello.qps[i]);
+    /* The same on every lane: each got rq_depth receives before the HELLO. */
+    m->u.hello.recv_credits = (uint32_t)atomic_load(&p->lanes[0].recvs_posted);
     m->u.hello.max_msg_sz = e->dev->max_msg_sz;
     m->u.hello.regions = calloc(l->num_regions, sizeof(kvw_wire_region_t));
     if (!m->u.hello.regions)
@@ -260,15 +271,25 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
 
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++)
-        p->rwrs[i] = (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &p->rwrs[i + 1] : NULL};
-    struct ibv_recv_wr *bad = NULL;
-    if (p->engine->dev->ops->post_recv(p->qp->qp, p->rwrs, &bad)) {
-        KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
-        return KVW_ERR_VERBS;
+    for (uint32_t k = 0; k < p->nlanes; k++) {
+        kvw_lane_t *l = &p->lanes[k];
+        for (uint32_t i = 0; i < n; i++)
+            l->rwrs[i] =
+                (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &l->rwrs[i + 1] : NULL};
+        struct ibv_recv_wr *bad = NULL;
+        if (p->engine->dev->ops->post_recv(l->qp->qp, l->rwrs, &bad)) {
+            KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
+            return KVW_ERR_VERBS;
+        }
+        atomic_fetch_add(&l->recvs_posted, n);
     }
-    atomic_fetch_add(&p->recvs_posted, n);
     return KVW_OK;
+}
+
+void kvw__peer_set_error(kvw_peer_t *p)
+{
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        kvw__qp_set_error(p->lanes[i].qp);
 }
 
 bool kvw__peer_transition(kvw_peer_t *p, kvw_peer_state_t from, kvw_peer_state_t to)
@@ -353,7 +374,7 @@ void kvw__peer_kill(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
         return;
     /* The QP goes to ERR before any request is reported Failed: once a
      * decode request says Failed, no write may land in its pages. */
-    kvw__qp_set_error(p->qp);
+    kvw__peer_set_error(p);
     pthread_mutex_lock(&e->lock);
     finish_kill_locked(p);
     pthread_mutex_unlock(&e->lock);
@@ -371,7 +392,7 @@ void kvw__peer_finish_kills(kvw_engine_t *e)
         pthread_mutex_unlock(&e->lock);
         if (!due)
             continue; /* another thread is finishing it */
-        kvw__qp_set_error(p->qp);
+        kvw__peer_set_error(p);
         pthread_mutex_lock(&e->lock);
         if (p->kill_due)
             finish_kill_locked(p);

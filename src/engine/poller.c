@@ -1,5 +1,6 @@
 /* The completion-queue poller: one thread per engine. It moves ready
- * requests onto their peer's send queue in doorbell-batched chains, retires
+ * requests onto their peer's send queues in doorbell-batched chains (a
+ * connection's chains take its lanes, one QP each, in turn), retires
  * completions, and drives request states. When idle it spins briefly, then
  * sleeps on the completion channel so an idle engine burns no core. */
 #include "engine/poller.h"
@@ -99,22 +100,36 @@ static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
         release(r);
     while ((r = queue_pop(&p->inflight_head, &p->inflight_tail)))
         release(r);
-    if (p->txq_ready) {
-        kvw__txq_fail_at(&p->txq, p->txq.completed); /* no-op once broken */
-        publish_outcomes(e, &p->txq);
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        kvw_lane_t *l = &p->lanes[i];
+        if (!l->txq_ready)
+            continue;
+        kvw__txq_fail_at(&l->txq, l->txq.completed); /* no-op once broken */
+        publish_outcomes(e, &l->txq);
     }
     if (p->chunk_head) /* the QP is in ERR: the NIC reads no chunk any more */
         kvw__stager_chunks_completed(p, true);
 }
 
-static void publish_counters(kvw_engine_t *e, kvw_txq_t *q, const kvw_txq_t *before)
+/* Chains, WRs and bytes posted on all of p's lanes so far. */
+static void lane_totals(const kvw_peer_t *p, uint64_t t[3])
 {
-    atomic_fetch_add_explicit(&e->counters.chains, q->chains - before->chains,
-                              memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->counters.wrs, q->wrs_posted - before->wrs_posted,
-                              memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->counters.bytes, q->bytes_posted - before->bytes_posted,
-                              memory_order_relaxed);
+    t[0] = t[1] = t[2] = 0;
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        const kvw_txq_t *q = &p->lanes[i].txq;
+        t[0] += q->chains;
+        t[1] += q->wrs_posted;
+        t[2] += q->bytes_posted;
+    }
+}
+
+static void publish_counters(kvw_engine_t *e, const kvw_peer_t *p, const uint64_t before[3])
+{
+    uint64_t now[3];
+    lane_totals(p, now);
+    atomic_fetch_add_explicit(&e->counters.chains, now[0] - before[0], memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.wrs, now[1] - before[1], memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->counters.bytes, now[2] - before[2], memory_order_relaxed);
 }
 
 static uint64_t seg_total(const kvw_seg_t *s)
@@ -152,15 +167,24 @@ static bool fully_built(const kvw_req_t *r)
     return r->seg->final && r->seg->writes_built == seg_total(r->seg);
 }
 
-/* The request's last write carries the immediate and consumes one receive
- * decode posted; without a credit it waits (the connection, not a request,
- * is out of receives). */
-static bool imm_credit(kvw_peer_t *p)
+/* An immediate consumes one receive decode posted on the lane; without a
+ * credit (or send-queue room) it waits: the connection, not a request, is
+ * out of them. */
+static bool imm_room(kvw_peer_t *p, uint32_t lane)
 {
-    if (p->imm_posted < atomic_load_explicit(&p->imm_limit, memory_order_acquire))
+    kvw_lane_t *l = &p->lanes[lane];
+    if (l->imm_posted < atomic_load_explicit(&l->imm_limit, memory_order_acquire) &&
+        kvw__txq_room(&l->txq))
         return true;
     p->credit_blocked = true;
     return false;
+}
+
+/* r's latest write on a lane. */
+static void note_lane(kvw_req_t *r, uint32_t lane, uint64_t seq)
+{
+    r->last_seq[lane] = seq;
+    r->lane_mask |= 1u << lane;
 }
 
 /* Plain writes of s that can go in as a span of whole runs (at most room,
@@ -184,16 +208,54 @@ static uint32_t build_span(kvw_txq_t *q, kvw_seg_t *s, uint32_t room, uint64_t *
 
 /* A staged slice whose writes are all built: its chunk is free again once
  * they completed. */
-static void seg_posted(kvw_peer_t *p, kvw_req_t *r, kvw_seg_t *s)
+static void seg_posted(kvw_peer_t *p, kvw_seg_t *s)
 {
     if (s->chunk && s->writes_built == seg_total(s))
-        kvw__stager_chunk_posted(p, s, r->last_seq);
+        kvw__stager_chunk_posted(p, s);
 }
 
-/* Build r's next writes into the open chain; returns how many. */
-static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
+/* The request's last write, with the immediate, on the lane the finish
+ * began on, and a zero-length write with the same immediate on every other
+ * lane that carried part of it: each lands after that lane's writes (RC
+ * order per QP), and the immediate says how many there are, so decode
+ * knows the request landed once all arrived. false when a lane is out of
+ * credits or room: it resumes where it stopped. */
+static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t *s,
+                           uint64_t *bytes)
 {
-    kvw_txq_t *q = &p->txq;
+    if (!r->imm_lanes) { /* fix the lanes once: the count must not change */
+        r->imm_lanes = r->lane_mask | 1u << lane;
+        r->final_lane = lane;
+    }
+    uint32_t count = (uint32_t)__builtin_popcount(r->imm_lanes);
+    uint32_t imm = r->token | (count - 1) << KVW_WIRE_IMM_COUNT_SHIFT;
+    for (uint32_t j = 0; j < p->nlanes; j++) {
+        if (!(r->imm_lanes & 1u << j) || j == r->final_lane || r->imms_posted & 1u << j)
+            continue;
+        if (!imm_room(p, j))
+            return false;
+        kvw_write_t zero = {.remote_addr = s->plan.regions[0].remote_addr,
+                            .rkey = s->plan.regions[0].rkey};
+        note_lane(r, j, kvw__txq_add(&p->lanes[j].txq, &zero, 1, imm));
+        p->lanes[j].imm_posted++;
+        r->imms_posted |= 1u << j;
+    }
+    uint32_t f = r->final_lane;
+    kvw_write_t w;
+    if (!imm_room(p, f) || !next_write(s, &w))
+        return false;
+    note_lane(r, f, kvw__txq_add(&p->lanes[f].txq, &w, 1, imm));
+    p->lanes[f].imm_posted++;
+    s->writes_built++;
+    *bytes += w.len;
+    seg_posted(p, s);
+    return true;
+}
+
+/* Build r's next writes into the lane's open chain; returns how many. */
+static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
+{
+    kvw_txq_t *q = &p->lanes[lane].txq;
     uint32_t built = 0;
     uint64_t bytes = 0;
     kvw_write_t w;
@@ -212,21 +274,21 @@ static uint32_t build_writes(kvw_peer_t *p, kvw_req_t *r, uint32_t room)
         uint32_t n = build_span(q, s, room - built, &bytes);
         if (n) {
             built += n;
-            r->last_seq = q->posted + q->pending - 1;
-            seg_posted(p, r, s);
+            note_lane(r, lane, q->posted + q->pending - 1);
+            seg_posted(p, s);
             continue;
         }
-        int last = s->final && s->writes_built + 1 == total;
-        if (last && !imm_credit(p))
+        if (s->final && s->writes_built + 1 == total) {
+            built += finish_request(p, lane, r, s, &bytes);
             break;
+        }
         if (!next_write(s, &w))
             break;
-        r->last_seq = kvw__txq_add(q, &w, last, r->token);
-        p->imm_posted += (uint64_t)last;
+        note_lane(r, lane, kvw__txq_add(q, &w, 0, 0));
         s->writes_built++;
         bytes += w.len;
         built++;
-        seg_posted(p, r, s);
+        seg_posted(p, s);
     }
     r->writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
@@ -258,39 +320,75 @@ static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
         release(r);
 }
 
-static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
+static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
 {
-    if (!p->active_head)
-        return 0;
-    if (!p->txq_ready) {
-        if (kvw__txq_init(&p->txq, e->dev->ops, p->qp->qp, e->cfg.sq_depth, e->cfg.chain_max,
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        kvw_lane_t *l = &p->lanes[i];
+        if (l->txq_ready)
+            continue;
+        if (kvw__txq_init(&l->txq, e->dev->ops, l->qp->qp, e->cfg.sq_depth, e->cfg.chain_max,
                           e->cfg.signal_every)) {
             kvw__peer_kill(p, KVW_ERR_NO_MEMORY, "no memory for the send queue");
-            return 0;
+            return false;
         }
-        p->txq_ready = true;
+        l->txq_ready = true;
     }
-    kvw_txq_t *q = &p->txq, before = *q;
+    return true;
+}
+
+/* Post every lane's open chain. */
+static kvw_status_t flush_lanes(kvw_peer_t *p)
+{
+    kvw_status_t st = KVW_OK;
+    for (uint32_t i = 0; i < p->nlanes && !st; i++)
+        if (p->lanes[i].txq.pending)
+            st = kvw__txq_flush(&p->lanes[i].txq);
+    return st;
+}
+
+/* The lane to build on: the current one while its chain has room, else
+ * (its chain posted) the next with room, in turn. NULL when every lane is
+ * out of send-queue credits: wait for completions. */
+static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
+{
+    for (uint32_t tried = 0; tried < p->nlanes; tried++) {
+        kvw_txq_t *q = &p->lanes[p->next_lane].txq;
+        if (kvw__txq_room(q))
+            return q;
+        if (q->pending && (*st = kvw__txq_flush(q)))
+            return NULL;
+        if (q->pending == 0 && kvw__txq_room(q))
+            return q; /* a full chain posted: room again on the same lane */
+        p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+    }
+    return NULL;
+}
+
+static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
+{
+    if (!p->active_head || !lanes_ready(e, p))
+        return 0;
+    uint64_t before[3];
+    lane_totals(p, before);
     kvw_status_t st = KVW_OK;
     int work = 0;
     kvw_req_t *r;
+    kvw_txq_t *q;
     p->credit_blocked = false;
-    while (!st && !p->credit_blocked && (r = p->active_head)) {
+    while (!st && !p->credit_blocked && (r = p->active_head) && (q = pick_lane(p, &st))) {
         uint32_t room = kvw__txq_room(q);
-        if (!room) {
-            if (!q->pending)
-                break; /* out of send-queue credits: wait for completions */
-            st = kvw__txq_flush(q);
-            continue;
-        }
         if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
             drop_failed_active(p, r);
             continue;
         }
         if (!r->seg)
             r->seg = r->segs_head; /* set before it was handed over */
-        uint32_t n = build_writes(p, r, room);
+        uint32_t n = build_writes(p, p->next_lane, r, room);
         work += (int)n;
+        if (p->nlanes > 1 && !kvw__txq_room(q) && q->pending) { /* a full chain: next lane */
+            st = kvw__txq_flush(q);
+            p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+        }
         if (fully_built(r)) {
             queue_pop(&p->active_head, &p->active_tail);
             queue_push(&p->inflight_head, &p->inflight_tail, r);
@@ -300,8 +398,8 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
         }
     }
     if (!st)
-        st = kvw__txq_flush(q);
-    publish_counters(e, q, &before);
+        st = flush_lanes(p);
+    publish_counters(e, p, before);
     if (st) {
         /* Nothing more may be posted on this QP: a later chain would put an
          * immediate on the wire after a hole in the request's writes. */
@@ -311,10 +409,21 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
     return work;
 }
 
+/* Every write of r completed, on every lane it used. */
+static bool req_landed(const kvw_peer_t *p, const kvw_req_t *r)
+{
+    for (uint32_t m = r->lane_mask, j; m; m &= m - 1) {
+        j = (uint32_t)__builtin_ctz(m);
+        if (r->last_seq[j] >= p->lanes[j].txq.completed)
+            return false;
+    }
+    return true;
+}
+
 static void retire_inflight(kvw_peer_t *p)
 {
     kvw_req_t *r;
-    while ((r = p->inflight_head) && r->last_seq < p->txq.completed) {
+    while ((r = p->inflight_head) && req_landed(p, r)) {
         queue_pop(&p->inflight_head, &p->inflight_tail);
         atomic_store_explicit(&r->done_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_succeed(r); /* unless it failed meanwhile */
@@ -322,58 +431,66 @@ static void retire_inflight(kvw_peer_t *p)
     }
 }
 
-static uint64_t room_of_seq(const kvw_peer_t *p, uint64_t seq)
+static uint64_t room_of_seq(const kvw_peer_t *p, uint32_t lane, uint64_t seq)
 {
     for (const kvw_req_t *r = p->inflight_head; r; r = r->qnext)
-        if (r->last_seq >= seq)
+        if (r->lane_mask & 1u << lane && r->last_seq[lane] >= seq)
             return r->room;
     return p->active_head ? p->active_head->room : UINT64_MAX;
 }
 
 /* RC completes in order: everything posted before the failing WR landed.
  * Retire those requests as Success first, then fail the connection. */
-static void on_send_error(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
 {
-    bool first = !p->txq.broken;
-    kvw__txq_fail_at(&p->txq, wc->wr_id);
+    kvw_txq_t *q = &p->lanes[lane].txq;
+    bool first = !q->broken;
+    kvw__txq_fail_at(q, wc->wr_id);
     retire_inflight(p);
     if (first && atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER,
                        "RDMA write (room %llu) completed with %s (vendor error 0x%x)",
-                       (unsigned long long)room_of_seq(p, wc->wr_id), ibv_wc_status_str(wc->status),
-                       wc->vendor_err);
-    (void)e;
+                       (unsigned long long)room_of_seq(p, lane, wc->wr_id),
+                       ibv_wc_status_str(wc->status), wc->vendor_err);
 }
 
-static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
+                                const struct ibv_wc *wc)
 {
     if (wc->status != IBV_WC_WR_FLUSH_ERR || atomic_load(&p->state) != PEER_DEAD)
         atomic_fetch_add(&e->counters.errors, 1); /* flushes after a kill are expected */
     if (e->role == KVW_ROLE_PREFILL)
-        on_send_error(e, p, wc);
+        on_send_error(p, lane, wc);
     else if (atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER, "receive completed with %s (vendor error 0x%x)",
                        ibv_wc_status_str(wc->status), wc->vendor_err);
 }
 
-static void repost_receive(kvw_engine_t *e, kvw_peer_t *p, uint64_t index)
+static void repost_receive(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, uint64_t index)
 {
-    struct ibv_recv_wr *bad, *wr = &p->rwrs[index];
+    struct ibv_recv_wr *bad, *wr = &l->rwrs[index];
     wr->next = NULL;
-    if (e->dev->ops->post_recv(p->qp->qp, wr, &bad)) {
+    if (e->dev->ops->post_recv(l->qp->qp, wr, &bad)) {
         kvw__peer_kill(p, KVW_ERR_VERBS, "re-posting a receive failed: %s", strerror(errno));
         return;
     }
     /* Credits go back to prefill in batches (CREDIT, sent by the control
      * thread), so a busy connection costs one message per quarter queue. */
-    uint64_t posted = atomic_fetch_add(&p->recvs_posted, 1) + 1;
-    if (posted - atomic_load(&p->credits_sent) >= (e->cfg.rq_depth + 3) / 4)
+    uint64_t posted = atomic_fetch_add(&l->recvs_posted, 1) + 1;
+    if (posted - atomic_load(&l->credits_sent) >= (e->cfg.rq_depth + 3) / 4)
         kvw__wake(e->control_wake_fd);
 }
 
-static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc)
+/* (lock) One of the immediates r's writes end with; true once all arrived
+ * (one per lane that carried part of it). */
+static bool all_immediates_locked(kvw_req_t *r, uint32_t imm)
 {
-    uint32_t token = ntohl(wc->imm_data);
+    return ++r->imms_landed >= (imm >> KVW_WIRE_IMM_COUNT_SHIFT) + 1;
+}
+
+static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const struct ibv_wc *wc)
+{
+    uint32_t imm = ntohl(wc->imm_data), token = imm & KVW_WIRE_TOKEN_MASK;
     /* GPU regions on GPUs that do not order the NIC's writes for their own
      * kernels: make every landed byte visible before saying Success (a CUDA
      * call, so before the lock). */
@@ -382,7 +499,9 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__token_lookup_locked(e, token);
     bool staged = r && r->slots && kvw__stager_on(e);
-    if (r && r->peer == p && flushed)
+    if (r && r->peer == p && !all_immediates_locked(r, imm))
+        ; /* another lane's still to come */
+    else if (r && r->peer == p && flushed)
         kvw__req_fail(r, KVW_ERR_TRANSFER, "the data landed but flushing GPU writes failed");
     else if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
@@ -399,25 +518,34 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, const struct ibv_wc *wc
     pthread_mutex_unlock(&e->lock);
     /* Give the receive back at once so the peer never meets an empty queue. */
     if (wc->wr_id < e->cfg.rq_depth)
-        repost_receive(e, p, wc->wr_id);
+        repost_receive(e, p, l, wc->wr_id);
 }
 
-static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
+static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 {
+    kvw_lane_t *l = &p->lanes[lane];
     struct ibv_wc wc[WC_BATCH];
-    int n = e->dev->ops->poll_cq(p->qp->cq, WC_BATCH, wc);
+    int n = e->dev->ops->poll_cq(l->qp->cq, WC_BATCH, wc);
     if (n < 0) {
         kvw__peer_kill(p, KVW_ERR_VERBS, "ibv_poll_cq failed");
         return 0;
     }
     for (int i = 0; i < n; i++) {
         if (wc[i].status != IBV_WC_SUCCESS)
-            on_error_completion(e, p, &wc[i]);
+            on_error_completion(e, p, lane, &wc[i]);
         else if (e->role == KVW_ROLE_PREFILL)
-            kvw__txq_retire(&p->txq, wc[i].wr_id);
+            kvw__txq_retire(&l->txq, wc[i].wr_id);
         else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM)
-            on_immediate(e, p, &wc[i]);
+            on_immediate(e, p, l, &wc[i]);
     }
+    return n;
+}
+
+static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        n += poll_lane(e, p, i);
     if (n > 0) {
         atomic_fetch_add_explicit(&e->counters.completions, (uint64_t)n, memory_order_relaxed);
         if (e->role == KVW_ROLE_PREFILL)
@@ -429,9 +557,21 @@ static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
         drop_queues(e, p);
         atomic_store(&p->poller_done, true); /* the control thread may reclaim it */
     }
-    if (p->txq_ready)
-        publish_outcomes(e, &p->txq);
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        if (p->lanes[i].txq_ready)
+            publish_outcomes(e, &p->lanes[i].txq);
     return n;
+}
+
+/* Every write posted on p completed. */
+static bool lanes_drained(const kvw_peer_t *p)
+{
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        const kvw_lane_t *l = &p->lanes[i];
+        if (l->txq_ready && l->txq.completed < l->txq.posted)
+            return false;
+    }
+    return true;
 }
 
 static int run_once(kvw_engine_t *e)
@@ -447,8 +587,7 @@ static int run_once(kvw_engine_t *e)
             work += post_peer(e, p);
         work += poll_peer(e, p);
         if (closing) /* every posted write completed: what landed was retired */
-            kvw__peer_close_if_drained(p, !p->inflight_head &&
-                                              (!p->txq_ready || p->txq.completed >= p->txq.posted));
+            kvw__peer_close_if_drained(p, !p->inflight_head && lanes_drained(p));
     }
     return work;
 }
@@ -460,8 +599,8 @@ static void sleep_on_channel(kvw_engine_t *e)
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);
-        if (p && !atomic_load(&p->poller_done))
-            e->dev->ops->req_notify_cq(p->qp->cq, 0);
+        for (uint32_t j = 0; p && !atomic_load(&p->poller_done) && j < p->nlanes; j++)
+            e->dev->ops->req_notify_cq(p->lanes[j].qp->cq, 0);
     }
     if (run_once(e) > 0)
         return;

@@ -84,8 +84,8 @@ static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
         uint32_t slot = (e->token_hint + i) & (slots - 1);
         if (!e->tokens[slot]) {
             /* The generation makes a late immediate for a reused slot miss. */
-            uint16_t gen = ++e->token_gen[slot];
-            r->token = ((uint32_t)gen << 16) | slot;
+            uint32_t gen = ++e->token_gen[slot] & KVW_TOKEN_GEN_MASK;
+            r->token = (gen << 16) | slot; /* within KVW_WIRE_TOKEN_MASK */
             e->tokens[slot] = r;
             e->token_hint = slot + 1;
             return KVW_OK;

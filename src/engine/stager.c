@@ -32,7 +32,7 @@ struct kvw_stager {
     size_t chunk_len;
     uint32_t nchunks, nfree; /* (lock) */
     uint32_t *free_chunks;   /* (lock) a stack of chunk ids (index + 1) */
-    uint64_t *chunk_seq;     /* poller: the last write reading the chunk */
+    uint64_t *chunk_seq;     /* poller: per chunk, per lane: the writes to complete first */
     uint32_t *chunk_next;    /* poller: the next id in its peer's list, 0 = end */
     pending_slice_t pend[KVW_STAGING_MAX_LANES]; /* thread: oldest first */
     int npend, next_lane;
@@ -176,12 +176,15 @@ void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t id)
     pthread_mutex_unlock(&st->lock);
 }
 
-void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s, uint64_t seq)
+void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s)
 {
     kvw_stager_t *st = p->engine->stager;
     uint32_t id = s->chunk;
     s->chunk = 0; /* the poller's now */
-    st->chunk_seq[id - 1] = seq;
+    /* A slice's writes may span lanes: wait for all that was built on each. */
+    uint64_t *upto = &st->chunk_seq[(size_t)(id - 1) * KVW_MAX_LANES];
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        upto[i] = p->lanes[i].txq.posted + p->lanes[i].txq.pending;
     st->chunk_next[id - 1] = 0;
     if (p->chunk_tail)
         st->chunk_next[p->chunk_tail - 1] = id;
@@ -190,12 +193,21 @@ void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s, uint64_t seq)
     p->chunk_tail = id;
 }
 
+/* Everything built on p's lanes before the chunk's slice completed. */
+static bool chunk_read(const kvw_stager_t *st, const kvw_peer_t *p, uint32_t id)
+{
+    const uint64_t *upto = &st->chunk_seq[(size_t)(id - 1) * KVW_MAX_LANES];
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        if (p->lanes[i].txq.completed < upto[i])
+            return false;
+    return true;
+}
+
 void kvw__stager_chunks_completed(kvw_peer_t *p, bool all)
 {
     kvw_stager_t *st = p->engine->stager;
     uint32_t id;
-    while ((id = p->chunk_head) &&
-           (all || (p->txq_ready && st->chunk_seq[id - 1] < p->txq.completed))) {
+    while ((id = p->chunk_head) && (all || chunk_read(st, p, id))) {
         p->chunk_head = st->chunk_next[id - 1];
         kvw__stager_put_chunk(p->engine, id);
     }
@@ -754,7 +766,7 @@ static kvw_status_t setup_chunks(kvw_stager_t *st)
     st->nchunks = (uint32_t)(st->pool->len / st->chunk_len);
     st->free_chunks = calloc(st->nchunks, sizeof(uint32_t));
     st->chunk_next = calloc(st->nchunks, sizeof(uint32_t));
-    st->chunk_seq = calloc(st->nchunks, sizeof(uint64_t));
+    st->chunk_seq = calloc((size_t)st->nchunks * KVW_MAX_LANES, sizeof(uint64_t));
     if (!st->free_chunks || !st->chunk_next || !st->chunk_seq)
         return KVW_ERR_NO_MEMORY;
     for (uint32_t i = 0; i < st->nchunks; i++) /* chunk 1 on top */

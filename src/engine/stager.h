@@ -58,9 +58,9 @@ void kvw__stager_kick_locked(kvw_req_t *r);
 void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_region_t *out);
 /* Any thread: a chunk is free again. */
 void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t chunk);
-/* Poller, on p: the writes of a slice were all posted, the last with
- * sequence number seq; its chunk returns when they completed. */
-void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s, uint64_t seq);
+/* Poller, on p: the writes of a slice were all built; its chunk returns
+ * once everything built on p's lanes so far completed. */
+void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s);
 /* Poller: give back the chunks whose writes completed (all of them when
  * the connection died: nothing reads them any more). */
 void kvw__stager_chunks_completed(kvw_peer_t *p, bool all);

@@ -179,7 +179,11 @@ void fuzz_hello(kvw_msg_t *m, uint16_t type, uint64_t engine_id, kvw_wire_region
     m->u.hello.engine_id = engine_id;
     /* No QP on the fake NIC has this number: writes towards it fail at
      * once (IBV_WC_RETRY_EXC_ERR), which kills the connection cleanly. */
-    m->u.hello.qp = (kvw_qp_info_t){.qpn = 0xfff0f, .psn = 1, .mtu = 3, .link_layer = 2};
+    /* Decode offers two QPs; prefill (the harness engines take one) connects
+     * no more than decode offered. */
+    m->u.hello.num_qps = type == KVW_MSG_HELLO ? 2 : 1;
+    m->u.hello.qps[0] = (kvw_qp_info_t){.qpn = 0xfff0f, .psn = 1, .mtu = 3, .link_layer = 2};
+    m->u.hello.qps[1] = (kvw_qp_info_t){.qpn = 0xfff10, .psn = 2, .mtu = 3, .link_layer = 2};
     /* The classic layout the harness engines use: K/V layers, one aux region. */
     m->u.hello.num_groups = 2;
     m->u.hello.groups[0] = (kvw_wire_group_t){KVW_GROUP_KV, FUZZ_LAYERS, 2};

@@ -223,13 +223,15 @@ static void start_request(void)
                      kvw_strerror(st));
         if (serve_until_request(FUZZ_SYNC_MS))
             return;
-        const char *why = "";
-        kvw_receiver_failure(g.r, &why);
+        const char *failure = "";
+        char why[KVW_WIRE_REASON_MAX];
+        kvw_receiver_failure(g.r, &failure);
+        snprintf(why, sizeof(why), "%s", failure ? failure : ""); /* outlives the receiver */
         kvw_receiver_destroy(g.r);
         g.r = NULL;
         if (i + 1 == SETUP_TRIES)
             fuzz_die("decode sent no REQUEST within %d ms (%d tries; last: %s): hung", FUZZ_SYNC_MS,
-                     SETUP_TRIES, why ? why : "");
+                     SETUP_TRIES, why);
     }
 }
 

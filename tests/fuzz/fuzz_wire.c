@@ -22,10 +22,13 @@ static bool qp_equal(const kvw_qp_info_t *a, const kvw_qp_info_t *b)
 static bool hello_equal(const kvw_msg_t *a, const kvw_msg_t *b)
 {
     const __typeof__(a->u.hello) *x = &a->u.hello, *y = &b->u.hello;
-    if (x->engine_id != y->engine_id || !qp_equal(&x->qp, &y->qp) ||
+    if (x->engine_id != y->engine_id || x->num_qps != y->num_qps ||
         x->num_groups != y->num_groups || x->recv_credits != y->recv_credits ||
         x->max_msg_sz != y->max_msg_sz || strcmp(x->reason, y->reason) != 0)
         return false;
+    for (uint32_t i = 0; i < x->num_qps; i++)
+        if (!qp_equal(&x->qps[i], &y->qps[i]))
+            return false;
     for (uint32_t i = 0; i < x->num_groups; i++)
         if (x->groups[i].kind != y->groups[i].kind ||
             x->groups[i].num_layers != y->groups[i].num_layers ||
@@ -78,7 +81,12 @@ static bool msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_PONG:
         return a->u.ping.engine_id == b->u.ping.engine_id;
     case KVW_MSG_CREDIT:
-        return a->u.credit.recvs_posted == b->u.credit.recvs_posted;
+        if (a->u.credit.num_qps != b->u.credit.num_qps)
+            return false;
+        for (uint32_t i = 0; i < a->u.credit.num_qps; i++)
+            if (a->u.credit.recvs_posted[i] != b->u.credit.recvs_posted[i])
+                return false;
+        return true;
     }
     return false; /* decode accepted a type it does not know */
 }

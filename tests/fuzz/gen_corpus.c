@@ -69,7 +69,7 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
         .u.failed = {.room = 1, .token = 1, .reason = "decode gave up"});
     ADD(.type = KVW_MSG_PING, .u.ping = {.engine_id = 0xdec0de});
     ADD(.type = KVW_MSG_PONG, .u.ping = {.engine_id = 0xfeed});
-    ADD(.type = KVW_MSG_CREDIT, .u.credit = {.recvs_posted = 64});
+    ADD(.type = KVW_MSG_CREDIT, .u.credit = {.num_qps = 2, .recvs_posted = {64, 32}});
     ADD(.type = KVW_MSG_BYE, .status = KVW_ERR_PEER, .u.failed = {.reason = "bye"});
 #undef ADD
     return n;

@@ -86,7 +86,8 @@ static void hello_of(const side_t *s, uint16_t type, kvw_wire_region_t *region, 
 {
     memset(m, 0, sizeof(*m));
     m->type = type;
-    kvw__qp_local_info(s->qp, &m->u.hello.qp);
+    m->u.hello.num_qps = 1;
+    kvw__qp_local_info(s->qp, &m->u.hello.qps[0]);
     *region = (kvw_wire_region_t){s->mr.addr, BUF_LEN, BUF_LEN, s->mr.rkey};
     m->u.hello.num_groups = 1; /* one aux-like group holding the buffer */
     m->u.hello.groups[0] = (kvw_wire_group_t){1, 1, 1};
@@ -135,7 +136,7 @@ static int run_initiator(const tb_device_t *d, const char *endpoint)
         goto out;
     }
     kvw_wire_region_t remote = ack.u.hello.regions[0];
-    if (kvw__qp_connect(s.qp, &ack.u.hello.qp, &s.cfg)) {
+    if (kvw__qp_connect(s.qp, &ack.u.hello.qps[0], &s.cfg)) {
         rc = 12;
         goto out_msg;
     }
@@ -167,8 +168,8 @@ static int run_initiator(const tb_device_t *d, const char *endpoint)
         rc = 14;
     } else {
         double dt = now_s() - t0;
-        printf("  initiator %s: %d writes x %d KiB in one chain, %.1f MB/s\n", d->name,
-               NUM_WRITES, WRITE_LEN >> 10, BUF_LEN / dt / 1e6);
+        printf("  initiator %s: %d writes x %d KiB in one chain, %.1f MB/s\n", d->name, NUM_WRITES,
+               WRITE_LEN >> 10, BUF_LEN / dt / 1e6);
     }
 out_msg:
     kvw__wire_free(&ack);
@@ -215,7 +216,7 @@ static void run_pair(const tb_device_t *from, const tb_device_t *to)
     kvw_wire_region_t mine;
     assert_int_equal(recv_msg(sock, &hello), 0);
     assert_int_equal(hello.type, KVW_MSG_HELLO);
-    assert_int_equal(kvw__qp_connect(s.qp, &hello.u.hello.qp, &s.cfg), 0);
+    assert_int_equal(kvw__qp_connect(s.qp, &hello.u.hello.qps[0], &s.cfg), 0);
     hello_of(&s, KVW_MSG_HELLO_ACK, &mine, &ack);
     assert_int_equal(send_msg(sock, &ack), 0);
     kvw__wire_free(&hello);

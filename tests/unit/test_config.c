@@ -45,6 +45,7 @@ static const char *const env_names[] = {
     "KVW_STAGING_MIB",
     "KVW_STAGING_CHUNK_KIB",
     "KVW_STAGING_LANES",
+    "KVW_QPS_PER_PEER",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -382,6 +383,7 @@ static void test_print(void **state)
         {"staging_mib", "KVW_STAGING_MIB", 256},
         {"staging_chunk_kib", "KVW_STAGING_CHUNK_KIB", 4096},
         {"staging_lanes", "KVW_STAGING_LANES", 2},
+        {"qps_per_peer", "KVW_QPS_PER_PEER", 1},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);

@@ -1,6 +1,7 @@
 /* The threaded engine itself (control thread, poller, both roles) on the
  * fake NIC, with faults injected. One test per failure the review found;
  * each failed before the fix it names. Not RDMA: see tests/support. */
+#include <arpa/inet.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,8 +136,9 @@ static void test_prefill_memory_not_remotely_writable(void **state)
     }
     assert_int_equal(fake_nic_mr_access(pair.src_aux) & remote, 0);
     kvw_peer_t *pp = kvw__peer_at(pair.prefill, 0), *dp = kvw__peer_at(pair.decode, 0);
-    assert_int_equal(fake_nic_qp_access(pp->qp->qp->qp_num) & remote, 0);
-    assert_int_equal(fake_nic_qp_access(dp->qp->qp->qp_num) & remote, IBV_ACCESS_REMOTE_WRITE);
+    assert_int_equal(fake_nic_qp_access(pp->lanes[0].qp->qp->qp_num) & remote, 0);
+    assert_int_equal(fake_nic_qp_access(dp->lanes[0].qp->qp->qp_num) & remote,
+                     IBV_ACCESS_REMOTE_WRITE);
     for (uint32_t i = 0; i < 2 * PAIR_LAYERS + 1; i++) {
         assert_int_equal(dp->regions[i].rkey, 0);
         assert_int_equal(dp->regions[i].remote_addr, 0);
@@ -156,9 +158,38 @@ static void test_prefill_memory_not_remotely_writable(void **state)
     wr.sg_list = &sge;
     wr.num_sge = 1;
     struct ibv_send_wr *bad = NULL;
-    assert_int_equal(fake_nic_ops.post_send(dp->qp->qp, &wr, &bad), 0);
+    assert_int_equal(fake_nic_ops.post_send(dp->lanes[0].qp->qp, &wr, &bad), 0);
     fake_nic_quiesce(WAIT_MS);
     assert_memory_equal(before, pair.src[0], sizeof(before));
+    pair_destroy_room(&a);
+}
+
+/* A request striped over several QPs ends with an immediate on each, the
+ * count in its top bits: decode reports it landed only with the last of
+ * them, whatever the order they arrive in. Driven by hand from prefill's
+ * QP (unsignaled, so the poller never sees a completion it did not post). */
+static void test_success_waits_for_every_immediate(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 4, 0);
+    while (kvw_sender_poll(a.s) == KVW_POLL_BOOTSTRAPPING) /* decode's request is there */
+        pair_sleep_ms(1);
+    kvw_peer_t *pp = kvw__peer_at(pair.prefill, 0);
+    uint32_t token = ((kvw_req_t *)a.r)->token;
+    assert_int_equal(token & ~KVW_WIRE_TOKEN_MASK, 0);
+    struct ibv_send_wr wr = {
+        .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+        .imm_data = htonl(token | 1u << KVW_WIRE_IMM_COUNT_SHIFT), /* 2 */
+        .wr.rdma = {.remote_addr = pp->regions[0].remote_addr, .rkey = pp->regions[0].rkey}};
+    struct ibv_send_wr *bad = NULL;
+    assert_int_equal(fake_nic_ops.post_send(pp->lanes[0].qp->qp, &wr, &bad), 0);
+    fake_nic_quiesce(WAIT_MS);
+    pair_sleep_ms(50);
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_TRANSFERRING); /* one of two */
+    assert_int_equal(fake_nic_ops.post_send(pp->lanes[0].qp->qp, &wr, &bad), 0);
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    kvw_sender_abort(a.s);
     pair_destroy_room(&a);
 }
 
@@ -484,9 +515,9 @@ static void test_stale_registration_is_looked_up_again(void **state)
     assert_non_null(zctx);
     const char *bs = kvw_bootstrap_addr(pair.bootstrap);
     /* As the rank's owner (the service only lets the owner overwrite). */
-    assert_int_equal(kvw__bootstrap_register_as(zctx, NULL, bs, 0, "tcp://127.0.0.1:1",
-                                                pair.prefill->id, 1000),
-                     KVW_OK);
+    assert_int_equal(
+        kvw__bootstrap_register_as(zctx, NULL, bs, 0, "tcp://127.0.0.1:1", pair.prefill->id, 1000),
+        KVW_OK);
     zmq_ctx_term(zctx);
     uint64_t t0 = pair_now_ms();
     pair_room_t a;
@@ -860,7 +891,8 @@ static void test_wrong_frame_counts_dropped_whole(void **state)
     zmq_setsockopt(d, ZMQ_ROUTING_ID, "framed-probe", KVW_IDENTITY_LEN);
     assert_int_equal(zmq_connect(d, kvw_engine_endpoint(pair.prefill)), 0);
     kvw_msg_t hello = {.type = KVW_MSG_HELLO}; /* wrong layout: refused, but answered */
-    hello.u.hello.qp = (kvw_qp_info_t){.qpn = 1, .psn = 1, .mtu = 5, .link_layer = 2};
+    hello.u.hello.num_qps = 1;
+    hello.u.hello.qps[0] = (kvw_qp_info_t){.qpn = 1, .psn = 1, .mtu = 5, .link_layer = 2};
     hello.u.hello.max_msg_sz = 4096;
     uint8_t buf[512];
     size_t len = 0;
@@ -918,9 +950,10 @@ static void test_idle_control_thread_sleeps(void **state)
     pair_sleep_ms(2000);
     uint64_t dp = atomic_load(&pair.prefill->control_wakes) - p0;
     uint64_t dd = atomic_load(&pair.decode->control_wakes) - d0;
-    print_message("idle 2 s with a connected peer, idle heartbeat 1 s: control loop woke %llu times "
-                  "(prefill), %llu (decode); a 100 ms tick would be 20+\n",
-                  (unsigned long long)dp, (unsigned long long)dd);
+    print_message(
+        "idle 2 s with a connected peer, idle heartbeat 1 s: control loop woke %llu times "
+        "(prefill), %llu (decode); a 100 ms tick would be 20+\n",
+        (unsigned long long)dp, (unsigned long long)dd);
     assert_true(dp <= 10);
     assert_true(dd <= 10);
 }
@@ -941,9 +974,9 @@ static void test_max_msg_sz_is_the_smaller(void **state)
     kvw_msg_t h = {.type = KVW_MSG_HELLO};
     h.u.hello.num_groups = e->layout.num_groups;
     for (uint32_t i = 0; i < e->layout.num_groups; i++)
-        h.u.hello.groups[i] = (kvw_wire_group_t){(uint8_t)e->layout.groups[i].kind,
-                                                 e->layout.groups[i].num_layers,
-                                                 e->layout.groups[i].per_layer};
+        h.u.hello.groups[i] =
+            (kvw_wire_group_t){(uint8_t)e->layout.groups[i].kind, e->layout.groups[i].num_layers,
+                               e->layout.groups[i].per_layer};
     h.u.hello.regions = regs;
     char why[160];
     h.u.hello.max_msg_sz = 4096;
@@ -1047,6 +1080,8 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_transfer, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_success_waits_for_every_immediate, open_pair,
+                                        close_pair),
         cmocka_unit_test_setup_teardown(test_prefill_memory_not_remotely_writable, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_failed_post_mid_chain, open_pair, close_pair),

@@ -44,6 +44,8 @@ typedef struct lpair {
     side_t src, dst;
     kvw_config_t cfg;
     uint32_t staging_mib, staging_chunk_kib; /* nonzero: override */
+    uint32_t qps_prefill, qps_decode;        /* nonzero: KVW_QPS_PER_PEER of each side */
+    bool one_device;                         /* both engines on the first device */
 } lpair_t;
 
 static lpair_t lp;
@@ -89,7 +91,7 @@ static kvw_status_t devices(tb_device_t *d0, tb_device_t *d1)
 #ifdef LAYOUTS_ON_RXE
     if (!tb_device(0, d0))
         return KVW_ERR_NO_DEVICE;
-    if (!tb_device(1, d1))
+    if (lp.one_device || !tb_device(1, d1))
         *d1 = *d0;
     kvw_config_init(&lp.cfg);
 #else
@@ -113,6 +115,11 @@ static kvw_status_t open_engines(void)
         lp.cfg.staging_mib = lp.staging_mib;
     if (lp.staging_chunk_kib)
         lp.cfg.staging_chunk_kib = lp.staging_chunk_kib;
+    kvw_config_t dcfg = lp.cfg;
+    if (lp.qps_prefill)
+        lp.cfg.qps_per_peer = lp.qps_prefill;
+    if (lp.qps_decode)
+        dcfg.qps_per_peer = lp.qps_decode;
     char bind[80];
     snprintf(bind, sizeof(bind), "%s:0", d0.ip);
     kvw_bootstrap_params_t bp = {.bind_addr = bind, .config = &lp.cfg};
@@ -127,7 +134,7 @@ static kvw_status_t open_engines(void)
     kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
                               .device = d1.name,
                               .local_ip = d1.ip,
-                              .config = &lp.cfg,
+                              .config = &dcfg,
                               .num_groups = lp.dst.num_groups,
                               .groups = lp.dst.groups};
     if (!st)
@@ -721,6 +728,68 @@ static void test_staged_limits_and_copy_failures(void **state)
     assert_pools_free();
 }
 
+/* ------------------------------------------------------- several QPs */
+
+/* One connection over `want` QPs (prefill's count; decode offers qd): 48
+ * scattered pages x 2 layers x K/V, every byte checked. Each QP carried
+ * writes of the request and its own immediate, and decode reported Success
+ * only with all of them. */
+static void striped_round(uint32_t qp, uint32_t qd, bool one_device, uint64_t room)
+{
+    size_t kv[2] = {4096, 4096}, aux = 64;
+    memset(&lp, 0, sizeof(lp));
+    lp.qps_prefill = qp;
+    lp.qps_decode = qd;
+    lp.one_device = one_device;
+    add_both(KVW_GROUP_KV, 2, 2, kv, 64);
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[48], dst[48];
+    for (int i = 0; i < 48; i++) {
+        src[i] = (uint64_t)(i * 5 % 64); /* no two consecutive: a write per page */
+        dst[i] = (uint64_t)(63 - i);
+    }
+    req_spec_t q = {
+        .room = room, .n = 48, .src_pages = src, .dst_pages = dst, .aux_src = 2, .aux_dst = 3};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, src, 48), KVW_OK);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    assert_int_equal(wrong_bytes(&q), 0);
+    uint32_t want = qp < qd ? qp : qd;
+    kvw_peer_t *p = kvw__peer_at(lp.prefill, 0);
+    assert_non_null(p);
+    assert_int_equal(p->nlanes, want);
+    char line[160];
+    int at = snprintf(line, sizeof(line), "%u QP%s (%s): WRs per QP", want, want > 1 ? "s" : "",
+                      one_device ? "one device" : "two devices");
+    for (uint32_t i = 0; i < want; i++) {
+        /* every QP carried writes, and ended the request with an immediate */
+        assert_true(p->lanes[i].txq.wrs_posted > 1);
+        assert_int_equal(p->lanes[i].imm_posted, 1);
+        at += snprintf(line + at, sizeof(line) - (size_t)at, " %llu",
+                       (unsigned long long)p->lanes[i].txq.wrs_posted);
+    }
+    print_message("%s\n", line);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    teardown(NULL);
+}
+
+static void test_striped_qps(void **state)
+{
+    (void)state;
+    striped_round(1, 1, false, 70);
+    striped_round(2, 2, false, 71);
+    striped_round(4, 4, false, 72);
+    striped_round(2, 4, false, 73); /* decode offers more: two are used */
+    striped_round(4, 2, false, 74);
+    striped_round(2, 2, true, 75);
+    striped_round(4, 4, true, 76);
+}
+
 /* Giving up while slices are being copied (slow copies): both handles
  * destroyed mid-transfer. Every chunk and slot comes back, and the next
  * request moves every byte. */
@@ -776,6 +845,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staged_prefill_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_limits_and_copy_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_abort_mid_copy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_striped_qps, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
     tb_device_t d;

@@ -122,7 +122,9 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_HELLO_ACK:
         assert_int_equal(a->status, b->status);
         assert_int_equal(a->u.hello.engine_id, b->u.hello.engine_id);
-        assert_qp_equal(&a->u.hello.qp, &b->u.hello.qp);
+        assert_int_equal(a->u.hello.num_qps, b->u.hello.num_qps);
+        for (uint32_t q = 0; q < a->u.hello.num_qps; q++)
+            assert_qp_equal(&a->u.hello.qps[q], &b->u.hello.qps[q]);
         assert_int_equal(a->u.hello.num_groups, b->u.hello.num_groups);
         for (uint32_t g = 0; g < a->u.hello.num_groups; g++) {
             assert_int_equal(a->u.hello.groups[g].kind, b->u.hello.groups[g].kind);
@@ -162,7 +164,9 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.ping.engine_id, b->u.ping.engine_id);
         break;
     case KVW_MSG_CREDIT:
-        assert_int_equal(a->u.credit.recvs_posted, b->u.credit.recvs_posted);
+        assert_int_equal(a->u.credit.num_qps, b->u.credit.num_qps);
+        for (uint32_t q = 0; q < a->u.credit.num_qps; q++)
+            assert_int_equal(a->u.credit.recvs_posted[q], b->u.credit.recvs_posted[q]);
         break;
     default:
         fail_msg("unexpected type %u", a->type);
@@ -220,10 +224,13 @@ static kvw_msg_t sample_hello(uint16_t type)
     m.type = type;
     m.status = type == KVW_MSG_HELLO_ACK ? KVW_ERR_MISMATCH : 0;
     m.u.hello.engine_id = 0x0123456789abcdefull;
-    m.u.hello.qp =
-        (kvw_qp_info_t){.qpn = 0xabcdef, .psn = 0x123456, .lid = 0xbeef, .mtu = 5, .link_layer = 2};
-    for (int i = 0; i < 16; i++)
-        m.u.hello.qp.gid[i] = (uint8_t)(0xf0 + i);
+    m.u.hello.num_qps = 3; /* KVW_QPS_PER_PEER lanes */
+    for (uint32_t q = 0; q < 3; q++) {
+        m.u.hello.qps[q] = (kvw_qp_info_t){
+            .qpn = 0xabcdef - q, .psn = 0x123456 + q, .lid = 0xbeef, .mtu = 5, .link_layer = 2};
+        for (int i = 0; i < 16; i++)
+            m.u.hello.qps[q].gid[i] = (uint8_t)(0xf0 + i);
+    }
     set_layout(&m, 2, 1);
     m.u.hello.recv_credits = 256;
     m.u.hello.max_msg_sz = 8u << 20;
@@ -364,9 +371,17 @@ static void test_roundtrip_credit(void **state)
     kvw_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type = KVW_MSG_CREDIT;
-    m.u.credit.recvs_posted = 0x123456789abull;
+    m.u.credit.num_qps = 2;
+    m.u.credit.recvs_posted[0] = 0x123456789abull;
+    m.u.credit.recvs_posted[1] = 7;
     roundtrip(&m);
-    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 8);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 4 + 2 * 8);
+    /* No QP, or more than a connection has: refused. */
+    uint8_t buf[256];
+    m.u.credit.num_qps = KVW_WIRE_MAX_QPS + 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &(size_t){0}), KVW_ERR_INVALID);
+    m.u.credit.num_qps = 0;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
 }
 
 static void test_roundtrip_ping_pong(void **state)
@@ -566,8 +581,8 @@ static size_t forge_hello(uint8_t *buf, uint32_t layers, uint32_t per_layer, uin
         regions[i] = (kvw_wire_region_t){0x1000 * (i + 1), 64, 16, i};
     m.u.hello.regions = present ? regions : NULL;
     size_t len = encode_ok(&m, buf, BUF_CAP);
-    /* header, status, engine id, QP info, then num_groups and the group */
-    size_t at = KVW_WIRE_HEADER_LEN + 4 + 8 + 28;
+    /* header, status, engine id, QP count and infos, then num_groups and the group */
+    size_t at = KVW_WIRE_HEADER_LEN + 4 + 8 + 4 + 28 * m.u.hello.num_qps;
     if (num_groups)
         put32(buf + at, num_groups);
     put32(buf + at + 4 + 1, layers);
@@ -591,13 +606,19 @@ static void test_reject_hello_qp_info(void **state)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
-        m.u.hello.qp = bad[i];
+        m.u.hello.qps[i % 3] = bad[i]; /* any of the connection's QPs */
         expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
     }
     kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
-    m.u.hello.qp = (kvw_qp_info_t){.qpn = 0xffffff, .psn = 0xffffff, .mtu = 1, .link_layer = 1};
+    m.u.hello.qps[0] = (kvw_qp_info_t){.qpn = 0xffffff, .psn = 0xffffff, .mtu = 1, .link_layer = 1};
     decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &out);
     kvw__wire_free(&out);
+    /* A handshake offers 1..KVW_WIRE_MAX_QPS QPs. */
+    m.u.hello.num_qps = 0;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.hello.num_qps = KVW_WIRE_MAX_QPS + 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &(size_t){0}), KVW_ERR_INVALID);
+    m.u.hello.num_qps = 3;
     /* A port that cannot take one 4 KiB message is not a port we can plan for. */
     m.u.hello.max_msg_sz = 4095;
     expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
