@@ -243,6 +243,14 @@ typedef struct kvw_config {
      * NICs 2-4 spread a connection over the NIC's processing units and, on
      * RoCE, over more ECMP paths (each QP has its own flow label). */
     uint32_t qps_per_peer;
+    /* KVW_POLL_BUSY_US, 1000 (0..1000000): while the engine has requests
+     * under way (not yet Success or Failed), the poller busy-polls this
+     * long after its last event instead of poll_spin_us before it sleeps,
+     * so the write or completion that is about to come is seen without a
+     * thread wake-up. An engine with nothing under way still sleeps after
+     * poll_spin_us; the cost is at most this much CPU per burst of events.
+     * 0: poll_spin_us always. */
+    uint32_t poll_busy_us;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides. Returns
@@ -493,11 +501,16 @@ KVW_API kvw_status_t kvw_receiver_abort(kvw_receiver_t *receiver);
 /* Per-request metrics. bytes and writes: what prefill posted for the
  * request (decode: what it expects, from its own pages). transfer_us:
  * prefill, from its first post to its last write completing; decode, from
- * sending its request to the data landing. 0 until known. */
+ * sending its request to the data landing. start_ns and end_ns are those
+ * two moments on CLOCK_MONOTONIC (compare them with the caller's own
+ * clock_gettime(CLOCK_MONOTONIC) to see where a request's time went). 0
+ * until known. */
 typedef struct kvw_req_metrics {
     uint64_t bytes;
     uint64_t writes;
     uint64_t transfer_us;
+    uint64_t start_ns;
+    uint64_t end_ns;
 } kvw_req_metrics_t;
 
 KVW_API kvw_status_t kvw_sender_metrics(const kvw_sender_t *sender, kvw_req_metrics_t *metrics_p);

@@ -45,6 +45,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -55,6 +56,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 typedef struct opts {
     const char *dev0, *ip0, *dev1, *ip1;
@@ -76,8 +78,8 @@ static double cpu_s(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
 }
 
 static void die(const char *side, const char *what, kvw_status_t st, const char *why)
@@ -220,8 +222,8 @@ static uint64_t verify_req(const opts_t *o, const memory_t *m, const req_plan_t 
     uint64_t bad = 0, words = o->item / 8;
     for (uint64_t r = 0; r < m->n; r++)
         for (uint64_t i = 0; i < o->pages; i++) {
-            const uint64_t *w = (const uint64_t *)((const uint8_t *)m->kv[r].addr +
-                                                   rp->dst[i] * o->item);
+            const uint64_t *w =
+                (const uint64_t *)((const uint8_t *)m->kv[r].addr + rp->dst[i] * o->item);
             for (uint64_t j = 0; j < words; j++)
                 bad += w[j] != content(o->seed, r, rp->src[i], j);
         }
@@ -286,8 +288,8 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
         if (p == KVW_POLL_FAILED) {
             const char *why = "";
             kvw_status_t fst = kvw_sender_failure(s[next], &why);
-            snprintf(res.why, sizeof(res.why), "room %" PRIu64 ": %s: %s", next,
-                     kvw_strerror(fst), why);
+            snprintf(res.why, sizeof(res.why), "room %" PRIu64 ": %s: %s", next, kvw_strerror(fst),
+                     why);
             res.failed++;
         }
         if (p == KVW_POLL_SUCCESS || p == KVW_POLL_FAILED) {
@@ -409,10 +411,9 @@ static void run_phase(const opts_t *o, kvw_engine_t *e, const char *bootstrap, c
             fprintf(stderr, "\r[kvwire-bench] %s %" PRIu64 "/%" PRIu64 " requests, %.2f MB/s   ",
                     measured ? "measuring" : "warming up", measured ? mdone : done,
                     measured ? o->requests : o->warmup,
-                    measured && dt > 0
-                        ? (double)mdone * (double)o->pages * (double)o->item * 2.0 *
-                              (double)o->layers / dt / 1e6
-                        : 0.0);
+                    measured && dt > 0 ? (double)mdone * (double)o->pages * (double)o->item * 2.0 *
+                                             (double)o->layers / dt / 1e6
+                                       : 0.0);
         }
         if (!progress) {
             if (o->poll_us)
@@ -488,8 +489,10 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
         free_req(&rp);
     }
     uint64_t want_wrs = 2 * o->layers * runs;
-    double all_bytes = (double)o->total * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
-    double bytes = (double)o->requests * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
+    double all_bytes =
+        (double)o->total * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
+    double bytes =
+        (double)o->requests * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
     qsort(lat + o->warmup, o->requests, sizeof(double), cmp_double);
     double p50 = pct(lat + o->warmup, o->requests, 0.50) * 1e3;
     double p99 = pct(lat + o->warmup, o->requests, 0.99) * 1e3;
@@ -523,24 +526,24 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
         if (pr.why[0])
             printf("  prefill failure: %s\n", pr.why);
         if (pr.wrs_total != want_wrs)
-            printf("  WRs posted (%" PRIu64 ") differ from the plan (%" PRIu64 ")\n",
-                   pr.wrs_total, want_wrs);
+            printf("  WRs posted (%" PRIu64 ") differ from the plan (%" PRIu64 ")\n", pr.wrs_total,
+                   want_wrs);
         printf("  result: %s\n", rc ? "FAILED" : "ok");
     }
     if (o->json)
-        printf("{\"workload\":\"%s\",\"layers\":%" PRIu64 ",\"pages\":%" PRIu64
-               ",\"item\":%" PRIu64 ",\"contig\":%" PRIu64 ",\"requests\":%" PRIu64
-               ",\"inflight\":%" PRIu64 ",\"bytes\":%.0f,\"seconds\":%.6f,\"GBps\":%.6f,"
+        printf("{\"workload\":\"%s\",\"layers\":%" PRIu64 ",\"pages\":%" PRIu64 ",\"item\":%" PRIu64
+               ",\"contig\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"inflight\":%" PRIu64
+               ",\"bytes\":%.0f,\"seconds\":%.6f,\"GBps\":%.6f,"
                "\"MBps\":%.3f,\"req_per_s\":%.3f,\"wrs\":%" PRIu64 ",\"wrs_planned\":%" PRIu64
                ",\"wrs_per_s\":%.1f,\"bytes_per_wr\":%.1f,\"chains\":%" PRIu64
                ",\"chains_per_req\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
                "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"prefill_cpu_s_per_GB\":%.3f,"
                "\"decode_cpu_s_per_GB\":%.3f,\"prefill_cq_sleeps\":%" PRIu64
                ",\"verified\":%" PRIu64 ",\"bad_bytes\":%" PRIu64 ",\"ok\":%s}\n",
-               o->fragmented ? "fragmented" : "contiguous", o->layers, o->pages, o->item,
-               o->contig, o->requests, o->inflight, bytes, dt, gbps, gbps * 1e3, reqs,
-               pr.wrs_total, want_wrs, wrs, msg, pr.chains, chains_per_req, p50, p99, pr.cpu_s, cpu, pcpu_gb,
-               dcpu_gb, pr.cq_sleeps, verified, bad, rc ? "false" : "true");
+               o->fragmented ? "fragmented" : "contiguous", o->layers, o->pages, o->item, o->contig,
+               o->requests, o->inflight, bytes, dt, gbps, gbps * 1e3, reqs, pr.wrs_total, want_wrs,
+               wrs, msg, pr.chains, chains_per_req, p50, p99, pr.cpu_s, cpu, pcpu_gb, dcpu_gb,
+               pr.cq_sleeps, verified, bad, rc ? "false" : "true");
     free(lat);
     kvw_engine_destroy(e);
     free_memory(&m);
@@ -565,56 +568,127 @@ static void usage(void)
 
 static void parse(int argc, char **argv, opts_t *o)
 {
-    *o = (opts_t){.layers = 32, .kv_heads = 8, .head_dim = 128, .dtype = 2, .page_tokens = 1,
-                  .tokens = 1024, .contig = 4, .requests = 16, .warmup = 2, .inflight = 4,
-                  .seed = 1, .verify = UINT64_MAX, .poll_us = 50, .max_pool_mb = 512};
-    static const struct option lo[] = {
-        {"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},         {"dev1", 1, 0, 'D'},
-        {"ip1", 1, 0, 'I'},         {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
-        {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},    {"head-dim", 1, 0, 'h'},
-        {"dtype-bytes", 1, 0, 'b'}, {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
-        {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},    {"warmup", 1, 0, 'W'},
-        {"inflight", 1, 0, 'f'},    {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
-        {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'}, {"json", 0, 0, 'j'},
-        {"quiet", 0, 0, 'q'},       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
-        {0, 0, 0, 0}};
+    *o = (opts_t){.layers = 32,
+                  .kv_heads = 8,
+                  .head_dim = 128,
+                  .dtype = 2,
+                  .page_tokens = 1,
+                  .tokens = 1024,
+                  .contig = 4,
+                  .requests = 16,
+                  .warmup = 2,
+                  .inflight = 4,
+                  .seed = 1,
+                  .verify = UINT64_MAX,
+                  .poll_us = 50,
+                  .max_pool_mb = 512};
+    static const struct option lo[] = {{"dev0", 1, 0, 'd'},
+                                       {"ip0", 1, 0, 'i'},
+                                       {"dev1", 1, 0, 'D'},
+                                       {"ip1", 1, 0, 'I'},
+                                       {"workload", 1, 0, 'w'},
+                                       {"contig", 1, 0, 'c'},
+                                       {"layers", 1, 0, 'L'},
+                                       {"kv-heads", 1, 0, 'H'},
+                                       {"head-dim", 1, 0, 'h'},
+                                       {"dtype-bytes", 1, 0, 'b'},
+                                       {"page-tokens", 1, 0, 'T'},
+                                       {"item", 1, 0, 'S'},
+                                       {"tokens", 1, 0, 't'},
+                                       {"requests", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'W'},
+                                       {"inflight", 1, 0, 'f'},
+                                       {"seed", 1, 0, 's'},
+                                       {"verify", 1, 0, 'v'},
+                                       {"poll-us", 1, 0, 'p'},
+                                       {"max-pool-mb", 1, 0, 'M'},
+                                       {"json", 0, 0, 'j'},
+                                       {"quiet", 0, 0, 'q'},
+                                       {"help", 0, 0, '?'},
+                                       {"layer-ms", 1, 0, 'Y'},
+                                       {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
         switch (c) {
-        case 'd': o->dev0 = optarg; break;
-        case 'i': o->ip0 = optarg; break;
-        case 'D': o->dev1 = optarg; break;
-        case 'I': o->ip1 = optarg; break;
+        case 'd':
+            o->dev0 = optarg;
+            break;
+        case 'i':
+            o->ip0 = optarg;
+            break;
+        case 'D':
+            o->dev1 = optarg;
+            break;
+        case 'I':
+            o->ip1 = optarg;
+            break;
         case 'w':
             if (strcmp(optarg, "fragmented") == 0)
                 o->fragmented = true;
             else if (strcmp(optarg, "contiguous") != 0)
                 usage();
             break;
-        case 'c': o->contig = v; break;
-        case 'L': o->layers = v; break;
-        case 'H': o->kv_heads = v; break;
-        case 'h': o->head_dim = v; break;
-        case 'b': o->dtype = v; break;
-        case 'T': o->page_tokens = v; break;
-        case 'S': o->item = v; break;
-        case 't': o->tokens = v; break;
-        case 'n': o->requests = v; break;
-        case 'W': o->warmup = v; break;
-        case 'f': o->inflight = v; break;
-        case 's': o->seed = v; break;
-        case 'v': o->verify = strcmp(optarg, "all") == 0 ? UINT64_MAX : v; break;
-        case 'p': o->poll_us = v; break;
-        case 'M': o->max_pool_mb = v; break;
-        case 'j': o->json = true; break;
-        case 'q': o->quiet = true; break;
-        case 'Y': o->layer_ms = v; break;
-        default: usage();
+        case 'c':
+            o->contig = v;
+            break;
+        case 'L':
+            o->layers = v;
+            break;
+        case 'H':
+            o->kv_heads = v;
+            break;
+        case 'h':
+            o->head_dim = v;
+            break;
+        case 'b':
+            o->dtype = v;
+            break;
+        case 'T':
+            o->page_tokens = v;
+            break;
+        case 'S':
+            o->item = v;
+            break;
+        case 't':
+            o->tokens = v;
+            break;
+        case 'n':
+            o->requests = v;
+            break;
+        case 'W':
+            o->warmup = v;
+            break;
+        case 'f':
+            o->inflight = v;
+            break;
+        case 's':
+            o->seed = v;
+            break;
+        case 'v':
+            o->verify = strcmp(optarg, "all") == 0 ? UINT64_MAX : v;
+            break;
+        case 'p':
+            o->poll_us = v;
+            break;
+        case 'M':
+            o->max_pool_mb = v;
+            break;
+        case 'j':
+            o->json = true;
+            break;
+        case 'q':
+            o->quiet = true;
+            break;
+        case 'Y':
+            o->layer_ms = v;
+            break;
+        default:
+            usage();
         }
     }
-    if (optind != argc || !o->ip0 || !o->layers || !o->page_tokens || !o->tokens ||
-        !o->requests || !o->inflight || !o->contig)
+    if (optind != argc || !o->ip0 || !o->layers || !o->page_tokens || !o->tokens || !o->requests ||
+        !o->inflight || !o->contig)
         usage();
     if (!o->ip1)
         o->ip1 = o->ip0;
@@ -633,14 +707,16 @@ static void parse(int argc, char **argv, opts_t *o)
         o->inflight = o->total;
     /* Destination windows: one per request when it fits, else one per slot. */
     double per_window_mb = (double)o->pages * (double)o->item * 2.0 * (double)o->layers / 1e6;
-    o->dst_windows = per_window_mb * (double)o->total <= (double)o->max_pool_mb ? o->total
-                                                                                 : o->inflight;
+    o->dst_windows =
+        per_window_mb * (double)o->total <= (double)o->max_pool_mb ? o->total : o->inflight;
     o->src_windows = o->total < 5 ? o->total : 5;
-    if (per_window_mb * (double)(o->dst_windows > o->src_windows ? o->dst_windows
-                                                                 : o->src_windows) >
+    if (per_window_mb *
+            (double)(o->dst_windows > o->src_windows ? o->dst_windows : o->src_windows) >
         (double)o->max_pool_mb * 2) {
-        fprintf(stderr, "kvwire-bench: %.0f MB per request x %" PRIu64 " in flight exceeds "
-                        "--max-pool-mb\n", per_window_mb, o->inflight);
+        fprintf(stderr,
+                "kvwire-bench: %.0f MB per request x %" PRIu64 " in flight exceeds "
+                "--max-pool-mb\n",
+                per_window_mb, o->inflight);
         exit(2);
     }
 }
@@ -654,10 +730,19 @@ static void sleep_ms(uint64_t ms)
         ;
 }
 
+/* Where one request's tail went, in seconds: the last layer ready ->
+ * prefill's first post of it (hand-off to the poller) -> decode's last
+ * immediate (the wire, and decode's poller noticing) -> the caller seeing
+ * Success. */
+typedef struct tail_split {
+    double to_post, to_landed, to_seen;
+} tail_split_t;
+
 /* One request: the forward pass, then (or meanwhile) the transfer. Returns
- * seconds from the last layer ready to decode's Success. */
-static double layered_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *de,
-                              const char *bs, const memory_t *dm, uint64_t k, bool streamed)
+ * seconds from the last layer ready to decode's Success, and in *split
+ * where they went. */
+static double layered_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *de, const char *bs,
+                              const memory_t *dm, uint64_t k, bool streamed, tail_split_t *split)
 {
     req_plan_t rp;
     plan_req(o, k, &rp);
@@ -686,15 +771,20 @@ static double layered_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *d
     kvw_poll_t ps;
     while ((ps = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && ps != KVW_POLL_FAILED)
         sched_yield();
-    double tail = now_s() - ready;
+    double seen = now_s(), tail = seen - ready;
     if (ps != KVW_POLL_SUCCESS) {
         const char *why = "";
         die("layer-wise", "the request failed", kvw_receiver_failure(r, &why), why);
     }
-    if (verify_req(o, dm, &rp))
-        die("layer-wise", "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
+    kvw_req_metrics_t sm, rm;
+    kvw_receiver_metrics(r, &rm);
     while (kvw_sender_poll(s) == KVW_POLL_TRANSFERRING)
         sched_yield();
+    kvw_sender_metrics(s, &sm);
+    double posted = (double)sm.start_ns / 1e9, landed = (double)rm.end_ns / 1e9;
+    *split = (tail_split_t){posted - ready, landed - posted, seen - landed};
+    if (verify_req(o, dm, &rp))
+        die("layer-wise", "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
     kvw_sender_destroy(s);
     kvw_receiver_destroy(r);
     free_req(&rp);
@@ -705,6 +795,65 @@ static double median(double *v, uint64_t n)
 {
     qsort(v, n, sizeof(*v), cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- one ZeroMQ round trip, the yardstick for decode's request hop ---- */
+
+typedef struct echo_arg {
+    void *rep;
+    int n;
+} echo_arg_t;
+
+static void *echo_main(void *arg)
+{
+    echo_arg_t *a = arg;
+    char buf[64];
+    for (int i = 0; i < a->n; i++) {
+        int len = zmq_recv(a->rep, buf, sizeof(buf), 0);
+        if (len < 0 || zmq_send(a->rep, buf, (size_t)len, 0) < 0)
+            break;
+    }
+    return NULL;
+}
+
+/* Median seconds of n 64-byte REQ -> REP -> REQ round trips over TCP on ip,
+ * through ZeroMQ's I/O threads as kvwire's control messages go; 0 if it
+ * could not be measured. */
+static double zmq_round_trip(const char *ip, int n)
+{
+    void *ctx = zmq_ctx_new(), *rep = zmq_socket(ctx, ZMQ_REP), *req = zmq_socket(ctx, ZMQ_REQ);
+    char bind[96], ep[128];
+    size_t len = sizeof(ep);
+    double *rtt = calloc((size_t)n, sizeof(double)), med = 0;
+    snprintf(bind, sizeof(bind), "tcp://%s:*", ip);
+    echo_arg_t a = {rep, n};
+    pthread_t t;
+    if (!rtt || zmq_bind(rep, bind) || zmq_getsockopt(rep, ZMQ_LAST_ENDPOINT, ep, &len) ||
+        zmq_connect(req, ep) || pthread_create(&t, NULL, echo_main, &a)) {
+        free(rtt);
+        return 0;
+    }
+    char msg[64] = {0};
+    int done = 0;
+    for (; done < n; done++) {
+        double t0 = now_s();
+        if (zmq_send(req, msg, sizeof(msg), 0) < 0 || zmq_recv(req, msg, sizeof(msg), 0) < 0)
+            break;
+        rtt[done] = now_s() - t0;
+    }
+    if (done == n)
+        med = median(rtt, (uint64_t)n);
+    int linger = 0;
+    zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_close(req);
+    if (done == n)
+        pthread_join(t, NULL);
+    else
+        pthread_detach(t);
+    zmq_close(rep);
+    zmq_ctx_term(ctx);
+    free(rtt);
+    return med;
 }
 
 static int run_layerwise(const opts_t *o)
@@ -722,20 +871,33 @@ static int run_layerwise(const opts_t *o)
     kvw_engine_t *de = make_engine(o, &dm, false, NULL);
     uint64_t n = o->requests;
     double *at_end = calloc(n, sizeof(double)), *streamed = calloc(n, sizeof(double));
-    layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 0, false); /* connect, warm up */
+    double *to_post = calloc(n, sizeof(double)), *to_landed = calloc(n, sizeof(double));
+    double *to_seen = calloc(n, sizeof(double));
+    tail_split_t sa, sb;
+    layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 0, false, &sa); /* connect, warm up */
     for (uint64_t i = 0; i < n; i++) { /* interleaved, alternating which goes first */
         bool stream_first = i % 2;
-        double a = layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 1 + 2 * i,
-                                   stream_first);
-        double b = layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 2 + 2 * i,
-                                   !stream_first);
+        double a =
+            layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 1 + 2 * i, stream_first, &sa);
+        double b =
+            layered_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 2 + 2 * i, !stream_first, &sb);
         streamed[i] = stream_first ? a : b;
         at_end[i] = stream_first ? b : a;
+        const tail_split_t *end = stream_first ? &sb : &sa; /* the send-at-end request's */
+        to_post[i] = end->to_post;
+        to_landed[i] = end->to_landed;
+        to_seen[i] = end->to_seen;
         if (!o->quiet)
-            printf("rep %" PRIu64 ": last layer ready -> Success: at end %.2f ms, streamed %.2f ms\n",
+            printf("rep %" PRIu64
+                   ": last layer ready -> Success: at end %.2f ms, streamed %.2f ms\n",
                    i, at_end[i] * 1e3, streamed[i] * 1e3);
     }
     double me = median(at_end, n), ms = median(streamed, n);
+    double p99 = at_end[n - 1 - (n - 1) / 100]; /* sorted by median() */
+    printf("send at end, median split: send() -> first post %.1f us, first post -> decode's "
+           "last immediate %.1f us, immediate -> caller sees Success %.1f us; p99 / p50 %.2f\n",
+           median(to_post, n) * 1e6, median(to_landed, n) * 1e6, median(to_seen, n) * 1e6,
+           me > 0 ? p99 / me : 0);
     double bytes = (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
     printf("layer-wise: %" PRIu64 " layers x %" PRIu64 " pages x 2 x %" PRIu64
            " B (%.2f MB) per request, %" PRIu64 " ms compute per layer, %" PRIu64
@@ -749,6 +911,12 @@ static int run_layerwise(const opts_t *o)
                o->layers, o->layer_ms, me * 1e3, ms * 1e3, me > 0 ? ms / me : 0);
     free(at_end);
     free(streamed);
+    free(to_post);
+    free(to_landed);
+    free(to_seen);
+    double rtt = zmq_round_trip(o->ip0, 201);
+    printf("ZeroMQ round trip (64 B, REQ/REP over TCP on %s), median of 201: %.1f us\n", o->ip0,
+           rtt * 1e6);
     kvw_engine_destroy(de);
     kvw_engine_destroy(pe);
     kvw_bootstrap_destroy(bs);

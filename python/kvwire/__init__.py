@@ -495,11 +495,14 @@ class Counters(NamedTuple):
 
 
 class ReqMetrics(NamedTuple):
-    """kvw_req_metrics_t: one request's bytes, RDMA writes and transfer time."""
+    """kvw_req_metrics_t: one request's bytes, RDMA writes and transfer time;
+    start_ns and end_ns bound it on CLOCK_MONOTONIC (time.monotonic_ns())."""
 
     bytes: int
     writes: int
     transfer_us: int
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 def _role(role: Union[str, int, Role]) -> Role:
@@ -677,7 +680,7 @@ class _Request(_Handle):
         m = _lib.kvw_req_metrics_t()
         with self._cell.lock if self._cell else _nolock:
             _call(fn, name, self._get(), ctypes.byref(m))
-        return ReqMetrics(m.bytes, m.writes, m.transfer_us)
+        return ReqMetrics(m.bytes, m.writes, m.transfer_us, m.start_ns, m.end_ns)
 
 
 class _NoLock:

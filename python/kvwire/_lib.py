@@ -70,6 +70,7 @@ class kvw_config_t(Structure):
         ("staging_chunk_kib", c_uint32),
         ("staging_lanes", c_uint32),
         ("qps_per_peer", c_uint32),
+        ("poll_busy_us", c_uint32),
     ]
 
 
@@ -153,7 +154,13 @@ class kvw_part_t(Structure):
 
 
 class kvw_req_metrics_t(Structure):
-    _fields_ = [("bytes", c_uint64), ("writes", c_uint64), ("transfer_us", c_uint64)]
+    _fields_ = [
+        ("bytes", c_uint64),
+        ("writes", c_uint64),
+        ("transfer_us", c_uint64),
+        ("start_ns", c_uint64),
+        ("end_ns", c_uint64),
+    ]
 
 
 STRUCTS = {

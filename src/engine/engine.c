@@ -32,6 +32,12 @@ void kvw__wake(int fd)
         KVW_WARN("eventfd wake failed: %s", strerror(errno));
 }
 
+void kvw__wake_poller(kvw_engine_t *e)
+{
+    if (atomic_load(&e->poller_sleeping))
+        kvw__wake(e->poller_wake_fd);
+}
+
 static kvw_status_t check_region(const char *kind, uint32_t i, const kvw_region_t *g)
 {
     if (!g->addr || !g->len || !g->item_len || g->len % g->item_len) {

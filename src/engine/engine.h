@@ -201,6 +201,7 @@ struct kvw_req {
 typedef struct kvw_engine_counters {
     _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
         failed, sleeps;
+    _Atomic uint64_t created; /* requests made: those not ok nor failed are under way */
 } kvw_engine_counters_t;
 
 struct kvw_engine {
@@ -253,8 +254,9 @@ struct kvw_engine {
     uint64_t drops, drop_logged_ns;   /* control: messages dropped, last logged */
     _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
-    atomic_bool ready_pending; /* lets the spinning poller skip the lock */
-    kvw_req_t **tokens;        /* decode: slot -> receiver */
+    atomic_bool ready_pending;   /* lets the spinning poller skip the lock */
+    atomic_bool poller_sleeping; /* set before its last look and its sleep */
+    kvw_req_t **tokens;          /* decode: slot -> receiver */
     uint16_t *token_gen;
     uint32_t token_hint;
     kvw_engine_counters_t counters;
@@ -267,6 +269,12 @@ static inline uint64_t kvw__ms_ns(uint32_t ms)
     return (uint64_t)ms * 1000000ull;
 }
 void kvw__wake(int fd);
+/* After publishing work the poller finds on its own (ready_pending): wake
+ * it only if it sleeps. A spinning poller sees the work on its next pass,
+ * and the eventfd write is a system call on the request's critical path.
+ * Safe because both sides store, then load (sequentially consistent): the
+ * poller sets poller_sleeping before its last look for work. */
+void kvw__wake_poller(kvw_engine_t *e);
 
 /* request.c */
 void kvw__req_unref(kvw_req_t *r);

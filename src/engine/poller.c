@@ -602,11 +602,16 @@ static void sleep_on_channel(kvw_engine_t *e)
         for (uint32_t j = 0; p && !atomic_load(&p->poller_done) && j < p->nlanes; j++)
             e->dev->ops->req_notify_cq(p->lanes[j].qp->cq, 0);
     }
-    if (run_once(e) > 0)
+    atomic_store(&e->poller_sleeping, true); /* from here on, new work wakes us */
+    if (run_once(e) > 0) {
+        atomic_store(&e->poller_sleeping, false);
         return;
+    }
     struct pollfd fds[2] = {{e->channel->fd, POLLIN, 0}, {e->poller_wake_fd, POLLIN, 0}};
     atomic_fetch_add_explicit(&e->counters.sleeps, 1, memory_order_relaxed);
-    if (poll(fds, 2, IDLE_SLEEP_MS) <= 0)
+    int ready = poll(fds, 2, IDLE_SLEEP_MS);
+    atomic_store(&e->poller_sleeping, false);
+    if (ready <= 0)
         return;
     struct ibv_cq *cq;
     void *ctx;
@@ -617,10 +622,21 @@ static void sleep_on_channel(kvw_engine_t *e)
         KVW_WARN("poller wake read failed: %s", strerror(errno));
 }
 
+/* Requests made that are neither Success nor Failed yet: the poller may
+ * see their next write or completion any moment. */
+static bool under_way(kvw_engine_t *e)
+{
+    const kvw_engine_counters_t *c = &e->counters;
+    uint64_t ended = atomic_load_explicit(&c->ok, memory_order_relaxed) +
+                     atomic_load_explicit(&c->failed, memory_order_relaxed);
+    return atomic_load_explicit(&c->created, memory_order_relaxed) > ended;
+}
+
 void *kvw__poller_main(void *arg)
 {
     kvw_engine_t *e = arg;
     uint64_t spin_ns = (uint64_t)e->cfg.poll_spin_us * 1000ull;
+    uint64_t busy_ns = (uint64_t)e->cfg.poll_busy_us * 1000ull;
     uint64_t last_work = kvw__now_ns();
     while (!atomic_load(&e->stop)) {
         kvw__peers_reap(e); /* no peer pointer is held between passes */
@@ -628,7 +644,11 @@ void *kvw__poller_main(void *arg)
             last_work = kvw__now_ns();
             continue;
         }
-        if (kvw__now_ns() - last_work < spin_ns)
+        /* Adaptive: a wake-up costs more than the wire (tens of us on real
+         * hosts, milliseconds in an emulated guest), so keep polling a while
+         * when work is under way, and sleep at once when there is none. */
+        uint64_t spin = busy_ns > spin_ns && under_way(e) ? busy_ns : spin_ns;
+        if (kvw__now_ns() - last_work < spin)
             continue;
         sleep_on_channel(e);
         last_work = kvw__now_ns();

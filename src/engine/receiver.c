@@ -229,7 +229,9 @@ kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m
     uint64_t sent = r->sent_ns, landed = atomic_load(&r->landed_ns);
     pthread_mutex_unlock(&e->lock);
     *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
-                             .transfer_us = sent && landed > sent ? (landed - sent) / 1000 : 0};
+                             .transfer_us = sent && landed > sent ? (landed - sent) / 1000 : 0,
+                             .start_ns = sent,
+                             .end_ns = landed};
     return KVW_OK;
 }
 

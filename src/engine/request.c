@@ -30,6 +30,7 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     atomic_init(&r->refs, 1); /* the engine list's reference */
     r->drained = true;        /* nothing posted yet */
     r->listed = true;
+    atomic_fetch_add_explicit(&e->counters.created, 1, memory_order_relaxed);
     kvw__room_insert_locked(e, r);
     kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
     /* Appended: the control thread serves requests in creation order, so

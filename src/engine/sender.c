@@ -130,7 +130,7 @@ static void hand_to_poller_locked(kvw_req_t *r)
         e->ready_head = r;
     e->ready_tail = r;
     atomic_store(&e->ready_pending, true);
-    kvw__wake(e->poller_wake_fd);
+    kvw__wake_poller(e);
 }
 
 kvw_status_t kvw__sender_feed_locked(kvw_req_t *r)
@@ -517,7 +517,9 @@ kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
     uint64_t first = atomic_load(&r->first_post_ns), done = atomic_load(&r->done_ns);
     *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
                              .writes = atomic_load(&r->writes_posted),
-                             .transfer_us = first && done > first ? (done - first) / 1000 : 0};
+                             .transfer_us = first && done > first ? (done - first) / 1000 : 0,
+                             .start_ns = first,
+                             .end_ns = done};
     return KVW_OK;
 }
 
