@@ -114,6 +114,9 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
         if (sc->bad_side[i])
             sc->abort_side[i] = 0;
     }
+    /* Drawn last, so the draws above stay what they were for each seed:
+     * connections of 1-3 QPs, striped, with the faults above. */
+    sc->cfg.qps_per_peer = 1 + below(&r, 3);
 }
 
 static bool connection_fault(const schedule_t *sc)
@@ -149,7 +152,7 @@ typedef struct room_run {
 static int violations;
 /* What the schedules did, so a run that tested nothing shows it. */
 static struct {
-    uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[6];
+    uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[6], qps[3];
 } tally;
 
 #define VIOLATION(sc, ...)                                                                         \
@@ -320,6 +323,7 @@ static void run_schedule(uint64_t seed)
     tally.with_fault[3] += sc.drop_pct != 0;
     tally.with_fault[4] += sc.kill_nic != NULL;
     tally.with_fault[5] += sc.silent_side != 0;
+    tally.qps[sc.cfg.qps_per_peer - 1]++;
     engine_pair_t p;
     fake_nic_stats_t final;
     if (pair_open(&p, &sc.cfg) != KVW_OK) {
@@ -394,6 +398,8 @@ int main(int argc, char **argv)
     printf("chaos: %" PRIu64 " rooms: decode Success %" PRIu64 " (both sides %" PRIu64
            "), decode Failed %" PRIu64 "\n",
            tally.rooms, tally.decode_ok, tally.both_ok, tally.decode_failed);
+    printf("chaos: connections of 1, 2, 3 QPs: %" PRIu64 ", %" PRIu64 ", %" PRIu64 " schedules\n",
+           tally.qps[0], tally.qps[1], tally.qps[2]);
     printf("chaos: %" PRIu64 " fault schedules on the fake NIC (not RDMA) in %.1f s, seeds "
            "%" PRIu64 "..%" PRIu64 ": %d invariant violations\n",
            n, (double)(pair_now_ms() - t0) / 1000.0, first, first + n - 1, violations);
