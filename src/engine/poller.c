@@ -336,13 +336,18 @@ static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
     return true;
 }
 
-/* Post every lane's open chain. */
+/* Post every lane's open chain. The next chain starts on the next lane
+ * when this pass posted one on the current lane, so that writes handed
+ * over a little at a time (layer by layer, staged slices) stripe too. */
 static kvw_status_t flush_lanes(kvw_peer_t *p)
 {
     kvw_status_t st = KVW_OK;
+    bool rotate = p->lanes[p->next_lane].txq.pending > 0;
     for (uint32_t i = 0; i < p->nlanes && !st; i++)
         if (p->lanes[i].txq.pending)
             st = kvw__txq_flush(&p->lanes[i].txq);
+    if (rotate)
+        p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
     return st;
 }
 

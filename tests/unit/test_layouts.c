@@ -779,6 +779,31 @@ static void striped_round(uint32_t qp, uint32_t qd, bool one_device, uint64_t ro
     teardown(NULL);
 }
 
+/* Staging over a striped connection: a slice's writes may span lanes, so
+ * its chunk comes back only once every lane completed what was built before
+ * it. Chunks are few (16) and the request needs 25 slices: each is reused. */
+static void test_staged_striped(void **state)
+{
+    (void)state;
+    use_fake_gpu();
+    staged_layout(true, true);
+    lp.qps_prefill = lp.qps_decode = 3;
+    assert_int_equal(open_engines(), KVW_OK);
+    for (uint64_t room = 80; room < 83; room++) {
+        req_spec_t q = staged_spec(room);
+        kvw_sender_t *s;
+        kvw_receiver_t *r;
+        start(&q, &s, &r);
+        send_staged(&q, s);
+        finish(&q, s, r);
+    }
+    kvw_peer_t *p = kvw__peer_at(lp.prefill, 0);
+    assert_int_equal(p->nlanes, 3);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_true(p->lanes[i].txq.wrs_posted > 0);
+    assert_pools_free();
+}
+
 static void test_striped_qps(void **state)
 {
     (void)state;
@@ -847,6 +872,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staged_limits_and_copy_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_abort_mid_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_striped_qps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_striped, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
     tb_device_t d;
