@@ -18,11 +18,13 @@
 # ~95% confidence interval of the median (order statistics), and a verdict
 # against its target: met (the whole interval on the right side), missed
 # (the whole interval on the wrong side), or not separable at this REPS.
-# Usage: bench.sh BUILD_DIR     env: REPS (9), SIZES ("2k 64k 1m lat layer"), LAYER_MS (20)
+# Usage: bench.sh BUILD_DIR     env: KVW_BENCH_REPS (9), KVW_BENCH_SIZES ("2k 64k 1m lat
+#        layer"), LAYER_MS (20); REPS and SIZES also work when run by hand
 set -u
 build=${1:-build}
-reps=${REPS:-9}
-sizes=${SIZES:-"2k 64k 1m lat layer"}
+# KVW_BENCH_*: the test bed passes only KVW_* variables into the guest.
+reps=${KVW_BENCH_REPS:-${REPS:-9}}
+sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer"}}
 dev=${KVW_TB_DEV0:?run inside tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)

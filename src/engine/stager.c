@@ -58,18 +58,25 @@ static uint32_t region_kind(const kvw_layout_t *l, uint32_t region)
     return KVW_LAYOUT_KV;
 }
 
+/* Append r, with a reference of the queue's own, to a queue linked
+ * through snext. */
+static void queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+    r->snext = NULL;
+    if (*tail)
+        (*tail)->snext = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
 static void push_job_locked(kvw_stager_t *st, kvw_req_t *r)
 {
     if (r->stage_queued)
         return;
     r->stage_queued = true;
-    atomic_fetch_add(&r->refs, 1);
-    r->snext = NULL;
-    if (st->job_tail)
-        st->job_tail->snext = r;
-    else
-        st->job_head = r;
-    st->job_tail = r;
+    queue_req(&st->job_head, &st->job_tail, r);
     pthread_cond_broadcast(&st->cond);
 }
 
@@ -594,13 +601,7 @@ kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, si
     *ready = !st->wait_head && take_slots(st, r);
     if (!*ready) { /* in order: a large request is not overtaken forever */
         r->stage_waiting = true;
-        atomic_fetch_add(&r->refs, 1);
-        r->snext = NULL;
-        if (st->wait_tail)
-            st->wait_tail->snext = r;
-        else
-            st->wait_head = r;
-        st->wait_tail = r;
+        queue_req(&st->wait_head, &st->wait_tail, r);
     }
     return KVW_OK;
 }
