@@ -875,10 +875,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staged_striped, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
-    tb_device_t d;
+    tb_device_t d, d1;
     const char *name = tb_device(0, &d) ? "layouts and parts on real RDMA (rxe)" : "no RDMA device";
-    printf("layouts_test: devices %s, test bed mode %s\n", tb_device(0, &d) ? d.name : "-",
-           tb_mode());
+    printf("layouts_test: devices %s -> %s, test bed mode %s\n", tb_device(0, &d) ? d.name : "-",
+           tb_device(1, &d1) ? d1.name : "the same", tb_mode());
 #else
     const char *name = "layouts and parts on the fake NIC (not RDMA)";
 #endif
