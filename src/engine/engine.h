@@ -386,7 +386,8 @@ void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
 /* The other side went away (its process exited, or it said BYE): post
  * nothing new on p, let the writes already posted complete (one that
  * landed is a Success: decode may have read it and left), then kill p with
- * this reason; at the latest after peer_timeout_ms. Any thread. */
+ * this reason; at the latest after one ACK timeout (qp_timeout), so that
+ * no retransmission outlives the peer. Any thread. */
 void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Poller: a closing peer with nothing in flight any more is killed. */

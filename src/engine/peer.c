@@ -400,6 +400,19 @@ void kvw__peer_finish_kills(kvw_engine_t *e)
     }
 }
 
+/* How long a closing peer's posted writes get to complete: one ACK timeout
+ * (4.096 us x 2^qp_timeout, 67 ms by default), at most peer_timeout_ms. A
+ * write that landed has its ACK on the wire by then. After it the NIC only
+ * retransmits to a process that is gone, and a retransmission can reach a
+ * new process given the dead QP's number (rxe reuses QPNs at once): its
+ * connection would see our stale packets and break. */
+static uint64_t close_grace_ns(const kvw_config_t *cfg)
+{
+    uint64_t ack_ns = cfg->qp_timeout < 40 ? 4096ull << cfg->qp_timeout : UINT64_MAX;
+    uint64_t limit = kvw__ms_ns(cfg->peer_timeout_ms);
+    return ack_ns < limit ? ack_ns : limit;
+}
+
 void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
 {
     if (atomic_load(&p->killing) || atomic_load(&p->closing))
@@ -410,7 +423,7 @@ void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     pthread_mutex_lock(&e->lock);
     vsnprintf(p->close_reason, sizeof(p->close_reason), fmt, ap);
     p->close_status = st;
-    p->close_deadline_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.peer_timeout_ms);
+    p->close_deadline_ns = kvw__now_ns() + close_grace_ns(&e->cfg);
     pthread_mutex_unlock(&e->lock);
     va_end(ap);
     atomic_store(&p->closing, true);
