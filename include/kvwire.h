@@ -243,13 +243,15 @@ typedef struct kvw_config {
      * NICs 2-4 spread a connection over the NIC's processing units and, on
      * RoCE, over more ECMP paths (each QP has its own flow label). */
     uint32_t qps_per_peer;
-    /* KVW_POLL_BUSY_US, 1000 (0..1000000): while the engine has requests
+    /* KVW_POLL_BUSY_US, 0 (0..1000000): while the engine has requests
      * under way (not yet Success or Failed), the poller busy-polls this
      * long after its last event instead of poll_spin_us before it sleeps,
      * so the write or completion that is about to come is seen without a
      * thread wake-up. An engine with nothing under way still sleeps after
-     * poll_spin_us; the cost is at most this much CPU per burst of events.
-     * 0: poll_spin_us always. */
+     * poll_spin_us. Off by default: under steady traffic it holds a core,
+     * and on a 2-core machine it halved the throughput of everything else
+     * in the process (README "Benchmarks"); turn it on (e.g. 1000) where
+     * cores are spare and small requests' latency matters. */
     uint32_t poll_busy_us;
 } kvw_config_t;
 
