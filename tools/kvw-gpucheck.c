@@ -21,6 +21,7 @@
  * Without libcuda.so.1 or a GPU it says so and exits 0 (skipped), so the
  * build, argument handling and the skip run in CI. Exit 1 when a check
  * fails, 2 for bad arguments. CUDA is loaded with dlopen, as in kvwire. */
+#include "mem/cuda_abi.h"
 #include "mem/mem.h"
 #include "mem/staging.h"
 #include "kvwire.h"
@@ -36,38 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr_t;
-typedef unsigned long long CUmemHandle_t;
-
-/* CUmemAllocationProp and CUmemAccessDesc, as in cuda.h. */
-typedef struct {
-    int type, requested_handle_types;
-    struct {
-        int type, id;
-    } location;
-    void *win32_meta;
-    struct {
-        unsigned char compression_type, gpu_direct_rdma_capable;
-        unsigned short usage;
-        unsigned char reserved[4];
-    } alloc_flags;
-} mem_prop_t;
-
-typedef struct {
-    struct {
-        int type, id;
-    } location;
-    unsigned long long flags;
-} access_desc_t;
-
-enum {
-    CU_MEM_ALLOCATION_TYPE_PINNED = 1,
-    CU_MEM_LOCATION_TYPE_DEVICE = 1,
-    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
-    CU_MEM_ATTACH_GLOBAL = 1,
-};
-
 static struct {
     CUresult (*device_get)(int *dev, int ordinal);
     CUresult (*primary_ctx_retain)(void **ctx, int dev);
@@ -79,14 +48,14 @@ static struct {
     CUresult (*mem_free_host)(void *p);
     CUresult (*memcpy_dtoh)(void *dst, CUdeviceptr_t src, size_t n);
     CUresult (*memcpy_htod)(CUdeviceptr_t dst, const void *src, size_t n);
-    CUresult (*granularity)(size_t *g, const mem_prop_t *prop, int option);
-    CUresult (*mem_create)(CUmemHandle_t *h, size_t n, const mem_prop_t *prop,
+    CUresult (*granularity)(size_t *g, const cu_mem_prop_t *prop, int option);
+    CUresult (*mem_create)(CUmemHandle_t *h, size_t n, const cu_mem_prop_t *prop,
                            unsigned long long flags);
     CUresult (*address_reserve)(CUdeviceptr_t *p, size_t n, size_t align, CUdeviceptr_t addr,
                                 unsigned long long flags);
     CUresult (*mem_map)(CUdeviceptr_t p, size_t n, size_t off, CUmemHandle_t h,
                         unsigned long long flags);
-    CUresult (*set_access)(CUdeviceptr_t p, size_t n, const access_desc_t *d, size_t count);
+    CUresult (*set_access)(CUdeviceptr_t p, size_t n, const cu_access_desc_t *d, size_t count);
     CUresult (*mem_unmap)(CUdeviceptr_t p, size_t n);
     CUresult (*address_free)(CUdeviceptr_t p, size_t n);
     CUresult (*mem_release)(CUmemHandle_t h);
@@ -213,15 +182,15 @@ static void check_vmm(int dev, size_t len, bool rdma, const kvw_cuda_dev_t *gpu)
         check(false, "VMM", "the driver lacks cuMemCreate/cuMemMap");
         return;
     }
-    mem_prop_t prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                       .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}};
+    cu_mem_prop_t prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                          .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}};
     prop.alloc_flags.gpu_direct_rdma_capable = rdma;
     size_t g = 0;
     cu.granularity(&g, &prop, 0);
     len = g ? (len + g - 1) / g * g : len;
     CUmemHandle_t h = 0;
     CUdeviceptr_t va = 0;
-    access_desc_t acc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    cu_access_desc_t acc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     if (cu.mem_create(&h, len, &prop, 0) || cu.address_reserve(&va, len, 0, 0, 0) ||
         cu.mem_map(va, len, 0, h, 0) || cu.set_access(va, len, &acc, 1)) {
         check(false, rdma ? "VMM with gpuDirectRDMACapable" : "VMM", "cannot map");

@@ -2,6 +2,7 @@
  * build or link requirement. Without libcuda.so.1 every pointer is host
  * memory and every query says why. */
 #include "mem/mem.h"
+#include "mem/cuda_abi.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -10,54 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The few driver types and constants used, from cuda.h (a stable ABI). */
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr_t;
-typedef unsigned long long CUmemHandle_t;
-typedef void *CUcontext_t;
-typedef void *CUstream_t;
-
-enum {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
-    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
-    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
-    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
-    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
-    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
-    CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
-    CU_MEMORYTYPE_HOST = 1,
-    CU_MEMORYTYPE_DEVICE = 2,
-    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
-    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
-    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
-    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
-    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116,
-    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118,
-    CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124,
-    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
-    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0,
-    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100,
-    CU_MEMHOSTALLOC_PORTABLE = 0x01,
-    CU_STREAM_NON_BLOCKING = 0x1,
-};
-
 /* CUmemAllocationProp (cuMemGetAllocationPropertiesFromHandle), with room
  * to spare in case a later driver writes more. */
 typedef union {
-    struct {
-        int type, requested_handle_types;
-        struct {
-            int type, id;
-        } location;
-        void *win32_meta;
-        struct {
-            unsigned char compression_type, gpu_direct_rdma_capable;
-            unsigned short usage;
-            unsigned char reserved[4];
-        } alloc_flags;
-    } p;
+    cu_mem_prop_t p;
     unsigned char room[256];
 } mem_alloc_prop_t;
 
