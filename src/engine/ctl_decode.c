@@ -200,10 +200,10 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
     if (!kvw__peer_transition(p, PEER_HELLO, PEER_CONNECTED))
         return; /* killed meanwhile: stays dead */
-    p->connected = m->u.hello.num_qps;
+    uint32_t lanes = m->u.hello.num_qps;
     KVW_INFO("connected to prefill rank %u via %s as peer %u (%u QP%s, QPN %u -> %u)", p->rank,
-             p->bootstrap_addr, p->index, p->connected, p->connected > 1 ? "s" : "",
-             p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn);
+             p->bootstrap_addr, p->index, lanes, lanes > 1 ? "s" : "", p->lanes[0].qp->qp->qp_num,
+             m->u.hello.qps[0].qpn);
     pthread_mutex_lock(&e->lock);
     touch_waiting_locked(e, p); /* send the requests waiting for this peer */
     pthread_mutex_unlock(&e->lock);

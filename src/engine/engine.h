@@ -95,11 +95,10 @@ struct kvw_peer {
     uint64_t orphan_bytes;   /* (lock) their page lists */
     kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
     kvw_lane_t lanes[KVW_MAX_LANES];
-    uint32_t nlanes;            /* created, fixed before the peer is published */
-    uint32_t connected;         /* decode: lanes prefill connected (its count may be smaller) */
-    kvw_plan_region_t *regions; /* every region, local paired with remote */
-    uint64_t remote_max[3];     /* items every remote region of each kind holds */
-    uint32_t max_msg_sz;        /* the smaller of the two ports' limits */
+    uint32_t nlanes;                       /* created, fixed before the peer is published */
+    kvw_plan_region_t *regions;            /* every region, local paired with remote */
+    uint64_t remote_max[3];                /* items every remote region of each kind holds */
+    uint32_t max_msg_sz;                   /* the smaller of the two ports' limits */
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
@@ -192,7 +191,6 @@ struct kvw_req {
     kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
     kvw_req_t *snext;                         /* on a stager queue */
     bool stage_queued;                        /* (stager lock) on its job queue */
-    bool stage_waiting;                       /* (lock) decode: waits for slots */
     uint64_t *slots; /* decode: a slot per page, per state index, then aux */
     bool slots_held; /* (stager lock) */
     bool staging_in; /* (stager lock) decode: the copy to the GPU runs */

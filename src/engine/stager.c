@@ -599,10 +599,8 @@ kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, si
         memcpy(r->slots, r->pages, n * sizeof(uint64_t));
     r->slots[n] = r->aux;
     *ready = !st->wait_head && take_slots(st, r);
-    if (!*ready) { /* in order: a large request is not overtaken forever */
-        r->stage_waiting = true;
+    if (!*ready) /* in order: a large request is not overtaken forever */
         queue_req(&st->wait_head, &st->wait_tail, r);
-    }
     return KVW_OK;
 }
 
@@ -616,7 +614,6 @@ static void grant_waiters(kvw_stager_t *st)
         st->wait_head = r->snext;
         if (!st->wait_head)
             st->wait_tail = NULL;
-        r->stage_waiting = false;
         if (!kvw__req_ended(r)) {
             r->request_due = true;
             kvw__req_touch_locked(r);
@@ -887,7 +884,6 @@ void kvw__stager_stop(kvw_engine_t *e)
     }
     while ((r = st->wait_head)) {
         st->wait_head = r->snext;
-        r->stage_waiting = false;
         kvw__req_unref(r);
     }
     st->wait_tail = NULL;

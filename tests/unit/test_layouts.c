@@ -816,6 +816,57 @@ static void test_striped_qps(void **state)
     striped_round(4, 4, true, 76);
 }
 
+/* A receiver waiting for decode's slots gives up: it fails at once on
+ * decode and, told by decode, on prefill; nothing of it lands; its place
+ * in the queue goes, and the slots it never got serve the next request. */
+static void test_staged_waiting_receiver_aborts(void **state)
+{
+    (void)state;
+    use_fake_gpu();
+    staged_layout(true, true);
+    assert_int_equal(open_engines(), KVW_OK);
+    req_spec_t qa = staged_spec(90), qb = staged_spec(91);
+    kvw_sender_t *sa, *sb;
+    kvw_receiver_t *ra, *rb;
+    start(&qa, &sa, &ra);
+    assert_int_equal(wait_end_ready(sa), KVW_POLL_WAITING_FOR_INPUT);
+    start(&qb, &sb, &rb); /* 20 slots wanted, 11 free: it waits */
+    pair_sleep_ms(100);
+    assert_int_equal(kvw_sender_poll(sb), KVW_POLL_BOOTSTRAPPING);
+    assert_int_equal(kvw_receiver_abort(rb), KVW_OK);
+    const char *why = NULL;
+    assert_int_equal(wait_end(poll_r, rb), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(rb, &why), KVW_ERR_ABORTED);
+    assert_int_equal(wait_end(poll_s, sb), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(sb, NULL), KVW_ERR_ABORTED);
+    kvw_sender_destroy(sb);
+    kvw_receiver_destroy(rb);
+    send_staged(&qa, sa);
+    finish(&qa, sa, ra); /* every byte: a's, and nothing of b's */
+    qa.room = 92;
+    start(&qa, &sa, &ra);
+    send_staged(&qa, sa);
+    finish(&qa, sa, ra);
+    assert_pools_free();
+}
+
+/* No pinned memory for the pool: the engine is not created, says why, and
+ * leaves nothing behind. */
+static void test_staged_pool_allocation_fails(void **state)
+{
+    (void)state;
+    fake_cuda_config_t c = {.gdr = 0, .fail_host_alloc = 1};
+    fake_cuda_init(&c);
+    kvw__cuda_set_ops(&fake_cuda_ops);
+    staged_layout(true, true);
+    assert_int_equal(open_engines(), KVW_ERR_NO_MEMORY);
+    assert_null(lp.prefill);
+    fake_cuda_stats_t cs;
+    fake_cuda_stats(&cs);
+    assert_int_equal(cs.live_host_allocs, 0);
+    assert_int_equal(cs.live_streams, 0);
+}
+
 /* Giving up while slices are being copied (slow copies): both handles
  * destroyed mid-transfer. Every chunk and slot comes back, and the next
  * request moves every byte. */
@@ -871,6 +922,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staged_prefill_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_limits_and_copy_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_abort_mid_copy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_waiting_receiver_aborts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_pool_allocation_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_striped_qps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_striped, setup, teardown),
     };
