@@ -367,6 +367,9 @@ typedef struct kvw_counters {
     uint64_t requests_ok;     /* requests that reached Success */
     uint64_t requests_failed; /* requests that reached Failed */
     uint64_t cq_sleeps;       /* times the poller blocked on the completion channel */
+    /* Poller passes run by the caller's own thread (send, poll) because the
+     * poller slept: each saved a wake-up on the request's critical path. */
+    uint64_t caller_passes;
 } kvw_counters_t;
 
 /* Snapshot the counters; thread-safe, values are each exact but not taken

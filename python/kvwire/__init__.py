@@ -492,6 +492,7 @@ class Counters(NamedTuple):
     requests_ok: int
     requests_failed: int
     cq_sleeps: int
+    caller_passes: int
 
 
 class ReqMetrics(NamedTuple):

@@ -121,6 +121,7 @@ class kvw_counters_t(Structure):
             "requests_ok",
             "requests_failed",
             "cq_sleeps",
+            "caller_passes",
         )
     ]
 

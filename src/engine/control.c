@@ -251,6 +251,7 @@ void *kvw__control_main(void *arg)
         build_poll_set(e, &ps);
         pthread_mutex_lock(&e->lock);
         uint64_t due = kvw__earliest(peers_due, kvw__next_deadline_locked(e));
+        e->control_due_ns = due ? due : UINT64_MAX; /* an earlier deadline wakes us */
         pthread_mutex_unlock(&e->lock);
         if (zmq_poll(ps.items, ps.n, timeout_ms(due, kvw__now_ns())) < 0 && errno != EINTR)
             KVW_WARN("zmq_poll failed: %s", zmq_strerror(errno));

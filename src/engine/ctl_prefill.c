@@ -4,6 +4,7 @@
  * sender has claimed yet ("orphans") are kept for orphan_ttl_ms within
  * per-connection caps. */
 #include "engine/control.h"
+#include "engine/poller.h"
 
 #include "common/log.h"
 #include "ctrl/zsock.h"
@@ -257,7 +258,11 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     switch (m->type) {
     case KVW_MSG_REQUEST:
+        /* The sender may be waiting with its writes: post them from here
+         * if the poller sleeps (one wake-up off the request's path). */
+        kvw__wake_defer();
         on_request(e, p, m);
+        kvw__poller_help(e);
         break;
     case KVW_MSG_ABORT:
         on_abort(e, p, m);

@@ -32,9 +32,28 @@ void kvw__wake(int fd)
         KVW_WARN("eventfd wake failed: %s", strerror(errno));
 }
 
+/* Per thread: a wake-up on the way to a pass this thread runs itself
+ * would be a system call and a second thread contending for the pass. */
+static _Thread_local bool wake_deferring, wake_wanted;
+
+void kvw__wake_defer(void)
+{
+    wake_deferring = true;
+    wake_wanted = false;
+}
+
+bool kvw__wake_deferred_end(void)
+{
+    bool wanted = wake_wanted;
+    wake_deferring = wake_wanted = false;
+    return wanted;
+}
+
 void kvw__wake_poller(kvw_engine_t *e)
 {
-    if (atomic_load(&e->poller_sleeping))
+    if (wake_deferring)
+        wake_wanted = true;
+    else if (atomic_load(&e->poller_sleeping))
         kvw__wake(e->poller_wake_fd);
 }
 
@@ -263,6 +282,7 @@ kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t *
         return KVW_ERR_NO_MEMORY;
     e->poller_wake_fd = e->control_wake_fd = -1;
     pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->pass_lock, NULL);
     kvw_status_t st = init_engine(e, params);
     if (st) {
         kvw_engine_destroy(e);
@@ -347,6 +367,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     free(e->mrs);
     kvw__layout_free(&e->layout);
     pthread_mutex_destroy(&e->lock);
+    pthread_mutex_destroy(&e->pass_lock);
     free(e);
 }
 
@@ -378,4 +399,5 @@ void kvw_engine_counters(const kvw_engine_t *e, kvw_counters_t *c)
     c->requests_ok = atomic_load(&k->ok);
     c->requests_failed = atomic_load(&k->failed);
     c->cq_sleeps = atomic_load(&k->sleeps);
+    c->caller_passes = atomic_load(&k->caller_passes);
 }

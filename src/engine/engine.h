@@ -7,11 +7,14 @@
  * Threads and ownership
  *   engine->lock guards the request list and table, the ready queue, the
  *   token table, request and peer fields marked (lock), and peer
- *   attachment. No verbs call is made under it. The poller thread alone
- *   touches a peer's txq, active and in-flight queues, and frees reclaimed
- *   peers; the control thread alone touches ZeroMQ sockets and fills or
- *   clears peer slots. A request's state is atomic so poll() never takes
- *   the lock. */
+ *   attachment. No verbs call is made under it. engine->pass_lock is held
+ *   by whoever runs a poller pass: the poller thread, or a caller's thread
+ *   doing the pass itself while the poller sleeps (kvw__poller_help). Only
+ *   its holder touches a peer's txq, active and in-flight queues (fields
+ *   marked "poller"), and the poller frees reclaimed peers under it; the
+ *   control thread alone touches ZeroMQ sockets and fills or clears peer
+ *   slots. A request's state is atomic so poll() never waits for a lock:
+ *   it at most tries the pass lock. */
 #ifndef KVW_ENGINE_ENGINE_H
 #define KVW_ENGINE_ENGINE_H
 
@@ -198,7 +201,7 @@ struct kvw_req {
 
 typedef struct kvw_engine_counters {
     _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
-        failed, sleeps;
+        failed, sleeps, caller_passes;
     _Atomic uint64_t created; /* requests made: those not ok nor failed are under way */
 } kvw_engine_counters_t;
 
@@ -231,6 +234,10 @@ struct kvw_engine {
     atomic_bool stop;
 
     pthread_mutex_t lock;
+    /* Held for one poller pass (run_once), by the poller thread or by a
+     * caller's thread helping while the poller sleeps; taken before lock,
+     * never while holding it. */
+    pthread_mutex_t pass_lock;
     /* Peer slots, read by the poller and control threads without the lock.
      * Only the control thread fills or clears a slot (under the lock), and
      * only the poller frees a cleared one's peer, at the start of a pass. */
@@ -250,6 +257,7 @@ struct kvw_engine {
     kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
     size_t npending, pending_cap;     /* (lock) */
     uint64_t drops, drop_logged_ns;   /* control: messages dropped, last logged */
+    uint64_t control_due_ns;          /* (lock) when the control thread wakes at the latest */
     _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending;   /* lets the spinning poller skip the lock */
@@ -273,6 +281,12 @@ void kvw__wake(int fd);
  * Safe because both sides store, then load (sequentially consistent): the
  * poller sets poller_sleeping before its last look for work. */
 void kvw__wake_poller(kvw_engine_t *e);
+/* The calling thread is about to hand work over and will run the poller's
+ * pass itself if the poller sleeps: kvw__wake_poller() only notes the wake
+ * until kvw__poller_help() (poller.h) decides. Pair every call with one. */
+void kvw__wake_defer(void);
+/* Ends kvw__wake_defer(); true if a wake was asked for meanwhile. */
+bool kvw__wake_deferred_end(void);
 
 /* request.c */
 void kvw__req_unref(kvw_req_t *r);

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -597,10 +598,32 @@ static int run_once(kvw_engine_t *e)
     return work;
 }
 
+/* One pass by the poller thread: free reclaimed peers first (no peer
+ * pointer is held between passes, by it or by a helping caller). 0 when a
+ * caller's pass holds the lock: that pass does the work, and neither side
+ * ever blocks on the other (no futex wait or wake on the hot path). */
+static int poller_pass(kvw_engine_t *e)
+{
+    if (pthread_mutex_trylock(&e->pass_lock))
+        return 0;
+    kvw__peers_reap(e);
+    int work = run_once(e);
+    pthread_mutex_unlock(&e->pass_lock);
+    return work;
+}
+
 /* Arm every CQ, look once more (a completion may have slipped in before the
- * arm), then block until a completion event or a wake-up. */
+ * arm), then block until a completion event or a wake-up. A caller's pass
+ * may run while we sleep: the CQs stay armed, so what it leaves in flight
+ * still wakes us when it completes. */
 static void sleep_on_channel(kvw_engine_t *e)
 {
+    /* Only after a last look of our own: a caller's pass running now may
+     * have polled before a completion whose event we would then miss. */
+    if (pthread_mutex_trylock(&e->pass_lock)) {
+        sched_yield();
+        return;
+    }
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);
@@ -608,7 +631,9 @@ static void sleep_on_channel(kvw_engine_t *e)
             e->dev->ops->req_notify_cq(p->lanes[j].qp->cq, 0);
     }
     atomic_store(&e->poller_sleeping, true); /* from here on, new work wakes us */
-    if (run_once(e) > 0) {
+    int work = run_once(e);
+    pthread_mutex_unlock(&e->pass_lock);
+    if (work > 0) {
         atomic_store(&e->poller_sleeping, false);
         return;
     }
@@ -644,8 +669,7 @@ void *kvw__poller_main(void *arg)
     uint64_t busy_ns = (uint64_t)e->cfg.poll_busy_us * 1000ull;
     uint64_t last_work = kvw__now_ns();
     while (!atomic_load(&e->stop)) {
-        kvw__peers_reap(e); /* no peer pointer is held between passes */
-        if (run_once(e) > 0) {
+        if (poller_pass(e) > 0) {
             last_work = kvw__now_ns();
             continue;
         }
@@ -658,11 +682,36 @@ void *kvw__poller_main(void *arg)
         sleep_on_channel(e);
         last_work = kvw__now_ns();
     }
+    pthread_mutex_lock(&e->pass_lock);
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++)
         if (kvw__peer_at(e, i))
             drop_queues(e, kvw__peer_at(e, i));
+    pthread_mutex_unlock(&e->pass_lock);
     return NULL;
+}
+
+/* A caller's thread runs the pass itself when the poller sleeps: waking it
+ * costs a system call and a thread wake-up (microseconds on a real host,
+ * up to milliseconds on a busy or emulated one), and the caller is on the
+ * request's critical path anyway. Never waits: when the pass is taken, its
+ * holder sees the work, or the poller is woken. */
+static void help(kvw_engine_t *e, bool wake_wanted)
+{
+    if (atomic_load(&e->poller_sleeping) && !atomic_load(&e->stop) &&
+        pthread_mutex_trylock(&e->pass_lock) == 0) {
+        run_once(e);
+        pthread_mutex_unlock(&e->pass_lock);
+        atomic_fetch_add_explicit(&e->counters.caller_passes, 1, memory_order_relaxed);
+        return;
+    }
+    if (wake_wanted)
+        kvw__wake_poller(e);
+}
+
+void kvw__poller_help(kvw_engine_t *e)
+{
+    help(e, kvw__wake_deferred_end());
 }
 
 /* The seam (poller.h): the same functions the thread runs, nothing added. */

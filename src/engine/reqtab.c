@@ -153,8 +153,11 @@ void kvw__req_set_deadline_locked(kvw_req_t *r, uint64_t ns)
     e->heap[e->heap_len] = r;
     r->heap_pos = ++e->heap_len;
     sift_up(e, e->heap_len - 1);
-    if (r->heap_pos == 1)
-        kvw__wake(e->control_wake_fd); /* the control thread may sleep past it */
+    /* Wake the control thread only if it would sleep past it: a request's
+     * watchdog (seconds away) must not cost a system call and a thread
+     * wake-up on the request's own path. */
+    if (r->heap_pos == 1 && ns < e->control_due_ns)
+        kvw__wake(e->control_wake_fd);
 }
 
 uint64_t kvw__next_deadline_locked(const kvw_engine_t *e)

@@ -7,6 +7,7 @@
  * aux item and the state, and its last write carries the immediate that
  * tells decode the whole request landed (RC delivers in order). */
 #include "engine/engine.h"
+#include "engine/poller.h"
 #include "engine/stager.h"
 
 #include "common/log.h"
@@ -432,9 +433,11 @@ kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part)
     if (!sender || !part || (part->num_pages && !part->pages))
         return KVW_ERR_INVALID;
     kvw_req_t *r = &sender->req;
+    kvw__wake_defer(); /* post from this thread if the poller sleeps */
     pthread_mutex_lock(&r->engine->lock);
     kvw_status_t st = send_part_locked(r, part);
     pthread_mutex_unlock(&r->engine->lock);
+    kvw__poller_help(r->engine);
     return st;
 }
 
@@ -444,12 +447,14 @@ kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *pages, size_t
     if (!sender || (n && !pages))
         return KVW_ERR_INVALID;
     kvw_req_t *r = &sender->req;
+    kvw__wake_defer();
     pthread_mutex_lock(&r->engine->lock);
     /* Chunks cover every layer alike: continue from layer 0's count. */
     kvw_part_t part = {.pages = pages, .num_pages = n};
     part.first_page = r->covered && r->engine->layout.kv_layers ? r->covered[0] : 0;
     kvw_status_t st = send_part_locked(r, &part);
     pthread_mutex_unlock(&r->engine->lock);
+    kvw__poller_help(r->engine);
     return st;
 }
 
@@ -465,6 +470,7 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
         return KVW_ERR_NO_MEMORY;
     if (n)
         memcpy(copy, state, n * sizeof(uint64_t));
+    kvw__wake_defer();
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
     if (!r->inited || r->have_state || r->final_given || kvw__req_ended(r)) {
@@ -495,12 +501,17 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
         }
     }
     pthread_mutex_unlock(&e->lock);
+    kvw__poller_help(e);
     free(copy);
     return st;
 }
 
 kvw_poll_t kvw_sender_poll(const kvw_sender_t *s)
 {
+    kvw_poll_t state = (kvw_poll_t)atomic_load(&s->req.state);
+    if (state != KVW_POLL_TRANSFERRING)
+        return state;
+    kvw__poller_help(s->req.engine); /* retire our completions if the poller sleeps */
     return (kvw_poll_t)atomic_load(&s->req.state);
 }
 

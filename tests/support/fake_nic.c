@@ -751,7 +751,7 @@ static int nic_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 /* An armed CQ turns its next (matching) CQE into one channel event. */
 static void cq_notify(nic_cq_t *cq, bool solicited)
 {
-    if (!cq->armed || (cq->solicited_only && !solicited))
+    if (!cq->armed || (cq->solicited_only && !solicited) || nic.faults.mute_events)
         return;
     cq->armed = false;
     if (cq->chan)

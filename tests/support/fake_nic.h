@@ -63,6 +63,9 @@ typedef struct fake_nic_faults {
     /* A successful send's completion can be polled only ack_delay_us after
      * its data landed (a late ACK): the receiver may act on the data first. */
     uint32_t ack_delay_us;
+    /* Armed CQs raise no channel event: a sleeping poller then learns of
+     * completions only from its idle timeout or from a caller's pass. */
+    int mute_events;
 } fake_nic_faults_t;
 
 typedef struct fake_nic_stats {

@@ -958,6 +958,91 @@ static void test_idle_control_thread_sleeps(void **state)
     assert_true(dd <= 10);
 }
 
+/* True once e's poller has been asleep on its channel for quiet_ms. */
+static bool poller_asleep(kvw_engine_t *e, int quiet_ms)
+{
+    for (int waited = 0; waited < WAIT_MS; waited += 1) {
+        kvw_counters_t c0, c1;
+        kvw_engine_counters(e, &c0);
+        if (!atomic_load(&e->poller_sleeping)) {
+            pair_sleep_ms(1);
+            continue;
+        }
+        pair_sleep_ms(quiet_ms);
+        kvw_engine_counters(e, &c1);
+        if (atomic_load(&e->poller_sleeping) && c1.cq_sleeps == c0.cq_sleeps)
+            return true;
+    }
+    return false;
+}
+
+/* Latency: a wake-up of the poller thread sat on every request's critical
+ * path (send() -> the poller posts; the immediate -> decode's poller
+ * marks Success). Now, while a poller sleeps, send() posts from the
+ * caller's thread and poll() reaps on the caller's thread. Completion
+ * events are muted here, so a sleeping poller would learn of nothing
+ * before its 1 s idle timeout: both sides reach Success well before it,
+ * through the callers' own passes, and every byte lands. */
+static void test_callers_drive_a_sleeping_poller(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 12, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    fake_nic_faults_t f = {.mute_events = 1};
+    fake_nic_set_faults(&f);
+    assert_true(poller_asleep(pair.prefill, 20));
+    assert_true(poller_asleep(pair.decode, 20));
+    kvw_counters_t p0, d0, p1, d1;
+    kvw_engine_counters(pair.prefill, &p0);
+    kvw_engine_counters(pair.decode, &d0);
+    uint64_t t0 = pair_now_ms();
+    send_now(&a);
+    kvw_engine_counters(pair.prefill, &p1);
+    assert_true(p1.wrs_posted > p0.wrs_posted); /* posted before send() returned */
+    assert_int_equal(pair_wait_receiver(&a, 300), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wait_sender(&a, 300), KVW_POLL_SUCCESS);
+    uint64_t took = pair_now_ms() - t0;
+    kvw_engine_counters(pair.prefill, &p1);
+    kvw_engine_counters(pair.decode, &d1);
+    print_message("events muted, pollers asleep: Success on both sides in %llu ms; caller "
+                  "passes: prefill %llu, decode %llu\n",
+                  (unsigned long long)took,
+                  (unsigned long long)(p1.caller_passes - p0.caller_passes),
+                  (unsigned long long)(d1.caller_passes - d0.caller_passes));
+    assert_true(took < 300);
+    assert_true(p1.caller_passes > p0.caller_passes);
+    assert_true(d1.caller_passes > d0.caller_passes);
+    assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+    fake_nic_set_faults(&(fake_nic_faults_t){0});
+    pair_destroy_room(&a);
+    assert_counters_balance();
+}
+
+/* The other half: nobody polls, and the pollers still finish on their
+ * own (completion events wake them), so a caller that only looks now and
+ * then loses nothing. Read without poll(): the state itself. */
+static void test_pollers_finish_without_callers(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 12, 0);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_true(poller_asleep(pair.prefill, 20));
+    assert_true(poller_asleep(pair.decode, 20));
+    uint64_t t0 = pair_now_ms();
+    send_now(&a);
+    const kvw_req_t *rs = (const kvw_req_t *)a.s, *rr = (const kvw_req_t *)a.r;
+    while ((atomic_load(&rs->state) != KVW_POLL_SUCCESS ||
+            atomic_load(&rr->state) != KVW_POLL_SUCCESS) &&
+           pair_now_ms() - t0 < 300)
+        pair_sleep_ms(1);
+    assert_int_equal(atomic_load(&rr->state), KVW_POLL_SUCCESS);
+    assert_int_equal(atomic_load(&rs->state), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+    pair_destroy_room(&a);
+}
+
 /* The planner splits writes at the smaller of the two ports' limits. */
 static void test_max_msg_sz_is_the_smaller(void **state)
 {
@@ -1112,6 +1197,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_wrong_frame_counts_dropped_whole, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_idle_control_thread_sleeps, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_callers_drive_a_sleeping_poller, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_pollers_finish_without_callers, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_max_msg_sz_is_the_smaller, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
                                         close_pair),
