@@ -37,9 +37,16 @@
  *   kvw_engine_* functions on one engine may be called from any thread.
  *   Senders and receivers of the same engine may be used concurrently from
  *   different threads; one sender or receiver must not be used by two
- *   threads at once. kvw_*_poll() is cheap (no syscall, no lock contention
- *   with the data path beyond a short per-request lock) and may be called
- *   in a busy loop. Destroy a request before its engine.
+ *   threads at once. kvw_*_poll() is cheap and may be called in a busy
+ *   loop: it never waits for another thread. Progress is made by the
+ *   engine's poller thread; while that thread sleeps (nothing happened for
+ *   KVW_POLL_SPIN_US), the caller's own thread does its work instead:
+ *   send calls post their writes before returning, and polling a request
+ *   that is Transferring polls the completion queues, so no thread wake-up
+ *   sits on a request's path when the caller is there anyway. That pass
+ *   is a few verbs calls, taken only if no other thread is in one
+ *   (counted in kvw_counters_t.caller_passes). Destroy a request before
+ *   its engine.
  *
  * Errors
  *   Functions return kvw_status_t (KVW_OK == 0, errors < 0); output
