@@ -78,28 +78,26 @@ static struct ibv_context *open_device(const char *name)
 /* INIT -> RTR -> RTS towards `peer_qpn` at `gid` (the same device). */
 static int connect_qp(struct ibv_qp *qp, uint32_t peer_qpn, const union ibv_gid *gid, int gid_index)
 {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
-                            .port_num = PORT,
-                            .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_INIT, .port_num = PORT, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
     if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
         return fail("ibv_modify_qp(INIT)");
     struct ibv_port_attr port;
     if (ibv_query_port(qp->context, PORT, &port))
         return fail("ibv_query_port");
-    a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR,
-                             .path_mtu = port.active_mtu,
-                             .dest_qp_num = peer_qpn,
-                             .max_dest_rd_atomic = 1,
-                             .min_rnr_timer = 12,
-                             .ah_attr = {.is_global = 1,
-                                         .dlid = port.lid,
-                                         .port_num = PORT,
-                                         .grh = {.dgid = *gid,
-                                                 .sgid_index = (uint8_t)gid_index,
-                                                 .hop_limit = 64}}};
+    a = (struct ibv_qp_attr){
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = port.active_mtu,
+        .dest_qp_num = peer_qpn,
+        .max_dest_rd_atomic = 1,
+        .min_rnr_timer = 12,
+        .ah_attr = {.is_global = 1,
+                    .dlid = port.lid,
+                    .port_num = PORT,
+                    .grh = {.dgid = *gid, .sgid_index = (uint8_t)gid_index, .hop_limit = 64}}};
     if (ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         return fail("ibv_modify_qp(RTR)");
     a = (struct ibv_qp_attr){
         .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1};
@@ -193,8 +191,9 @@ static int one_request(const opts_t *o, rig_t *g, uint32_t seq, double *total_us
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: kvw-rawlat [--dev NAME] [--gid-index N] [--writes N (1-%d)] "
-                    "[--idle-us US] [--iters N] [--size BYTES (1-4096)]\n",
+    fprintf(stderr,
+            "usage: kvw-rawlat [--dev NAME] [--gid-index N] [--writes N (1-%d)] "
+            "[--idle-us US] [--iters N] [--size BYTES (1-4096)]\n",
             MAX_WRITES);
     exit(2);
 }
@@ -202,21 +201,34 @@ static void usage(void)
 static void parse(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){.gid_index = 1, .writes = 2, .idle_us = 1000, .iters = 201, .size = 8};
-    static const struct option lo[] = {{"dev", 1, 0, 'd'},     {"gid-index", 1, 0, 'g'},
-                                       {"writes", 1, 0, 'w'},  {"idle-us", 1, 0, 'i'},
-                                       {"iters", 1, 0, 'n'},   {"size", 1, 0, 's'},
-                                       {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+    static const struct option lo[] = {{"dev", 1, 0, 'd'},    {"gid-index", 1, 0, 'g'},
+                                       {"writes", 1, 0, 'w'}, {"idle-us", 1, 0, 'i'},
+                                       {"iters", 1, 0, 'n'},  {"size", 1, 0, 's'},
+                                       {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         long v = optarg ? strtol(optarg, NULL, 10) : 0;
         switch (c) {
-        case 'd': o->dev = optarg; break;
-        case 'g': o->gid_index = (int)v; break;
-        case 'w': o->writes = (int)v; break;
-        case 'i': o->idle_us = (int)v; break;
-        case 'n': o->iters = (int)v; break;
-        case 's': o->size = (uint32_t)v; break;
-        default: usage();
+        case 'd':
+            o->dev = optarg;
+            break;
+        case 'g':
+            o->gid_index = (int)v;
+            break;
+        case 'w':
+            o->writes = (int)v;
+            break;
+        case 'i':
+            o->idle_us = (int)v;
+            break;
+        case 'n':
+            o->iters = (int)v;
+            break;
+        case 's':
+            o->size = (uint32_t)v;
+            break;
+        default:
+            usage();
         }
     }
     if (o->writes < 1 || o->writes > MAX_WRITES || o->iters < 1 || o->idle_us < 0 || !o->size ||

@@ -32,7 +32,10 @@
  * ready) or streamed (send_part() per layer as it becomes ready), the two
  * interleaved for --requests reps. Reported: time from the last layer
  * ready to decode's Success (the part of time-to-first-token the transfer
- * adds), median per mode, and their ratio streamed / at end.
+ * adds), median per mode, and their ratio streamed / at end. Then as many
+ * whole-path requests (prefill's pages handed over first, decode's init ->
+ * Success, with where the time went) and one ZeroMQ round trip, the
+ * yardstick for decode's request hop.
  *
  * Verification: each request gets its own destination pages when the pool
  * fits --max-pool-mb; then every byte of the first --verify requests
@@ -791,6 +794,55 @@ static double layered_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *d
     return tail;
 }
 
+/* The whole path (b), for one request: prefill's pages were handed over
+ * first (its sender waits for decode's request), and the receiver was
+ * created beforehand, as engines do at admission; timed from decode's
+ * init to its Success. Split: init -> prefill's first post (the request
+ * hop: decode's control thread, ZeroMQ, prefill's control thread), first
+ * post -> decode's last immediate, -> the caller sees Success. */
+static double whole_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *de, const char *bs,
+                            const memory_t *dm, uint64_t k, tail_split_t *split)
+{
+    req_plan_t rp;
+    plan_req(o, k, &rp);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    kvw_status_t st = kvw_receiver_create(de, bs, 0, rp.room, &r);
+    if (!st)
+        st = kvw_sender_create(pe, rp.room, &s);
+    if (!st)
+        st = kvw_sender_init(s, o->pages, KVW_NO_AUX);
+    if (!st)
+        st = kvw_sender_send(s, rp.src, o->pages);
+    if (st)
+        die("whole path", "starting a request", st, NULL);
+    sleep_ms(o->layer_ms); /* every thread settles, as between requests */
+    double t0 = now_s();
+    if ((st = kvw_receiver_init(r, rp.dst, o->pages, KVW_NO_AUX)))
+        die("whole path", "receiver init", st, NULL);
+    kvw_poll_t ps;
+    while ((ps = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && ps != KVW_POLL_FAILED)
+        sched_yield();
+    double seen = now_s();
+    if (ps != KVW_POLL_SUCCESS) {
+        const char *why = "";
+        die("whole path", "the request failed", kvw_receiver_failure(r, &why), why);
+    }
+    kvw_req_metrics_t sm, rm;
+    kvw_receiver_metrics(r, &rm);
+    while (kvw_sender_poll(s) == KVW_POLL_TRANSFERRING)
+        sched_yield();
+    kvw_sender_metrics(s, &sm);
+    double posted = (double)sm.start_ns / 1e9, landed = (double)rm.end_ns / 1e9;
+    *split = (tail_split_t){posted - t0, landed - posted, seen - landed};
+    if (verify_req(o, dm, &rp))
+        die("whole path", "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    free_req(&rp);
+    return seen - t0;
+}
+
 static double median(double *v, uint64_t n)
 {
     qsort(v, n, sizeof(*v), cmp_double);
@@ -909,6 +961,21 @@ static int run_layerwise(const opts_t *o)
         printf("{\"mode\":\"layerwise\",\"layers\":%" PRIu64 ",\"layer_ms\":%" PRIu64
                ",\"at_end_ms\":%.3f,\"streamed_ms\":%.3f,\"ratio\":%.4f}\n",
                o->layers, o->layer_ms, me * 1e3, ms * 1e3, me > 0 ? ms / me : 0);
+    double *whole = calloc(n, sizeof(double));
+    for (uint64_t i = 0; i < n; i++) {
+        tail_split_t w;
+        whole[i] = whole_request(o, pe, de, kvw_bootstrap_addr(bs), &dm, 2 * n + 1 + i, &w);
+        to_post[i] = w.to_post;
+        to_landed[i] = w.to_landed;
+        to_seen[i] = w.to_seen;
+    }
+    double mw = median(whole, n), w99 = whole[n - 1 - (n - 1) / 100];
+    printf("whole path: decode init -> Success median %.2f ms, p99 / p50 %.2f; split: init -> "
+           "prefill's first post (the request hop) %.1f us, first post -> decode's last "
+           "immediate %.1f us, immediate -> caller sees Success %.1f us\n",
+           mw * 1e3, mw > 0 ? w99 / mw : 0, median(to_post, n) * 1e6, median(to_landed, n) * 1e6,
+           median(to_seen, n) * 1e6);
+    free(whole);
     free(at_end);
     free(streamed);
     free(to_post);
