@@ -741,6 +741,36 @@ typedef struct tail_split {
     double to_post, to_landed, to_seen;
 } tail_split_t;
 
+/* The end of a timed request: wait for decode's Success, then prefill's,
+ * split the time from t0 at prefill's first post and decode's last
+ * immediate, check every byte and free both sides. Returns seconds from t0
+ * to decode's Success as the caller saw it. */
+static double finish_timed(const opts_t *o, const memory_t *dm, req_plan_t *rp, kvw_sender_t *s,
+                           kvw_receiver_t *r, double t0, const char *mode, tail_split_t *split)
+{
+    kvw_poll_t ps;
+    while ((ps = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && ps != KVW_POLL_FAILED)
+        sched_yield();
+    double seen = now_s();
+    if (ps != KVW_POLL_SUCCESS) {
+        const char *why = "";
+        die(mode, "the request failed", kvw_receiver_failure(r, &why), why);
+    }
+    kvw_req_metrics_t sm, rm;
+    kvw_receiver_metrics(r, &rm);
+    while (kvw_sender_poll(s) == KVW_POLL_TRANSFERRING)
+        sched_yield();
+    kvw_sender_metrics(s, &sm);
+    double posted = (double)sm.start_ns / 1e9, landed = (double)rm.end_ns / 1e9;
+    *split = (tail_split_t){posted - t0, landed - posted, seen - landed};
+    if (verify_req(o, dm, rp))
+        die(mode, "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    free_req(rp);
+    return seen - t0;
+}
+
 /* One request: the forward pass, then (or meanwhile) the transfer. Returns
  * seconds from the last layer ready to decode's Success, and in *split
  * where they went. */
@@ -771,27 +801,7 @@ static double layered_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *d
     double ready = now_s();
     if (!streamed && (st = kvw_sender_send(s, rp.src, o->pages)))
         die("layer-wise", "send", st, NULL);
-    kvw_poll_t ps;
-    while ((ps = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && ps != KVW_POLL_FAILED)
-        sched_yield();
-    double seen = now_s(), tail = seen - ready;
-    if (ps != KVW_POLL_SUCCESS) {
-        const char *why = "";
-        die("layer-wise", "the request failed", kvw_receiver_failure(r, &why), why);
-    }
-    kvw_req_metrics_t sm, rm;
-    kvw_receiver_metrics(r, &rm);
-    while (kvw_sender_poll(s) == KVW_POLL_TRANSFERRING)
-        sched_yield();
-    kvw_sender_metrics(s, &sm);
-    double posted = (double)sm.start_ns / 1e9, landed = (double)rm.end_ns / 1e9;
-    *split = (tail_split_t){posted - ready, landed - posted, seen - landed};
-    if (verify_req(o, dm, &rp))
-        die("layer-wise", "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
-    kvw_sender_destroy(s);
-    kvw_receiver_destroy(r);
-    free_req(&rp);
-    return tail;
+    return finish_timed(o, dm, &rp, s, r, ready, "layer-wise", split);
 }
 
 /* The whole path (b), for one request: prefill's pages were handed over
@@ -820,27 +830,7 @@ static double whole_request(const opts_t *o, kvw_engine_t *pe, kvw_engine_t *de,
     double t0 = now_s();
     if ((st = kvw_receiver_init(r, rp.dst, o->pages, KVW_NO_AUX)))
         die("whole path", "receiver init", st, NULL);
-    kvw_poll_t ps;
-    while ((ps = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && ps != KVW_POLL_FAILED)
-        sched_yield();
-    double seen = now_s();
-    if (ps != KVW_POLL_SUCCESS) {
-        const char *why = "";
-        die("whole path", "the request failed", kvw_receiver_failure(r, &why), why);
-    }
-    kvw_req_metrics_t sm, rm;
-    kvw_receiver_metrics(r, &rm);
-    while (kvw_sender_poll(s) == KVW_POLL_TRANSFERRING)
-        sched_yield();
-    kvw_sender_metrics(s, &sm);
-    double posted = (double)sm.start_ns / 1e9, landed = (double)rm.end_ns / 1e9;
-    *split = (tail_split_t){posted - t0, landed - posted, seen - landed};
-    if (verify_req(o, dm, &rp))
-        die("whole path", "wrong bytes at decode", KVW_ERR_TRANSFER, NULL);
-    kvw_sender_destroy(s);
-    kvw_receiver_destroy(r);
-    free_req(&rp);
-    return seen - t0;
+    return finish_timed(o, dm, &rp, s, r, t0, "whole path", split);
 }
 
 static double median(double *v, uint64_t n)
