@@ -136,10 +136,12 @@ integration: $(INTEG) $(TOOLS) $(SHARED)
 demo: deps all
 	tools/kvw-testbed --devices 2 --timeout 900 -- tools/demo.sh $(BUILD)
 
-# The null-device posting rate is measured first, on the host (one core of
-# this machine, not the TCG guest); bench.sh prints it beside the ratios.
+# The null-device posting rate and the real path's instructions per WR
+# (callgrind; needs valgrind) are measured first, on the host (one core of
+# this machine, not the TCG guest); bench.sh prints them beside the ratios.
 bench: deps all
 	-$(BUILD)/kvw-wrcost --rate >$(BUILD)/nullrate.txt
+	-$(BUILD)/kvw-wrcost >$(BUILD)/wrcost.txt 2>&1
 	tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- tools/bench.sh $(BUILD)
 
 # GPU memory checks (tools/gpu-check): detection, dma-buf export and copy

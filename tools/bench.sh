@@ -193,6 +193,13 @@ awk -F'\t' '
 # the emulated one is not.
 echo "== null device, host core (make bench ran kvw-wrcost --rate before the guest):"
 sed 's/^/  /' "$build/nullrate.txt" 2>/dev/null || echo "  not measured (run $build/kvw-wrcost --rate on the host)"
+echo "== real path, host (make bench ran kvw-wrcost under callgrind before the guest):"
+if grep -q "instructions per WR" "$build/wrcost.txt" 2>/dev/null; then
+    grep "instructions per WR" "$build/wrcost.txt" | sed 's/^/  /'
+else
+    echo "  not measured (make wrcost; needs valgrind):"
+    tail -2 "$build/wrcost.txt" 2>/dev/null | sed 's/^/    /'
+fi
 echo
 echo "== kvwire CPU-s per GB (median over reps) and doorbells"
 awk -F'\t' '

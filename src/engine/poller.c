@@ -679,8 +679,10 @@ void *kvw__poller_main(void *arg)
         uint64_t spin = busy_ns > spin_ns && under_way(e) ? busy_ns : spin_ns;
         if (kvw__now_ns() - last_work < spin)
             continue;
+        /* No spin after a wake-up unless its pass finds work: the event
+         * may be for completions a caller's pass already reaped, and
+         * spinning then only takes the CPU from that caller. */
         sleep_on_channel(e);
-        last_work = kvw__now_ns();
     }
     pthread_mutex_lock(&e->pass_lock);
     uint32_t np = atomic_load(&e->num_peers);
