@@ -336,6 +336,9 @@ static void test_kv_two_aux_and_state(void **state)
     kvw_sender_t *s;
     kvw_receiver_t *r;
     start(&q, &s, &r);
+    /* Decode's request at prefill first: on a slow test bed the handshake
+     * alone can outlast a fixed sleep (seen once in the TCG guest). */
+    assert_int_equal(wait_end_ready(s), KVW_POLL_WAITING_FOR_INPUT);
     assert_int_equal(kvw_sender_send(s, src, 4), KVW_OK);
     /* Every page is handed over, but the state is not: not complete yet. */
     pair_sleep_ms(50);
