@@ -5,7 +5,7 @@
 # WRs of the same size, also rxe0 -> rxe0 (prefill and decode engines on the
 # same device; the steadier topology). Reports the median of the per-rep
 # ratios kvwire/perftest and the raw values. Rules:
-# /work/shared/docs/rxe-test-bed.md (noisy guest: ratios, interleaved, median).
+# the test bed notes in README "Benchmarks" (noisy guest: ratios, interleaved, median).
 #   2k   fragmented KV pages, one 2 KiB page per WR, vs ib_write_bw -s 2048
 #        and vs ib_write_bw -s 2048 --post_list 32 (message rate)
 #   64k  contiguous blocks, 32 x 2 KiB pages per run = one 64 KiB WR
