@@ -142,6 +142,21 @@ static int setup(const opts_t *o, rig_t *g)
            connect_qp(g->receiver, g->sender->qp_num, &gid, o->gid_index);
 }
 
+/* Busy-poll cq for one completion; 0 if it succeeded, else says which
+ * (`what`) failed and returns 1. */
+static int await_completion(struct ibv_cq *cq, const char *what)
+{
+    struct ibv_wc wc;
+    int n;
+    while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
+        ;
+    if (n > 0 && wc.status == IBV_WC_SUCCESS)
+        return 0;
+    fprintf(stderr, "kvw-rawlat: %s completion: %s\n", what,
+            n < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(wc.status));
+    return 1;
+}
+
 /* One request: the chain, then its immediate at the receiver. Returns the
  * microseconds post -> receive completion (and in *post_us the post). */
 static int one_request(const opts_t *o, rig_t *g, uint32_t seq, double *total_us, double *post_us)
@@ -149,7 +164,6 @@ static int one_request(const opts_t *o, rig_t *g, uint32_t seq, double *total_us
     struct ibv_sge sge[MAX_WRITES];
     struct ibv_send_wr wr[MAX_WRITES], *bad;
     struct ibv_recv_wr rwr = {.wr_id = seq}, *rbad;
-    struct ibv_wc wc;
     if (ibv_post_recv(g->receiver, &rwr, &rbad))
         return fail("ibv_post_recv");
     for (int i = 0; i < o->writes; i++) {
@@ -170,23 +184,9 @@ static int one_request(const opts_t *o, rig_t *g, uint32_t seq, double *total_us
     if (ibv_post_send(g->sender, wr, &bad))
         return fail("ibv_post_send");
     *post_us = now_us() - t0;
-    int n;
-    while ((n = ibv_poll_cq(g->recv_cq, 1, &wc)) == 0)
-        ;
+    int failed = await_completion(g->recv_cq, "receive");
     *total_us = now_us() - t0;
-    if (n < 0 || wc.status != IBV_WC_SUCCESS) {
-        fprintf(stderr, "kvw-rawlat: receive completion: %s\n",
-                n < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(wc.status));
-        return 1;
-    }
-    while ((n = ibv_poll_cq(g->send_cq, 1, &wc)) == 0)
-        ;
-    if (n < 0 || wc.status != IBV_WC_SUCCESS) {
-        fprintf(stderr, "kvw-rawlat: send completion: %s\n",
-                n < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(wc.status));
-        return 1;
-    }
-    return 0;
+    return failed || await_completion(g->send_cq, "send");
 }
 
 static void usage(void)

@@ -293,6 +293,9 @@ void kvw__req_unref(kvw_req_t *r);
 bool kvw__req_ended(const kvw_req_t *r);
 /* KVW_OK, or the failure status with its reason (valid while r lives). */
 kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p);
+/* poll() of either side: r's state, after a pass on the caller's thread
+ * when r is Transferring and the poller sleeps (kvw__poller_help). */
+kvw_poll_t kvw__req_poll(const kvw_req_t *r);
 /* (lock) The user's handle is gone: keep r only while the other side may
  * still need an answer about it, else drop it. */
 void kvw__req_release_handle_locked(kvw_req_t *r);

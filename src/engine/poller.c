@@ -698,8 +698,9 @@ void *kvw__poller_main(void *arg)
  * up to milliseconds on a busy or emulated one), and the caller is on the
  * request's critical path anyway. Never waits: when the pass is taken, its
  * holder sees the work, or the poller is woken. */
-static void help(kvw_engine_t *e, bool wake_wanted)
+void kvw__poller_help(kvw_engine_t *e)
 {
+    bool wake_wanted = kvw__wake_deferred_end();
     if (atomic_load(&e->poller_sleeping) && !atomic_load(&e->stop) &&
         pthread_mutex_trylock(&e->pass_lock) == 0) {
         run_once(e);
@@ -709,11 +710,6 @@ static void help(kvw_engine_t *e, bool wake_wanted)
     }
     if (wake_wanted)
         kvw__wake_poller(e);
-}
-
-void kvw__poller_help(kvw_engine_t *e)
-{
-    help(e, kvw__wake_deferred_end());
 }
 
 /* The seam (poller.h): the same functions the thread runs, nothing added. */

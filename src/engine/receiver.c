@@ -1,6 +1,5 @@
 /* Decode side of a request: the public receiver API. */
 #include "engine/engine.h"
-#include "engine/poller.h"
 #include "engine/stager.h"
 
 #include "common/log.h"
@@ -264,13 +263,7 @@ kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
 
 kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *rc)
 {
-    kvw_poll_t state = (kvw_poll_t)atomic_load(&rc->req.state);
-    if (state != KVW_POLL_TRANSFERRING)
-        return state;
-    /* If the poller sleeps, reap the immediate here: its wake-up would be
-     * on the request's critical path. */
-    kvw__poller_help(rc->req.engine);
-    return (kvw_poll_t)atomic_load(&rc->req.state);
+    return kvw__req_poll(&rc->req);
 }
 
 kvw_status_t kvw_receiver_failure(const kvw_receiver_t *rc, const char **reason_p)

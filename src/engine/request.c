@@ -2,6 +2,7 @@
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */
 #include "engine/engine.h"
+#include "engine/poller.h"
 #include "engine/stager.h"
 
 #include "common/log.h"
@@ -143,6 +144,18 @@ void kvw__req_drained(kvw_req_t *r)
     if (r->notify_failure || r->user_gone)
         kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
+}
+
+kvw_poll_t kvw__req_poll(const kvw_req_t *r)
+{
+    kvw_poll_t state = (kvw_poll_t)atomic_load(&r->state);
+    if (state != KVW_POLL_TRANSFERRING)
+        return state;
+    /* If the poller sleeps, do its pass here (decode: reap the immediate;
+     * prefill: retire the writes): its wake-up would be on the request's
+     * critical path. */
+    kvw__poller_help(r->engine);
+    return (kvw_poll_t)atomic_load(&r->state);
 }
 
 kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p)

@@ -508,11 +508,7 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
 
 kvw_poll_t kvw_sender_poll(const kvw_sender_t *s)
 {
-    kvw_poll_t state = (kvw_poll_t)atomic_load(&s->req.state);
-    if (state != KVW_POLL_TRANSFERRING)
-        return state;
-    kvw__poller_help(s->req.engine); /* retire our completions if the poller sleeps */
-    return (kvw_poll_t)atomic_load(&s->req.state);
+    return kvw__req_poll(&s->req);
 }
 
 kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
