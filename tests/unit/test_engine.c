@@ -1019,6 +1019,40 @@ static void test_callers_drive_a_sleeping_poller(void **state)
     assert_counters_balance();
 }
 
+/* The error paths on a caller's pass: with completion events muted and the
+ * pollers asleep, the callers' own polls reap a write's error completion.
+ * The failed request fails on both sides and nothing more lands in its
+ * pages, while the one that landed before it stays Success. */
+static void test_error_completion_on_a_callers_pass(void **state)
+{
+    (void)state;
+    pair_room_t a, b;
+    start_two(&a, &b, 4, 16);
+    fake_nic_set_faults(&(fake_nic_faults_t){.mute_events = 1});
+    assert_true(poller_asleep(pair.prefill, 20));
+    assert_true(poller_asleep(pair.decode, 20));
+    send_now(&a);
+    assert_landed(&a);
+    kvw_counters_t p0, p1;
+    kvw_engine_counters(pair.prefill, &p0);
+    /* b's 3rd write fails at the NIC (the fault counters restart here). */
+    fake_nic_set_faults(&(fake_nic_faults_t){
+        .mute_events = 1, .error_wr = 3, .error_status = IBV_WC_REM_ACCESS_ERR});
+    send_now(&b);
+    assert_int_equal(pair_wait_sender(&b, WAIT_MS), KVW_POLL_FAILED);
+    kvw_engine_counters(pair.prefill, &p1);
+    assert_true(p1.caller_passes > p0.caller_passes);
+    assert_true(p1.errors > p0.errors);
+    assert_failed(&b, 0);
+    assert_quiet_after_failed(&b, 100);
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+    fake_nic_set_faults(&(fake_nic_faults_t){0});
+    assert_counters_balance();
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+}
+
 /* The other half: nobody polls, and the pollers still finish on their
  * own (completion events wake them), so a caller that only looks now and
  * then loses nothing. Read without poll(): the state itself. */
@@ -1200,6 +1234,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_callers_drive_a_sleeping_poller, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_pollers_finish_without_callers, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_error_completion_on_a_callers_pass, open_pair,
+                                        close_pair),
         cmocka_unit_test_setup_teardown(test_max_msg_sz_is_the_smaller, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
                                         close_pair),
