@@ -17,17 +17,19 @@
 #        then the latency critical path (one 8 B request, send() -> decode's
 #        Success), its raw-verbs floor (kvw-rawlat, the same request shape
 #        with no kvwire code) and both latency targets side by side
+#   idle  prefill and decode processes connected and idle: CPU per process
+#        as % of a core (KVW_BENCH_IDLE_S, 30 s)
 # Each ratio is reported as its median with the interquartile range and a
 # ~95% confidence interval of the median (order statistics), and a verdict
 # against its target: met (the whole interval on the right side), missed
 # (the whole interval on the wrong side), or not separable at this REPS.
 # Usage: bench.sh BUILD_DIR     env: KVW_BENCH_REPS (9), KVW_BENCH_SIZES ("2k 64k 1m lat
-#        layer"), LAYER_MS (20); REPS and SIZES also work when run by hand
+#        layer idle"), LAYER_MS (20); REPS and SIZES also work when run by hand
 set -u
 build=${1:-build}
 # KVW_BENCH_*: the test bed passes only KVW_* variables into the guest.
 reps=${KVW_BENCH_REPS:-${REPS:-9}}
-sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer"}}
+sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer idle"}}
 dev=${KVW_TB_DEV0:?run inside tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)
@@ -267,6 +269,16 @@ case " $sizes " in *" layer "*)
         fails=$((fails + 1))
     fi
     latency_summary
+    ;;
+esac
+# Idle cost, measured (make check asserts only wake-up counts): a prefill
+# and a decode process connected and idle, each one's CPU as % of a core.
+case " $sizes " in *" idle "*)
+    echo
+    echo "== idle: prefill and decode connected, ${KVW_BENCH_IDLE_S:-30} s, CPU per process"
+    KVW_IDLE_S=${KVW_BENCH_IDLE_S:-30} tests/integration/soak_scenarios.sh "$build" idle \
+        >"$work/idle.out" 2>&1 || fails=$((fails + 1))
+    grep -E 'idle: process total' "$work/idle.out" || tail -n 5 "$work/idle.out"
     ;;
 esac
 echo "== bench done in $(($(date +%s) - t_start)) s, $fails kvwire run(s) failed"

@@ -502,20 +502,36 @@ static double thread_cpu_s(const char *name)
     return total;
 }
 
+static unsigned long long thread_switches_named(const char *name);
+enum { IDLE_POLLER_WAKES = 5 };
+
+/* An idle poller sleeps on the completion channel with a 1 s timeout, so it
+ * wakes about once a second. Asserted on the count (a loaded machine
+ * cannot break it), with 5x headroom; its CPU share is only printed (make
+ * bench measures idle CPU). */
 static int idle_check(const opts_t *o)
 {
     double c0 = thread_cpu_s("kvw-poller"), t0 = now_s();
+    unsigned long long w0 = thread_switches_named("kvw-poller");
     sleep(o->idle_check_s);
-    double used = thread_cpu_s("kvw-poller") - c0, frac = used / (now_s() - t0);
-    printf("idle poller: %.3f CPU-s over %.1f s = %.2f%% of a core (limit 1%%)\n", used,
-           now_s() - t0, 100 * frac);
-    return c0 >= 0 && frac < 0.01 ? 0 : 1;
+    double dt = now_s() - t0;
+    double used = thread_cpu_s("kvw-poller") - c0;
+    double wakes = (double)(thread_switches_named("kvw-poller") - w0) / dt;
+    printf("idle poller: %.1f wake-ups/s over %.1f s (limit %d); %.3f CPU-s = %.2f%% of a core "
+           "(not asserted)\n",
+           wakes, dt, IDLE_POLLER_WAKES, used, 100 * used / dt);
+    return c0 >= 0 && wakes <= IDLE_POLLER_WAKES ? 0 : 1;
 }
 
 /* ------------------------------------------------ idle window (--idle-s) */
 
 enum { MAX_THREADS = 64, IDLE_LINGER_S = 2 };
-#define IDLE_LIMIT_PCT 0.5
+/* Wake-ups per second a connected idle process may take, all its threads
+ * together: the poller's 1 s channel timeout, the control thread's idle
+ * heartbeats (every idle_heartbeat_ms) and ZeroMQ's I/O thread come to a
+ * few; the bound leaves ample headroom and, unlike a CPU share, does not
+ * move with the machine's load. */
+#define IDLE_LIMIT_WAKES 25.0
 
 typedef struct thread_ticks {
     int tid;
@@ -553,6 +569,30 @@ static unsigned long long thread_switches(const char *tid)
             n += v;
     if (f)
         fclose(f);
+    return n;
+}
+
+/* Context switches of this process's thread named `name` (0: none). */
+static unsigned long long thread_switches_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *de;
+    unsigned long long n = 0;
+    while (d && (de = readdir(d))) {
+        char path[300], comm[64] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (!fgets(comm, sizeof(comm), f))
+            comm[0] = '\0';
+        fclose(f);
+        comm[strcspn(comm, "\n")] = '\0';
+        if (strcmp(comm, name) == 0)
+            n += thread_switches(de->d_name);
+    }
+    if (d)
+        closedir(d);
     return n;
 }
 
@@ -595,7 +635,9 @@ static void sleep_s(double s)
 }
 
 /* Stay connected S seconds doing nothing, then print every thread's CPU
- * (from /proc, % of one core) and the process's; fails at or above 0.5%.
+ * (from /proc, % of one core) and wake-ups, and the process's; fails when
+ * the process woke more than IDLE_LIMIT_WAKES times a second. CPU is
+ * printed, not asserted: make bench reports it as a measurement.
  * Afterwards linger a little before the caller tears down, so that the
  * peer's own window (started within a moment of ours) ends before our
  * disconnect could cost it anything. */
@@ -622,10 +664,18 @@ static int idle_window(const opts_t *o)
                side, b[i].comm, b[i].tid, used, 100 * used / dt,
                (double)(b[i].waits - before.waits) / dt);
     }
-    double total = (double)(pb - pa) / hz, pct = 100 * total / dt;
-    bool ok = pct < IDLE_LIMIT_PCT;
-    printf("%s idle: process total %.2f CPU-s over %.1f s = %.3f%% of a core (limit %.1f%%): %s\n",
-           side, total, dt, pct, IDLE_LIMIT_PCT, ok ? "ok" : "TOO HIGH");
+    unsigned long long waits = 0;
+    for (int i = 0; i < nb; i++) {
+        unsigned long long before = 0;
+        for (int j = 0; j < na; j++)
+            before = a[j].tid == b[i].tid ? a[j].waits : before;
+        waits += b[i].waits - before;
+    }
+    double total = (double)(pb - pa) / hz, pct = 100 * total / dt, wakes = (double)waits / dt;
+    bool ok = wakes <= IDLE_LIMIT_WAKES;
+    printf("%s idle: process total %.2f CPU-s over %.1f s = %.3f%% of a core, %.1f wake-ups/s "
+           "(limit %.0f): %s\n",
+           side, total, dt, pct, wakes, IDLE_LIMIT_WAKES, ok ? "ok" : "TOO MANY");
     sleep_s(IDLE_LINGER_S);
     return !ok;
 }
@@ -1393,7 +1443,7 @@ static void usage(void)
             "        (give prefill --may-fail for those rooms). After the cycle counts in\n"
             "        LIST, write F.COUNT and wait for F.COUNT.ack (the script measures)\n"
             "  idle (both): --idle-s S  after the transfers stay connected S s, then print\n"
-            "        each thread's CPU %% of a core over the window; fails at >= 0.5%%\n"
+            "        each thread's CPU %% of a core and wake-ups/s over the window; fails above 25 wake-ups/s\n"
             "  Any fault option switches to fault mode: failed rooms are printed as\n"
             "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
             "  the exit status says whether every room ended as expected.\n");

@@ -59,22 +59,20 @@ void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
 kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,
                                   kvw_msg_t *m_p)
 {
-    for (;;) {
-        int n = zmq_recv(sock, id, KVW_CTL_MAX_ID, ZMQ_DONTWAIT);
-        if (n < 0)
-            return KVW_ERR_NOT_FOUND;
-        if (!kvw__zmore(sock)) {
-            kvw__ctl_dropped(e, "an identity frame without a body");
-            continue;
-        }
-        char why[KVW_WIRE_REASON_MAX] = "";
-        if (kvw__zrecv(sock, m_p, ZMQ_DONTWAIT, why, sizeof(why))) {
-            kvw__ctl_dropped(e, "%s", why[0] ? why : "no body frame");
-            continue;
-        }
-        *id_len = (size_t)n;
-        return KVW_OK;
+    int n = zmq_recv(sock, id, KVW_CTL_MAX_ID, ZMQ_DONTWAIT);
+    if (n < 0)
+        return KVW_ERR_NOT_FOUND;
+    if (!kvw__zmore(sock)) {
+        kvw__ctl_dropped(e, "an identity frame without a body");
+        return KVW_ERR_PROTOCOL;
     }
+    char why[KVW_WIRE_REASON_MAX] = "";
+    if (kvw__zrecv(sock, m_p, ZMQ_DONTWAIT, why, sizeof(why))) {
+        kvw__ctl_dropped(e, "%s", why[0] ? why : "no body frame");
+        return KVW_ERR_PROTOCOL;
+    }
+    *id_len = (size_t)n;
+    return KVW_OK;
 }
 
 kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len, const kvw_msg_t *m)
@@ -260,11 +258,14 @@ void *kvw__control_main(void *arg)
             if (ps.items[i].revents & ZMQ_POLLIN)
                 serve_item(e, &ps, i);
         uint64_t now = kvw__now_ns();
+        serve_requests(e, now);
+        /* After the requests: one just attached to an idle connection makes
+         * it busy, and the busy heartbeat must start now, not at the idle
+         * one's next tick. */
         peers_due = e->role == KVW_ROLE_PREFILL ? kvw__prefill_peers_tick(e, now)
                                                 : kvw__decode_peers_tick(e, now);
         if (e->registrar) /* re-register: a restarted bootstrap service relearns us */
             peers_due = kvw__earliest(peers_due, kvw__registrar_tick(e->registrar, now));
-        serve_requests(e, now);
         if (e->role == KVW_ROLE_DECODE)
             kvw__decode_connect_pending(e);
         kvw__peer_finish_kills(e);

@@ -24,8 +24,10 @@ kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_sta
 /* Receive one whole ROUTER message: the identity frame and exactly one
  * body frame (kvw__zrecv). Anything else (extra or missing frames, an
  * undecodable body) is dropped whole and counted, with at most one log
- * line per second. KVW_OK with *m_p to free, or KVW_ERR_NOT_FOUND when
- * nothing (valid) is waiting. A DEALER's messages come through kvw__zrecv. */
+ * line per second. KVW_OK with *m_p to free, KVW_ERR_PROTOCOL for one
+ * message dropped (the caller counts it against its batch, so that a flood
+ * of garbage cannot hold the control loop here), or KVW_ERR_NOT_FOUND when
+ * nothing is waiting. A DEALER's messages come through kvw__zrecv. */
 kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,
                                   kvw_msg_t *m_p);
 /* Send m to a ROUTER peer; an unroutable identity (its connection is gone)

@@ -311,25 +311,43 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
     return next;
 }
 
+/* Since when prefill has given no sign of life: its last control message,
+ * its last immediate that the poller reaped, or the moment the connection
+ * turned busy. The last one matters because an idle connection is pinged
+ * only every idle_heartbeat_ms (above peer_timeout_ms by default): its last
+ * PONG may be older than the busy limit although prefill is fine, so the
+ * busy clock starts with a ping of its own. */
+static uint64_t silent_since(const kvw_peer_t *p)
+{
+    uint64_t t = p->last_seen_ns;
+    uint64_t data = atomic_load_explicit(&p->data_seen_ns, memory_order_relaxed);
+    if (data > t)
+        t = data;
+    return p->busy_since_ns > t ? p->busy_since_ns : t;
+}
+
 /* Heartbeats and credits; returns when next due. A connection that a
- * receiver depends on is pinged every heartbeat_ms and declared dead after
- * peer_timeout_ms of silence; an idle one, every idle_heartbeat_ms, dead
- * after three of those (prefill uses the same idle bound). */
+ * receiver depends on is pinged every heartbeat_ms (at once when it turns
+ * busy) and declared dead after peer_timeout_ms without a sign of life; an
+ * idle one, every idle_heartbeat_ms, dead after three of those (prefill
+ * uses the same idle bound). */
 static uint64_t connected_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
 {
     pthread_mutex_lock(&e->lock);
     bool busy = p->nreqs > 0;
     pthread_mutex_unlock(&e->lock);
+    if (busy && !p->busy) {
+        p->busy_since_ns = now;
+        p->next_ping_ns = now;
+    }
+    p->busy = busy;
     uint32_t interval = busy ? e->cfg.heartbeat_ms : e->cfg.idle_heartbeat_ms;
     uint32_t limit = busy ? e->cfg.peer_timeout_ms : 3 * e->cfg.idle_heartbeat_ms;
-    uint64_t silent_at = p->last_seen_ns + kvw__ms_ns(limit);
+    uint64_t silent_at = silent_since(p) + kvw__ms_ns(limit);
     if (now > silent_at) {
         kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u silent for %u ms", p->rank, limit);
         return 0;
     }
-    /* Busy again after idling: the next ping comes at the busy pace. */
-    if (p->next_ping_ns > now + kvw__ms_ns(interval))
-        p->next_ping_ns = now + kvw__ms_ns(interval);
     bool ping_due = now >= p->next_ping_ns;
     send_credits(e, p, ping_due);
     if (ping_due) {

@@ -18,6 +18,7 @@ enum {
     RECHECK_MS = 100,      /* a tombstone whose writes are still in flight looks again */
     PROBE_TICK_MS = 10,    /* while probing connections after a disconnect */
     PROBE_WINDOW_MS = 500, /* how long a disconnect keeps us probing */
+    ROUTER_BATCH = 256,    /* messages served per control-loop iteration */
 };
 
 static void send_failed(kvw_engine_t *e, const kvw_peer_t *p, uint64_t room, uint32_t token,
@@ -285,12 +286,20 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     }
 }
 
+/* At most ROUTER_BATCH messages per loop iteration: under a flood (a
+ * misbehaving client, garbage) the socket never runs dry, and the loop must
+ * still reach its heartbeats, kills and the requests other threads queued. */
 void kvw__prefill_serve_router(kvw_engine_t *e)
 {
     uint8_t id[KVW_CTL_MAX_ID];
     size_t id_len;
     kvw_msg_t m;
-    while (kvw__ctl_recv_routed(e, e->router, id, &id_len, &m) == KVW_OK) {
+    kvw_status_t st;
+    for (int n = 0; n < ROUTER_BATCH &&
+                    (st = kvw__ctl_recv_routed(e, e->router, id, &id_len, &m)) != KVW_ERR_NOT_FOUND;
+         n++) {
+        if (st)
+            continue; /* dropped (and counted) */
         kvw_peer_t *p = peer_by_identity(e, id, id_len, false);
         if (p)
             p->last_seen_ns = kvw__now_ns();
@@ -365,7 +374,9 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
             next = kvw__earliest(next, p->close_deadline_ns + 1); /* set before closing */
             continue;
         }
-        uint64_t due = p->last_seen_ns + limit;
+        /* Writes decode's NIC acknowledged count as much as its PINGs. */
+        uint64_t seen = atomic_load_explicit(&p->data_seen_ns, memory_order_relaxed);
+        uint64_t due = (seen > p->last_seen_ns ? seen : p->last_seen_ns) + limit;
         if (now > due)
             kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms", ms);
         else

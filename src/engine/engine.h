@@ -113,8 +113,18 @@ struct kvw_peer {
     uint32_t rank;
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
     uint64_t last_seen_ns, next_ping_ns, deadline_ns;
+    bool busy;              /* decode: a request depended on it at the last tick */
+    uint64_t busy_since_ns; /* decode: when it last turned busy (pinged at once then) */
     uint64_t hello_retry_ns;   /* decode: no HELLO_ACK by then, look the rank up again */
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
+
+    /* Liveness seen on the data path: the last pass that reaped a
+     * successful completion of this connection (decode: an immediate from
+     * prefill; prefill: writes decode's NIC acknowledged). The poller (or a
+     * caller's pass) stores it, the control thread reads it beside
+     * last_seen_ns, so a connection whose data flows is never judged
+     * silent because its control messages are late. */
+    _Atomic uint64_t data_seen_ns;
 
     /* poller thread only */
     bool credit_blocked;                      /* the next immediate waits for a CREDIT */

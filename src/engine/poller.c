@@ -370,7 +370,10 @@ static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
     return NULL;
 }
 
-static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
+/* Posts p's requests while the send queue has room, at most `budget` WRs
+ * (rounded up to whole chains); *more is set when writes are left because
+ * the budget ran out. */
+static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more)
 {
     if (!p->active_head || !lanes_ready(e, p))
         return 0;
@@ -382,6 +385,10 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p)
     kvw_txq_t *q;
     p->credit_blocked = false;
     while (!st && !p->credit_blocked && (r = p->active_head) && (q = pick_lane(p, &st))) {
+        if ((uint32_t)work >= budget) {
+            *more = true;
+            break;
+        }
         uint32_t room = kvw__txq_room(q);
         if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
             drop_failed_active(p, r);
@@ -527,7 +534,9 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
         repost_receive(e, p, l, wc->wr_id);
 }
 
-static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
+/* Reaps one batch of the lane's completions; *ok counts the successful
+ * ones (each is proof that the other side's QP is alive). */
+static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, int *ok)
 {
     kvw_lane_t *l = &p->lanes[lane];
     struct ibv_wc wc[WC_BATCH];
@@ -537,9 +546,12 @@ static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
         return 0;
     }
     for (int i = 0; i < n; i++) {
-        if (wc[i].status != IBV_WC_SUCCESS)
+        if (wc[i].status != IBV_WC_SUCCESS) {
             on_error_completion(e, p, lane, &wc[i]);
-        else if (e->role == KVW_ROLE_PREFILL)
+            continue;
+        }
+        ++*ok;
+        if (e->role == KVW_ROLE_PREFILL)
             kvw__txq_retire(&l->txq, wc[i].wr_id);
         else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM)
             on_immediate(e, p, l, &wc[i]);
@@ -549,9 +561,11 @@ static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 
 static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
 {
-    int n = 0;
+    int n = 0, ok = 0;
     for (uint32_t i = 0; i < p->nlanes; i++)
-        n += poll_lane(e, p, i);
+        n += poll_lane(e, p, i, &ok);
+    if (ok > 0) /* one clock read per batch, not per completion */
+        atomic_store_explicit(&p->data_seen_ns, kvw__now_ns(), memory_order_relaxed);
     if (n > 0) {
         atomic_fetch_add_explicit(&e->counters.completions, (uint64_t)n, memory_order_relaxed);
         if (e->role == KVW_ROLE_PREFILL)
@@ -580,7 +594,15 @@ static bool lanes_drained(const kvw_peer_t *p)
     return true;
 }
 
-static int run_once(kvw_engine_t *e)
+/* A caller's pass posts at most one chain per connection: on rxe the
+ * device does the transfer inside ibv_post_send, so a pass that posted a
+ * whole request kept the caller there for as long as the wire took, and
+ * when the caller was prefill's control thread, decode's pings went
+ * unanswered meanwhile (live prefills were declared silent). The poller,
+ * woken for the rest, is the thread that may spend that time. */
+enum { UNBOUNDED = UINT32_MAX };
+
+static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
 {
     int work = drain_ready(e);
     uint32_t np = atomic_load(&e->num_peers);
@@ -590,7 +612,7 @@ static int run_once(kvw_engine_t *e)
             continue;
         bool closing = atomic_load(&p->closing);
         if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED && !closing)
-            work += post_peer(e, p);
+            work += post_peer(e, p, budget, more);
         work += poll_peer(e, p);
         if (closing) /* every posted write completed: what landed was retired */
             kvw__peer_close_if_drained(p, !p->inflight_head && lanes_drained(p));
@@ -607,7 +629,8 @@ static int poller_pass(kvw_engine_t *e)
     if (pthread_mutex_trylock(&e->pass_lock))
         return 0;
     kvw__peers_reap(e);
-    int work = run_once(e);
+    bool more = false;
+    int work = run_once(e, UNBOUNDED, &more);
     pthread_mutex_unlock(&e->pass_lock);
     return work;
 }
@@ -631,7 +654,8 @@ static void sleep_on_channel(kvw_engine_t *e)
             e->dev->ops->req_notify_cq(p->lanes[j].qp->cq, 0);
     }
     atomic_store(&e->poller_sleeping, true); /* from here on, new work wakes us */
-    int work = run_once(e);
+    bool more = false;
+    int work = run_once(e, UNBOUNDED, &more);
     pthread_mutex_unlock(&e->pass_lock);
     if (work > 0) {
         atomic_store(&e->poller_sleeping, false);
@@ -703,9 +727,12 @@ void kvw__poller_help(kvw_engine_t *e)
     bool wake_wanted = kvw__wake_deferred_end();
     if (atomic_load(&e->poller_sleeping) && !atomic_load(&e->stop) &&
         pthread_mutex_trylock(&e->pass_lock) == 0) {
-        run_once(e);
+        bool more = false;
+        run_once(e, e->cfg.chain_max, &more);
         pthread_mutex_unlock(&e->pass_lock);
         atomic_fetch_add_explicit(&e->counters.caller_passes, 1, memory_order_relaxed);
+        if (more) /* the rest is the poller's */
+            kvw__wake_poller(e);
         return;
     }
     if (wake_wanted)
@@ -715,12 +742,14 @@ void kvw__poller_help(kvw_engine_t *e)
 /* The seam (poller.h): the same functions the thread runs, nothing added. */
 int kvw__poller_run_once(kvw_engine_t *e)
 {
-    return run_once(e);
+    bool more = false;
+    return run_once(e, UNBOUNDED, &more);
 }
 
 int kvw__poller_post_peer(kvw_engine_t *e, kvw_peer_t *p)
 {
-    return post_peer(e, p);
+    bool more = false;
+    return post_peer(e, p, UNBOUNDED, &more);
 }
 
 int kvw__poller_poll_peer(kvw_engine_t *e, kvw_peer_t *p)

@@ -137,6 +137,27 @@ kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint
     return KVW_OK;
 }
 
+/* A fork() (Python multiprocessing's default start method, system(),
+ * popen()) after memory was registered lets the child share the pinned
+ * pages copy-on-write; on kernels without copy-on-fork for DMA pages the
+ * parent's next write then moves to a new page while the NIC keeps the
+ * old one, and transfers silently read or land in the wrong memory.
+ * ibv_fork_init() marks registered ranges MADV_DONTFORK; it works only
+ * before the process's first registration, so the first engine does it
+ * before its own. Kernels that copy DMA pages on fork need nothing. */
+static void fork_protect(const kvw_verbs_ops_t *ops)
+{
+    enum ibv_fork_status s = ops->is_fork_initialized();
+    if (s == IBV_FORK_UNNEEDED || s == IBV_FORK_ENABLED)
+        return;
+    int rc = ops->fork_init();
+    if (rc)
+        KVW_WARN("ibv_fork_init failed (%s): this process registered RDMA memory before kvwire; "
+                 "a fork() in it may corrupt registered pages on this kernel. Set RDMAV_FORK_SAFE=1 "
+                 "in the environment, or create the engine before other RDMA users register memory",
+                 strerror(rc));
+}
+
 kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
                            kvw_dev_t **dev_p)
 {
@@ -145,6 +166,7 @@ kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port,
         return KVW_ERR_NO_MEMORY;
     dev->ops = kvw__verbs_ops();
     dev->port = port;
+    fork_protect(dev->ops);
     kvw_status_t st = KVW_ERR_NO_DEVICE;
     if (name) {
         snprintf(dev->name, sizeof(dev->name), "%s", name);

@@ -39,6 +39,9 @@ typedef struct kvw_verbs_ops {
     int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
     int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
     int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    /* fork() protection for registered pages (ibv_fork_init(3)). */
+    int (*fork_init)(void);
+    enum ibv_fork_status (*is_fork_initialized)(void);
 } kvw_verbs_ops_t;
 
 /* The ops used by devices opened from now on. Unit tests install a fake

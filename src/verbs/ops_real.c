@@ -117,6 +117,8 @@ const kvw_verbs_ops_t kvw__verbs_real_ops = {
     .post_send = real_post_send,
     .post_recv = real_post_recv,
     .poll_cq = real_poll_cq,
+    .fork_init = ibv_fork_init,
+    .is_fork_initialized = ibv_is_fork_initialized,
 };
 
 static const kvw_verbs_ops_t *current_ops = &kvw__verbs_real_ops;

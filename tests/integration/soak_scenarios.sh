@@ -7,8 +7,10 @@
 #    VmRSS are sampled after a warm-up and at the end, with no decode engine
 #    alive either time, printed, and must not grow (RSS: by at most 8 MiB).
 #  - idle: a prefill and a decode engine stay connected KVW_IDLE_S seconds
-#    (default 60) after their transfers; each prints its threads' CPU from
-#    /proc and fails if the process used 0.5% of a core or more.
+#    (default 60) after their transfers; each prints its threads' CPU and
+#    wake-ups from /proc and fails if the process woke more than 25 times a
+#    second (a count: the CPU share is printed here and measured by make
+#    bench, never asserted, since a loaded machine moves it).
 # Usage: soak_scenarios.sh BUILD_DIR [soak] [idle]   (default: both)
 set -u
 . "$(dirname "$0")/common.sh"
@@ -108,7 +110,7 @@ soak() {
 # The bootstrap service runs in its own process here (not embedded in
 # prefill), so each measured process holds one engine and nothing else.
 idle() {
-    name="idle: prefill and decode connected for $idle_s s use < 0.5% of a core each"
+    name="idle: prefill and decode connected for $idle_s s wake at most 25 times a second each"
     echo "[ RUN      ] $name"
     rm -f "$work/bs"
     start_bootstrap "$ip0"

@@ -1669,6 +1669,38 @@ int fake_nic_quiesce(int timeout_ms)
     return rc;
 }
 
+/* Fork protection as libibverbs keeps it: process-wide, and too late once
+ * memory was registered (EINVAL, as rdma-core answers then). */
+static enum ibv_fork_status fork_status = IBV_FORK_DISABLED;
+
+void fake_nic_set_fork_status(enum ibv_fork_status s)
+{
+    lock();
+    fork_status = s;
+    unlock();
+}
+
+static int nic_fork_init(void)
+{
+    lock();
+    int rc = 0;
+    nic.stats.fork_init_calls++;
+    if (nic.mrs && fork_status == IBV_FORK_DISABLED)
+        rc = EINVAL;
+    else if (fork_status == IBV_FORK_DISABLED)
+        fork_status = IBV_FORK_ENABLED;
+    unlock();
+    return rc;
+}
+
+static enum ibv_fork_status nic_is_fork_initialized(void)
+{
+    lock();
+    enum ibv_fork_status s = fork_status;
+    unlock();
+    return s;
+}
+
 const kvw_verbs_ops_t fake_nic_ops = {
     .get_device_list = nic_get_device_list,
     .free_device_list = nic_free_device_list,
@@ -1697,4 +1729,6 @@ const kvw_verbs_ops_t fake_nic_ops = {
     .post_send = nic_post_send,
     .post_recv = nic_post_recv,
     .poll_cq = nic_poll_cq,
+    .fork_init = nic_fork_init,
+    .is_fork_initialized = nic_is_fork_initialized,
 };

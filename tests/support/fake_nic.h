@@ -83,6 +83,7 @@ typedef struct fake_nic_stats {
      * unacked events, ...): counted, the first one described. */
     uint64_t fatal_errors;
     char fatal[160];
+    uint64_t fork_init_calls; /* ibv_fork_init() calls, successful or not */
     /* Objects not yet destroyed (an engine must leave 0 of each). */
     uint32_t live_contexts, live_pds, live_mrs, live_channels, live_cqs, live_qps;
 } fake_nic_stats_t;
@@ -94,6 +95,10 @@ int fake_nic_init(const fake_nic_config_t *cfg);
  * this, fake_nic_init() may be called again. */
 void fake_nic_fini(void);
 
+/* What ibv_is_fork_initialized() answers (process-wide, kept across
+ * fake_nic_init; IBV_FORK_DISABLED at start); ibv_fork_init() turns
+ * DISABLED into ENABLED unless memory is registered already (EINVAL). */
+void fake_nic_set_fork_status(enum ibv_fork_status s);
 /* Replace the fault set (NULL: no faults) and restart its counters. */
 void fake_nic_set_faults(const fake_nic_faults_t *faults);
 /* The device's "process died": WRs towards its QPs fail with

@@ -276,6 +276,15 @@ static int f_destroy_qp(struct ibv_qp *qp)
     return EINVAL;
 }
 
+static int f_fork_init(void)
+{
+    return 0;
+}
+static enum ibv_fork_status f_is_fork_initialized(void)
+{
+    return IBV_FORK_UNNEEDED;
+}
+
 const kvw_verbs_ops_t fake_verbs_ops = {
     .get_device_list = f_get_device_list,
     .free_device_list = f_free_device_list,
@@ -304,4 +313,6 @@ const kvw_verbs_ops_t fake_verbs_ops = {
     .post_send = fake_post_send,
     .post_recv = fake_post_recv,
     .poll_cq = fake_poll_cq,
+    .fork_init = f_fork_init,
+    .is_fork_initialized = f_is_fork_initialized,
 };
