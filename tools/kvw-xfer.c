@@ -1443,7 +1443,8 @@ static void usage(void)
             "        (give prefill --may-fail for those rooms). After the cycle counts in\n"
             "        LIST, write F.COUNT and wait for F.COUNT.ack (the script measures)\n"
             "  idle (both): --idle-s S  after the transfers stay connected S s, then print\n"
-            "        each thread's CPU %% of a core and wake-ups/s over the window; fails above 25 wake-ups/s\n"
+            "        each thread's CPU %% of a core and wake-ups/s over the window; fails\n"
+            "        above 25 wake-ups/s\n"
             "  Any fault option switches to fault mode: failed rooms are printed as\n"
             "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
             "  the exit status says whether every room ended as expected.\n");

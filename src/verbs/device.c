@@ -152,9 +152,10 @@ static void fork_protect(const kvw_verbs_ops_t *ops)
         return;
     int rc = ops->fork_init();
     if (rc)
-        KVW_WARN("ibv_fork_init failed (%s): this process registered RDMA memory before kvwire; "
-                 "a fork() in it may corrupt registered pages on this kernel. Set RDMAV_FORK_SAFE=1 "
-                 "in the environment, or create the engine before other RDMA users register memory",
+        KVW_WARN("ibv_fork_init failed (%s): this process registered RDMA memory before "
+                 "kvwire; a fork() in it may corrupt registered pages on this kernel. Set "
+                 "RDMAV_FORK_SAFE=1 in the environment, or create the engine before other RDMA "
+                 "users register memory",
                  strerror(rc));
 }
 
