@@ -16,6 +16,7 @@
 
 #include "common/config.h"
 #include "ctrl/bootstrap.h"
+#include "engine/engine.h"
 #include "support/engine_pair.h"
 
 enum { ANSWER_MS = 300 };
@@ -380,6 +381,55 @@ static void test_engine_pair_decode_without_key(void **state)
     pair_close(&pair);
 }
 
+/* Clients without the cluster key that connect to prefill's control socket
+ * and fail the CURVE handshake, one every 50 ms, while a keyed decode is
+ * connected: their closing does not make prefill probe its live
+ * connections (before the fix, each started 500 ms of probes every 10 ms:
+ * 99 wake-ups for the 10 here, against 12 after). Counted wake-ups, with
+ * headroom. */
+static void test_failed_handshakes_not_amplified(void **state)
+{
+    (void)state;
+    engine_pair_t pair;
+    kvw_config_t c;
+    keyed_config(&c, key);
+    c.idle_heartbeat_ms = 10000; /* no heartbeats in the window */
+    c.peer_timeout_ms = 20000;
+    assert_int_equal(pair_open(&pair, &c), KVW_OK);
+    pair_room_t a;
+    pair_pick(&a, 1, 8, 7, 0);
+    assert_int_equal(pair_create(&pair, &a), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_OK);
+    assert_int_equal(kvw_sender_send(a.s, a.src, a.n), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&a, 5000), KVW_POLL_SUCCESS);
+    pair_destroy_room(&a);
+    pair_sleep_ms(100);
+
+    enum { STRANGERS = 10 };
+    char cluster_pub[KVW_ZKEY_Z85_LEN + 1], pub[KVW_ZKEY_Z85_LEN + 1], sec[KVW_ZKEY_Z85_LEN + 1];
+    assert_int_equal(zmq_curve_public(cluster_pub, key), 0);
+    void *zctx = zmq_ctx_new();
+    uint64_t wakes0 = atomic_load(&pair.prefill->control_wakes);
+    for (int i = 0; i < STRANGERS; i++) {
+        assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+        void *s = kvw__zsocket(zctx, ZMQ_DEALER, 0);
+        zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, cluster_pub, KVW_ZKEY_Z85_LEN + 1);
+        zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, KVW_ZKEY_Z85_LEN + 1);
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, KVW_ZKEY_Z85_LEN + 1);
+        assert_int_equal(zmq_connect(s, kvw_engine_endpoint(pair.prefill)), 0);
+        pair_sleep_ms(50);
+        zmq_close(s);
+    }
+    pair_sleep_ms(600);
+    uint64_t wakes = atomic_load(&pair.prefill->control_wakes) - wakes0;
+    print_message("%d failed handshakes: %llu prefill control wake-ups\n", STRANGERS,
+                  (unsigned long long)wakes);
+    assert_true(wakes <= 4 * STRANGERS);
+    zmq_ctx_term(zctx);
+    pair_close(&pair);
+}
+
 /* An engine with a bad key file is not created. */
 static void test_engine_bad_key_file(void **state)
 {
@@ -411,6 +461,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_pair_with_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_pair_decode_without_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_bad_key_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_handshakes_not_amplified, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
