@@ -153,7 +153,14 @@ void kvw__decode_on_bootstrap(kvw_engine_t *e, kvw_peer_t *p)
                 kvw__wire_free(&m);
             return;
         }
-        if (m.status == KVW_OK)
+        if (m.status == KVW_OK && strncmp(m.u.bs.endpoint, "tcp://", 6) != 0)
+            /* Prefill engines bind tcp:// only; another scheme (ipc://,
+             * inproc://, pgm://) from a bootstrap service would have us
+             * dial a local file or a multicast group on its word. */
+            kvw__peer_kill(p, KVW_ERR_PROTOCOL,
+                           "bootstrap %s gave rank %u an endpoint that is not tcp://: %.64s",
+                           p->bootstrap_addr, p->rank, m.u.bs.endpoint);
+        else if (m.status == KVW_OK)
             peer_start_hello(e, p, m.u.bs.endpoint);
         else if (m.status == KVW_ERR_NOT_FOUND)
             rank_not_registered(e, p, kvw__now_ns());

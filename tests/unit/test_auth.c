@@ -430,6 +430,55 @@ static void test_failed_handshakes_not_amplified(void **state)
     pair_close(&pair);
 }
 
+/* A bootstrap service that answers a lookup with an endpoint that is not
+ * tcp:// (here ipc://): decode refuses to dial it and fails the request
+ * with the reason, instead of connecting to a local socket file on the
+ * service's word. The rogue service is a plain ROUTER in this thread. */
+static void test_decode_refuses_non_tcp_endpoint(void **state)
+{
+    (void)state;
+    engine_pair_t pair;
+    assert_int_equal(pair_open(&pair, NULL), KVW_OK);
+    void *zctx = zmq_ctx_new();
+    void *rogue = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(rogue, ZMQ_LINGER, &linger, sizeof(linger));
+    assert_int_equal(zmq_bind(rogue, "tcp://127.0.0.1:*"), 0);
+    char ep[KVW_WIRE_ENDPOINT_MAX];
+    size_t ep_len = sizeof(ep);
+    assert_int_equal(zmq_getsockopt(rogue, ZMQ_LAST_ENDPOINT, ep, &ep_len), 0);
+
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_receiver_create(pair.decode, ep, 0, 1, &r), KVW_OK);
+    uint64_t dst[2] = {0, 1};
+    assert_int_equal(kvw_receiver_init(r, dst, 2, KVW_NO_AUX), KVW_OK);
+    zmq_pollitem_t item = {rogue, 0, ZMQ_POLLIN, 0};
+    assert_int_equal(zmq_poll(&item, 1, 3000), 1);
+    uint8_t id[256];
+    int id_len = zmq_recv(rogue, id, sizeof(id), 0);
+    assert_true(id_len > 0);
+    kvw_msg_t in;
+    char why[KVW_WIRE_REASON_MAX];
+    assert_int_equal(kvw__zrecv(rogue, &in, 0, why, sizeof(why)), KVW_OK);
+    assert_int_equal(in.type, KVW_MSG_BS_LOOKUP);
+    kvw_msg_t out = {.type = KVW_MSG_BS_LOOKUP_REPLY, .status = KVW_OK};
+    out.u.bs.rank = in.u.bs.rank;
+    snprintf(out.u.bs.endpoint, sizeof(out.u.bs.endpoint), "ipc:///tmp/kvwire-rogue");
+    kvw__wire_free(&in);
+    assert_int_equal(kvw__zsend_to(rogue, id, (size_t)id_len, &out), KVW_OK);
+
+    uint64_t end = pair_now_ms() + 3000;
+    while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(5);
+    const char *reason = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &reason), KVW_ERR_PROTOCOL);
+    assert_non_null(strstr(reason, "not tcp://"));
+    kvw_receiver_destroy(r);
+    zmq_close(rogue);
+    zmq_ctx_term(zctx);
+    pair_close(&pair);
+}
+
 /* An engine with a bad key file is not created. */
 static void test_engine_bad_key_file(void **state)
 {
@@ -462,6 +511,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_pair_decode_without_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_bad_key_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_handshakes_not_amplified, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_decode_refuses_non_tcp_endpoint, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
