@@ -11,12 +11,15 @@
 #    wake-ups from /proc and fails if the process woke more than 25 times a
 #    second (a count: the CPU share is printed here and measured by make
 #    bench, never asserted, since a loaded machine moves it).
-# Usage: soak_scenarios.sh BUILD_DIR [soak] [idle]   (default: both)
+#  - stream: two decode processes stream KVW_STREAM_REQUESTS (40) 12.6 MB
+#    requests each, back to back, from one prefill (about a minute here).
+# Usage: soak_scenarios.sh BUILD_DIR [soak] [idle] [stream]   (default: all)
 set -u
 . "$(dirname "$0")/common.sh"
 
 cycles=${KVW_SOAK_CYCLES:-300}
 idle_s=${KVW_IDLE_S:-60}
+stream_requests=${KVW_STREAM_REQUESTS:-40}
 kill_every=10
 warm=20
 rss_slack_kib=8192
@@ -129,13 +132,49 @@ idle() {
     result "$name" $rc
 }
 
+# Two decode processes stream back-to-back 12.6 MB requests (one in flight
+# each) from one prefill process for about a minute: the acceptance run in
+# which each decode declared the live prefill "silent for 2000 ms" 10-13 s
+# in. Every room must succeed with every byte checked, and no connection
+# may be declared dead.
+stream() {
+    n=$stream_requests
+    name="stream: 2 decode processes x $n back-to-back 12.6 MB requests from one prefill"
+    echo "[ RUN      ] $name"
+    rm -f "$work/bs"
+    big="--layers 16 --item 16384 --pool 64 --pages 24 --contig 24 --dst-contig 24 --seed 31"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    "$xfer" prefill --dev "$dev0" --ip "$ip0" --embed-bootstrap "$work/bs" --decoders 2 \
+        --requests "$n" --inflight 1 --quiet $big >"$work/stream-p.log" 2>&1 &
+    ppid=$!
+    pids=""
+    for k in 0 1; do
+        # shellcheck disable=SC2086
+        "$xfer" decode --dev "$dev1" --ip "$ip1" --bootstrap-file "$work/bs" \
+            --decoder-index $k --requests "$n" --inflight 1 --quiet $big \
+            >"$work/stream-d$k.log" 2>&1 &
+        pids="$pids $!"
+    done
+    rc=0
+    for p in $pids; do wait "$p" || rc=1; done
+    wait $ppid || rc=1
+    echo "    streamed for $(($(date +%s) - t0)) s"
+    grep -hE '^(decode|prefill):|FAILED|silent|kvwire ERROR' "$work"/stream-*.log | sed 's/^/    /'
+    if grep -q 'silent for' "$work"/stream-*.log; then
+        echo "    a live peer was declared silent"
+        rc=1
+    fi
+    result "$name" $rc
+}
+
 echo "[==========] soak and idle scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?})"
 [ $# -gt 0 ] && shift
-[ $# -gt 0 ] || set -- soak idle
+[ $# -gt 0 ] || set -- soak idle stream
 for s in "$@"; do
     case $s in
-    soak | idle) $s ;;
-    *) echo "unknown scenario $s (want soak or idle)" && failed=$((failed + 1)) ;;
+    soak | idle | stream) $s ;;
+    *) echo "unknown scenario $s (want soak, idle or stream)" && failed=$((failed + 1)) ;;
     esac
 done
 rm -rf "$work"
