@@ -25,7 +25,7 @@ TSAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/tsan/%.o)
 TSAN      := -fsanitize=thread -fno-omit-frame-pointer
 # The threaded tests: the engine on the fake NIC, its chaos schedules, the
 # soak (connection slots reclaimed while the poller runs) and the NIC itself.
-TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic liveness)
+TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic liveness device_events)
 
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))

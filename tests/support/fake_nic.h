@@ -99,6 +99,12 @@ void fake_nic_fini(void);
  * fake_nic_init; IBV_FORK_DISABLED at start); ibv_fork_init() turns
  * DISABLED into ENABLED unless memory is registered already (EINVAL). */
 void fake_nic_set_fork_status(enum ibv_fork_status s);
+/* Asynchronous events, as the device would raise them: a port event
+ * (IBV_EVENT_PORT_ERR, _PORT_ACTIVE, _DEVICE_FATAL) on every context of the
+ * named device, or a QP event (IBV_EVENT_QP_FATAL, ...) on the context of
+ * that QP's device. 0, or -1 when no such device or QP. */
+int fake_nic_raise_port_event(const char *name, enum ibv_event_type type);
+int fake_nic_raise_qp_event(uint32_t qp_num, enum ibv_event_type type);
 /* Replace the fault set (NULL: no faults) and restart its counters. */
 void fake_nic_set_faults(const fake_nic_faults_t *faults);
 /* The device's "process died": WRs towards its QPs fail with
