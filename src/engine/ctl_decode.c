@@ -466,6 +466,8 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     int s = atomic_load(&r->state);
     bool ended = s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
     bool due = r->deadline_ns && now >= r->deadline_ns;
+    if (r->staging_in)
+        return false; /* landed: nothing to do here, its copy to the GPU ends it */
     if (ended && !r->abort_due)
         return r->user_gone;
     if (r->user_gone && due)

@@ -196,7 +196,11 @@ struct kvw_req {
     bool stage_queued;                        /* (stager lock) on its job queue */
     uint64_t *slots; /* decode: a slot per page, per state index, then aux */
     bool slots_held; /* (stager lock) */
-    bool staging_in; /* (stager lock) decode: the copy to the GPU runs */
+    /* Decode: every write landed in the slots and the stager copies them to
+     * the GPU (queued or running); the request ends only when that copy is
+     * over. Written under both the lock and the stager lock, so either
+     * lock reads it. */
+    bool staging_in;
 };
 
 typedef struct kvw_engine_counters {
@@ -317,7 +321,10 @@ void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
  * Frees s and fails r when it cannot be planned. */
 kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s);
 /* (lock) Move r to Failed (once; later calls and ended requests are
- * ignored) with a reason. */
+ * ignored) with a reason. Also ignored for a staged receiver whose copy to
+ * the GPU runs (staging_in): every byte of it landed, so what the network
+ * says now changes nothing, and a Failed before the copy is over would let
+ * the copy write its pages after it. The copy's end decides (stager.c). */
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Transferring -> Success; false if r was no longer Transferring. */

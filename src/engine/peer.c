@@ -313,7 +313,7 @@ static void finish_kill_locked(kvw_peer_t *p)
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->peer != p)
             continue;
-        hit += !kvw__req_ended(r);
+        hit += !kvw__req_ended(r) && !r->staging_in; /* a landed one ends with its copy */
         if (r->aborting) /* it was being given up anyway: keep its own reason */
             kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, p->dead_reason);
         else

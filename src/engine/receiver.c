@@ -24,21 +24,42 @@ static void receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const cha
     kvw__req_touch_locked(r);
 }
 
+/* (lock) Give up a staged receiver whose every write landed and whose
+ * copy to the GPU runs: nothing more can land, so there is no ABORT to
+ * send nor confirmation to wait for (and prefill's sender, all of whose
+ * writes completed, stays a Success). The copy is not recalled (CUDA
+ * copies cannot be, and a page half copied serves nobody): it finishes,
+ * then the receiver turns Failed with this reason (stager.c), so that
+ * nothing is written into its pages after Failed. */
+static void receiver_abort_landed_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    r->aborting = true;
+    r->abort_status = st;
+    snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
+    KVW_INFO("room %llu: aborting once its copy to the GPU is over: %s",
+             (unsigned long long)r->room, why);
+}
+
 /* (lock) Give up a receiver that has not ended. */
 static void receiver_abort_locked(kvw_req_t *r, const char *why)
 {
     if (r->aborting)
         return; /* already waiting for prefill's confirmation */
-    if (r->request_sent)
+    if (r->staging_in)
+        receiver_abort_landed_locked(r, KVW_ERR_ABORTED, why);
+    else if (r->request_sent)
         kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, why);
     else
         receiver_fail_unsent_locked(r, KVW_ERR_ABORTED, why);
 }
 
 /* Abort a receiver that has not ended and wait until it has: when this
- * returns no write of the request can land any more. The wait is bounded:
- * without prefill's confirmation the control thread kills the connection
- * after peer_timeout_ms, which fails the request. */
+ * returns no write of the request can land any more, from the NIC or from
+ * the stager. The wait for the network is bounded: without prefill's
+ * confirmation the control thread kills the connection after
+ * peer_timeout_ms, which fails the request. A copy from the staging pool
+ * to the GPU is local and always finishes: it is waited for however long
+ * it takes, since the request ends only with it. */
 static void receiver_end(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
@@ -47,7 +68,7 @@ static void receiver_end(kvw_req_t *r)
         receiver_abort_locked(r, "receiver destroyed by the caller");
     pthread_mutex_unlock(&e->lock);
     uint64_t give_up = kvw__now_ns() + 2 * kvw__ms_ns(e->cfg.peer_timeout_ms) + kvw__ms_ns(1000);
-    while (!kvw__req_ended(r) && kvw__now_ns() < give_up) {
+    while (!kvw__req_ended(r) && (kvw__now_ns() < give_up || kvw__stager_copying(r))) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }

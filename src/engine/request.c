@@ -106,7 +106,7 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
 {
     int s = atomic_load(&r->state);
-    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS)
+    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->staging_in)
         return;
     r->fail_status = st;
     va_list ap;

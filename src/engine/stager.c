@@ -632,8 +632,28 @@ void kvw__stager_landed_locked(kvw_req_t *r)
 {
     kvw_stager_t *st = r->engine->stager;
     pthread_mutex_lock(&st->lock);
-    r->staging_in = true;
+    r->staging_in = true; /* under both locks (engine.h) */
     push_job_locked(st, r);
+    pthread_mutex_unlock(&st->lock);
+}
+
+bool kvw__stager_copying(kvw_req_t *r)
+{
+    kvw_stager_t *st = r->engine->stager;
+    if (!st)
+        return false;
+    pthread_mutex_lock(&st->lock);
+    bool copying = r->staging_in;
+    pthread_mutex_unlock(&st->lock);
+    return copying;
+}
+
+/* (lock) r's copy to the GPU is over (or will never start): from here on
+ * r may end, and failures count again. */
+static void copy_in_over_locked(kvw_stager_t *st, kvw_req_t *r)
+{
+    pthread_mutex_lock(&st->lock);
+    r->staging_in = false;
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -677,7 +697,11 @@ static void copy_in(kvw_stager_t *st, kvw_req_t *r)
     kvw_status_t err = kvw__staging_wait(st->pool, 0, why, sizeof(why));
     if (a.err)
         err = a.err;
+    /* Every copy is done: r ends now, and only now. Failures that came
+     * meanwhile were ignored (kvw__req_fail): all of r had landed. Only
+     * decode's own abort (or destroy) stands, as promised to its caller. */
     pthread_mutex_lock(&e->lock);
+    copy_in_over_locked(st, r);
     if (err)
         kvw__req_fail(r, KVW_ERR_TRANSFER,
                       "the data landed but copying it from the staging pool to the GPU failed: %s",
@@ -687,9 +711,6 @@ static void copy_in(kvw_stager_t *st, kvw_req_t *r)
     else if (kvw__req_succeed(r))
         kvw__req_set_deadline_locked(r, 0);
     pthread_mutex_unlock(&e->lock);
-    pthread_mutex_lock(&st->lock);
-    r->staging_in = false;
-    pthread_mutex_unlock(&st->lock);
     kvw__stager_unreserve(r); /* nothing lands after the immediate */
 }
 
@@ -874,11 +895,11 @@ void kvw__stager_stop(kvw_engine_t *e)
     st->started = false;
     kvw_req_t *r;
     while ((r = pop_job_locked(st))) { /* the thread is gone: no lock needed */
-        if (r->staging_in) {
+        if (r->staging_in) { /* its copy never started: nothing was written */
             pthread_mutex_lock(&e->lock);
+            copy_in_over_locked(st, r);
             kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");
             pthread_mutex_unlock(&e->lock);
-            r->staging_in = false;
         }
         kvw__req_unref(r);
     }

@@ -25,6 +25,15 @@
  * the request a Success. Slots return to the pool after that copy, or
  * when a failed receiver is destroyed (nothing can land in them then).
  *
+ * The abort barrier: once a receiver reports Failed, or its destroy
+ * returned, nothing writes its pages any more, the stager included. So a
+ * request whose data landed ends only when its copy to the GPU is over:
+ * failures from the network meanwhile (prefill's REQUEST_FAILED, the
+ * connection's death) are ignored, for every byte had landed, and the
+ * request is a Success once copied; decode's own abort or destroy lets
+ * the copy finish, then fails it (no ABORT goes out: nothing can land);
+ * the transfer deadline stops at the landing.
+ *
  * Locks: engine->lock before the stager's own lock, never the reverse. */
 #ifndef KVW_ENGINE_STAGER_H
 #define KVW_ENGINE_STAGER_H
@@ -71,8 +80,11 @@ void kvw__stager_chunks_completed(kvw_peer_t *p, bool all);
  * sent when they come); KVW_ERR_LIMIT with why when it can never fit. */
 kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, size_t size);
 /* (lock) The request's last write landed in its slots: copy them to the
- * GPU, then Success (or the abort's failure). */
+ * GPU, then Success (or the abort's failure). Until that copy is over the
+ * request does not end (staging_in: kvw__req_fail ignores it). */
 void kvw__stager_landed_locked(kvw_req_t *r);
+/* Whether r's copy to the GPU is queued or running. Any thread, no lock. */
+bool kvw__stager_copying(kvw_req_t *r);
 /* A receiver that ended and can receive nothing more (destroyed, freed):
  * its slots return to the pool. No-op while its copy runs (the stager
  * returns them then) or when it holds none. Any thread, any lock. */
