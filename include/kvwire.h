@@ -236,7 +236,9 @@ typedef struct kvw_config {
      *                      its REQUEST until they are copied to the GPU, so
      *                      a request larger than the pool fails with
      *                      KVW_ERR_LIMIT and requests wait (in order) for
-     *                      room.
+     *                      room, until bootstrap_timeout_ms after the
+     *                      receiver's creation (then KVW_ERR_TIMEOUT, on
+     *                      both sides: its request never reached prefill).
      *   staging_chunk_kib  KVW_STAGING_CHUNK_KIB, 4096 (64..1048576): prefill
      *                      copies and writes in chunks of this size.
      *   staging_lanes      KVW_STAGING_LANES, 2 (1..4): CUDA streams per GPU

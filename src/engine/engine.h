@@ -194,8 +194,9 @@ struct kvw_req {
     kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
     kvw_req_t *snext;                         /* on a stager queue */
     bool stage_queued;                        /* (stager lock) on its job queue */
-    uint64_t *slots; /* decode: a slot per page, per state index, then aux */
-    bool slots_held; /* (stager lock) */
+    uint64_t *slots;    /* decode: a slot per page, per state index, then aux */
+    bool slots_held;    /* (stager lock) */
+    bool stage_waiting; /* (lock) decode: in the stager's queue for slots */
     /* Decode: every write landed in the slots and the stager copies them to
      * the GPU (queued or running); the request ends only when that copy is
      * over. Written under both the lock and the stager lock, so either
@@ -334,6 +335,11 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
 /* (lock) Decode: give a sent request up: ABORT to prefill, Failed when it
  * confirms, the connection killed if it does not within peer_timeout_ms. */
 void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why);
+/* (lock) Decode: give up a receiver whose request prefill does not have:
+ * nothing can land, so it fails now, and prefill is told (ABORT) so that
+ * its sender fails too instead of waiting for a request that never comes.
+ * One waiting for staging slots leaves its place to the next. */
+void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why);
 /* Poller: r left the poller's queues and none of its writes is in flight. */
 void kvw__req_drained(kvw_req_t *r);
 /* (lock) Plan the parts handed over so far (once decode's request is

@@ -557,8 +557,13 @@ void kvw__stager_unreserve(kvw_req_t *r)
     if (!st)
         return;
     uint64_t need[3];
+    /* Only once nothing can write them: no copy-in reads them, and prefill
+     * never had the request or it ended (Failed means that none of its
+     * writes can land any more; Success, that all did). A receiver still
+     * Transferring keeps them, even destroyed (receiver_end gave up). */
+    bool writable = atomic_load(&r->state) == KVW_POLL_TRANSFERRING;
     pthread_mutex_lock(&st->lock);
-    if (r->slots_held && !r->staging_in) {
+    if (r->slots_held && !r->staging_in && !writable) {
         slots_needed(st, r, need);
         /* Pushed back in reverse, so the next taker gets them in order. */
         for (int k = 0; k < 3; k++) {
@@ -599,9 +604,22 @@ kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, si
         memcpy(r->slots, r->pages, n * sizeof(uint64_t));
     r->slots[n] = r->aux;
     *ready = !st->wait_head && take_slots(st, r);
-    if (!*ready) /* in order: a large request is not overtaken forever */
+    if (!*ready) { /* in order: a large request is not overtaken forever */
         queue_req(&st->wait_head, &st->wait_tail, r);
+        r->stage_waiting = true;
+    }
     return KVW_OK;
+}
+
+void kvw__stager_waiter_left_locked(kvw_req_t *r)
+{
+    kvw_stager_t *st = r->engine->stager;
+    /* grant_waiters drops ended receivers from the head of the queue and
+     * serves the ones behind them. */
+    pthread_mutex_lock(&st->lock);
+    st->slots_freed = true;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
 }
 
 /* Stager thread: give freed slots to the receivers waiting, in order. */
@@ -614,6 +632,7 @@ static void grant_waiters(kvw_stager_t *st)
         st->wait_head = r->snext;
         if (!st->wait_head)
             st->wait_tail = NULL;
+        r->stage_waiting = false;
         if (!kvw__req_ended(r)) {
             r->request_due = true;
             kvw__req_touch_locked(r);

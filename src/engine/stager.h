@@ -76,9 +76,13 @@ void kvw__stager_chunks_completed(kvw_peer_t *p, bool all);
 
 /* ---- decode ---- */
 /* (lock) A receiver's indices are known: take slots for them. KVW_OK with
- * *ready true (send the request now) or false (it waits for slots, and is
- * sent when they come); KVW_ERR_LIMIT with why when it can never fit. */
+ * *ready true (send the request now) or false (it waits for slots, in
+ * order, and is sent when they come; r->stage_waiting meanwhile);
+ * KVW_ERR_LIMIT with why when it can never fit. */
 kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, size_t size);
+/* (lock) A receiver waiting for slots ended (timeout, abort): the ones
+ * queued behind it are served without waiting for slots to come back. */
+void kvw__stager_waiter_left_locked(kvw_req_t *r);
 /* (lock) The request's last write landed in its slots: copy them to the
  * GPU, then Success (or the abort's failure). Until that copy is over the
  * request does not end (staging_in: kvw__req_fail ignores it). */
@@ -87,7 +91,9 @@ void kvw__stager_landed_locked(kvw_req_t *r);
 bool kvw__stager_copying(kvw_req_t *r);
 /* A receiver that ended and can receive nothing more (destroyed, freed):
  * its slots return to the pool. No-op while its copy runs (the stager
- * returns them then) or when it holds none. Any thread, any lock. */
+ * returns them then), while it is still Transferring (prefill may write
+ * them: a destroyed one stays listed until it ends, and its final
+ * reference returns them) or when it holds none. Any thread, any lock. */
 void kvw__stager_unreserve(kvw_req_t *r);
 
 /* For tests and tools: the pool's use now. All zero without a stager. */

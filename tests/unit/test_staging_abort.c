@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "ctrl/zsock.h"
 #include "engine/engine.h"
 #include "engine/stager.h"
 #include "support/engine_pair.h"
@@ -132,6 +133,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    atomic_store(&kvw__zdrop_hook, NULL);
     fake_cuda_gate_to_gpu(false); /* a held copy would hold the stager's thread */
     fake_nic_set_faults(NULL);
     kvw_engine_destroy(rig.decode2);
@@ -222,6 +224,14 @@ static kvw_poll_t wait_sender(const room_t *q, int ms)
     return kvw_sender_poll(q->s);
 }
 
+static void wait_sender_ready(const room_t *q)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (kvw_sender_poll(q->s) == KVW_POLL_BOOTSTRAPPING && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    assert_int_equal(kvw_sender_poll(q->s), KVW_POLL_WAITING_FOR_INPUT);
+}
+
 /* Bytes of q's pages at decode that differ from what prefill sent. */
 static size_t wrong_bytes(const room_t *q)
 {
@@ -233,6 +243,16 @@ static size_t wrong_bytes(const room_t *q)
     for (size_t b = 0; b < AUX_ITEM; b++)
         bad += q->mem->aux[q->aux_dst * AUX_ITEM + b] != pattern(99, q->aux_src, b);
     return bad;
+}
+
+static void assert_success(const room_t *q)
+{
+    const char *why = "";
+    if (wait_receiver(q, WAIT_MS) != KVW_POLL_SUCCESS)
+        kvw_receiver_failure(q->r, &why);
+    assert_string_equal(why, "");
+    assert_int_equal(wait_sender(q, WAIT_MS), KVW_POLL_SUCCESS);
+    assert_int_equal(wrong_bytes(q), 0);
 }
 
 static void room_destroy(room_t *q)
@@ -442,6 +462,104 @@ static void test_destroy_during_copy_in(void **state)
     assert_slots_free(rig.decode);
 }
 
+/* ------------------------------------------------------- slots */
+
+/* A receiver waiting for decode's staging slots is bounded like the rest
+ * of getting its request to prefill: bootstrap_timeout_ms after its
+ * creation it fails (KVW_ERR_TIMEOUT, saying it waited for slots), and
+ * prefill's sender with it (told by decode); the slots go to the next
+ * request once the one holding them is done. */
+static void test_waiting_receiver_times_out(void **state)
+{
+    (void)state;
+    rig.dcfg.bootstrap_timeout_ms = 1000;
+    rig_open(false, true);
+    room_t a, b, c;
+    room_start(&a, rig.decode, &rig.dst, 1, ROOM_PAGES, 0);
+    wait_sender_ready(&a); /* a holds 40 of the 64 slots */
+    room_start(&b, rig.decode, &rig.dst, 2, ROOM_PAGES, 48);
+    const char *why = "";
+    assert_int_equal(wait_receiver(&b, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(b.r, &why), KVW_ERR_TIMEOUT);
+    print_message("decode: %s\n", why);
+    assert_non_null(strstr(why, "no staging slots"));
+    assert_int_equal(wait_sender(&b, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(b.s, &why), KVW_ERR_TIMEOUT);
+    assert_non_null(strstr(why, "no staging slots"));
+    room_destroy(&b);
+    room_send(&a);
+    assert_success(&a);
+    room_destroy(&a);
+    room_start(&c, rig.decode, &rig.dst, 3, ROOM_PAGES, 48);
+    room_send(&c);
+    assert_success(&c);
+    room_destroy(&c);
+    assert_slots_free(rig.decode);
+}
+
+static bool drop_aborts(void *sock, const kvw_msg_t *m)
+{
+    (void)sock;
+    return m->type == KVW_MSG_ABORT;
+}
+
+static void *destroy_receiver(void *arg)
+{
+    kvw_receiver_destroy(arg);
+    return NULL;
+}
+
+/* Destroy gives up waiting for its abort only when the engine cannot end
+ * the request in time (here: its ABORT is lost, and the control thread,
+ * which would kill the connection after peer_timeout_ms, is held up by
+ * the engine's lock past the give-up, 2 x peer_timeout_ms + 1 s). The
+ * request may then still be written by prefill, so its slots stay out of
+ * the pool until it has ended, and only then come back. */
+static void test_destroy_give_up_keeps_slots(void **state)
+{
+    (void)state;
+    rig_open(false, true);
+    room_t a, c;
+    room_start(&a, rig.decode, &rig.dst, 1, ROOM_PAGES, 0);
+    wait_sender_ready(&a);
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_TRANSFERRING);
+    kvw_stager_stats_t st;
+    kvw__stager_stats(rig.decode, &st);
+    assert_int_equal(st.slots - st.free_slots, ROOM_PAGES);
+    kvw_req_t *r = (kvw_req_t *)a.r;
+    pthread_t t;
+    atomic_store(&kvw__zdrop_hook, drop_aborts);
+    uint64_t start = pair_now_ms();
+    assert_int_equal(pthread_create(&t, NULL, destroy_receiver, a.r), 0);
+    a.r = NULL;
+    for (;;) { /* from the moment its abort began, nothing can end it */
+        pthread_mutex_lock(&rig.decode->lock);
+        if (r->aborting)
+            break;
+        pthread_mutex_unlock(&rig.decode->lock);
+        pair_sleep_ms(1);
+    }
+    bool ended_early = kvw__req_ended(r);
+    uint64_t until = start + 2ull * rig.dcfg.peer_timeout_ms + 1000 + 1000;
+    do {
+        pair_sleep_ms(10);
+        kvw__stager_stats(rig.decode, &st);
+    } while (st.slots - st.free_slots == ROOM_PAGES && pair_now_ms() < until);
+    pthread_mutex_unlock(&rig.decode->lock);
+    assert_false(ended_early);
+    assert_int_equal(st.slots - st.free_slots, ROOM_PAGES); /* still held */
+    pthread_join(t, NULL);
+    atomic_store(&kvw__zdrop_hook, NULL);
+    assert_int_equal(wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    kvw_sender_destroy(a.s);
+    assert_slots_free(rig.decode); /* it ended: they are back */
+    room_start(&c, rig.decode, &rig.dst, 3, ROOM_PAGES, 0);
+    room_send(&c);
+    assert_success(&c);
+    room_destroy(&c);
+    assert_slots_free(rig.decode);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -452,6 +570,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_prefill_exits_during_copy_in, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transfer_deadline_during_copy_in, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_during_copy_in, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_waiting_receiver_times_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_give_up_keeps_slots, setup, teardown),
     };
     return cmocka_run_group_tests_name("staging under faults on the fake NIC and fake CUDA", tests,
                                        NULL, NULL);
