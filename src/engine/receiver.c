@@ -230,9 +230,9 @@ kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *
              * request to prefill (whose sender gives up as long after its
              * creation): by bootstrap_timeout_ms from the receiver's
              * creation, or from now if that has passed. */
+            uint64_t limit = kvw__ms_ns(e->cfg.bootstrap_timeout_ms);
             if (!ready && !r->deadline_ns)
-                kvw__req_set_deadline_locked(
-                    r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
+                kvw__req_set_deadline_locked(r, kvw__now_ns() + limit);
             kvw__req_touch_locked(r);
         }
     }
