@@ -192,8 +192,17 @@ struct kvw_req {
 
     /* staging (engine/stager.h) */
     kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
-    kvw_req_t *snext;                         /* on a stager queue */
-    bool stage_queued;                        /* (stager lock) on its job queue */
+    /* prefill, stager thread: the part being cut into slices, where in it
+     * the next slice starts (stager.c), and the connection whose share of
+     * the chunks it takes (peer slot and serial) */
+    kvw_seg_t *staging;
+    int stage_step;
+    uint32_t stage_layer;
+    size_t stage_page;
+    uint32_t stage_slot, stage_serial;
+    kvw_req_t *snext;   /* on a stager queue */
+    bool stage_queued;  /* (stager lock) on its job queue */
+    bool stage_parked;  /* (stager lock) prefill: waits for a chunk its connection may take */
     uint64_t *slots;    /* decode: a slot per page, per state index, then aux */
     bool slots_held;    /* (stager lock) */
     bool stage_waiting; /* (lock) decode: in the stager's queue for slots */

@@ -79,6 +79,8 @@ static int drain_ready(kvw_engine_t *e)
  * sender may now tell decode. */
 static void release(kvw_req_t *r)
 {
+    if (kvw__stager_on(r->engine) && atomic_load(&r->state) != KVW_POLL_SUCCESS)
+        kvw__stager_drop_unposted(r); /* a Success posted every slice */
     kvw__req_drained(r);
     kvw__req_unref(r);
 }

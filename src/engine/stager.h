@@ -14,7 +14,14 @@
  * the GPU into a chunk, and appends the slice to the request as a part of
  * its own whose source is the chunk. Copies run on staging_lanes streams
  * in turn, so slice k+1 is copied while the NIC writes slice k. The poller
- * gives a chunk back once the writes that read it completed.
+ * gives a chunk back once the writes that read it completed. One thread
+ * serves every connection, and never waits for a chunk: a connection
+ * holds at most a share of them (a quarter of the pool, at least
+ * staging_lanes + 1), and a request that cannot have one now (the pool
+ * empty, or its connection at its share) parks while the thread serves
+ * the others, resuming where it stopped when a chunk comes back. So a
+ * connection whose writes stall holds its share until its transfer
+ * timeout, and the others go on.
  *
  * Decode: the pool holds page slots: a slot of a kind has room for one
  * item of every region of that kind, and decode's handshake advertises
@@ -67,6 +74,11 @@ void kvw__stager_kick_locked(kvw_req_t *r);
 void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_region_t *out);
 /* Any thread: a chunk is free again. */
 void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t chunk);
+/* Poller: a request left the poller without completing (failed, its
+ * connection dead) and none of its writes is in flight: the chunks of its
+ * slices that were not (all) posted return now, not when it is freed, so
+ * that a failed sender kept by its caller holds no share of the pool. */
+void kvw__stager_drop_unposted(kvw_req_t *r);
 /* Poller, on p: the writes of a slice were all built; its chunk returns
  * once everything built on p's lanes so far completed. */
 void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s);

@@ -145,8 +145,7 @@ static int teardown(void **state)
     kvw__cuda_set_ops(NULL);
     side_free(&rig.src);
     side_free(&rig.dst);
-    if (rig.decode2)
-        side_free(&rig.dst2);
+    side_free(&rig.dst2);
     memset(&rig, 0, sizeof(rig));
     return 0;
 }
@@ -163,6 +162,15 @@ static void rig_open(bool prefill_gpu, bool decode_gpu)
     assert_int_equal(kvw_engine_create(&pp, &rig.prefill), KVW_OK);
     assert_int_equal(kvw_engine_create(&dp, &rig.decode), KVW_OK);
     assert_int_equal(decode_gpu, rig.decode->stager != NULL);
+}
+
+/* A second decode engine (another process, as prefill sees it) over memory
+ * of its own, in host memory. */
+static void rig_add_decode2(void)
+{
+    side_alloc(&rig.dst2, false, false);
+    kvw_engine_params_t dp = params(&rig.dst2, KVW_ROLE_DECODE, &rig.dcfg);
+    assert_int_equal(kvw_engine_create(&dp, &rig.decode2), KVW_OK);
 }
 
 /* ------------------------------------------------------------ rooms */
@@ -376,8 +384,8 @@ static kvw_poll_t end_behind_barrier(const room_t *q, int gate_ms)
     size_t changed = changed_since(&rig.dst, snap);
     free(snap);
     if (changed)
-        print_message("%zu bytes of decode's memory changed after the receiver said %s\n",
-                      changed, kvw_poll_name(s));
+        print_message("%zu bytes of decode's memory changed after the receiver said %s\n", changed,
+                      kvw_poll_name(s));
     assert_int_equal(changed, 0);
     return s;
 }
@@ -560,6 +568,51 @@ static void test_destroy_give_up_keeps_slots(void **state)
     assert_slots_free(rig.decode);
 }
 
+/* -------------------------------------------------- prefill's stager */
+
+/* Prefill's one stager thread serves every connection. One whose writes
+ * stall (its QP carries nothing; no timeout has noticed yet) holds at most
+ * its share of the chunks, and the thread goes on with the others: another
+ * decode engine's staged request completes meanwhile, long before the
+ * stalled one's transfer timeout (20 s here) could free the pool. Then the
+ * stall ends and the first request completes too, every byte right. */
+static void test_stalled_peer_does_not_starve_others(void **state)
+{
+    (void)state;
+    rig_open(true, false);
+    rig_add_decode2();
+    room_t a, b;
+    room_start(&a, rig.decode, &rig.dst, 1, PAGES, 0); /* 24 slices of a chunk */
+    wait_sender_ready(&a);
+    const kvw_peer_t *pa = kvw__peer_at(rig.prefill, 0);
+    fake_nic_faults_t f = {.stall_qp_num = pa->lanes[0].qp->qp->qp_num};
+    fake_nic_set_faults(&f);
+    room_send(&a);
+    kvw_stager_stats_t st;
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    do { /* a's slices staged and posted, their chunks stuck behind the stall */
+        pair_sleep_ms(1);
+        kvw__stager_stats(rig.prefill, &st);
+    } while (st.free_chunks > st.chunks - 4 && pair_now_ms() < end);
+    room_start(&b, rig.decode2, &rig.dst2, 2, ROOM_PAGES, 0);
+    room_send(&b);
+    const char *why = "";
+    if (wait_receiver(&b, 5000) != KVW_POLL_SUCCESS) /* generous: it takes milliseconds */
+        kvw_receiver_failure(b.r, &why);
+    assert_string_equal(why, "");
+    assert_int_equal(kvw_receiver_poll(b.r), KVW_POLL_SUCCESS);
+    assert_success(&b);
+    kvw__stager_stats(rig.prefill, &st);
+    print_message("the stalled connection holds %u of %u chunks\n", st.chunks - st.free_chunks,
+                  st.chunks);
+    assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_TRANSFERRING); /* still stalled */
+    fake_nic_set_faults(NULL);
+    assert_success(&a);
+    room_destroy(&b);
+    room_destroy(&a);
+    assert_slots_free(rig.prefill);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -572,6 +625,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_destroy_during_copy_in, setup, teardown),
         cmocka_unit_test_setup_teardown(test_waiting_receiver_times_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_give_up_keeps_slots, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stalled_peer_does_not_starve_others, setup, teardown),
     };
     return cmocka_run_group_tests_name("staging under faults on the fake NIC and fake CUDA", tests,
                                        NULL, NULL);
