@@ -79,6 +79,8 @@ static int drain_ready(kvw_engine_t *e)
  * sender may now tell decode. */
 static void release(kvw_req_t *r)
 {
+    if (kvw__stager_on(r->engine) && atomic_load(&r->state) != KVW_POLL_SUCCESS)
+        kvw__stager_drop_unposted(r); /* a Success posted every slice */
     kvw__req_drained(r);
     kvw__req_unref(r);
 }
@@ -519,9 +521,13 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
     else if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
         kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
-    else if (r && r->peer == p && staged) {
-        /* In the staging pool: Success once copied to the GPU. */
+    else if (r && r->peer == p && staged && !kvw__req_ended(r)) {
+        /* In the staging pool: Success once copied to the GPU (never the
+         * copy of a request already ended: its pages may be another's now).
+         * The transfer limit measured the landing; the copy is local and
+         * the request ends with it, so no deadline fails it meanwhile. */
         atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
+        kvw__req_set_deadline_locked(r, 0);
         kvw__stager_landed_locked(r);
     } else if (r && r->peer == p && kvw__req_succeed(r)) {
         atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);

@@ -46,6 +46,8 @@ void kvw__sender_free_parts(kvw_req_t *r)
 {
     free_list(r->engine, r->segs_head);
     free_list(r->engine, r->unstaged_head);
+    free_list(r->engine, r->staging); /* the stager stopped midway (the engine stops) */
+    r->staging = NULL;
     r->segs_head = r->segs_tail = NULL;
     r->unstaged_head = r->unstaged_tail = NULL;
     free(r->covered);

@@ -1336,10 +1336,11 @@ static bool remote_has_recv(const nic_qp_t *qp)
 }
 
 /* When qp's head WR may next be attempted; NIC_NEVER if it has none or
- * cannot send (not RTS, dead device). */
+ * cannot send (not RTS, dead device, stalled by the faults). */
 static uint64_t head_ready_time(const nic_qp_t *qp)
 {
-    if (qp->ibqp.state != IBV_QPS_RTS || qp->dev->killed || qp->sq_head == qp->sq_tail)
+    if (qp->ibqp.state != IBV_QPS_RTS || qp->dev->killed || qp->sq_head == qp->sq_tail ||
+        (nic.faults.stall_qp_num && nic.faults.stall_qp_num == qp->ibqp.qp_num))
         return NIC_NEVER;
     const nic_swr_t *w = sq_at(qp, qp->sq_head);
     if (w->rnr_waiting && remote_has_recv(qp))

@@ -66,6 +66,11 @@ typedef struct fake_nic_faults {
     /* Armed CQs raise no channel event: a sleeping poller then learns of
      * completions only from its idle timeout or from a caller's pass. */
     int mute_events;
+    /* Send WRs of the QP with this number neither execute nor fail while
+     * it is set (a path that stopped carrying packets, before any timeout
+     * notices): they resume, in order, once the faults change. Such WRs do
+     * not count as work for fake_nic_quiesce(). */
+    uint32_t stall_qp_num;
 } fake_nic_faults_t;
 
 typedef struct fake_nic_stats {
