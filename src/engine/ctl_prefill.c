@@ -215,7 +215,7 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         r->token = m->u.failed.token;
     }
     kvw__req_unorphan_locked(r);
-    kvw__req_fail(r, (kvw_status_t)m->status, "%s", why);
+    kvw__req_fail(r, (kvw_status_t)m->status, "%s", why); /* a parked one: back to the poller */
     /* Decode waits for this answer before reporting Failed, even when the
      * request had already succeeded here. */
     r->have_dst = true;

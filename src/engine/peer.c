@@ -320,8 +320,8 @@ static void finish_kill_locked(kvw_peer_t *p)
             kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
         r->abort_due = false;
         r->notify_failure = false; /* the BYE below tells decode about all of them */
-        if (r->role == KVW_ROLE_PREFILL)
-            kvw__sender_unstarve_locked(r); /* the poller lets it go */
+        /* A parked one was handed back by its failure: with no peer, the
+         * poller lets it go at once. */
         kvw__req_attach_locked(r, NULL);
     }
     /* A peer that left cleanly with nothing in flight is news, not trouble. */
