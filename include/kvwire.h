@@ -440,7 +440,10 @@ typedef struct kvw_part {
  * given. KVW_ERR_INVALID without any change for a part out of order or
  * out of bounds; KVW_ERR_OUT_OF_RANGE (and Failed) for a page outside the
  * registered regions; KVW_ERR_STATE before init or after the request
- * ended. Thread-safe with the sender's other calls. */
+ * ended. Thread-safe with the sender's other calls. A request whose writes
+ * posted so far wait for its next part longer than transfer_timeout_ms
+ * after its first write fails (KVW_ERR_TIMEOUT), alone: its connection and
+ * the other requests on it go on. */
 KVW_API kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part);
 /* Source indices of the state groups (as many as decode asked for). They
  * are written with the final part; a request whose decode side asked for

@@ -397,13 +397,25 @@ static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
 
 /* (lock) The transfer watchdog fired. RC completes in order: a request
  * whose first write was posted transfer_timeout_ms ago and is not complete
- * means the connection is stuck, not the request. */
+ * means the connection is stuck, not the request; unless the request is
+ * parked (the poller posted every part it has): then what is late is
+ * prefill's next part, and only this request fails. */
 static void transfer_watchdog_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
 {
     uint64_t limit = kvw__ms_ns(e->cfg.transfer_timeout_ms);
     uint64_t first = atomic_load_explicit(&r->first_post_ns, memory_order_relaxed);
     /* first may be newer than now (the poller set it after now was read). */
-    if (first && first < now && now - first > limit && r->peer) {
+    bool late = first && first < now && now - first > limit;
+    if (late && r->starved) {
+        char why[KVW_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why),
+                 "the request's next part was not handed over within %u ms of its first write "
+                 "(transfer_timeout_ms)",
+                 e->cfg.transfer_timeout_ms);
+        kvw__sender_fail_locked(r, KVW_ERR_TIMEOUT, why); /* decode is told once drained */
+        return;
+    }
+    if (late && r->peer) {
         kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT, "room %llu: writes not complete in %u ms",
                               (unsigned long long)r->room, e->cfg.transfer_timeout_ms);
         return;

@@ -4,9 +4,9 @@
  * A chunked or layer-wise request is handed over in parts; between them the
  * poller has posted all it has and parks the request ("starved"), on none
  * of its queues. Every way such a request can fail (decode's abort,
- * prefill's abort or destroy) must reach decode as that room's failure,
- * promptly, and leave the connection and every other request on it
- * alone. */
+ * prefill's abort or destroy, prefill's transfer watchdog) must reach
+ * decode as that room's failure, promptly, and leave the connection and
+ * every other request on it alone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -304,6 +304,41 @@ static void test_failed_request_never_parked(void **state)
     assert_nothing_left();
 }
 
+/* Prefill's transfer watchdog finds a request parked past
+ * transfer_timeout_ms: what is late is prefill's next part, not the
+ * connection. That request fails on both sides; another one on the
+ * connection, waiting for its data meanwhile, lands afterwards. */
+static void test_parked_past_transfer_timeout(void **state)
+{
+    (void)state;
+    pair_close(&pair);
+    kvw_config_t cfg, dcfg;
+    long_config(&cfg);
+    cfg.transfer_timeout_ms = 300;
+    long_config(&dcfg); /* decode's own clock would give up only after LONG_MS */
+    assert_int_equal(pair_open2(&pair, &cfg, &dcfg), KVW_OK);
+    pair_room_t a, b;
+    start(&a, 1, 0);
+    start(&b, 2, 1);
+    uint32_t serial = connection_serial();
+    send_first_half(&a);
+    canary_t c;
+    wait_failed_prompt(&a, &c);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(a.r, &why), KVW_ERR_TIMEOUT);
+    print_message("decode says: %s\n", why);
+    assert_non_null(strstr(why, "prefill: "));
+    canary_check(&c);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(a.s, NULL), KVW_ERR_TIMEOUT);
+    assert_int_equal(kvw_sender_send(b.s, b.src, b.n), KVW_OK);
+    assert_landed(&b);
+    pair_destroy_room(&a);
+    pair_destroy_room(&b);
+    assert_connection_kept(serial);
+    assert_nothing_left();
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -314,6 +349,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_prefill_aborts_parked, open_long, close_pair),
         cmocka_unit_test_setup_teardown(test_prefill_destroys_parked, open_long, close_pair),
         cmocka_unit_test_setup_teardown(test_failed_request_never_parked, open_long, close_pair),
+        cmocka_unit_test_setup_teardown(test_parked_past_transfer_timeout, open_long, close_pair),
     };
     return cmocka_run_group_tests_name("parked requests and aborts (fake NIC, not RDMA)", tests,
                                        NULL, NULL);
