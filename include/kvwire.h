@@ -160,7 +160,10 @@ typedef struct kvw_config {
      * ("orphans") are kept at most KVW_ORPHAN_TTL_MS (30000) and, per
      * decode connection, at most KVW_MAX_ORPHANS_PER_PEER (1024) of them
      * holding at most KVW_MAX_ORPHAN_MIB_PER_PEER (64) MiB of page indices;
-     * beyond that decode's request fails at once with KVW_ERR_LIMIT. */
+     * beyond that decode's request fails at once with KVW_ERR_LIMIT. An
+     * ABORT for a room prefill holds nothing for is kept as one (no page
+     * indices), so that a sender created later fails at once; past the
+     * caps it is only answered. */
     uint32_t orphan_ttl_ms;
     uint32_t max_orphans_per_peer;
     uint32_t max_orphan_mib_per_peer;

@@ -1,12 +1,16 @@
-/* Requests parked between parts, on the fake NIC (engine-level, not RDMA;
- * see tests/support).
+/* Requests parked between parts, and aborts prefill holds state for, on the
+ * fake NIC (engine-level, not RDMA; see tests/support).
  *
  * A chunked or layer-wise request is handed over in parts; between them the
  * poller has posted all it has and parks the request ("starved"), on none
  * of its queues. Every way such a request can fail (decode's abort,
  * prefill's abort or destroy, prefill's transfer watchdog) must reach
  * decode as that room's failure, promptly, and leave the connection and
- * every other request on it alone. */
+ * every other request on it alone.
+ *
+ * An ABORT for a room prefill has no request for may make prefill hold a
+ * record of it (for a sender created later), but only within the orphan
+ * caps a decode engine's requests are held to. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "ctrl/zsock.h"
 #include "engine/engine.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
@@ -339,6 +344,208 @@ static void test_parked_past_transfer_timeout(void **state)
     assert_nothing_left();
 }
 
+/* ------------------------------------------------- ABORTs for unknown rooms */
+
+enum { CAP = 16, FLOOD = 20000, ORPHAN_TTL_MS = 1000 };
+
+static const char rogue_id[KVW_IDENTITY_LEN] = "rogue-decode";
+
+static int open_capped(void **state)
+{
+    (void)state;
+    quiet_log();
+    kvw_config_t cfg;
+    pair_config(&cfg);
+    cfg.max_orphans_per_peer = CAP;
+    cfg.orphan_ttl_ms = ORPHAN_TTL_MS;
+    cfg.bootstrap_timeout_ms = 30000; /* what an uncounted record was held for */
+    cfg.peer_timeout_ms = LONG_MS;    /* the rogue below sends no heartbeats */
+    return pair_open(&pair, &cfg) == KVW_OK ? 0 : -1;
+}
+
+/* A decode engine of our own on prefill's ROUTER: a HELLO with the pair's
+ * layout and a made-up QP (nothing is ever written to it). */
+static void *rogue_connect(void *zctx)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, rogue_id, KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(s, kvw_engine_endpoint(pair.prefill)), 0);
+    kvw_wire_region_t regions[2 * PAIR_LAYERS + 1];
+    kvw_msg_t m = {.type = KVW_MSG_HELLO};
+    m.u.hello.engine_id = 0x40605e;
+    m.u.hello.num_qps = 1;
+    m.u.hello.qps[0] = (kvw_qp_info_t){.qpn = 0xfff0f, .psn = 1, .mtu = 3, .link_layer = 2};
+    m.u.hello.num_groups = 2;
+    m.u.hello.groups[0] = (kvw_wire_group_t){KVW_GROUP_KV, PAIR_LAYERS, 2};
+    m.u.hello.groups[1] = (kvw_wire_group_t){KVW_GROUP_AUX, 1, 1};
+    m.u.hello.recv_credits = 16;
+    m.u.hello.max_msg_sz = 1u << 20;
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS + 1; i++) {
+        bool aux = i == 2 * PAIR_LAYERS;
+        uint64_t item = aux ? PAIR_AUX_ITEM : PAIR_ITEM;
+        regions[i] = (kvw_wire_region_t){
+            0x10000000ull * (i + 1), item * (aux ? PAIR_AUX_ITEMS : PAIR_POOL), item, 0x100 + i};
+    }
+    m.u.hello.regions = regions;
+    assert_int_equal(kvw__zsend(s, &m, 0), KVW_OK);
+    kvw_msg_t ack;
+    zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+    assert_int_equal(zmq_poll(&item, 1, WAIT_MS), 1);
+    assert_int_equal(kvw__zrecv(s, &ack, 0, NULL, 0), KVW_OK);
+    assert_int_equal(ack.type, KVW_MSG_HELLO_ACK);
+    assert_int_equal(ack.status, KVW_OK);
+    kvw__wire_free(&ack);
+    return s;
+}
+
+/* Read what prefill sent the rogue (answers it may drop when we lag);
+ * true once a PONG came: everything sent before our PING was served. */
+static bool rogue_drain(void *s, uint64_t *answered_room)
+{
+    kvw_msg_t m;
+    bool pong = false;
+    while (kvw__zrecv(s, &m, ZMQ_DONTWAIT, NULL, 0) == KVW_OK) {
+        pong |= m.type == KVW_MSG_PONG;
+        if (m.type == KVW_MSG_REQUEST_FAILED && answered_room && m.u.failed.room == *answered_room)
+            *answered_room = 0;
+        kvw__wire_free(&m);
+    }
+    return pong;
+}
+
+static void rogue_sync(void *s, uint64_t *answered_room)
+{
+    kvw_msg_t ping = {.type = KVW_MSG_PING};
+    assert_int_equal(kvw__zsend(s, &ping, 0), KVW_OK);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (!rogue_drain(s, answered_room) && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    assert_true(pair_now_ms() < end);
+}
+
+static void rogue_abort(void *s, uint64_t room)
+{
+    kvw_msg_t m = {.type = KVW_MSG_ABORT, .status = KVW_ERR_ABORTED};
+    m.u.failed.room = room;
+    m.u.failed.token = (uint32_t)room & KVW_WIRE_TOKEN_MASK;
+    snprintf(m.u.failed.reason, sizeof(m.u.failed.reason), "flood");
+    assert_int_equal(kvw__zsend(s, &m, 0), KVW_OK);
+}
+
+static void rogue_request(void *s, uint64_t room)
+{
+    uint64_t pages[4] = {0, 1, 2, 3};
+    kvw_msg_t m = {.type = KVW_MSG_REQUEST};
+    m.u.request.room = room;
+    m.u.request.token = (uint32_t)room & KVW_WIRE_TOKEN_MASK;
+    m.u.request.aux_index = KVW_NO_AUX;
+    m.u.request.num_pages = 4;
+    m.u.request.pages = pages;
+    assert_int_equal(kvw__zsend(s, &m, 0), KVW_OK);
+}
+
+typedef struct held {
+    size_t reqs;      /* prefill's table */
+    uint32_t orphans; /* the rogue's count against the caps */
+    uint64_t orphan_bytes;
+} held_t;
+
+static held_t held_now(void)
+{
+    kvw_engine_t *e = pair.prefill;
+    held_t h = {0};
+    pthread_mutex_lock(&e->lock);
+    h.reqs = e->num_reqs;
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && p->live && memcmp(p->id, rogue_id, KVW_IDENTITY_LEN) == 0) {
+            h.orphans = p->orphans;
+            h.orphan_bytes = p->orphan_bytes;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return h;
+}
+
+static void assert_within_caps(const char *what)
+{
+    held_t h = held_now();
+    print_message("%s: prefill holds %zu request(s), %u counted against the rogue's caps\n", what,
+                  h.reqs, h.orphans);
+    assert_true(h.orphans <= CAP);
+    assert_true(h.reqs <= CAP);
+    assert_true(h.orphan_bytes <= ((uint64_t)pair.cfg.max_orphan_mib_per_peer << 20));
+}
+
+/* Held records expire with the orphans' TTL and give the caps back; what
+ * stays is the senders' own (`senders` of them). */
+static void assert_caps_given_back(size_t senders)
+{
+    uint64_t end = pair_now_ms() + ORPHAN_TTL_MS + WAIT_MS;
+    while ((held_now().reqs > senders || held_now().orphans) && pair_now_ms() < end)
+        pair_sleep_ms(10);
+    held_t h = held_now();
+    assert_int_equal(h.reqs, senders);
+    assert_int_equal(h.orphans, 0);
+    assert_int_equal(h.orphan_bytes, 0);
+}
+
+/* ABORTs for rooms prefill never saw: each is answered, what prefill holds
+ * for them stays within max_orphans_per_peer, and a sender created after
+ * an ABORT it holds fails at once (the ABORT raced ahead of it). */
+static void test_abort_flood_unknown_rooms(void **state)
+{
+    (void)state;
+    void *zctx = zmq_ctx_new();
+    void *s = rogue_connect(zctx);
+    uint64_t first = 1000, answered = first;
+    for (uint64_t i = 0; i < FLOOD; i++) {
+        rogue_abort(s, first + i);
+        if (i % 256 == 0)
+            rogue_drain(s, &answered);
+    }
+    rogue_sync(s, &answered);
+    assert_int_equal(answered, 0); /* the first ABORT got its REQUEST_FAILED */
+    assert_within_caps("after the ABORT flood");
+    assert_caps_given_back(0);
+    /* With room under the caps, the record is kept: a sender created after
+     * the ABORT fails at once. */
+    uint64_t late_room = first + FLOOD;
+    rogue_abort(s, late_room);
+    rogue_sync(s, NULL);
+    kvw_sender_t *late;
+    assert_int_equal(kvw_sender_create(pair.prefill, late_room, &late), KVW_OK);
+    assert_int_equal(kvw_sender_poll(late), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(late, NULL), KVW_ERR_ABORTED);
+    assert_caps_given_back(1); /* adopted: the sender's own now */
+    kvw_sender_destroy(late);
+    zmq_close(s);
+    zmq_ctx_term(zctx);
+}
+
+/* REQUEST then ABORT, room after room: the aborted requests stay counted
+ * while prefill holds them, so new ones are refused past the caps. */
+static void test_request_abort_flood(void **state)
+{
+    (void)state;
+    void *zctx = zmq_ctx_new();
+    void *s = rogue_connect(zctx);
+    for (uint64_t i = 0; i < FLOOD / 4; i++) {
+        rogue_request(s, 5000 + i);
+        rogue_abort(s, 5000 + i);
+        if (i % 128 == 0)
+            rogue_drain(s, NULL);
+    }
+    rogue_sync(s, NULL);
+    assert_within_caps("after REQUEST + ABORT pairs");
+    assert_caps_given_back(0);
+    zmq_close(s);
+    zmq_ctx_term(zctx);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -350,6 +557,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_prefill_destroys_parked, open_long, close_pair),
         cmocka_unit_test_setup_teardown(test_failed_request_never_parked, open_long, close_pair),
         cmocka_unit_test_setup_teardown(test_parked_past_transfer_timeout, open_long, close_pair),
+        cmocka_unit_test_setup_teardown(test_abort_flood_unknown_rooms, open_capped, close_pair),
+        cmocka_unit_test_setup_teardown(test_request_abort_flood, open_capped, close_pair),
     };
     return cmocka_run_group_tests_name("parked requests and aborts (fake NIC, not RDMA)", tests,
                                        NULL, NULL);
