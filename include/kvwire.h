@@ -164,7 +164,10 @@ typedef struct kvw_config {
      * ("orphans") are kept at most KVW_ORPHAN_TTL_MS (30000) and, per
      * decode connection, at most KVW_MAX_ORPHANS_PER_PEER (1024) of them
      * holding at most KVW_MAX_ORPHAN_MIB_PER_PEER (64) MiB of page indices;
-     * beyond that decode's request fails at once with KVW_ERR_LIMIT. */
+     * beyond that decode's request fails at once with KVW_ERR_LIMIT. An
+     * ABORT for a room prefill holds nothing for is kept as one (no page
+     * indices), so that a sender created later fails at once; past the
+     * caps it is only answered. */
     uint32_t orphan_ttl_ms;
     uint32_t max_orphans_per_peer;
     uint32_t max_orphan_mib_per_peer;
@@ -446,7 +449,10 @@ typedef struct kvw_part {
  * given. KVW_ERR_INVALID without any change for a part out of order or
  * out of bounds; KVW_ERR_OUT_OF_RANGE (and Failed) for a page outside the
  * registered regions; KVW_ERR_STATE before init or after the request
- * ended. Thread-safe with the sender's other calls. */
+ * ended. Thread-safe with the sender's other calls. A request whose writes
+ * posted so far wait for its next part longer than transfer_timeout_ms
+ * after its first write fails (KVW_ERR_TIMEOUT), alone: its connection and
+ * the other requests on it go on. */
 KVW_API kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part);
 /* Source indices of the state groups (as many as decode asked for). They
  * are written with the final part; a request whose decode side asked for

@@ -351,7 +351,11 @@ kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s);
  * ignored) with a reason. Also ignored for a staged receiver whose copy to
  * the GPU runs (staging_in): every byte of it landed, so what the network
  * says now changes nothing, and a Failed before the copy is over would let
- * the copy write its pages after it. The copy's end decides (stager.c). */
+ * the copy write its pages after it. The copy's end decides (stager.c).
+ * Every failure goes through here, so a sender the poller parked between
+ * parts (starved, on none of its queues) is handed back here too: else
+ * nothing would ever retire it, its drain would never be noticed and
+ * decode would never hear of the failure. */
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Transferring -> Success; false if r was no longer Transferring. */
@@ -373,7 +377,8 @@ void kvw__req_drained(kvw_req_t *r);
 kvw_status_t kvw__sender_feed_locked(kvw_req_t *r);
 /* (lock) The poller posted every part it has of a request that is not
  * complete: true if it should park it (starved) until the next part, false
- * if a part arrived meanwhile (poller-side s->next is then set). */
+ * if a part arrived meanwhile (poller-side s->next is then set) or it
+ * failed meanwhile (the poller then drops it). */
 bool kvw__sender_starve_locked(kvw_req_t *r);
 /* (lock) Give a starved request back to the poller (it failed, or its
  * connection died): the poller retires it once its writes drained. */

@@ -320,9 +320,9 @@ static void finish_kill_locked(kvw_peer_t *p)
             kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
         r->abort_due = false;
         r->notify_failure = false; /* the BYE below tells decode about all of them */
-        if (r->role == KVW_ROLE_PREFILL)
-            kvw__sender_unstarve_locked(r); /* the poller lets it go */
-        else if (r->user_gone)
+        /* A parked one was handed back by its failure: with no peer, the
+         * poller lets it go at once. */
+        if (r->role == KVW_ROLE_DECODE && r->user_gone)
             kvw__req_touch_locked(r); /* destroyed, kept until it ended: it leaves now */
         kvw__req_attach_locked(r, NULL);
     }

@@ -40,6 +40,7 @@ static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
 }
 
 static void release(kvw_req_t *r);
+static void retire_inflight(kvw_peer_t *p);
 
 /* Requests whose both page lists are known, handed over by other threads.
  * Under the lock: a kill detaches requests from their peer, and a dead
@@ -301,7 +302,8 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
 
 /* Every part r (the head of p's active queue) has was posted and more will
  * come: park it (it keeps the poller's reference; the next part, a failure
- * or a dead connection hands it back). It stays if a part arrived meanwhile. */
+ * or a dead connection hands it back). It stays if a part arrived, or it
+ * failed, meanwhile: the next turn posts the part, or drops it. */
 static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 {
     pthread_mutex_lock(&e->lock);
@@ -313,14 +315,18 @@ static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 }
 
 /* Stop feeding a request that failed meanwhile (aborted, destroyed): what
- * it already posted stays in flight and is retired in order. */
+ * it already posted stays in flight and is retired in order. A request
+ * parked between parts and handed back by its failure may have nothing in
+ * flight any more: no completion will come for it, so look now. */
 static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
 {
     queue_pop(&p->active_head, &p->active_tail);
-    if (r->writes_built)
-        queue_push(&p->inflight_head, &p->inflight_tail, r);
-    else
+    if (!r->writes_built) {
         release(r);
+        return;
+    }
+    queue_push(&p->inflight_head, &p->inflight_tail, r);
+    retire_inflight(p);
 }
 
 static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)

@@ -119,6 +119,9 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
         KVW_INFO("room %llu failed: %s: %s", (unsigned long long)r->room, kvw_strerror(st),
                  r->fail_reason);
     }
+    /* The poller retires it once none of its writes is in flight (at once
+     * when none is), and only then may decode be told. */
+    kvw__sender_unstarve_locked(r);
 }
 
 bool kvw__req_succeed(kvw_req_t *r)
