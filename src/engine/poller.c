@@ -378,9 +378,23 @@ static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
     return NULL;
 }
 
+/* A caller's pass posts little per connection: on rxe the device does the
+ * transfer inside ibv_post_send, so a pass that posted a whole request kept
+ * the caller there for as long as the wire took, and when the caller was
+ * prefill's control thread, decode's pings and other decode engines'
+ * requests waited meanwhile (a live prefill was declared silent). The
+ * poller, woken for the rest, is the thread that may spend that time. */
+enum { UNBOUNDED = UINT32_MAX };
+
+/* What a caller's pass may post per connection (the poller's own passes
+ * are unbounded): CALLER_WRS writes or CALLER_BYTES bytes, whichever comes
+ * first, built CALLER_STEP writes at a time so that large writes stop it
+ * early too. */
+enum { CALLER_STEP = 4, CALLER_BYTES = 256 * 1024 };
+
 /* Posts p's requests while the send queue has room, at most `budget` WRs
- * (rounded up to whole chains); *more is set when writes are left because
- * the budget ran out. */
+ * (UNBOUNDED: no limit; else also at most CALLER_BYTES); *more is set when
+ * writes are left because the budget ran out. */
 static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more)
 {
     if (!p->active_head || !lanes_ready(e, p))
@@ -389,15 +403,20 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
     lane_totals(p, before);
     kvw_status_t st = KVW_OK;
     int work = 0;
+    uint64_t bytes = 0;
+    bool bounded = budget != UNBOUNDED;
     kvw_req_t *r;
     kvw_txq_t *q;
     p->credit_blocked = false;
     while (!st && !p->credit_blocked && (r = p->active_head) && (q = pick_lane(p, &st))) {
-        if ((uint32_t)work >= budget) {
+        if ((uint32_t)work >= budget || (bounded && bytes >= CALLER_BYTES)) {
             *more = true;
             break;
         }
         uint32_t room = kvw__txq_room(q);
+        if (bounded && room > CALLER_STEP)
+            room = CALLER_STEP;
+        uint64_t pending_before = q->pending_bytes;
         if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
             drop_failed_active(p, r);
             continue;
@@ -406,6 +425,7 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             r->seg = r->segs_head; /* set before it was handed over */
         uint32_t n = build_writes(p, p->next_lane, r, room);
         work += (int)n;
+        bytes += q->pending_bytes - pending_before;
         if (p->nlanes > 1 && !kvw__txq_room(q) && q->pending) { /* a full chain: next lane */
             st = kvw__txq_flush(q);
             p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
@@ -606,13 +626,6 @@ static bool lanes_drained(const kvw_peer_t *p)
     return true;
 }
 
-/* A caller's pass posts at most one chain per connection: on rxe the
- * device does the transfer inside ibv_post_send, so a pass that posted a
- * whole request kept the caller there for as long as the wire took, and
- * when the caller was prefill's control thread, decode's pings went
- * unanswered meanwhile (live prefills were declared silent). The poller,
- * woken for the rest, is the thread that may spend that time. */
-enum { UNBOUNDED = UINT32_MAX };
 
 static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
 {
