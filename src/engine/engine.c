@@ -166,6 +166,8 @@ static kvw_status_t register_regions(kvw_engine_t *e)
                                  e->role == KVW_ROLE_DECODE, &e->mrs[i]);
         if (st)
             return st;
+        if (!e->event_ctx) /* producer events are queried in it, should the driver want one */
+            e->event_ctx = e->mrs[i].cuda_ctx;
     }
     return KVW_OK;
 }
@@ -284,6 +286,7 @@ kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t *
     e->poller_wake_fd = e->control_wake_fd = -1;
     pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->pass_lock, NULL);
+    pthread_mutex_init(&e->event_lock, NULL);
     kvw_status_t st = init_engine(e, params);
     if (st) {
         kvw_engine_destroy(e);
@@ -366,6 +369,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     kvw__layout_free(&e->layout);
     pthread_mutex_destroy(&e->lock);
     pthread_mutex_destroy(&e->pass_lock);
+    pthread_mutex_destroy(&e->event_lock);
     free(e);
 }
 
