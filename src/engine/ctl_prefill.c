@@ -318,7 +318,7 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         break;
     case KVW_MSG_PING: {
         kvw_msg_t pong = {.type = KVW_MSG_PONG};
-        pong.u.ping.engine_id = e->id;
+        pong.u.ping.engine_id = 0; /* not ours to give away: see kvw__peer_hello */
         kvw__ctl_route(e, p->id, sizeof(p->id), &pong);
         break;
     }
@@ -369,7 +369,7 @@ static void probe_connections(kvw_engine_t *e)
         if (!p || atomic_load(&p->state) != PEER_CONNECTED)
             continue;
         kvw_msg_t pong = {.type = KVW_MSG_PONG};
-        pong.u.ping.engine_id = e->id;
+        pong.u.ping.engine_id = 0; /* not ours to give away: see kvw__peer_hello */
         if (kvw__zdropped(e->router, &pong))
             continue; /* a lost probe tells nothing */
         if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
