@@ -214,7 +214,9 @@ static kvw_status_t open_control(kvw_engine_t *e)
     snprintf(name, sizeof(name), "%016llx", (unsigned long long)e->id);
     if (e->router)
         e->router_monitor = kvw__zmonitor(e->zctx, e->router, name,
-                                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+                                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     if (!e->router || zmq_bind(e->router, bind) ||
         zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
         KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));
@@ -336,7 +338,6 @@ void kvw_engine_destroy(kvw_engine_t *e)
     /* A clean exit frees the rank at once (only a crash waits out the lease). */
     kvw__registrar_destroy(e->registrar, true);
     kvw__zmonitor_close(e->router, e->router_monitor);
-    free(e->handshaken_fds);
     if (e->router)
         zmq_close(e->router);
     kvw__zsecurity_destroy(e->zsec); /* its ZAP socket would hold zmq_ctx_term */

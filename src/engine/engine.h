@@ -275,13 +275,10 @@ struct kvw_engine {
     struct kvw_registrar *registrar; /* prefill with a bootstrap: control thread */
     void *router_monitor;            /* PAIR receiving the router's disconnect events */
     uint64_t probe_until_ns;         /* control: probe peers' connections until then */
-    /* control: the router's connections (fds) that completed their ZMTP
-     * handshake (CURVE authenticated, where on); only their closing can
-     * concern a peer, so only that starts a probe. untracked: memory ran
-     * out once, so every closing probes. */
-    int *handshaken_fds;
-    size_t nhandshaken, handshaken_cap;
-    bool handshaken_untracked;
+    /* control: router connections that failed their ZMTP (CURVE) handshake
+     * and whose DISCONNECTED has not come yet: those closings concern no
+     * peer and start no probe (kvw__prefill_on_monitor). */
+    uint64_t unhandshaken_closes;
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
