@@ -477,14 +477,16 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
     kvw_txq_t *q;
     p->credit_blocked = false;
     while (!st && !p->credit_blocked && (r = p->active_head) && (q = pick_lane(p, &st))) {
-        if ((uint32_t)work >= budget || (bounded && bytes >= CALLER_BYTES)) {
-            *more = true;
-            break;
-        }
         uint32_t room = kvw__txq_room(q);
-        if (bounded && room > CALLER_STEP)
-            room = CALLER_STEP;
-        uint64_t pending_before = q->pending_bytes;
+        uint64_t pending_before = 0;
+        if (bounded) { /* a caller's pass: the poller's own skips all this */
+            if ((uint32_t)work >= budget || bytes >= CALLER_BYTES) {
+                *more = true;
+                break;
+            }
+            room = room > CALLER_STEP ? CALLER_STEP : room;
+            pending_before = q->pending_bytes;
+        }
         if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
             drop_failed_active(p, r);
             continue;
@@ -493,7 +495,8 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             r->seg = r->segs_head; /* set before it was handed over */
         uint32_t n = build_writes(p, p->next_lane, r, room);
         work += (int)n;
-        bytes += q->pending_bytes - pending_before;
+        if (bounded)
+            bytes += q->pending_bytes - pending_before;
         if (p->nlanes > 1 && !kvw__txq_room(q) && q->pending) { /* a full chain: next lane */
             st = kvw__txq_flush(q);
             p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
