@@ -53,7 +53,11 @@ enum {
     SLOTS = MAX_ROOMS + 1, /* rooms of a schedule, and that one */
     MAX_PARTS = 6,
     END_MS = 6000,
-    GRACE_MS = 100, /* after everything ended: a late write would land by now */
+    /* Each canary is compared this long after it was taken at the
+     * earliest (and after the fake NIC quiesced): a late write would have
+     * landed by then. Anything later still is caught by the last
+     * comparison, once the decode engines are destroyed. */
+    GRACE_MS = 20,
     MAX_CANARIES = 4 * SLOTS,
 };
 
@@ -201,15 +205,23 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
     uint32_t gpu = below(&r, 10);
     sc->gpu_src = gpu == 4 || gpu == 5 || gpu >= 8;
     sc->gpu_dst = gpu >= 6;
+    /* Shorter than pair_config's: a sender whose decode gave up before
+     * its request, with the ABORT lost to a broken connection, waits this
+     * long (and a schedule with it). */
+    sc->cfg.bootstrap_timeout_ms = 1500;
     sc->cfg.staging_mib = 1;
     sc->cfg.staging_chunk_kib = 64;
     sc->cfg.staging_lanes = 1 + below(&r, 2);
-    if (below(&r, 4)) /* copies that take time: decode's copy to the GPU is a window */
-        sc->copy_delay_us = 200 + below(&r, 1300);
+    /* Copies that take time: decode's copy to the GPU is a window (mostly
+     * where decode stages; prefill copies a run per page, so slow copies
+     * there only make a schedule slow). */
+    uint32_t slow = below(&r, 4), delay = 150 + below(&r, 600);
+    if (sc->gpu_dst ? slow != 0 : slow == 0)
+        sc->copy_delay_us = delay;
     /* Late ACKs: prefill's completion comes after decode saw the data (and
      * may already have reported Success), within an ACK timeout. */
     if (below(&r, 4) == 0)
-        sc->nic.ack_delay_us = 1000 + below(&r, 39000);
+        sc->nic.ack_delay_us = 500 + below(&r, 19500);
     for (uint32_t i = 0; i < sc->rooms; i++) {
         uint32_t s = below(&r, 8);
         sc->send[i] = s < 3   ? SEND_WHOLE
@@ -225,7 +237,7 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
             sc->send[i] = SEND_LAYERS;
         sc->via_send[i] = below(&r, 2);
         sc->layer_major[i] = below(&r, 2);
-        sc->gap_ms[i] = below(&r, 3) ? 1 + below(&r, 30) : 0;
+        sc->gap_ms[i] = below(&r, 3) ? 1 + below(&r, 10) : 0;
         uint32_t at = below(&r, 8);
         sc->at[i] = at < 2    ? AT_EARLY
                     : at < 4  ? AT_LATE
@@ -245,13 +257,17 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
             if (sc->send[i] == SEND_WHOLE)
                 sc->send[i] = sc->pages >= 2 && sc->chunks[i] >= 2 ? SEND_CHUNKS : SEND_LAYERS;
             if (!sc->gap_ms[i])
-                sc->gap_ms[i] = 5 + late % 26;
+                sc->gap_ms[i] = 2 + late % 9;
             uint32_t k = frac % (parts_of(sc, i) - 1); /* after part k, before part k + 1 */
             sc->abort_ms[i] = k * sc->gap_ms[i] + frac % sc->gap_ms[i];
         }
     }
-    uint32_t close = below(&r, 8);
-    sc->close = close == 6 ? CLOSE_DECODE : close == 7 ? CLOSE_PREFILL : CLOSE_NONE;
+    /* Closing peers, rarer: a restarted prefill costs decode's engine
+     * destroy a BYE linger towards the dead one (200 ms). */
+    uint32_t close = below(&r, 16);
+    sc->close = close == 13 || close == 14 ? CLOSE_DECODE
+                : close == 15              ? CLOSE_PREFILL
+                                           : CLOSE_NONE;
     sc->close_ms = below(&r, 300);
     bool any = false;
     for (uint32_t i = 0; i < sc->rooms; i++)
@@ -365,6 +381,7 @@ typedef struct run {
     pthread_mutex_t canary_lock;
     canary_t canaries[MAX_CANARIES];
     int ncanaries;
+    uint64_t last_canary_ms;
     pthread_t closer;
     bool close_started;
     _Atomic bool close_done;
@@ -448,6 +465,7 @@ static int take_canary(run_t *x, int room, const char *why)
         c->room = room;
         c->why = why;
         c->reported = false;
+        x->last_canary_ms = pair_now_ms();
     }
     pthread_mutex_unlock(&x->canary_lock);
     return at;
@@ -1036,7 +1054,10 @@ static void run_schedule(uint64_t seed, bool described)
     fake_nic_quiesce(2000);
     /* A late write would land by now; schedules where nothing failed
      * have only their ended rooms' pages and the free ones to watch. */
-    pair_sleep_ms(x.ncanaries ? GRACE_MS : (int)(sc.nic.delay_us / 1000 + 2));
+    pair_sleep_ms((int)(sc.nic.delay_us / 1000 + 2));
+    uint64_t grace_end = x.last_canary_ms + GRACE_MS;
+    if (x.ncanaries && pair_now_ms() < grace_end)
+        pair_sleep_ms((int)(grace_end - pair_now_ms()));
     for (uint32_t i = 0; i < SLOTS; i++)
         if (x.rooms[i].used)
             check_room(&x, i);
