@@ -24,8 +24,11 @@ SAN_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/san/%.o)
 TSAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/tsan/%.o)
 TSAN      := -fsanitize=thread -fno-omit-frame-pointer
 # The threaded tests: the engine on the fake NIC, its chaos schedules, the
-# soak (connection slots reclaimed while the poller runs) and the NIC itself.
-TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic liveness)
+# soak (connection slots reclaimed while the poller runs), the NIC itself,
+# staging under faults, requests parked between parts, liveness and the
+# device's events.
+TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic staging_abort \
+              parked_abort liveness device_events)
 
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))

@@ -31,7 +31,11 @@
  *   request on that peer pair reconnects. Decode never reports Success unless
  *   every write of the request landed (the immediate rides the last write,
  *   and RC delivers in order), and never reports Failed while writes of the
- *   request can still land.
+ *   request can still land. With GPU memory reached through the staging
+ *   pool, decode's own copy from the pool to its pages counts as such a
+ *   write: a request whose data all landed ends only once that copy is
+ *   over, a Success unless decode itself gave it up meanwhile (a failure
+ *   of the network then changes nothing: every byte had arrived).
  *
  * Thread safety
  *   kvw_engine_* functions on one engine may be called from any thread.
@@ -160,7 +164,10 @@ typedef struct kvw_config {
      * ("orphans") are kept at most KVW_ORPHAN_TTL_MS (30000) and, per
      * decode connection, at most KVW_MAX_ORPHANS_PER_PEER (1024) of them
      * holding at most KVW_MAX_ORPHAN_MIB_PER_PEER (64) MiB of page indices;
-     * beyond that decode's request fails at once with KVW_ERR_LIMIT. */
+     * beyond that decode's request fails at once with KVW_ERR_LIMIT. An
+     * ABORT for a room prefill holds nothing for is kept as one (no page
+     * indices), so that a sender created later fails at once; past the
+     * caps it is only answered. */
     uint32_t orphan_ttl_ms;
     uint32_t max_orphans_per_peer;
     uint32_t max_orphan_mib_per_peer;
@@ -232,7 +239,9 @@ typedef struct kvw_config {
      *                      its REQUEST until they are copied to the GPU, so
      *                      a request larger than the pool fails with
      *                      KVW_ERR_LIMIT and requests wait (in order) for
-     *                      room.
+     *                      room, until bootstrap_timeout_ms after the
+     *                      receiver's creation (then KVW_ERR_TIMEOUT, on
+     *                      both sides: its request never reached prefill).
      *   staging_chunk_kib  KVW_STAGING_CHUNK_KIB, 4096 (64..1048576): prefill
      *                      copies and writes in chunks of this size.
      *   staging_lanes      KVW_STAGING_LANES, 2 (1..4): CUDA streams per GPU
@@ -440,7 +449,10 @@ typedef struct kvw_part {
  * given. KVW_ERR_INVALID without any change for a part out of order or
  * out of bounds; KVW_ERR_OUT_OF_RANGE (and Failed) for a page outside the
  * registered regions; KVW_ERR_STATE before init or after the request
- * ended. Thread-safe with the sender's other calls. */
+ * ended. Thread-safe with the sender's other calls. A request whose writes
+ * posted so far wait for its next part longer than transfer_timeout_ms
+ * after its first write fails (KVW_ERR_TIMEOUT), alone: its connection and
+ * the other requests on it go on. */
 KVW_API kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part);
 /* Source indices of the state groups (as many as decode asked for). They
  * are written with the final part; a request whose decode side asked for
@@ -503,12 +515,15 @@ KVW_API kvw_status_t kvw_receiver_failure(const kvw_receiver_t *receiver, const 
  * Transferring until prefill confirms that every write it posted for the
  * room has completed (one control round trip), or, if no confirmation
  * comes within peer_timeout_ms, until the connection is declared dead and
- * its QP moved to the error state; then it turns Failed. Invariant: once a
- * receiver reports Failed, no byte of its request lands in its pages
- * again, so they may be given to another request at once. Only this
+ * its QP moved to the error state; then it turns Failed. A staged request
+ * (GPU memory copied through the staging pool) whose data all landed and
+ * is being copied to the GPU needs no confirmation: it turns Failed once
+ * that copy is over. Invariant: once a receiver reports Failed, no byte of
+ * its request lands in its pages again (from the NIC or from the staging
+ * copy), so they may be given to another request at once. Only this
  * request fails unless the connection itself breaks. (A transfer timeout
- * aborts the same way, with KVW_ERR_TIMEOUT.) KVW_ERR_STATE if it already
- * ended. */
+ * aborts the same way, with KVW_ERR_TIMEOUT; it measures the data landing,
+ * not the staging copy after it.) KVW_ERR_STATE if it already ended. */
 KVW_API kvw_status_t kvw_receiver_abort(kvw_receiver_t *receiver);
 /* Per-request metrics. bytes and writes: what prefill posted for the
  * request (decode: what it expects, from its own pages). transfer_us:
@@ -530,8 +545,10 @@ KVW_API kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *receiver,
                                           kvw_req_metrics_t *metrics_p);
 
 /* Accepts NULL. A receiver that has not ended is aborted first, and destroy
- * waits for the abort's barrier (at most about peer_timeout_ms), so that
- * when it returns nothing more lands in the receiver's pages. */
+ * waits for the abort's barrier (at most about peer_timeout_ms, plus, for
+ * staged GPU memory, however long a copy from the staging pool to the GPU
+ * already under way takes), so that when it returns nothing more lands in
+ * the receiver's pages. */
 KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
 /* ------------------------------------------------------------- bootstrap */

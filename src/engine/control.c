@@ -101,10 +101,95 @@ static void say_bye(kvw_engine_t *e, kvw_peer_t *p)
     atomic_store(&p->bye_due, false); /* last: the peer may be reclaimed after this */
 }
 
+/* ======================================================== device events */
+
+/* The connection one of whose QPs (or CQs) an event names, or NULL. */
+static kvw_peer_t *peer_of_event(kvw_engine_t *e, const struct ibv_async_event *ev)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        for (uint32_t j = 0; p && j < p->nlanes; j++) {
+            const kvw_qp_t *q = p->lanes[j].qp;
+            if (q && ((ev->event_type == IBV_EVENT_CQ_ERR && q->cq == ev->element.cq) ||
+                      (ev->event_type != IBV_EVENT_CQ_ERR && q->qp == ev->element.qp)))
+                return p;
+        }
+    }
+    return NULL;
+}
+
+static void kill_all_peers(kvw_engine_t *e, const char *why)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && atomic_load(&p->state) != PEER_DEAD)
+            kvw__peer_kill(p, KVW_ERR_VERBS, "%s", why);
+    }
+}
+
+/* What one event asks of us: a connection to fail (*peer_p), every
+ * connection to fail (returns true), or nothing. why gets the reason. */
+static bool judge_async_event(kvw_engine_t *e, const struct ibv_async_event *ev,
+                              kvw_peer_t **peer_p, char *why, size_t size)
+{
+    const char *name = ibv_event_type_str(ev->event_type);
+    *peer_p = NULL;
+    switch (ev->event_type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_CQ_ERR:
+        *peer_p = peer_of_event(e, ev);
+        snprintf(why, size, "%s: %s", e->dev->name, name);
+        return false;
+    case IBV_EVENT_PORT_ERR:
+        if (ev->element.port_num != e->dev->port)
+            return false;
+        snprintf(why, size, "%s port %u went down (%s)", e->dev->name, e->dev->port, name);
+        return true;
+    case IBV_EVENT_DEVICE_FATAL:
+        snprintf(why, size, "%s: %s", e->dev->name, name);
+        return true;
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_GID_CHANGE:
+    case IBV_EVENT_LID_CHANGE:
+        KVW_WARN("%s port %u: %s", e->dev->name, ev->element.port_num, name);
+        return false;
+    default:
+        return false;
+    }
+}
+
+/* The device's asynchronous events (ibv_get_async_event(3)). Without them
+ * a QP the device declared fatal, or a port that went down, would only be
+ * noticed by each posted write running out of retries (7 x the ACK
+ * timeout, seconds), and requests not yet posted would learn nothing. The
+ * event is acknowledged before acting on it: destroying a QP waits for
+ * its events to be acknowledged. */
+static void serve_async_events(kvw_engine_t *e)
+{
+    struct ibv_async_event ev;
+    while (e->dev->ops->get_async_event(e->dev->ctx, &ev) == 0) {
+        char why[KVW_WIRE_REASON_MAX] = "";
+        kvw_peer_t *p = NULL;
+        bool all = judge_async_event(e, &ev, &p, why, sizeof(why));
+        e->dev->ops->ack_async_event(&ev);
+        if (all) {
+            KVW_ERROR("%s: failing every connection", why);
+            kill_all_peers(e, why);
+        } else if (p && atomic_load(&p->state) != PEER_DEAD) {
+            kvw__peer_kill(p, KVW_ERR_VERBS, "%s", why);
+        }
+    }
+}
+
 /* ================================================================= loop */
 
 typedef enum {
     ITEM_WAKE,
+    ITEM_ASYNC,
     ITEM_ROUTER,
     ITEM_ROUTER_MONITOR,
     ITEM_REGISTRAR,
@@ -132,6 +217,8 @@ static void build_poll_set(kvw_engine_t *e, poll_set_t *ps)
 {
     ps->n = 0;
     add_item(ps, NULL, e->control_wake_fd, NULL, ITEM_WAKE);
+    if (e->dev->ctx->async_fd >= 0)
+        add_item(ps, NULL, e->dev->ctx->async_fd, NULL, ITEM_ASYNC);
     if (e->router)
         add_item(ps, e->router, 0, NULL, ITEM_ROUTER);
     if (e->router_monitor)
@@ -164,6 +251,9 @@ static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
             KVW_WARN("control wake read failed: %s", strerror(errno));
         break;
     }
+    case ITEM_ASYNC:
+        serve_async_events(e);
+        break;
     case ITEM_ROUTER:
         kvw__prefill_serve_router(e);
         break;

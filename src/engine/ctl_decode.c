@@ -481,6 +481,13 @@ static void receiver_deadline_locked(kvw_engine_t *e, kvw_req_t *r, int s)
         kvw__req_fail(r, KVW_ERR_TIMEOUT, "not connected to prefill rank %u within %u ms",
                       r->prefill_rank, e->cfg.bootstrap_timeout_ms);
         r->abort_due = false;
+    } else if (r->stage_waiting) {
+        char why[KVW_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why),
+                 "no staging slots for its %zu pages within bootstrap_timeout_ms (%u ms): the "
+                 "requests before it hold the pool (KVW_STAGING_MIB=%u)",
+                 r->npages, e->cfg.bootstrap_timeout_ms, e->cfg.staging_mib);
+        kvw__receiver_fail_unsent_locked(r, KVW_ERR_TIMEOUT, why);
     }
 }
 
@@ -491,9 +498,11 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     int s = atomic_load(&r->state);
     bool ended = s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
     bool due = r->deadline_ns && now >= r->deadline_ns;
+    if (r->staging_in)
+        return false; /* landed: nothing to do here, its copy to the GPU ends it */
     if (ended && !r->abort_due)
         return r->user_gone;
-    if (r->user_gone && due)
+    if (r->user_gone && due && ended)
         return true; /* an ABORT we could not deliver in time */
     if (!r->peer) {
         kvw_peer_t *p = find_peer_locked(e, r);
@@ -511,7 +520,9 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
         if (r->abort_due)
             send_abort_locked(r);
     }
-    if (!ended && !r->user_gone && due) {
+    /* Destroyed and not ended (receiver_end gave up): its abort's deadline
+     * still kills the connection, the one thing that ends it for sure. */
+    if (!ended && due) {
         kvw__req_set_deadline_locked(r, 0);
         receiver_deadline_locked(e, r, atomic_load(&r->state));
     }

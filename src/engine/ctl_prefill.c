@@ -97,26 +97,36 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
              p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn, m->u.hello.recv_credits);
 }
 
-/* (lock) Refuse a request that would take p past its orphan caps: decode
- * engines cannot make prefill hold unbounded memory for rooms it never
- * serves. */
-static bool orphan_refused_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+/* (lock) Would one more record for a room without a sender, holding
+ * `bytes` of page indices, take p past its orphan caps? Then why (may be
+ * NULL) says which: decode engines cannot make prefill hold unbounded
+ * memory for rooms it never serves. */
+static bool over_orphan_caps_locked(const kvw_engine_t *e, const kvw_peer_t *p, uint64_t bytes,
+                                    char *why, size_t size)
 {
-    uint64_t bytes = (uint64_t)m->u.request.num_pages * sizeof(uint64_t);
     uint64_t max_bytes = (uint64_t)e->cfg.max_orphan_mib_per_peer << 20;
-    char why[KVW_WIRE_REASON_MAX];
     if (p->orphans >= e->cfg.max_orphans_per_peer)
-        snprintf(why, sizeof(why),
+        snprintf(why, size,
                  "prefill already holds %u requests from this engine for rooms without a sender "
                  "(max_orphans_per_peer)",
                  p->orphans);
     else if (p->orphan_bytes + bytes > max_bytes)
-        snprintf(why, sizeof(why),
+        snprintf(why, size,
                  "requests for rooms without a sender would hold %llu KiB of page indices, over "
                  "max_orphan_mib_per_peer (%u MiB)",
                  (unsigned long long)((p->orphan_bytes + bytes) >> 10),
                  e->cfg.max_orphan_mib_per_peer);
     else
+        return false;
+    return true;
+}
+
+/* (lock) Refuse a request that would take p past its orphan caps. */
+static bool orphan_refused_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    char why[KVW_WIRE_REASON_MAX];
+    uint64_t bytes = (uint64_t)m->u.request.num_pages * sizeof(uint64_t);
+    if (!over_orphan_caps_locked(e, p, bytes, why, sizeof(why)))
         return false;
     send_failed(e, p, m->u.request.room, m->u.request.token, KVW_ERR_LIMIT, why);
     return true;
@@ -138,9 +148,12 @@ static kvw_req_t *new_orphan_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_ms
     return r;
 }
 
+/* (lock) r is held for p's decode engine and no sender claimed it yet:
+ * count it against p's caps (kvw__req_unorphan_locked gives it back when a
+ * sender claims it or it leaves the table). */
 static void count_orphan_locked(kvw_req_t *r)
 {
-    if (r->has_user || r->orphan || !r->peer)
+    if (r->has_user || r->user_gone || r->orphan || !r->peer)
         return;
     r->orphan = true;
     r->peer->orphans++;
@@ -192,8 +205,38 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
                   why[0] ? why : kvw_strerror(st));
 }
 
+/* (lock) An ABORT for a room prefill holds nothing for. Nothing of the
+ * room was ever posted, so decode may be answered at once, and that answer
+ * is all decode needs (an aborting receiver waits for it; one that never
+ * sent its request has failed already). A record is kept for prefill's own
+ * sake: the ABORT may have raced ahead of the sender's creation, and a
+ * sender created later adopts the failure and ends at once instead of
+ * waiting bootstrap_timeout_ms for a request that never comes. Like a
+ * request no sender claimed, the record is an orphan: counted against the
+ * same per-connection caps (it holds no page indices) and kept for
+ * orphan_ttl_ms. Past the caps the ABORT is answered and nothing is held;
+ * such a late sender then merely waits out its own timeout. NULL: answered
+ * here. */
+static kvw_req_t *abort_unknown_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m,
+                                       const char *why)
+{
+    uint64_t room = m->u.failed.room;
+    kvw_req_t *r = NULL;
+    if (!over_orphan_caps_locked(e, p, 0, NULL, 0))
+        r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room);
+    if (!r) {
+        send_failed(e, p, room, m->u.failed.token, (kvw_status_t)m->status, why);
+        return NULL;
+    }
+    kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.orphan_ttl_ms));
+    return r;
+}
+
 /* Decode gave a room up. Stop writing it; REQUEST_FAILED goes back once
- * every write posted for it has completed (see notify_failure_locked). */
+ * every write posted for it has completed (see notify_failure_locked). A
+ * request no sender claimed yet stays counted against the orphan caps
+ * while it is held, aborted or not: else REQUEST and ABORT, room after
+ * room, would pile up requests the caps never see. */
 static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     uint64_t room = m->u.failed.room;
@@ -207,16 +250,18 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
                  (unsigned long long)room, p->index);
         return;
     }
-    if (!r && !(r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room))) {
+    bool unknown = !r;
+    if (!r && !(r = abort_unknown_locked(e, p, m, why))) {
         pthread_mutex_unlock(&e->lock);
-        return; /* out of memory: the sender fails by its own timeout */
+        return;
     }
     if (!r->have_dst) { /* else both are set already, and the poller reads them */
         kvw__req_attach_locked(r, p);
         r->token = m->u.failed.token;
     }
-    kvw__req_unorphan_locked(r);
-    kvw__req_fail(r, (kvw_status_t)m->status, "%s", why);
+    if (unknown)
+        count_orphan_locked(r);
+    kvw__req_fail(r, (kvw_status_t)m->status, "%s", why); /* a parked one: back to the poller */
     /* Decode waits for this answer before reporting Failed, even when the
      * request had already succeeded here. */
     r->have_dst = true;
@@ -445,13 +490,25 @@ static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
 
 /* (lock) The transfer watchdog fired. RC completes in order: a request
  * whose first write was posted transfer_timeout_ms ago and is not complete
- * means the connection is stuck, not the request. */
+ * means the connection is stuck, not the request; unless the request is
+ * parked (the poller posted every part it has): then what is late is
+ * prefill's next part, and only this request fails. */
 static void transfer_watchdog_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
 {
     uint64_t limit = kvw__ms_ns(e->cfg.transfer_timeout_ms);
     uint64_t first = atomic_load_explicit(&r->first_post_ns, memory_order_relaxed);
     /* first may be newer than now (the poller set it after now was read). */
-    if (first && first < now && now - first > limit && r->peer) {
+    bool late = first && first < now && now - first > limit;
+    if (late && r->starved) {
+        char why[KVW_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why),
+                 "the request's next part was not handed over within %u ms of its first write "
+                 "(transfer_timeout_ms)",
+                 e->cfg.transfer_timeout_ms);
+        kvw__sender_fail_locked(r, KVW_ERR_TIMEOUT, why); /* decode is told once drained */
+        return;
+    }
+    if (late && r->peer) {
         kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT, "room %llu: writes not complete in %u ms",
                               (unsigned long long)r->room, e->cfg.transfer_timeout_ms);
         return;

@@ -298,13 +298,8 @@ kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t *
 static void fail_remaining(kvw_engine_t *e)
 {
     pthread_mutex_lock(&e->lock);
-    for (kvw_req_t *r = e->reqs; r; r = r->next) {
-        kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");
-        if (r->starved) { /* parked by the poller, which has stopped: its reference */
-            r->starved = false;
-            kvw__req_unref(r);
-        }
-    }
+    for (kvw_req_t *r = e->reqs; r; r = r->next)
+        kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed"); /* a parked one: to the ready queue */
     pthread_mutex_unlock(&e->lock);
 }
 
@@ -323,7 +318,8 @@ void kvw_engine_destroy(kvw_engine_t *e)
         pthread_join(e->poller_thread, NULL);
     }
     fail_remaining(e);
-    /* Requests handed to the poller after it stopped still hold its reference. */
+    /* Requests handed to the poller after it stopped (parked ones failed
+     * just above among them) still hold its reference. */
     while (e->ready_head) {
         kvw_req_t *r = e->ready_head;
         e->ready_head = r->qnext;

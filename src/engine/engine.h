@@ -202,11 +202,25 @@ struct kvw_req {
 
     /* staging (engine/stager.h) */
     kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
-    kvw_req_t *snext;                         /* on a stager queue */
-    bool stage_queued;                        /* (stager lock) on its job queue */
-    uint64_t *slots; /* decode: a slot per page, per state index, then aux */
-    bool slots_held; /* (stager lock) */
-    bool staging_in; /* (stager lock) decode: the copy to the GPU runs */
+    /* prefill, stager thread: the part being cut into slices, where in it
+     * the next slice starts (stager.c), and the connection whose share of
+     * the chunks it takes (peer slot and serial) */
+    kvw_seg_t *staging;
+    int stage_step;
+    uint32_t stage_layer;
+    size_t stage_page;
+    uint32_t stage_slot, stage_serial;
+    kvw_req_t *snext;   /* on a stager queue */
+    bool stage_queued;  /* (stager lock) on its job queue */
+    bool stage_parked;  /* (stager lock) prefill: waits for a chunk its connection may take */
+    uint64_t *slots;    /* decode: a slot per page, per state index, then aux */
+    bool slots_held;    /* (stager lock) */
+    bool stage_waiting; /* (lock) decode: in the stager's queue for slots */
+    /* Decode: every write landed in the slots and the stager copies them to
+     * the GPU (queued or running); the request ends only when that copy is
+     * over. Written under both the lock and the stager lock, so either
+     * lock reads it. */
+    bool staging_in;
 };
 
 typedef struct kvw_engine_counters {
@@ -334,7 +348,14 @@ void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
  * Frees s and fails r when it cannot be planned. */
 kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s);
 /* (lock) Move r to Failed (once; later calls and ended requests are
- * ignored) with a reason. */
+ * ignored) with a reason. Also ignored for a staged receiver whose copy to
+ * the GPU runs (staging_in): every byte of it landed, so what the network
+ * says now changes nothing, and a Failed before the copy is over would let
+ * the copy write its pages after it. The copy's end decides (stager.c).
+ * Every failure goes through here, so a sender the poller parked between
+ * parts (starved, on none of its queues) is handed back here too: else
+ * nothing would ever retire it, its drain would never be noticed and
+ * decode would never hear of the failure. */
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Transferring -> Success; false if r was no longer Transferring. */
@@ -344,6 +365,11 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
 /* (lock) Decode: give a sent request up: ABORT to prefill, Failed when it
  * confirms, the connection killed if it does not within peer_timeout_ms. */
 void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why);
+/* (lock) Decode: give up a receiver whose request prefill does not have:
+ * nothing can land, so it fails now, and prefill is told (ABORT) so that
+ * its sender fails too instead of waiting for a request that never comes.
+ * One waiting for staging slots leaves its place to the next. */
+void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why);
 /* Poller: r left the poller's queues and none of its writes is in flight. */
 void kvw__req_drained(kvw_req_t *r);
 /* (lock) Plan the parts handed over so far (once decode's request is
@@ -351,7 +377,8 @@ void kvw__req_drained(kvw_req_t *r);
 kvw_status_t kvw__sender_feed_locked(kvw_req_t *r);
 /* (lock) The poller posted every part it has of a request that is not
  * complete: true if it should park it (starved) until the next part, false
- * if a part arrived meanwhile (poller-side s->next is then set). */
+ * if a part arrived meanwhile (poller-side s->next is then set) or it
+ * failed meanwhile (the poller then drops it). */
 bool kvw__sender_starve_locked(kvw_req_t *r);
 /* (lock) Give a starved request back to the poller (it failed, or its
  * connection died): the poller retires it once its writes drained. */

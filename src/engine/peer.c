@@ -313,15 +313,17 @@ static void finish_kill_locked(kvw_peer_t *p)
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->peer != p)
             continue;
-        hit += !kvw__req_ended(r);
+        hit += !kvw__req_ended(r) && !r->staging_in; /* a landed one ends with its copy */
         if (r->aborting) /* it was being given up anyway: keep its own reason */
             kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, p->dead_reason);
         else
             kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
         r->abort_due = false;
         r->notify_failure = false; /* the BYE below tells decode about all of them */
-        if (r->role == KVW_ROLE_PREFILL)
-            kvw__sender_unstarve_locked(r); /* the poller lets it go */
+        /* A parked one was handed back by its failure: with no peer, the
+         * poller lets it go at once. */
+        if (r->role == KVW_ROLE_DECODE && r->user_gone)
+            kvw__req_touch_locked(r); /* destroyed, kept until it ended: it leaves now */
         kvw__req_attach_locked(r, NULL);
     }
     /* A peer that left cleanly with nothing in flight is news, not trouble. */

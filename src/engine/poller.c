@@ -40,6 +40,7 @@ static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
 }
 
 static void release(kvw_req_t *r);
+static void retire_inflight(kvw_peer_t *p);
 
 /* Requests whose both page lists are known, handed over by other threads.
  * Under the lock: a kill detaches requests from their peer, and a dead
@@ -79,6 +80,8 @@ static int drain_ready(kvw_engine_t *e)
  * sender may now tell decode. */
 static void release(kvw_req_t *r)
 {
+    if (kvw__stager_on(r->engine) && atomic_load(&r->state) != KVW_POLL_SUCCESS)
+        kvw__stager_drop_unposted(r); /* a Success posted every slice */
     kvw__req_drained(r);
     kvw__req_unref(r);
 }
@@ -299,7 +302,8 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
 
 /* Every part r (the head of p's active queue) has was posted and more will
  * come: park it (it keeps the poller's reference; the next part, a failure
- * or a dead connection hands it back). It stays if a part arrived meanwhile. */
+ * or a dead connection hands it back). It stays if a part arrived, or it
+ * failed, meanwhile: the next turn posts the part, or drops it. */
 static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 {
     pthread_mutex_lock(&e->lock);
@@ -311,14 +315,18 @@ static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 }
 
 /* Stop feeding a request that failed meanwhile (aborted, destroyed): what
- * it already posted stays in flight and is retired in order. */
+ * it already posted stays in flight and is retired in order. A request
+ * parked between parts and handed back by its failure may have nothing in
+ * flight any more: no completion will come for it, so look now. */
 static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
 {
     queue_pop(&p->active_head, &p->active_tail);
-    if (r->writes_built)
-        queue_push(&p->inflight_head, &p->inflight_tail, r);
-    else
+    if (!r->writes_built) {
         release(r);
+        return;
+    }
+    queue_push(&p->inflight_head, &p->inflight_tail, r);
+    retire_inflight(p);
 }
 
 static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
@@ -519,9 +527,13 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
     else if (r && r->peer == p && r->aborting)
         /* The last write landed, so nothing more can: the abort is done. */
         kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
-    else if (r && r->peer == p && staged) {
-        /* In the staging pool: Success once copied to the GPU. */
+    else if (r && r->peer == p && staged && !kvw__req_ended(r)) {
+        /* In the staging pool: Success once copied to the GPU (never the
+         * copy of a request already ended: its pages may be another's now).
+         * The transfer limit measured the landing; the copy is local and
+         * the request ends with it, so no deadline fails it meanwhile. */
         atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
+        kvw__req_set_deadline_locked(r, 0);
         kvw__stager_landed_locked(r);
     } else if (r && r->peer == p && kvw__req_succeed(r)) {
         atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);

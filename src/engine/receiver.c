@@ -13,15 +13,30 @@ struct kvw_receiver {
     kvw_req_t req;
 };
 
-/* (lock) Give up a receiver whose request prefill does not have: nothing
- * can land, so it fails now, and prefill is told so that its sender fails
- * too instead of waiting for a request that never comes. */
-static void receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
     kvw__req_fail(r, st, "%s", why);
     r->request_due = false;
     r->abort_due = true;
     kvw__req_touch_locked(r);
+    if (r->stage_waiting) /* its place in the queue goes to the next */
+        kvw__stager_waiter_left_locked(r);
+}
+
+/* (lock) Give up a staged receiver whose every write landed and whose
+ * copy to the GPU runs: nothing more can land, so there is no ABORT to
+ * send nor confirmation to wait for (and prefill's sender, all of whose
+ * writes completed, stays a Success). The copy is not recalled (CUDA
+ * copies cannot be, and a page half copied serves nobody): it finishes,
+ * then the receiver turns Failed with this reason (stager.c), so that
+ * nothing is written into its pages after Failed. */
+static void receiver_abort_landed_locked(kvw_req_t *r, kvw_status_t st, const char *why)
+{
+    r->aborting = true;
+    r->abort_status = st;
+    snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
+    KVW_INFO("room %llu: aborting once its copy to the GPU is over: %s",
+             (unsigned long long)r->room, why);
 }
 
 /* (lock) Give up a receiver that has not ended. */
@@ -29,16 +44,21 @@ static void receiver_abort_locked(kvw_req_t *r, const char *why)
 {
     if (r->aborting)
         return; /* already waiting for prefill's confirmation */
-    if (r->request_sent)
+    if (r->staging_in)
+        receiver_abort_landed_locked(r, KVW_ERR_ABORTED, why);
+    else if (r->request_sent)
         kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, why);
     else
-        receiver_fail_unsent_locked(r, KVW_ERR_ABORTED, why);
+        kvw__receiver_fail_unsent_locked(r, KVW_ERR_ABORTED, why);
 }
 
 /* Abort a receiver that has not ended and wait until it has: when this
- * returns no write of the request can land any more. The wait is bounded:
- * without prefill's confirmation the control thread kills the connection
- * after peer_timeout_ms, which fails the request. */
+ * returns no write of the request can land any more, from the NIC or from
+ * the stager. The wait for the network is bounded: without prefill's
+ * confirmation the control thread kills the connection after
+ * peer_timeout_ms, which fails the request. A copy from the staging pool
+ * to the GPU is local and always finishes: it is waited for however long
+ * it takes, since the request ends only with it. */
 static void receiver_end(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
@@ -47,12 +67,13 @@ static void receiver_end(kvw_req_t *r)
         receiver_abort_locked(r, "receiver destroyed by the caller");
     pthread_mutex_unlock(&e->lock);
     uint64_t give_up = kvw__now_ns() + 2 * kvw__ms_ns(e->cfg.peer_timeout_ms) + kvw__ms_ns(1000);
-    while (!kvw__req_ended(r) && kvw__now_ns() < give_up) {
+    while (!kvw__req_ended(r) && (kvw__now_ns() < give_up || kvw__stager_copying(r))) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
     if (!kvw__req_ended(r))
-        KVW_ERROR("room %llu: receiver destroyed before its abort completed",
+        KVW_ERROR("room %llu: receiver destroyed before its abort completed; the engine keeps "
+                  "it (and its staging slots) until it ends",
                   (unsigned long long)r->room);
 }
 
@@ -60,7 +81,7 @@ static void receiver_destroy(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     receiver_end(r);
-    kvw__stager_unreserve(r); /* it ended: nothing lands in its slots any more */
+    kvw__stager_unreserve(r); /* if it ended: nothing lands in its slots any more */
     pthread_mutex_lock(&e->lock);
     if (e->tokens[r->token & 0xffff] == r)
         e->tokens[r->token & 0xffff] = NULL;
@@ -192,7 +213,7 @@ kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *
     }
     if (st) {
         KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
-        receiver_fail_unsent_locked(r, st, why);
+        kvw__receiver_fail_unsent_locked(r, st, why);
     } else {
         r->pages = copy;
         r->npages = x->num_pages;
@@ -202,9 +223,16 @@ kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *
         bool ready = true;
         if (kvw__stager_on(e) && (st = kvw__stager_reserve_locked(r, &ready, why, sizeof(why)))) {
             KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
-            receiver_fail_unsent_locked(r, st, why);
+            kvw__receiver_fail_unsent_locked(r, st, why);
         } else {
             r->request_due = ready; /* else when the stager has slots for it */
+            /* Waiting for slots is bounded like the rest of getting the
+             * request to prefill (whose sender gives up as long after its
+             * creation): by bootstrap_timeout_ms from the receiver's
+             * creation, or from now if that has passed. */
+            uint64_t limit = kvw__ms_ns(e->cfg.bootstrap_timeout_ms);
+            if (!ready && !r->deadline_ns)
+                kvw__req_set_deadline_locked(r, kvw__now_ns() + limit);
             kvw__req_touch_locked(r);
         }
     }

@@ -106,7 +106,7 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
 {
     int s = atomic_load(&r->state);
-    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS)
+    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->staging_in)
         return;
     r->fail_status = st;
     va_list ap;
@@ -119,6 +119,9 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
         KVW_INFO("room %llu failed: %s: %s", (unsigned long long)r->room, kvw_strerror(st),
                  r->fail_reason);
     }
+    /* The poller retires it once none of its writes is in flight (at once
+     * when none is), and only then may decode be told. */
+    kvw__sender_unstarve_locked(r);
 }
 
 bool kvw__req_succeed(kvw_req_t *r)
@@ -170,12 +173,19 @@ kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p)
 /* (lock) A request whose handle is gone stays on the list only while the
  * other side may still need an answer about it: a failed sender that decode
  * may yet ask for, or one whose failure decode has not been told; a receiver
- * whose ABORT is not sent. The control thread drops it afterwards. */
+ * whose ABORT is not sent. The control thread drops it afterwards. A
+ * receiver still Transferring (destroy gave up waiting for its abort) stays
+ * until it ends (its connection's death, at the latest): prefill may still
+ * write its pages, so its staging slots are not given to another. */
 void kvw__req_release_handle_locked(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     r->has_user = false;
     r->user_gone = true;
+    if (r->role == KVW_ROLE_DECODE && atomic_load(&r->state) == KVW_POLL_TRANSFERRING) {
+        kvw__req_touch_locked(r);
+        return;
+    }
     bool answer_owed =
         r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->abort_due;
     if (answer_owed) {

@@ -46,6 +46,8 @@ void kvw__sender_free_parts(kvw_req_t *r)
 {
     free_list(r->engine, r->segs_head);
     free_list(r->engine, r->unstaged_head);
+    free_list(r->engine, r->staging); /* the stager stopped midway (the engine stops) */
+    r->staging = NULL;
     r->segs_head = r->segs_tail = NULL;
     r->unstaged_head = r->unstaged_tail = NULL;
     free(r->covered);
@@ -150,6 +152,11 @@ bool kvw__sender_starve_locked(kvw_req_t *r)
 {
     if (atomic_load_explicit(&r->seg->next, memory_order_relaxed) || r->to_plan)
         return false; /* a planned part arrived meanwhile */
+    /* Failed while the poller posted its last part: its failure found it
+     * on the active queue, not parked, and handed nothing back. Parked now,
+     * nothing ever would: the poller drops it instead. */
+    if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING)
+        return false;
     r->starved = true;
     return true;
 }
@@ -166,8 +173,7 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
 {
     if (st != KVW_ERR_ABORTED)
         KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
-    kvw__req_fail(r, st, "%s", why);
-    kvw__sender_unstarve_locked(r); /* the poller lets it go once its writes drained */
+    kvw__req_fail(r, st, "%s", why); /* a parked request goes back to the poller */
     if (r->have_dst) {
         /* Decode is waiting: tell it, but only once no write of ours can
          * still land in its pages (drained), so its Failed is final. */

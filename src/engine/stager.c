@@ -7,7 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+/* Which connection a chunk was taken for: its peer slot and the peer's
+ * serial (a slot is reused once its peer is reclaimed; serials never are). */
+typedef struct chunk_owner {
+    uint32_t slot, serial;
+} chunk_owner_t;
+
+/* The chunks the connection with this serial holds. */
+typedef struct peer_share {
+    uint32_t serial, held;
+} peer_share_t;
 
 /* A prefill slice being copied into its chunk; appended to its request
  * once its lane finished. */
@@ -32,8 +42,20 @@ struct kvw_stager {
     size_t chunk_len;
     uint32_t nchunks, nfree; /* (lock) */
     uint32_t *free_chunks;   /* (lock) a stack of chunk ids (index + 1) */
-    uint64_t *chunk_seq;     /* poller: per chunk, per lane: the writes to complete first */
-    uint32_t *chunk_next;    /* poller: the next id in its peer's list, 0 = end */
+    /* A connection holds at most peer_cap chunks (taken and not back: being
+     * copied, waiting to be posted, or posted and not complete), so that
+     * one whose writes stall cannot take the pool from the others. */
+    uint32_t peer_cap;
+    chunk_owner_t *owner;             /* (lock) per chunk: whose share it counts in */
+    peer_share_t *share;              /* (lock) per peer slot */
+    kvw_req_t *park_head, *park_tail; /* (lock) requests waiting for a chunk, with a ref */
+    /* (lock) Chunks given back so far, and their count when the first of
+     * the parked requests found none: any given back since, and they all
+     * try again (one only a later failure saw would be a lost wake-up). */
+    uint64_t chunks_back, park_gen;
+    bool park_gen_set;
+    uint64_t *chunk_seq;  /* poller: per chunk, per lane: the writes to complete first */
+    uint32_t *chunk_next; /* poller: the next id in its peer's list, 0 = end */
     pending_slice_t pend[KVW_STAGING_MAX_LANES]; /* thread: oldest first */
     int npend, next_lane;
 
@@ -73,7 +95,7 @@ static void queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
 
 static void push_job_locked(kvw_stager_t *st, kvw_req_t *r)
 {
-    if (r->stage_queued)
+    if (r->stage_queued || r->stage_parked) /* a parked one resumes when a chunk is back */
         return;
     r->stage_queued = true;
     queue_req(&st->job_head, &st->job_tail, r);
@@ -179,8 +201,26 @@ void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t id)
         return; /* the engine is being torn down */
     pthread_mutex_lock(&st->lock);
     st->free_chunks[st->nfree++] = id;
-    pthread_cond_broadcast(&st->cond);
+    chunk_owner_t o = st->owner[id - 1];
+    peer_share_t *sh = &st->share[o.slot];
+    if (sh->serial == o.serial && sh->held) /* else its connection is gone */
+        sh->held--;
+    st->chunks_back++;
+    if (st->park_head)
+        pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
+}
+
+void kvw__stager_drop_unposted(kvw_req_t *r)
+{
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    for (kvw_seg_t *s = r->segs_head; s; s = atomic_load_explicit(&s->next, memory_order_relaxed))
+        if (s->chunk) {
+            kvw__stager_put_chunk(e, s->chunk);
+            s->chunk = 0;
+        }
+    pthread_mutex_unlock(&e->lock);
 }
 
 void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s)
@@ -276,28 +316,25 @@ static void finish_all(kvw_stager_t *st)
         finish_oldest(st);
 }
 
-/* A free chunk; while none is, finish the slices in flight (their chunks
- * come back once the NIC read them). 0 when the engine stops. */
-static uint32_t get_chunk(kvw_stager_t *st)
+/* A free chunk for r's connection, without waiting: 0 when the pool is
+ * empty, the connection holds its share (peer_cap) or the engine stops.
+ * The thread then parks r and serves the other requests: waiting here
+ * would make every connection wait for the slowest. */
+static uint32_t take_chunk(kvw_stager_t *st, const kvw_req_t *r)
 {
     pthread_mutex_lock(&st->lock);
-    while (!st->nfree && !st->stop) {
-        if (st->npend) {
-            pthread_mutex_unlock(&st->lock);
-            finish_oldest(st);
-            pthread_mutex_lock(&st->lock);
-            continue;
-        }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 100 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&st->cond, &st->lock, &until);
+    peer_share_t *sh = &st->share[r->stage_slot];
+    if (sh->serial != r->stage_serial) /* the slot's earlier connection is gone */
+        *sh = (peer_share_t){r->stage_serial, 0};
+    uint32_t id = 0;
+    if (!st->stop && st->nfree && sh->held < st->peer_cap) {
+        id = st->free_chunks[--st->nfree];
+        st->owner[id - 1] = (chunk_owner_t){r->stage_slot, r->stage_serial};
+        sh->held++;
+    } else if (!st->park_gen_set) { /* the next chunk back wakes the parked */
+        st->park_gen = st->chunks_back;
+        st->park_gen_set = true;
     }
-    uint32_t id = st->stop ? 0 : st->free_chunks[--st->nfree];
     pthread_mutex_unlock(&st->lock);
     return id;
 }
@@ -375,23 +412,28 @@ static void fail_part(kvw_stager_t *st, kvw_req_t *r, kvw_status_t err, const ch
     pthread_mutex_unlock(&st->e->lock);
 }
 
+/* How staging a slice, a part or a request went: SLICE_WAIT when a slice
+ * needs a chunk r's connection may not take now (take_chunk): r parks and
+ * resumes where it stopped (r->stage_*) once a chunk comes back. */
+typedef enum { SLICE_OK, SLICE_FAILED, SLICE_WAIT } slice_rc_t;
+
 /* Stage pages [p0, p0 + n) of layers [lb, le) of part (or, final, its
- * state and aux) as one slice. false when the request failed. */
-static bool stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *part, size_t p0, size_t n,
-                        uint32_t lb, uint32_t le, bool final)
+ * state and aux) as one slice. */
+static slice_rc_t stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *part, size_t p0,
+                              size_t n, uint32_t lb, uint32_t le, bool final)
 {
     size_t ns = final ? r->num_src_state : 0;
     bool aux = final && final_has_aux(r);
     kvw_seg_t *x = new_slice(part, p0, n, lb, le, final, ns, st->kind[KVW_LAYOUT_STATE]);
     if (!x) {
         fail_part(st, r, KVW_ERR_NO_MEMORY, "no memory to stage a part");
-        return false;
+        return SLICE_FAILED;
     }
     uint64_t bytes = visit_slice(st, x, ns, aux, NULL, NULL);
     if (!bytes) { /* nothing of it is staged: in order, after what is */
         finish_all(st);
         deliver(st, r, x, KVW_OK, NULL);
-        return true;
+        return SLICE_OK;
     }
     if (bytes > st->chunk_len) {
         char why[KVW_WIRE_REASON_MAX];
@@ -401,11 +443,11 @@ static bool stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *part, s
                  (unsigned long long)bytes, st->chunk_len >> 10);
         kvw__seg_free(st->e, x);
         fail_part(st, r, KVW_ERR_LIMIT, why);
-        return false;
+        return SLICE_FAILED;
     }
-    if (!(x->chunk = get_chunk(st))) {
+    if (!(x->chunk = take_chunk(st, r))) {
         kvw__seg_free(st->e, x);
-        return false; /* stopping */
+        return SLICE_WAIT;
     }
     copy_arg_t a = {.st = st,
                     .r = r,
@@ -422,7 +464,7 @@ static bool stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *part, s
     }
     if (st->npend == st->pool->lanes)
         finish_oldest(st);
-    return true;
+    return SLICE_OK;
 }
 
 /* Bytes of one page of a layer over its KV regions. */
@@ -436,27 +478,35 @@ static uint64_t layer_page_bytes(const kvw_engine_t *e, uint32_t layer)
 }
 
 /* Cut a part's KV pages into slices of at most a chunk: as many whole
- * layers as fit, or a layer's pages in pieces. */
-static bool stage_kv(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *s)
+ * layers as fit, or a layer's pages in pieces; from r->stage_layer and
+ * r->stage_page on, which follow each slice staged. */
+static slice_rc_t stage_kv(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *s)
 {
-    for (uint32_t l0 = s->lb; l0 < s->le;) {
+    while (r->stage_layer < s->le) {
+        uint32_t l0 = r->stage_layer;
         uint64_t bytes = s->n * layer_page_bytes(st->e, l0);
         if (bytes <= st->chunk_len) {
             uint32_t l1 = l0 + 1;
             while (l1 < s->le && bytes + s->n * layer_page_bytes(st->e, l1) <= st->chunk_len)
                 bytes += s->n * layer_page_bytes(st->e, l1++);
-            if (!stage_slice(st, r, s, 0, s->n, l0, l1, false))
-                return false;
-            l0 = l1;
+            slice_rc_t rc = stage_slice(st, r, s, 0, s->n, l0, l1, false);
+            if (rc != SLICE_OK)
+                return rc;
+            r->stage_layer = l1;
             continue;
         }
         size_t per = st->chunk_len / layer_page_bytes(st->e, l0); /* >= 1: checked at create */
-        for (size_t p0 = 0; p0 < s->n; p0 += per)
-            if (!stage_slice(st, r, s, p0, s->n - p0 < per ? s->n - p0 : per, l0, l0 + 1, false))
-                return false;
-        l0++;
+        while (r->stage_page < s->n) {
+            size_t p0 = r->stage_page, n = s->n - p0 < per ? s->n - p0 : per;
+            slice_rc_t rc = stage_slice(st, r, s, p0, n, l0, l0 + 1, false);
+            if (rc != SLICE_OK)
+                return rc;
+            r->stage_page = p0 + n;
+        }
+        r->stage_page = 0;
+        r->stage_layer = l0 + 1;
     }
-    return true;
+    return SLICE_OK;
 }
 
 /* Hand a part of nothing staged over as it is, after the slices before it. */
@@ -466,51 +516,108 @@ static void pass_through(kvw_stager_t *st, kvw_req_t *r, kvw_seg_t *s)
     deliver(st, r, s, KVW_OK, NULL);
 }
 
-static void stage_part(kvw_stager_t *st, kvw_req_t *r, kvw_seg_t *s)
+/* A part's pages as they are (KV is not staged), its staged tail after. */
+static slice_rc_t pass_pages(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *s)
 {
+    kvw_seg_t *x = new_slice(s, 0, s->n, s->lb, s->le, false, 0, false);
+    if (!x) {
+        fail_part(st, r, KVW_ERR_NO_MEMORY, "no memory to stage a part");
+        return SLICE_FAILED;
+    }
+    memcpy(x->src, s->src, s->n * sizeof(uint64_t));
+    pass_through(st, r, x);
+    return SLICE_OK;
+}
+
+/* Steps of a part (r->stage_step): its KV pages, then (final part) the
+ * state and aux. */
+enum { STEP_KV, STEP_TAIL };
+
+/* Stage the rest of r's current part (r->staging), then let go of it;
+ * SLICE_WAIT leaves it, to resume where it stopped. */
+static slice_rc_t stage_current(kvw_stager_t *st, kvw_req_t *r)
+{
+    kvw_seg_t *s = r->staging;
     bool kv = s->n && s->le > s->lb;
     bool tail = s->final && (st->kind[KVW_LAYOUT_STATE] || st->kind[KVW_LAYOUT_AUX]);
     if (!st->kind[KVW_LAYOUT_KV] && !tail) {
+        r->staging = NULL;
         pass_through(st, r, s);
-        return;
+        return SLICE_OK;
     }
-    bool ok = true;
-    if (kv && st->kind[KVW_LAYOUT_KV]) {
-        ok = stage_kv(st, r, s);
-    } else if (kv) { /* its pages as they are, the staged tail after them */
-        kvw_seg_t *x = new_slice(s, 0, s->n, s->lb, s->le, false, 0, false);
-        if (x)
-            memcpy(x->src, s->src, s->n * sizeof(uint64_t));
-        else
-            fail_part(st, r, KVW_ERR_NO_MEMORY, "no memory to stage a part");
-        if ((ok = x != NULL))
-            pass_through(st, r, x);
+    slice_rc_t rc = SLICE_OK;
+    if (r->stage_step == STEP_KV) {
+        if (kv && st->kind[KVW_LAYOUT_KV])
+            rc = stage_kv(st, r, s);
+        else if (kv)
+            rc = pass_pages(st, r, s);
+        if (rc == SLICE_WAIT)
+            return rc;
+        r->stage_step = STEP_TAIL;
     }
-    if (ok && s->final)
-        stage_slice(st, r, s, s->n, 0, 0, 0, true);
+    if (rc == SLICE_OK && s->final && stage_slice(st, r, s, s->n, 0, 0, 0, true) == SLICE_WAIT)
+        return SLICE_WAIT;
+    r->staging = NULL;
     kvw__seg_free(st->e, s);
+    return rc;
 }
 
-static void stage_parts(kvw_stager_t *st, kvw_req_t *r)
+/* (lock) r's next part becomes the current one, staged from its start for
+ * r's connection. false when there is none, or r ended (then what it
+ * still had is dropped: *drop). */
+static bool next_part_locked(kvw_req_t *r, kvw_seg_t **drop)
+{
+    if (kvw__req_ended(r) || !r->peer) { /* a dead connection failed it */
+        *drop = r->unstaged_head;
+        r->unstaged_head = r->unstaged_tail = NULL;
+        return false;
+    }
+    kvw_seg_t *s = r->unstaged_head;
+    if (!s)
+        return false;
+    r->unstaged_head = atomic_load_explicit(&s->next, memory_order_relaxed);
+    if (!r->unstaged_head)
+        r->unstaged_tail = NULL;
+    s->next = NULL;
+    r->staging = s;
+    r->stage_step = STEP_KV;
+    r->stage_layer = s->lb;
+    r->stage_page = 0;
+    r->stage_slot = r->peer->index;
+    r->stage_serial = r->peer->serial;
+    return true;
+}
+
+static void free_parts(kvw_engine_t *e, kvw_seg_t *s)
+{
+    while (s) {
+        kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
+        kvw__seg_free(e, s);
+        s = next;
+    }
+}
+
+/* Stage r's parts in order, from where it stopped; SLICE_WAIT when it must
+ * wait for a chunk. */
+static slice_rc_t stage_parts(kvw_stager_t *st, kvw_req_t *r)
 {
     kvw_engine_t *e = st->e;
     for (;;) {
+        kvw_seg_t *drop = NULL;
         pthread_mutex_lock(&e->lock);
-        kvw_seg_t *s = r->unstaged_head;
-        if (s) {
-            r->unstaged_head = atomic_load_explicit(&s->next, memory_order_relaxed);
-            if (!r->unstaged_head)
-                r->unstaged_tail = NULL;
-            s->next = NULL;
-        }
         bool ended = kvw__req_ended(r);
+        bool more = r->staging || next_part_locked(r, &drop);
         pthread_mutex_unlock(&e->lock);
-        if (!s)
-            return;
-        if (ended)
-            kvw__seg_free(e, s);
-        else
-            stage_part(st, r, s);
+        free_parts(e, drop);
+        if (ended && r->staging) { /* stopped midway: nothing more of it goes */
+            kvw__seg_free(e, r->staging);
+            r->staging = NULL;
+            continue;
+        }
+        if (!more)
+            return SLICE_OK;
+        if (stage_current(st, r) == SLICE_WAIT)
+            return SLICE_WAIT;
     }
 }
 
@@ -557,8 +664,13 @@ void kvw__stager_unreserve(kvw_req_t *r)
     if (!st)
         return;
     uint64_t need[3];
+    /* Only once nothing can write them: no copy-in reads them, and prefill
+     * never had the request or it ended (Failed means that none of its
+     * writes can land any more; Success, that all did). A receiver still
+     * Transferring keeps them, even destroyed (receiver_end gave up). */
+    bool writable = atomic_load(&r->state) == KVW_POLL_TRANSFERRING;
     pthread_mutex_lock(&st->lock);
-    if (r->slots_held && !r->staging_in) {
+    if (r->slots_held && !r->staging_in && !writable) {
         slots_needed(st, r, need);
         /* Pushed back in reverse, so the next taker gets them in order. */
         for (int k = 0; k < 3; k++) {
@@ -599,9 +711,22 @@ kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, si
         memcpy(r->slots, r->pages, n * sizeof(uint64_t));
     r->slots[n] = r->aux;
     *ready = !st->wait_head && take_slots(st, r);
-    if (!*ready) /* in order: a large request is not overtaken forever */
+    if (!*ready) { /* in order: a large request is not overtaken forever */
         queue_req(&st->wait_head, &st->wait_tail, r);
+        r->stage_waiting = true;
+    }
     return KVW_OK;
+}
+
+void kvw__stager_waiter_left_locked(kvw_req_t *r)
+{
+    kvw_stager_t *st = r->engine->stager;
+    /* grant_waiters drops ended receivers from the head of the queue and
+     * serves the ones behind them. */
+    pthread_mutex_lock(&st->lock);
+    st->slots_freed = true;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
 }
 
 /* Stager thread: give freed slots to the receivers waiting, in order. */
@@ -614,6 +739,7 @@ static void grant_waiters(kvw_stager_t *st)
         st->wait_head = r->snext;
         if (!st->wait_head)
             st->wait_tail = NULL;
+        r->stage_waiting = false;
         if (!kvw__req_ended(r)) {
             r->request_due = true;
             kvw__req_touch_locked(r);
@@ -632,8 +758,28 @@ void kvw__stager_landed_locked(kvw_req_t *r)
 {
     kvw_stager_t *st = r->engine->stager;
     pthread_mutex_lock(&st->lock);
-    r->staging_in = true;
+    r->staging_in = true; /* under both locks (engine.h) */
     push_job_locked(st, r);
+    pthread_mutex_unlock(&st->lock);
+}
+
+bool kvw__stager_copying(kvw_req_t *r)
+{
+    kvw_stager_t *st = r->engine->stager;
+    if (!st)
+        return false;
+    pthread_mutex_lock(&st->lock);
+    bool copying = r->staging_in;
+    pthread_mutex_unlock(&st->lock);
+    return copying;
+}
+
+/* (lock) r's copy to the GPU is over (or will never start): from here on
+ * r may end, and failures count again. */
+static void copy_in_over_locked(kvw_stager_t *st, kvw_req_t *r)
+{
+    pthread_mutex_lock(&st->lock);
+    r->staging_in = false;
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -677,7 +823,11 @@ static void copy_in(kvw_stager_t *st, kvw_req_t *r)
     kvw_status_t err = kvw__staging_wait(st->pool, 0, why, sizeof(why));
     if (a.err)
         err = a.err;
+    /* Every copy is done: r ends now, and only now. Failures that came
+     * meanwhile were ignored (kvw__req_fail): all of r had landed. Only
+     * decode's own abort (or destroy) stands, as promised to its caller. */
     pthread_mutex_lock(&e->lock);
+    copy_in_over_locked(st, r);
     if (err)
         kvw__req_fail(r, KVW_ERR_TRANSFER,
                       "the data landed but copying it from the staging pool to the GPU failed: %s",
@@ -687,13 +837,68 @@ static void copy_in(kvw_stager_t *st, kvw_req_t *r)
     else if (kvw__req_succeed(r))
         kvw__req_set_deadline_locked(r, 0);
     pthread_mutex_unlock(&e->lock);
-    pthread_mutex_lock(&st->lock);
-    r->staging_in = false;
-    pthread_mutex_unlock(&st->lock);
     kvw__stager_unreserve(r); /* nothing lands after the immediate */
 }
 
 /* ---- the thread ------------------------------------------------------------------ */
+
+/* r waits for a chunk: the slices copied so far go to the NIC first (their
+ * chunks come back once it read them), then r parks, keeping the job's
+ * reference, unless a new part queued it again meanwhile. */
+static void park(kvw_stager_t *st, kvw_req_t *r)
+{
+    finish_all(st);
+    pthread_mutex_lock(&st->lock);
+    bool queued = r->stage_queued;
+    if (!queued) {
+        r->stage_parked = true;
+        r->snext = NULL;
+        if (st->park_tail)
+            st->park_tail->snext = r;
+        else
+            st->park_head = r;
+        st->park_tail = r;
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (queued)
+        kvw__req_unref(r);
+}
+
+/* (lock) A chunk came back: every parked request tries again, in order,
+ * on the job queue (with the park's reference; one queued meanwhile
+ * already has one: *drop). */
+static kvw_req_t *unpark_all_locked(kvw_stager_t *st)
+{
+    kvw_req_t *r, *drop = NULL;
+    st->park_gen_set = false;
+    while ((r = st->park_head)) {
+        st->park_head = r->snext;
+        r->stage_parked = false;
+        if (r->stage_queued) {
+            r->snext = drop;
+            drop = r;
+            continue;
+        }
+        r->stage_queued = true;
+        r->snext = NULL;
+        if (st->job_tail)
+            st->job_tail->snext = r;
+        else
+            st->job_head = r;
+        st->job_tail = r;
+    }
+    st->park_tail = NULL;
+    return drop;
+}
+
+static void unref_list(kvw_req_t *r)
+{
+    while (r) {
+        kvw_req_t *next = r->snext;
+        kvw__req_unref(r);
+        r = next;
+    }
+}
 
 static void *stager_main(void *arg)
 {
@@ -704,6 +909,13 @@ static void *stager_main(void *arg)
             st->slots_freed = false;
             pthread_mutex_unlock(&st->lock);
             grant_waiters(st);
+            pthread_mutex_lock(&st->lock);
+            continue;
+        }
+        if (st->park_head && st->chunks_back != st->park_gen) {
+            kvw_req_t *drop = unpark_all_locked(st);
+            pthread_mutex_unlock(&st->lock);
+            unref_list(drop);
             pthread_mutex_lock(&st->lock);
             continue;
         }
@@ -719,11 +931,14 @@ static void *stager_main(void *arg)
             continue;
         }
         pthread_mutex_unlock(&st->lock);
-        if (st->e->role == KVW_ROLE_PREFILL)
-            stage_parts(st, r);
-        else
+        if (st->e->role == KVW_ROLE_DECODE)
             copy_in(st, r);
-        kvw__req_unref(r);
+        else if (stage_parts(st, r) == SLICE_WAIT) {
+            park(st, r); /* the thread goes on with the other requests */
+            r = NULL;
+        }
+        if (r)
+            kvw__req_unref(r);
         pthread_mutex_lock(&st->lock);
     }
     pthread_mutex_unlock(&st->lock);
@@ -765,12 +980,23 @@ static kvw_status_t setup_chunks(kvw_stager_t *st)
     st->free_chunks = calloc(st->nchunks, sizeof(uint32_t));
     st->chunk_next = calloc(st->nchunks, sizeof(uint32_t));
     st->chunk_seq = calloc((size_t)st->nchunks * KVW_MAX_LANES, sizeof(uint64_t));
-    if (!st->free_chunks || !st->chunk_next || !st->chunk_seq)
+    st->owner = calloc(st->nchunks, sizeof(*st->owner));
+    st->share = calloc(e->peer_slots, sizeof(*st->share));
+    if (!st->free_chunks || !st->chunk_next || !st->chunk_seq || !st->owner || !st->share)
         return KVW_ERR_NO_MEMORY;
     for (uint32_t i = 0; i < st->nchunks; i++) /* chunk 1 on top */
         st->free_chunks[st->nfree++] = st->nchunks - i;
-    KVW_INFO("staging: %u chunks of %zu KiB for prefill's GPU regions", st->nchunks,
-             st->chunk_len >> 10);
+    /* A quarter of the pool, and enough to copy one slice per lane while
+     * the NIC writes another: past that, more chunks in flight to one
+     * connection add nothing to its pipeline, and a quarter held by a
+     * stalled one still leaves the others most of the pool. */
+    st->peer_cap = st->nchunks / 4;
+    if (st->peer_cap < (uint32_t)st->pool->lanes + 1)
+        st->peer_cap = (uint32_t)st->pool->lanes + 1;
+    if (st->peer_cap > st->nchunks)
+        st->peer_cap = st->nchunks;
+    KVW_INFO("staging: %u chunks of %zu KiB for prefill's GPU regions, at most %u per connection",
+             st->nchunks, st->chunk_len >> 10, st->peer_cap);
     return KVW_OK;
 }
 
@@ -821,6 +1047,8 @@ static void stager_free(kvw_stager_t *st)
     free(st->free_chunks);
     free(st->chunk_next);
     free(st->chunk_seq);
+    free(st->owner);
+    free(st->share);
     free(st->region_off);
     for (int k = 0; k < 3; k++)
         free(st->free_slots[k]);
@@ -874,11 +1102,12 @@ void kvw__stager_stop(kvw_engine_t *e)
     st->started = false;
     kvw_req_t *r;
     while ((r = pop_job_locked(st))) { /* the thread is gone: no lock needed */
+        /* A copy-in that never started: nothing was written. */
         if (r->staging_in) {
             pthread_mutex_lock(&e->lock);
+            copy_in_over_locked(st, r);
             kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");
             pthread_mutex_unlock(&e->lock);
-            r->staging_in = false;
         }
         kvw__req_unref(r);
     }
@@ -887,6 +1116,12 @@ void kvw__stager_stop(kvw_engine_t *e)
         kvw__req_unref(r);
     }
     st->wait_tail = NULL;
+    while ((r = st->park_head)) { /* their parts go with them */
+        st->park_head = r->snext;
+        r->stage_parked = false;
+        kvw__req_unref(r);
+    }
+    st->park_tail = NULL;
 }
 
 void kvw__stager_destroy(kvw_engine_t *e)

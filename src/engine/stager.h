@@ -14,7 +14,14 @@
  * the GPU into a chunk, and appends the slice to the request as a part of
  * its own whose source is the chunk. Copies run on staging_lanes streams
  * in turn, so slice k+1 is copied while the NIC writes slice k. The poller
- * gives a chunk back once the writes that read it completed.
+ * gives a chunk back once the writes that read it completed. One thread
+ * serves every connection, and never waits for a chunk: a connection
+ * holds at most a share of them (a quarter of the pool, at least
+ * staging_lanes + 1), and a request that cannot have one now (the pool
+ * empty, or its connection at its share) parks while the thread serves
+ * the others, resuming where it stopped when a chunk comes back. So a
+ * connection whose writes stall holds its share until its transfer
+ * timeout, and the others go on.
  *
  * Decode: the pool holds page slots: a slot of a kind has room for one
  * item of every region of that kind, and decode's handshake advertises
@@ -24,6 +31,15 @@
  * landed, the stager copies the slots to the GPU pages, and only then is
  * the request a Success. Slots return to the pool after that copy, or
  * when a failed receiver is destroyed (nothing can land in them then).
+ *
+ * The abort barrier: once a receiver reports Failed, or its destroy
+ * returned, nothing writes its pages any more, the stager included. So a
+ * request whose data landed ends only when its copy to the GPU is over:
+ * failures from the network meanwhile (prefill's REQUEST_FAILED, the
+ * connection's death) are ignored, for every byte had landed, and the
+ * request is a Success once copied; decode's own abort or destroy lets
+ * the copy finish, then fails it (no ABORT goes out: nothing can land);
+ * the transfer deadline stops at the landing.
  *
  * Locks: engine->lock before the stager's own lock, never the reverse. */
 #ifndef KVW_ENGINE_STAGER_H
@@ -58,6 +74,11 @@ void kvw__stager_kick_locked(kvw_req_t *r);
 void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_region_t *out);
 /* Any thread: a chunk is free again. */
 void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t chunk);
+/* Poller: a request left the poller without completing (failed, its
+ * connection dead) and none of its writes is in flight: the chunks of its
+ * slices that were not (all) posted return now, not when it is freed, so
+ * that a failed sender kept by its caller holds no share of the pool. */
+void kvw__stager_drop_unposted(kvw_req_t *r);
 /* Poller, on p: the writes of a slice were all built; its chunk returns
  * once everything built on p's lanes so far completed. */
 void kvw__stager_chunk_posted(kvw_peer_t *p, kvw_seg_t *s);
@@ -67,15 +88,24 @@ void kvw__stager_chunks_completed(kvw_peer_t *p, bool all);
 
 /* ---- decode ---- */
 /* (lock) A receiver's indices are known: take slots for them. KVW_OK with
- * *ready true (send the request now) or false (it waits for slots, and is
- * sent when they come); KVW_ERR_LIMIT with why when it can never fit. */
+ * *ready true (send the request now) or false (it waits for slots, in
+ * order, and is sent when they come; r->stage_waiting meanwhile);
+ * KVW_ERR_LIMIT with why when it can never fit. */
 kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, size_t size);
+/* (lock) A receiver waiting for slots ended (timeout, abort): the ones
+ * queued behind it are served without waiting for slots to come back. */
+void kvw__stager_waiter_left_locked(kvw_req_t *r);
 /* (lock) The request's last write landed in its slots: copy them to the
- * GPU, then Success (or the abort's failure). */
+ * GPU, then Success (or the abort's failure). Until that copy is over the
+ * request does not end (staging_in: kvw__req_fail ignores it). */
 void kvw__stager_landed_locked(kvw_req_t *r);
+/* Whether r's copy to the GPU is queued or running. Any thread, no lock. */
+bool kvw__stager_copying(kvw_req_t *r);
 /* A receiver that ended and can receive nothing more (destroyed, freed):
  * its slots return to the pool. No-op while its copy runs (the stager
- * returns them then) or when it holds none. Any thread, any lock. */
+ * returns them then), while it is still Transferring (prefill may write
+ * them: a destroyed one stays listed until it ends, and its final
+ * reference returns them) or when it holds none. Any thread, any lock. */
 void kvw__stager_unreserve(kvw_req_t *r);
 
 /* For tests and tools: the pool's use now. All zero without a stager. */

@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,6 +185,11 @@ kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port,
     dev->ctx = open_by_name(dev->ops, dev->name);
     if (!dev->ctx)
         goto fail;
+    /* The control thread polls it with its sockets and must never block. */
+    int fl = dev->ctx->async_fd >= 0 ? fcntl(dev->ctx->async_fd, F_GETFL) : -1;
+    if (fl >= 0 && fcntl(dev->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        KVW_WARN("%s: cannot make the async event fd non-blocking: %s", dev->name,
+                 strerror(errno));
     st = query_port(dev, local_ip, gid_index);
     if (st)
         goto fail;

@@ -39,6 +39,10 @@ typedef struct kvw_verbs_ops {
     int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
     int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
     int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    /* The device's asynchronous events (port up/down, QP or device fatal):
+     * read from ctx->async_fd, which kvw__dev_open makes non-blocking. */
+    int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *event);
+    void (*ack_async_event)(struct ibv_async_event *event);
     /* fork() protection for registered pages (ibv_fork_init(3)). */
     int (*fork_init)(void);
     enum ibv_fork_status (*is_fork_initialized)(void);

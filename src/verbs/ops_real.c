@@ -119,6 +119,8 @@ const kvw_verbs_ops_t kvw__verbs_real_ops = {
     .poll_cq = real_poll_cq,
     .fork_init = ibv_fork_init,
     .is_fork_initialized = ibv_is_fork_initialized,
+    .get_async_event = ibv_get_async_event,
+    .ack_async_event = ibv_ack_async_event,
 };
 
 static const kvw_verbs_ops_t *current_ops = &kvw__verbs_real_ops;

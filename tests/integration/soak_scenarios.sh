@@ -160,10 +160,16 @@ stream() {
     for p in $pids; do wait "$p" || rc=1; done
     wait $ppid || rc=1
     echo "    streamed for $(($(date +%s) - t0)) s"
-    grep -hE '^(decode|prefill):|FAILED|silent|kvwire ERROR' "$work"/stream-*.log | sed 's/^/    /'
+    for f in "$work"/stream-*.log; do
+        grep -E '^(decode|prefill):|FAILED|silent|kvwire (WARN|ERROR)' "$f" | head -n 40 |
+            sed "s#^#    $(basename "$f" .log)| #"
+    done
     if grep -q 'silent for' "$work"/stream-*.log; then
         echo "    a live peer was declared silent"
         rc=1
+    fi
+    if [ $rc -ne 0 ] && [ -n "${KVW_STREAM_LOGS:-}" ]; then
+        mkdir -p "$KVW_STREAM_LOGS" && cp "$work"/stream-*.log "$KVW_STREAM_LOGS/"
     fi
     result "$name" $rc
 }

@@ -13,7 +13,7 @@ typedef struct copy_op {
     void *dst;
     const void *src;
     size_t len;
-    bool fail;
+    bool fail, to_gpu;
 } copy_op_t;
 
 typedef struct fake_stream {
@@ -27,6 +27,8 @@ typedef struct fake_stream {
 
 static struct {
     pthread_mutex_t lock;
+    pthread_cond_t gate_cond;
+    bool gate_closed;
     fake_cuda_config_t cfg;
     struct {
         uint8_t *p;
@@ -35,7 +37,7 @@ static struct {
     fake_cuda_stats_t st;
     long pending;
     bool fail_from_gpu, fail_to_gpu;
-} fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} fk = {.lock = PTHREAD_MUTEX_INITIALIZER, .gate_cond = PTHREAD_COND_INITIALIZER};
 
 static char ctx_token; /* the one fake context */
 
@@ -47,6 +49,16 @@ void fake_cuda_init(const fake_cuda_config_t *cfg)
     fk.pending = 0;
     fk.fail_from_gpu = fk.fail_to_gpu = false;
     fk.cfg = cfg ? *cfg : (fake_cuda_config_t){0};
+    fk.gate_closed = false;
+    pthread_cond_broadcast(&fk.gate_cond);
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void fake_cuda_gate_to_gpu(bool closed)
+{
+    pthread_mutex_lock(&fk.lock);
+    fk.gate_closed = closed;
+    pthread_cond_broadcast(&fk.gate_cond);
     pthread_mutex_unlock(&fk.lock);
 }
 
@@ -91,6 +103,7 @@ void fake_cuda_stats(fake_cuda_stats_t *st)
 {
     pthread_mutex_lock(&fk.lock);
     *st = fk.st;
+    st->pending = fk.pending;
     pthread_mutex_unlock(&fk.lock);
 }
 
@@ -206,8 +219,22 @@ static void sleep_us(unsigned us)
     nanosleep(&ts, NULL);
 }
 
+/* A copy into the GPU waits while the gate is closed. */
+static void pass_gate(const copy_op_t *op)
+{
+    pthread_mutex_lock(&fk.lock);
+    if (op->to_gpu && fk.gate_closed) {
+        fk.st.gated++;
+        while (fk.gate_closed)
+            pthread_cond_wait(&fk.gate_cond, &fk.lock);
+        fk.st.gated--;
+    }
+    pthread_mutex_unlock(&fk.lock);
+}
+
 static void run_copy(fake_stream_t *s, copy_op_t *op)
 {
+    pass_gate(op);
     if (fk.cfg.copy_delay_us)
         sleep_us(fk.cfg.copy_delay_us);
     if (!op->fail)
@@ -303,6 +330,7 @@ static int f_copy_async(void *stream, void *dst, const void *src, size_t len, ch
     fk.st.bytes_copied += len;
     fk.st.copies_from_gpu += from_gpu;
     fk.st.copies_to_gpu += to_gpu;
+    op->to_gpu = to_gpu;
     if (++fk.pending > fk.st.max_pending)
         fk.st.max_pending = fk.pending;
     pthread_mutex_unlock(&fk.lock);

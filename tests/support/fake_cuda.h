@@ -4,7 +4,8 @@
  * GPU without GPUDirect RDMA (so kvwire must stage it), pinned memory is
  * aligned_alloc, and every stream is a worker thread copying with memcpy,
  * in order, so copies really run asynchronously to the caller. Faults: a
- * copy that fails, copies that take time. Never reported as a GPU. */
+ * copy that fails, copies that take time, copies into the GPU held at a
+ * gate for as long as a test likes. Never reported as a GPU. */
 #ifndef KVW_TEST_FAKE_CUDA_H
 #define KVW_TEST_FAKE_CUDA_H
 
@@ -26,6 +27,12 @@ void fake_cuda_init(const fake_cuda_config_t *cfg);
 /* The next copy out of (to_gpu false) or into (true) fake GPU memory
  * fails: its stream's sync reports an error. */
 void fake_cuda_fail_next(bool to_gpu);
+/* Closed: a copy into fake GPU memory waits, at the head of its stream,
+ * until the gate opens (a GPU busy for as long as the test wants), so a
+ * test can act while decode's copy from the staging pool is under way.
+ * fake_cuda_stats().gated counts the copies waiting now. fake_cuda_init
+ * opens it; open it before destroying an engine that copies. */
+void fake_cuda_gate_to_gpu(bool closed);
 /* len bytes of "GPU memory" (zeroed); freed by fake_cuda_free. */
 void *fake_cuda_alloc(size_t len);
 void fake_cuda_free(void *p);
@@ -37,6 +44,8 @@ typedef struct fake_cuda_stats {
     long live_streams, live_host_allocs;
     uint64_t host_bytes; /* pinned bytes allocated in all */
     long copies_from_gpu, copies_to_gpu;
+    long gated;   /* copies into the GPU waiting at the closed gate now */
+    long pending; /* copies queued or running on all streams now */
 } fake_cuda_stats_t;
 void fake_cuda_stats(fake_cuda_stats_t *st);
 

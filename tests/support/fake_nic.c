@@ -53,9 +53,15 @@ typedef struct nic_dev {
     uint32_t num_qps;
 } nic_dev_t;
 
+enum { NIC_ASYNC_EVENTS = 16 };
+
+/* async_fd is the read end of a pipe holding one byte per queued event. */
 typedef struct nic_ctx {
     struct ibv_context ibctx;
     nic_dev_t *dev;
+    int async_wr;
+    struct ibv_async_event async[NIC_ASYNC_EVENTS];
+    uint32_t async_head, async_count;
     struct nic_ctx *next;
 } nic_ctx_t;
 
@@ -377,8 +383,15 @@ static struct ibv_context *nic_open_device(struct ibv_device *dev)
         return fail_ptr(ENOMEM);
     c->dev = NIC_OWNER(dev, nic_dev_t, ibdev);
     c->ibctx.device = dev;
-    c->ibctx.cmd_fd = c->ibctx.async_fd = -1;
+    c->ibctx.cmd_fd = -1;
     c->ibctx.num_comp_vectors = 1;
+    int fds[2];
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC)) {
+        free(c);
+        return fail_ptr(errno);
+    }
+    c->ibctx.async_fd = fds[0];
+    c->async_wr = fds[1];
     lock();
     NIC_PUSH(&nic.ctxs, c);
     unlock();
@@ -410,8 +423,75 @@ static int nic_close_device(struct ibv_context *ibctx)
     unlock();
     if (busy)
         return fail_rc(EBUSY);
+    close(c->ibctx.async_fd);
+    close(c->async_wr);
     free(c);
     return 0;
+}
+
+static int nic_get_async_event(struct ibv_context *ibctx, struct ibv_async_event *ev)
+{
+    nic_ctx_t *c = ctx_of(ibctx);
+    char byte;
+    lock();
+    bool have = c->async_count > 0 && read(c->ibctx.async_fd, &byte, 1) == 1;
+    if (have) {
+        *ev = c->async[c->async_head];
+        c->async_head = (c->async_head + 1) % NIC_ASYNC_EVENTS;
+        c->async_count--;
+    }
+    unlock();
+    return have ? 0 : fail_rc(EAGAIN);
+}
+
+static void nic_ack_async_event(struct ibv_async_event *ev)
+{
+    (void)ev;
+}
+
+/* (lock) Queue ev on every context of dev. */
+static void raise_async_locked(const nic_dev_t *dev, const struct ibv_async_event *ev)
+{
+    for (nic_ctx_t *c = nic.ctxs; c; c = c->next) {
+        if (c->dev != dev || c->async_count == NIC_ASYNC_EVENTS)
+            continue;
+        c->async[(c->async_head + c->async_count) % NIC_ASYNC_EVENTS] = *ev;
+        c->async_count++;
+        if (write(c->async_wr, "e", 1) != 1)
+            record_fatal("async event pipe write failed: %s", strerror(errno));
+    }
+}
+
+int fake_nic_raise_port_event(const char *name, enum ibv_event_type type)
+{
+    lock();
+    int rc = -1;
+    for (int i = 0; i < nic.num_devs; i++) {
+        if (strcmp(nic.devs[i].ibdev.name, name) != 0)
+            continue;
+        struct ibv_async_event ev = {.event_type = type};
+        ev.element.port_num = 1;
+        raise_async_locked(&nic.devs[i], &ev);
+        rc = 0;
+    }
+    unlock();
+    return rc;
+}
+
+int fake_nic_raise_qp_event(uint32_t qp_num, enum ibv_event_type type)
+{
+    lock();
+    int rc = -1;
+    for (nic_qp_t *q = nic.qps; q; q = q->next) {
+        if (q->ibqp.qp_num != qp_num)
+            continue;
+        struct ibv_async_event ev = {.event_type = type};
+        ev.element.qp = &q->ibqp;
+        raise_async_locked(q->dev, &ev);
+        rc = 0;
+    }
+    unlock();
+    return rc;
 }
 
 static int nic_device_for_ip(const char *ip, char *name, size_t name_size, uint8_t *port)
@@ -1256,10 +1336,11 @@ static bool remote_has_recv(const nic_qp_t *qp)
 }
 
 /* When qp's head WR may next be attempted; NIC_NEVER if it has none or
- * cannot send (not RTS, dead device). */
+ * cannot send (not RTS, dead device, stalled by the faults). */
 static uint64_t head_ready_time(const nic_qp_t *qp)
 {
-    if (qp->ibqp.state != IBV_QPS_RTS || qp->dev->killed || qp->sq_head == qp->sq_tail)
+    if (qp->ibqp.state != IBV_QPS_RTS || qp->dev->killed || qp->sq_head == qp->sq_tail ||
+        (nic.faults.stall_qp_num && nic.faults.stall_qp_num == qp->ibqp.qp_num))
         return NIC_NEVER;
     const nic_swr_t *w = sq_at(qp, qp->sq_head);
     if (w->rnr_waiting && remote_has_recv(qp))
@@ -1528,6 +1609,8 @@ static void free_all(void)
     while (nic.ctxs) {
         nic_ctx_t *c = nic.ctxs;
         nic.ctxs = c->next;
+        close(c->ibctx.async_fd);
+        close(c->async_wr);
         free(c);
     }
     free(nic.devs);
@@ -1731,4 +1814,6 @@ const kvw_verbs_ops_t fake_nic_ops = {
     .poll_cq = nic_poll_cq,
     .fork_init = nic_fork_init,
     .is_fork_initialized = nic_is_fork_initialized,
+    .get_async_event = nic_get_async_event,
+    .ack_async_event = nic_ack_async_event,
 };

@@ -66,6 +66,11 @@ typedef struct fake_nic_faults {
     /* Armed CQs raise no channel event: a sleeping poller then learns of
      * completions only from its idle timeout or from a caller's pass. */
     int mute_events;
+    /* Send WRs of the QP with this number neither execute nor fail while
+     * it is set (a path that stopped carrying packets, before any timeout
+     * notices): they resume, in order, once the faults change. Such WRs do
+     * not count as work for fake_nic_quiesce(). */
+    uint32_t stall_qp_num;
 } fake_nic_faults_t;
 
 typedef struct fake_nic_stats {
@@ -99,6 +104,12 @@ void fake_nic_fini(void);
  * fake_nic_init; IBV_FORK_DISABLED at start); ibv_fork_init() turns
  * DISABLED into ENABLED unless memory is registered already (EINVAL). */
 void fake_nic_set_fork_status(enum ibv_fork_status s);
+/* Asynchronous events, as the device would raise them: a port event
+ * (IBV_EVENT_PORT_ERR, _PORT_ACTIVE, _DEVICE_FATAL) on every context of the
+ * named device, or a QP event (IBV_EVENT_QP_FATAL, ...) on the context of
+ * that QP's device. 0, or -1 when no such device or QP. */
+int fake_nic_raise_port_event(const char *name, enum ibv_event_type type);
+int fake_nic_raise_qp_event(uint32_t qp_num, enum ibv_event_type type);
 /* Replace the fault set (NULL: no faults) and restart its counters. */
 void fake_nic_set_faults(const fake_nic_faults_t *faults);
 /* The device's "process died": WRs towards its QPs fail with

@@ -276,6 +276,17 @@ static int f_destroy_qp(struct ibv_qp *qp)
     return EINVAL;
 }
 
+static int f_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
+{
+    (void)ctx;
+    (void)ev;
+    errno = EAGAIN;
+    return -1;
+}
+static void f_ack_async_event(struct ibv_async_event *ev)
+{
+    (void)ev;
+}
 static int f_fork_init(void)
 {
     return 0;
@@ -315,4 +326,6 @@ const kvw_verbs_ops_t fake_verbs_ops = {
     .poll_cq = fake_poll_cq,
     .fork_init = f_fork_init,
     .is_fork_initialized = f_is_fork_initialized,
+    .get_async_event = f_get_async_event,
+    .ack_async_event = f_ack_async_event,
 };
