@@ -208,7 +208,7 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
     /* Shorter than pair_config's: a sender whose decode gave up before
      * its request, with the ABORT lost to a broken connection, waits this
      * long (and a schedule with it). */
-    sc->cfg.bootstrap_timeout_ms = 1500;
+    sc->cfg.bootstrap_timeout_ms = 1000;
     sc->cfg.staging_mib = 1;
     sc->cfg.staging_chunk_kib = 64;
     sc->cfg.staging_lanes = 1 + below(&r, 2);
@@ -383,7 +383,7 @@ typedef struct run {
     int ncanaries;
     uint64_t last_canary_ms;
     pthread_t closer;
-    bool close_started;
+    bool close_started, closer_thread;
     _Atomic bool close_done;
     kvw_status_t restart_status;
     uint64_t t0;
@@ -553,14 +553,23 @@ static kvw_status_t create_room(run_t *x, uint32_t i)
     return st;
 }
 
-/* Both inits (the receiver's may be given a page out of range). */
-static void init_room(run_t *x, uint32_t i)
+/* Both inits (the receiver's may be given a page out of range). The drive
+ * loop does not wait for a thread destroying a handle: false, try again. */
+static bool init_room(run_t *x, uint32_t i, bool wait)
 {
     const schedule_t *sc = x->sc;
     room_run_t *rr = &x->rooms[i];
-    rr->inited = true;
     int bad = i < MAX_ROOMS ? sc->bad_side[i] : 0;
-    pthread_mutex_lock(&rr->rx);
+    if (wait) {
+        pthread_mutex_lock(&rr->rx);
+        pthread_mutex_lock(&rr->tx);
+    } else if (pthread_mutex_trylock(&rr->rx)) {
+        return false;
+    } else if (pthread_mutex_trylock(&rr->tx)) {
+        pthread_mutex_unlock(&rr->rx);
+        return false;
+    }
+    rr->inited = true;
     if (rr->pr.r) {
         /* A copy: other threads read the room's real pages meanwhile. */
         uint64_t dst[PAIR_POOL];
@@ -569,11 +578,11 @@ static void init_room(run_t *x, uint32_t i)
             dst[0] = PAIR_POOL + 1;
         kvw_receiver_init(rr->pr.r, dst, rr->pr.n, rr->pr.aux_dst);
     }
-    pthread_mutex_unlock(&rr->rx);
-    pthread_mutex_lock(&rr->tx);
     if (rr->pr.s)
         kvw_sender_init(rr->pr.s, rr->pr.n, rr->pr.aux_src);
     pthread_mutex_unlock(&rr->tx);
+    pthread_mutex_unlock(&rr->rx);
+    return true;
 }
 
 /* Hand over part k of room i (tx held; its sender exists). */
@@ -741,6 +750,9 @@ static void close_prefill(run_t *x)
         pthread_mutex_unlock(&rr->tx);
     }
     atomic_store(&prefill_router, NULL);
+    /* Lost or withheld control messages were the old connection's fault:
+     * the new engine registers, and is found, without them. */
+    atomic_store(&kvw__zdrop_hook, NULL);
     x->restart_status = pair_restart_prefill(&x->p);
     if (x->restart_status || !x->new_room)
         return;
@@ -750,7 +762,7 @@ static void close_prefill(run_t *x)
         x->restart_status = KVW_ERR_STATE;
         return;
     }
-    init_room(x, NEW_ROOM);
+    init_room(x, NEW_ROOM, true);
     pthread_mutex_lock(&rr->tx);
     send_part(x, NEW_ROOM, 0);
     rr->sent = 1;
@@ -780,7 +792,7 @@ static void step(run_t *x, uint32_t i, uint64_t el)
     bool scheduled = i < MAX_ROOMS;
     uint32_t start = scheduled ? sc->init_ms[i] : 0, gap = scheduled ? sc->gap_ms[i] : 0;
     if (!rr->inited && el >= start)
-        init_room(x, i);
+        init_room(x, i, false);
     uint32_t parts = scheduled ? parts_of(sc, i) : 1;
     if (rr->inited && rr->sent < parts && el >= start + (uint64_t)rr->sent * gap &&
         !pthread_mutex_trylock(&rr->tx)) {
@@ -834,14 +846,15 @@ static void drive(run_t *x)
     bool killed = false;
     for (;;) {
         uint64_t now = pair_now_ms(), el = now - x->t0;
-        bool all = true;
+        bool all = true; /* every room ended on both sides */
         for (uint32_t i = 0; i < SLOTS; i++) {
             room_run_t *rr = &x->rooms[i];
-            if (!rr->used || !atomic_load(&rr->started)) {
-                /* (the closer starts NEW_ROOM before it is done, if it can) */
-                bool never =
-                    i == NEW_ROOM && atomic_load(&x->close_done) && !atomic_load(&rr->started);
-                all = all && (!rr->used || never);
+            if (!rr->used)
+                continue;
+            if (!atomic_load(&rr->started)) {
+                /* not created (a violation already), or NEW_ROOM: the
+                 * closer starts it before it is done, if it can */
+                all = all && (i < NEW_ROOM || atomic_load(&x->close_done));
                 continue;
             }
             step(x, i, el);
@@ -853,10 +866,19 @@ static void drive(run_t *x)
         }
         if (sc->silent_side && el >= 2 && !atomic_load(&silent_side))
             atomic_store(&silent_side, sc->silent_side);
-        if (sc->close && !x->close_started && (el >= sc->close_ms || all)) {
+        /* The close comes at its time, or once the schedule's own rooms all
+         * ended (NEW_ROOM waits for it). */
+        bool rest = all;
+        for (uint32_t i = 0; x->new_room && i < sc->rooms; i++) {
+            const room_run_t *rr = &x->rooms[i];
+            rest =
+                (i == 0 || rest) && (!atomic_load(&rr->started) || (ended(rr->d) && ended(rr->s)));
+        }
+        if (sc->close && !x->close_started && (el >= sc->close_ms || rest)) {
             x->close_started = true;
-            if (pthread_create(&x->closer, NULL, closer_main, x))
-                closer_main(x), x->close_started = false;
+            x->closer_thread = pthread_create(&x->closer, NULL, closer_main, x) == 0;
+            if (!x->closer_thread)
+                closer_main(x);
             all = false;
         }
         if (sc->close && !atomic_load(&x->close_done))
@@ -1018,7 +1040,7 @@ static void run_schedule(uint64_t seed, bool described)
         }
         atomic_store(&x.rooms[i].started, true);
         if (!sc.init_ms[i])
-            init_room(&x, i);
+            init_room(&x, i, true);
     }
     for (uint32_t i = 0; i < sc.rooms; i++) {
         kvw_sender_t *s = x.rooms[i].pr.s;
@@ -1038,7 +1060,7 @@ static void run_schedule(uint64_t seed, bool described)
     for (uint32_t i = 0; i < SLOTS; i++)
         if (x.rooms[i].destroying)
             pthread_join(x.rooms[i].destroyer, NULL);
-    if (x.close_started)
+    if (x.closer_thread)
         pthread_join(x.closer, NULL);
     for (uint32_t i = 0; i < SLOTS; i++) { /* what the threads saw last */
         room_run_t *rr = &x.rooms[i];
