@@ -28,7 +28,10 @@
  *      period and again once the decode engines are gone;
  *   I4 without a connection-level fault (a closing peer is one, for the
  *      requests on that connection), only the rooms a schedule aborted or
- *      gave bad pages fail: no room fails because of another;
+ *      gave bad pages fail: no room fails because of another; and decode's
+ *      connection to prefill stays up, the same one from start to end (an
+ *      abort or a bad page never breaks it, whether or not another room
+ *      is still in flight to notice);
  *   I5 every request ends on both sides in bounded time (no hang);
  *   I6 prefill's counters balance: posted = completed + flushed;
  *   I7 the fake NIC's WRs balance and no verbs object is left behind
@@ -522,10 +525,11 @@ static void check_canaries(run_t *x, const char *when)
         char who[200];
         owners(x, pages, auxes, who, sizeof(who));
         if (c->room >= 0)
-            VIOLATION(x->sc, "I3 room %d: decode pages changed after %s (%s): %s", c->room, c->why,
-                      when, who);
+            VIOLATION(x->sc, "I3 pages decode may reuse changed after room %d's %s (seen %s): %s",
+                      c->room, c->why, when, who);
         else
-            VIOLATION(x->sc, "I3 decode pages changed after %s (%s): %s", c->why, when, who);
+            VIOLATION(x->sc, "I3 pages decode may reuse changed after %s (seen %s): %s", c->why,
+                      when, who);
     }
 }
 
@@ -669,7 +673,7 @@ static void *destroyer_main(void *arg)
     destroy_arg_t *a = arg;
     room_run_t *rr = &a->x->rooms[a->i];
     pthread_mutex_lock(&rr->rx);
-    destroy_receiver_locked(a->x, a->i, "its receiver's destroy returned");
+    destroy_receiver_locked(a->x, a->i, "receiver destroy returned");
     pthread_mutex_unlock(&rr->rx);
     return NULL;
 }
@@ -707,7 +711,7 @@ static void act(run_t *x, uint32_t i)
             pthread_create(&rr->destroyer, NULL, destroyer_main, &destroy_args[i]) == 0;
         if (!rr->destroying) {
             pthread_mutex_lock(&rr->rx);
-            destroy_receiver_locked(x, i, "its receiver's destroy returned");
+            destroy_receiver_locked(x, i, "receiver destroy returned");
             pthread_mutex_unlock(&rr->rx);
         }
     }
@@ -724,7 +728,7 @@ static void close_decode(run_t *x)
         if (rr->dec != x->second)
             continue;
         pthread_mutex_lock(&rr->rx);
-        destroy_receiver_locked(x, i, "its decode engine left");
+        destroy_receiver_locked(x, i, "decode engine left (receiver destroyed)");
         pthread_mutex_unlock(&rr->rx);
     }
     kvw_engine_destroy(x->second);
@@ -818,7 +822,7 @@ static void step(run_t *x, uint32_t i, uint64_t el)
             if (ended(rr->d) && !atomic_load(&rr->dec_ended)) {
                 atomic_store(&rr->dec_ended, true);
                 if (rr->d == KVW_POLL_FAILED && rr->canary < 0)
-                    rr->canary = take_canary(x, (int)i, "decode's Failed");
+                    rr->canary = take_canary(x, (int)i, "Failed");
             }
         } else if (rr->r_gone) {
             rr->d = rr->d_gone;
@@ -903,6 +907,21 @@ static void drive(run_t *x)
 }
 
 /* ----------------------------------------------------------------- checks */
+
+/* The serial of the connection decode engine e holds to prefill, up and
+ * not closing; UINT32_MAX if none is. */
+static uint32_t decode_connection(kvw_engine_t *e)
+{
+    uint32_t serial = UINT32_MAX;
+    pthread_mutex_lock(&e->lock); /* a slot is cleared (then freed) under it */
+    for (uint32_t i = 0; i < atomic_load(&e->num_peers); i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && atomic_load(&p->state) == PEER_CONNECTED && !atomic_load(&p->closing))
+            serial = p->serial;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return serial;
+}
 
 static void count_room(const room_run_t *rr)
 {
@@ -1048,6 +1067,7 @@ static void run_schedule(uint64_t seed, bool described)
             while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING)
                 pair_sleep_ms(1); /* decode's requests first: the transfers overlap */
     }
+    uint32_t serial = decode_connection(x.p.decode);
     fake_nic_set_faults(&sc.nic);
     atomic_store(&drop_state, seed);
     atomic_store(&drop_pct, sc.drop_pct);
@@ -1057,6 +1077,14 @@ static void run_schedule(uint64_t seed, bool described)
         atomic_store(&kvw__zdrop_hook, drop_some);
     x.t0 = pair_now_ms();
     drive(&x);
+    if (!connection_fault(&sc) && sc.close != CLOSE_PREFILL && serial != UINT32_MAX) {
+        uint32_t now = decode_connection(x.p.decode);
+        if (now != serial)
+            VIOLATION(&sc,
+                      "I4 decode's connection to prefill broke without a connection fault "
+                      "(serial %u at the start, %s)",
+                      serial, now == UINT32_MAX ? "none up at the end" : "another at the end");
+    }
     for (uint32_t i = 0; i < SLOTS; i++)
         if (x.rooms[i].destroying)
             pthread_join(x.rooms[i].destroyer, NULL);
@@ -1087,7 +1115,7 @@ static void run_schedule(uint64_t seed, bool described)
     tally.new_rooms_ok += x.new_room && x.rooms[NEW_ROOM].d == KVW_POLL_SUCCESS &&
                           x.rooms[NEW_ROOM].s == KVW_POLL_SUCCESS;
     tally.canaries += (uint64_t)x.ncanaries;
-    check_canaries(&x, "a grace period");
+    check_canaries(&x, "after a grace period");
     check_counters(&x.p, &sc);
     for (uint32_t i = 0; i < SLOTS; i++)
         pair_destroy_room(&x.rooms[i].pr);
@@ -1096,7 +1124,7 @@ static void run_schedule(uint64_t seed, bool described)
     kvw_engine_destroy(x.second);
     kvw_engine_destroy(x.p.decode);
     x.p.decode = NULL;
-    check_canaries(&x, "the decode engines were destroyed");
+    check_canaries(&x, "once the decode engines were destroyed");
     pair_close(&x.p);
     check_nic(&sc, &final);
     for (uint32_t i = 0; i < SLOTS; i++) {
