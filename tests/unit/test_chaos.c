@@ -54,7 +54,6 @@ enum {
     MAX_ROOMS = 6,
     NEW_ROOM = MAX_ROOMS,  /* the room served by a restarted prefill */
     SLOTS = MAX_ROOMS + 1, /* rooms of a schedule, and that one */
-    MAX_PARTS = 6,
     END_MS = 6000,
     /* Each canary is compared this long after it was taken at the
      * earliest (and after the fake NIC quiesced): a late write would have
@@ -119,7 +118,8 @@ typedef struct schedule {
     int abort_side[MAX_ROOMS];
     uint32_t abort_ms[MAX_ROOMS];
     int bad_side[MAX_ROOMS]; /* 0 none, 1 decode page out of range, 2 prefill */
-    /* Drawn after the above (old seeds keep their meaning for those). */
+    /* Drawn after the above, which keep their values for each seed
+     * (abort_ms is redrawn only for an abort drawn to come later). */
     bool gpu_src, gpu_dst; /* KV regions on the fake GPU: staged */
     uint32_t copy_delay_us;
     int close; /* CLOSE_* at close_ms (or once everything else ended) */
