@@ -265,12 +265,11 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
             sc->abort_ms[i] = k * sc->gap_ms[i] + frac % sc->gap_ms[i];
         }
     }
-    /* Closing peers, rarer: a restarted prefill costs decode's engine
-     * destroy a BYE linger towards the dead one (200 ms). */
-    uint32_t close = below(&r, 16);
-    sc->close = close == 13 || close == 14 ? CLOSE_DECODE
-                : close == 15              ? CLOSE_PREFILL
-                                           : CLOSE_NONE;
+    /* Closing peers, rarer: a decode engine leaving in 1 of 8 schedules, a
+     * prefill restart in 1 of 32 (it costs decode's engine destroy a BYE
+     * linger towards the dead engine, 200 ms). */
+    uint32_t close = below(&r, 32);
+    sc->close = close >= 28 ? CLOSE_DECODE : close == 27 ? CLOSE_PREFILL : CLOSE_NONE;
     sc->close_ms = below(&r, 300);
     bool any = false;
     for (uint32_t i = 0; i < sc->rooms; i++)
