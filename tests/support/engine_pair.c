@@ -45,8 +45,10 @@ static kvw_status_t alloc_regions(engine_pair_t *p, kvw_region_t *pk, kvw_region
                                   kvw_region_t *pa, kvw_region_t *da)
 {
     for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++) {
-        p->src[i] = malloc(PAIR_ITEM * PAIR_POOL);
-        p->dst[i] = malloc(PAIR_ITEM * PAIR_POOL);
+        p->src[i] =
+            p->gpu_src ? fake_cuda_alloc(PAIR_ITEM * PAIR_POOL) : malloc(PAIR_ITEM * PAIR_POOL);
+        p->dst[i] =
+            p->gpu_dst ? fake_cuda_alloc(PAIR_ITEM * PAIR_POOL) : malloc(PAIR_ITEM * PAIR_POOL);
         if (!p->src[i] || !p->dst[i])
             return KVW_ERR_NO_MEMORY;
         for (uint64_t pg = 0; pg < PAIR_POOL; pg++)
@@ -123,7 +125,20 @@ kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg)
 
 kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg, const kvw_config_t *decode_cfg)
 {
+    return pair_open_staged(p, cfg, decode_cfg, false, false, NULL);
+}
+
+kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
+                              const kvw_config_t *decode_cfg, bool gpu_src, bool gpu_dst,
+                              const fake_cuda_config_t *cuda)
+{
     memset(p, 0, sizeof(*p));
+    p->gpu_src = gpu_src;
+    p->gpu_dst = gpu_dst;
+    if (gpu_src || gpu_dst) {
+        fake_cuda_init(cuda);
+        kvw__cuda_set_ops(&fake_cuda_ops);
+    }
     if (cfg)
         p->cfg = *cfg;
     else
@@ -168,9 +183,17 @@ void pair_close(engine_pair_t *p)
     kvw__verbs_set_ops(NULL);
     fake_nic_fini();
     for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++) {
-        free(p->src[i]);
-        free(p->dst[i]);
+        if (p->gpu_src)
+            fake_cuda_free(p->src[i]);
+        else
+            free(p->src[i]);
+        if (p->gpu_dst)
+            fake_cuda_free(p->dst[i]);
+        else
+            free(p->dst[i]);
     }
+    if (p->gpu_src || p->gpu_dst)
+        kvw__cuda_set_ops(NULL);
     free(p->src_aux);
     free(p->dst_aux);
     memset(p, 0, sizeof(*p));

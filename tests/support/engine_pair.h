@@ -9,6 +9,7 @@
 #define KVW_TESTS_ENGINE_PAIR_H
 
 #include "kvwire.h"
+#include "support/fake_cuda.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,6 +32,7 @@ typedef struct engine_pair {
      * destroyed, before the NIC itself goes: for leak and balance checks. */
     struct fake_nic_stats *final_stats;
     kvw_region_t prefill_kv[2 * PAIR_LAYERS], prefill_aux;
+    bool gpu_src, gpu_dst; /* KV regions in fake CUDA memory (pair_open_staged) */
 } engine_pair_t;
 
 /* Test-sized defaults: small queues (chains, signaling and credits all
@@ -43,6 +45,15 @@ kvw_status_t pair_open(engine_pair_t *p, const kvw_config_t *cfg);
  * service uses cfg's cluster key, so a decode_cfg without it (or with
  * another) is a decode engine outside the cluster. */
 kvw_status_t pair_open2(engine_pair_t *p, const kvw_config_t *cfg, const kvw_config_t *decode_cfg);
+/* pair_open2 with the KV regions of prefill (gpu_src), decode (gpu_dst) or
+ * both in "GPU memory" of the fake CUDA seam (support/fake_cuda.h, set up
+ * here with cuda, or defaults when NULL): a GPU without GPUDirect RDMA, so
+ * those regions take the staging path and every byte goes through the
+ * host staging pool (cfg's staging_mib, staging_chunk_kib). Aux regions
+ * stay in host memory. pair_close() restores the real CUDA seam. */
+kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
+                              const kvw_config_t *decode_cfg, bool gpu_src, bool gpu_dst,
+                              const fake_cuda_config_t *cuda);
 /* Destroy the prefill engine (as its process exiting would close its
  * connections) and start a new one, registered as rank 0 at the same
  * bootstrap. Its senders must have been destroyed. */

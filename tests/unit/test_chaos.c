@@ -2,16 +2,36 @@
  * RDMA). Each schedule is derived from one seed and printed when it breaks
  * an invariant, so it can be rerun alone:
  *
- *     build/unit/test_chaos SEED            one schedule
+ *     build/unit/test_chaos SEED            one schedule (and what it does)
  *     KVW_CHAOS_SCHEDULES=N build/unit/test_chaos   N schedules from seed 1
  *     KVW_CHAOS_FIRST=S ...                 start at seed S
+ *
+ * A schedule draws: queue sizes and 1-3 QPs; one connection fault (failed
+ * post, error completion, lost control messages, dead NIC, silent peer) or
+ * none; delayed completions and late ACKs; GPU regions on either side or
+ * both (fake CUDA, copied through the host staging pool, copies that take
+ * time); per request its pages, a bad page, how it is sent (whole, in page
+ * chunks, layer by layer, or both, with gaps between parts) and an abort
+ * (decode abort, prefill abort, sender destroy, receiver destroy) at any
+ * point of its life: before init, between parts, mid-transfer, once the
+ * data landed (during decode's copy to its GPU when staged); and a peer
+ * closing mid-schedule (a second decode engine leaving, or prefill closing
+ * and a new one taking its rank, which must then serve a new request).
  *
  * Invariants checked on every schedule:
  *   I1 decode Success means every byte of the request is right;
  *   I2 prefill Success means the same (its writes all landed);
- *   I3 decode pages of a Failed request never change after Failed;
- *   I4 without a connection-level fault, only the rooms a schedule aborted
- *      or gave bad pages fail: no room fails because of another;
+ *   I3 once a receiver is Failed (or its destroy returned), no page decode
+ *      may reuse changes: its own pages and every page of the destination
+ *      pool no live request owns (free pages, pages of requests that
+ *      ended), snapshotted at that moment and compared after a grace
+ *      period and again once the decode engines are gone;
+ *   I4 without a connection-level fault (a closing peer is one, for the
+ *      requests on that connection), only the rooms a schedule aborted or
+ *      gave bad pages fail: no room fails because of another; and decode's
+ *      connection to prefill stays up, the same one from start to end (an
+ *      abort or a bad page never breaks it, whether or not another room
+ *      is still in flight to notice);
  *   I5 every request ends on both sides in bounded time (no hang);
  *   I6 prefill's counters balance: posted = completed + flushed;
  *   I7 the fake NIC's WRs balance and no verbs object is left behind
@@ -20,14 +40,28 @@
 #include "ctrl/zsock.h"
 #include "engine/engine.h"
 #include "support/engine_pair.h"
+#include "support/fake_cuda.h"
 #include "support/fake_nic.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-enum { MAX_ROOMS = 6, END_MS = 6000 };
+enum {
+    MAX_ROOMS = 6,
+    NEW_ROOM = MAX_ROOMS,  /* the room served by a restarted prefill */
+    SLOTS = MAX_ROOMS + 1, /* rooms of a schedule, and that one */
+    END_MS = 6000,
+    /* Each canary is compared this long after it was taken at the
+     * earliest (and after the fake NIC quiesced): a late write would have
+     * landed by then. Anything later still is caught by the last
+     * comparison, once the decode engines are destroyed. */
+    GRACE_MS = 20,
+    MAX_CANARIES = 4 * SLOTS,
+};
 
 typedef struct rng {
     uint64_t s;
@@ -47,6 +81,28 @@ static uint32_t below(rng_t *r, uint32_t n)
     return (uint32_t)(next(r) % n);
 }
 
+/* When a room's abort comes. */
+enum {
+    AT_EARLY,       /* abort_ms 0-5 ms after the sends began (the first draw) */
+    AT_LATE,        /* any time in the first few hundred ms */
+    AT_BEFORE_INIT, /* before the receiver's and the sender's init */
+    AT_BETWEEN,     /* between two parts of the request */
+    AT_LANDED,      /* once its data landed (during decode's copy to the GPU) */
+    AT_KINDS
+};
+static const char *const at_names[AT_KINDS] = {"0-5 ms", "late (up to 400 ms)", "before init",
+                                               "between parts", "after landing"};
+
+/* What a room was doing when its abort came, as the test saw it. */
+enum { PH_BEFORE_INIT, PH_BETWEEN, PH_MID, PH_COPY_IN, PH_LANDED, PH_ENDED, PH_KINDS };
+static const char *const phase_names[PH_KINDS] = {"before init",    "between parts", "mid-transfer",
+                                                  "during copy-in", "after landing", "after end"};
+
+/* How a room's pages are handed over. */
+enum { SEND_WHOLE, SEND_CHUNKS, SEND_LAYERS, SEND_CHUNKS_LAYERS, SEND_KINDS };
+
+enum { CLOSE_NONE, CLOSE_DECODE, CLOSE_PREFILL };
+
 /* What one schedule does; everything comes from the seed. */
 typedef struct schedule {
     uint64_t seed;
@@ -62,7 +118,35 @@ typedef struct schedule {
     int abort_side[MAX_ROOMS];
     uint32_t abort_ms[MAX_ROOMS];
     int bad_side[MAX_ROOMS]; /* 0 none, 1 decode page out of range, 2 prefill */
+    /* Drawn after the above, which keep their values for each seed
+     * (abort_ms is redrawn only for an abort drawn to come later). */
+    bool gpu_src, gpu_dst; /* KV regions on the fake GPU: staged */
+    uint32_t copy_delay_us;
+    int close; /* CLOSE_* at close_ms (or once everything else ended) */
+    uint32_t close_ms;
+    bool on_second[MAX_ROOMS]; /* decode side on the engine that leaves */
+    int at[MAX_ROOMS];         /* AT_*: when the abort comes */
+    uint32_t init_ms[MAX_ROOMS], landed_ms[MAX_ROOMS];
+    int send[MAX_ROOMS]; /* SEND_* */
+    uint32_t chunks[MAX_ROOMS];
+    bool via_send[MAX_ROOMS];    /* page chunks through kvw_sender_send, not send_part */
+    bool layer_major[MAX_ROOMS]; /* chunks x layers: every chunk of a layer, then the next */
+    uint32_t gap_ms[MAX_ROOMS];  /* between parts */
 } schedule_t;
+
+static uint32_t parts_of(const schedule_t *sc, uint32_t i)
+{
+    switch (sc->send[i]) {
+    case SEND_CHUNKS:
+        return sc->chunks[i];
+    case SEND_LAYERS:
+        return PAIR_LAYERS;
+    case SEND_CHUNKS_LAYERS:
+        return sc->chunks[i] * PAIR_LAYERS;
+    default:
+        return 1;
+    }
+}
 
 static void make_schedule(uint64_t seed, schedule_t *sc)
 {
@@ -117,11 +201,128 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
     /* Drawn last, so the draws above stay what they were for each seed:
      * connections of 1-3 QPs, striped, with the faults above. */
     sc->cfg.qps_per_peer = 1 + below(&r, 3);
+
+    /* The larger space, drawn after all of the above. GPU regions: none,
+     * prefill's, decode's or both, through a 1 MiB pool of 64 KiB chunks
+     * (a request's part fits one chunk; decode's slots never run out). */
+    uint32_t gpu = below(&r, 10);
+    sc->gpu_src = gpu == 4 || gpu == 5 || gpu >= 8;
+    sc->gpu_dst = gpu >= 6;
+    /* Shorter than pair_config's: a sender whose decode gave up before
+     * its request, with the ABORT lost to a broken connection, waits this
+     * long (and a schedule with it). */
+    sc->cfg.bootstrap_timeout_ms = 1000;
+    sc->cfg.staging_mib = 1;
+    sc->cfg.staging_chunk_kib = 64;
+    sc->cfg.staging_lanes = 1 + below(&r, 2);
+    /* Copies that take time: decode's copy to the GPU is a window (mostly
+     * where decode stages; prefill copies a run per page, so slow copies
+     * there only make a schedule slow). */
+    uint32_t slow = below(&r, 4), delay = 150 + below(&r, 600);
+    if (sc->gpu_dst ? slow != 0 : slow == 0)
+        sc->copy_delay_us = delay;
+    /* Late ACKs: prefill's completion comes after decode saw the data (and
+     * may already have reported Success), within an ACK timeout. */
+    if (below(&r, 4) == 0)
+        sc->nic.ack_delay_us = 500 + below(&r, 19500);
+    for (uint32_t i = 0; i < sc->rooms; i++) {
+        uint32_t s = below(&r, 8);
+        sc->send[i] = s < 3   ? SEND_WHOLE
+                      : s < 5 ? SEND_CHUNKS
+                      : s < 7 ? SEND_LAYERS
+                              : SEND_CHUNKS_LAYERS;
+        sc->chunks[i] = 2 + below(&r, sc->send[i] == SEND_CHUNKS ? 4 : 2);
+        if (sc->chunks[i] > sc->pages)
+            sc->chunks[i] = sc->pages;
+        if (sc->send[i] == SEND_CHUNKS && sc->chunks[i] < 2)
+            sc->send[i] = SEND_LAYERS; /* one page: layers are the parts */
+        if (sc->send[i] == SEND_CHUNKS_LAYERS && sc->chunks[i] < 2)
+            sc->send[i] = SEND_LAYERS;
+        sc->via_send[i] = below(&r, 2);
+        sc->layer_major[i] = below(&r, 2);
+        sc->gap_ms[i] = below(&r, 3) ? 1 + below(&r, 10) : 0;
+        uint32_t at = below(&r, 8);
+        sc->at[i] = at < 2    ? AT_EARLY
+                    : at < 4  ? AT_LATE
+                    : at == 4 ? AT_BEFORE_INIT
+                    : at == 5 ? AT_BETWEEN
+                              : AT_LANDED;
+        uint32_t late = below(&r, 400), frac = below(&r, 1000), pre = below(&r, 10);
+        sc->landed_ms[i] = below(&r, 3) ? 0 : below(&r, 4);
+        if (!sc->abort_side[i])
+            sc->at[i] = AT_EARLY;
+        if (sc->at[i] == AT_LATE) {
+            sc->abort_ms[i] = late;
+        } else if (sc->at[i] == AT_BEFORE_INIT) {
+            sc->abort_ms[i] = pre;
+            sc->init_ms[i] = pre + 1 + late % 20;
+        } else if (sc->at[i] == AT_BETWEEN) {
+            if (sc->send[i] == SEND_WHOLE)
+                sc->send[i] = sc->pages >= 2 && sc->chunks[i] >= 2 ? SEND_CHUNKS : SEND_LAYERS;
+            if (!sc->gap_ms[i])
+                sc->gap_ms[i] = 2 + late % 9;
+            uint32_t k = frac % (parts_of(sc, i) - 1); /* after part k, before part k + 1 */
+            sc->abort_ms[i] = k * sc->gap_ms[i] + frac % sc->gap_ms[i];
+        }
+    }
+    /* Closing peers, rarer: a decode engine leaving in 1 of 8 schedules, a
+     * prefill restart in 1 of 32 (it costs decode's engine destroy a BYE
+     * linger towards the dead engine, 200 ms). */
+    uint32_t close = below(&r, 32);
+    sc->close = close >= 28 ? CLOSE_DECODE : close == 27 ? CLOSE_PREFILL : CLOSE_NONE;
+    sc->close_ms = below(&r, 300);
+    bool any = false;
+    for (uint32_t i = 0; i < sc->rooms; i++)
+        any |= sc->on_second[i] = sc->close == CLOSE_DECODE && below(&r, 2);
+    if (sc->close == CLOSE_DECODE && !any)
+        sc->on_second[0] = true;
 }
 
 static bool connection_fault(const schedule_t *sc)
 {
     return sc->nic_faults || sc->drop_pct || sc->kill_nic || sc->silent_side;
+}
+
+/* The room's own connection breaks or closes by the schedule. */
+static bool room_connection_fault(const schedule_t *sc, uint32_t i)
+{
+    if (connection_fault(sc))
+        return true;
+    if (i == NEW_ROOM)
+        return false;
+    return sc->close == CLOSE_PREFILL || (sc->close == CLOSE_DECODE && sc->on_second[i]);
+}
+
+static void describe(const schedule_t *sc)
+{
+    static const char *const sides[] = {"-", "decode abort", "prefill abort", "sender destroy",
+                                        "receiver destroy"};
+    static const char *const sends[] = {"whole", "page chunks", "layers", "chunks x layers"};
+    printf("chaos: seed %" PRIu64 ": %u rooms of %u pages, %u QPs, rq %u chain %u signal %u; "
+           "fault: %s%s%s%s%s; NIC delay %u+%u us, late ACK %u us; GPU: %s%s, copy %u us; "
+           "close: %s at %u ms\n",
+           sc->seed, sc->rooms, sc->pages, sc->cfg.qps_per_peer, sc->cfg.rq_depth,
+           sc->cfg.chain_max, sc->cfg.signal_every, !connection_fault(sc) ? "none" : "",
+           sc->nic.fail_post_call ? "failed post" : "", sc->nic.error_wr ? "error completion" : "",
+           sc->drop_pct ? "lost messages" : "",
+           sc->kill_nic      ? "dead NIC"
+           : sc->silent_side ? "silent peer"
+                             : "",
+           sc->nic.delay_us, sc->nic.delay_jitter_us, sc->nic.ack_delay_us,
+           sc->gpu_src ? "prefill " : "", sc->gpu_dst ? "decode" : "", sc->copy_delay_us,
+           sc->close == CLOSE_DECODE    ? "decode engine leaves"
+           : sc->close == CLOSE_PREFILL ? "prefill restarts"
+                                        : "none",
+           sc->close_ms);
+    for (uint32_t i = 0; i < sc->rooms; i++)
+        printf("chaos:   room %u: %s, %u parts %u ms apart%s; %s at %s (%u ms)%s%s\n", i,
+               sends[sc->send[i]], parts_of(sc, i), sc->gap_ms[i],
+               sc->via_send[i] && sc->send[i] == SEND_CHUNKS ? " (kvw_sender_send)" : "",
+               sides[sc->abort_side[i]], at_names[sc->at[i]], sc->abort_ms[i],
+               sc->bad_side[i] == 1   ? ", bad decode page"
+               : sc->bad_side[i] == 2 ? ", bad prefill page"
+                                      : "",
+               sc->on_second[i] ? ", on the decode engine that leaves" : "");
 }
 
 /* Lost control messages, decided per message from the schedule's seed;
@@ -143,70 +344,80 @@ static bool drop_some(void *sock, const kvw_msg_t *m)
 
 typedef struct room_run {
     pair_room_t pr;
-    uint8_t *snap;    /* decode pages when Failed was first seen */
-    kvw_poll_t d, s;  /* final states */
-    bool expect_fail; /* aborted or bad pages by the schedule */
-    bool acted;
+    bool used;                 /* a room of this schedule */
+    _Atomic bool started;      /* its handles exist (NEW_ROOM: after the restart) */
+    kvw_engine_t *dec;         /* the decode engine of its receiver */
+    pthread_mutex_t rx, tx;    /* held while a thread uses pr.r / pr.s */
+    _Atomic bool dec_ended;    /* decode side ended: its pages are no longer written */
+    kvw_poll_t d, s;           /* states last seen, final at the end */
+    kvw_poll_t d_gone, s_gone; /* the state when the handle was destroyed */
+    bool r_gone, s_gone_set;   /* handle destroyed by the schedule */
+    int canary;                /* taken when decode ended Failed (or its destroy returned) */
+    bool expect_fail;          /* aborted or bad pages by the schedule */
+    bool acted, inited;
+    uint32_t sent;           /* parts handed over */
+    uint64_t landed_seen_ms; /* 1 + when the test first saw its data landed; 0: not yet */
+    bool destroying;         /* a thread destroys its receiver */
+    pthread_t destroyer;
 } room_run_t;
 
+/* A copy of decode's whole destination pool (all KV regions and the aux
+ * items), and which pages and aux items of it no live request owns: those
+ * nothing may write any more. */
+typedef struct canary {
+    uint8_t kv[2 * PAIR_LAYERS][PAIR_ITEM * PAIR_POOL];
+    uint8_t aux[PAIR_AUX_ITEM * PAIR_AUX_ITEMS];
+    uint64_t pages;
+    uint32_t auxes;
+    int room;
+    const char *why;
+    bool reported;
+} canary_t;
+
+typedef struct run {
+    const schedule_t *sc;
+    engine_pair_t p;
+    room_run_t rooms[SLOTS];
+    bool new_room; /* a restarted prefill serves NEW_ROOM */
+    kvw_engine_t *second;
+    pthread_mutex_t canary_lock;
+    canary_t canaries[MAX_CANARIES];
+    int ncanaries;
+    uint64_t last_canary_ms;
+    pthread_t closer;
+    bool close_started, closer_thread;
+    _Atomic bool close_done;
+    kvw_status_t restart_status;
+    uint64_t t0;
+} run_t;
+
 static int violations;
-/* What the schedules did, so a run that tested nothing shows it. */
+/* What the schedules did, so a run shows what it covered. */
 static struct {
     uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[6], qps[3];
+    uint64_t gpu[4], copy_delay, late_ack, close[3], new_rooms, new_rooms_ok;
+    uint64_t sends[SEND_KINDS], parts, gapped;
+    uint64_t acts[5][PH_KINDS], canaries, free_pages;
 } tally;
+
+static bool schedule_reported;
 
 #define VIOLATION(sc, ...)                                                                         \
     do {                                                                                           \
         violations++;                                                                              \
+        if (!schedule_reported) {                                                                  \
+            schedule_reported = true;                                                              \
+            describe(sc);                                                                          \
+        }                                                                                          \
         printf("chaos: seed %" PRIu64 ": ", (sc)->seed);                                           \
         printf(__VA_ARGS__);                                                                       \
         printf("\n");                                                                              \
     } while (0)
 
-static void start_room(engine_pair_t *p, const schedule_t *sc, room_run_t *rr, uint32_t i)
+static void sleep_us(long us)
 {
-    pair_pick(&rr->pr, sc->seed * 100 + i, sc->pages, sc->seed * 31 + i, i);
-    rr->expect_fail = sc->abort_side[i] || sc->bad_side[i];
-    if (pair_create(p, &rr->pr) != KVW_OK) {
-        VIOLATION(sc, "room %u: create failed", i);
-        return;
-    }
-    uint64_t dst_saved = rr->pr.dst[0];
-    if (sc->bad_side[i] == 1)
-        rr->pr.dst[0] = PAIR_POOL + 1;
-    kvw_receiver_init(rr->pr.r, rr->pr.dst, rr->pr.n, rr->pr.aux_dst);
-    rr->pr.dst[0] = dst_saved; /* the canary check watches the real pages */
-    kvw_sender_init(rr->pr.s, rr->pr.n, rr->pr.aux_src);
-}
-
-static void send_room(const schedule_t *sc, room_run_t *rr, uint32_t i)
-{
-    uint64_t src_saved = rr->pr.src[0];
-    if (sc->bad_side[i] == 2)
-        rr->pr.src[0] = PAIR_POOL + 2;
-    kvw_sender_send(rr->pr.s, rr->pr.src, rr->pr.n);
-    rr->pr.src[0] = src_saved;
-}
-
-static void act(engine_pair_t *p, const schedule_t *sc, room_run_t *rr, uint32_t i)
-{
-    rr->acted = true;
-    if (sc->abort_side[i] == 1) {
-        kvw_receiver_abort(rr->pr.r);
-    } else if (sc->abort_side[i] == 2) {
-        kvw_sender_abort(rr->pr.s);
-    } else if (sc->abort_side[i] == 3) {
-        kvw_sender_destroy(rr->pr.s);
-        rr->pr.s = NULL;
-    } else if (sc->abort_side[i] == 4) {
-        kvw_receiver_destroy(rr->pr.r);
-        rr->pr.r = NULL;
-        /* Once destroy returns nothing may land: watch the pages from here. */
-        if (!rr->snap) {
-            rr->snap = malloc(pair_snapshot_size(&rr->pr));
-            pair_snapshot(p, &rr->pr, rr->snap);
-        }
-    }
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
 }
 
 static bool ended(kvw_poll_t s)
@@ -214,46 +425,501 @@ static bool ended(kvw_poll_t s)
     return s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED;
 }
 
-/* Poll every room until all ended on both sides; snapshot decode pages the
- * moment Failed is first seen. */
-static void drive(engine_pair_t *p, const schedule_t *sc, room_run_t *rooms)
+/* ----------------------------------------------------------------- canary */
+
+static uint64_t room_pages(const pair_room_t *pr)
 {
-    uint64_t t0 = pair_now_ms(), end = t0 + END_MS;
+    uint64_t m = 0;
+    for (size_t k = 0; k < pr->n; k++)
+        m |= 1ull << pr->dst[k];
+    return m;
+}
+
+static uint32_t room_auxes(const pair_room_t *pr)
+{
+    return pr->aux_dst == KVW_NO_AUX ? 0 : 1u << pr->aux_dst;
+}
+
+/* Snapshot every page no live request owns, for room (-1: none), now. */
+static int take_canary(run_t *x, int room, const char *why)
+{
+    pthread_mutex_lock(&x->canary_lock);
+    int at = -1;
+    if (x->ncanaries < MAX_CANARIES) {
+        at = x->ncanaries++;
+        canary_t *c = &x->canaries[at];
+        c->pages = ~0ull;
+        c->auxes = (1u << PAIR_AUX_ITEMS) - 1;
+        for (uint32_t j = 0; j < SLOTS; j++) {
+            const room_run_t *o = &x->rooms[j];
+            if (o->used && !atomic_load(&o->dec_ended)) {
+                c->pages &= ~room_pages(&o->pr);
+                c->auxes &= ~room_auxes(&o->pr);
+            }
+        }
+        /* Only those pages: the others may be being written right now. */
+        for (uint32_t pg = 0; pg < PAIR_POOL; pg++)
+            for (uint32_t i = 0; (c->pages >> pg & 1) && i < 2 * PAIR_LAYERS; i++)
+                memcpy(c->kv[i] + pg * PAIR_ITEM, x->p.dst[i] + pg * PAIR_ITEM, PAIR_ITEM);
+        for (uint32_t a = 0; a < PAIR_AUX_ITEMS; a++)
+            if (c->auxes >> a & 1)
+                memcpy(c->aux + a * PAIR_AUX_ITEM, x->p.dst_aux + a * PAIR_AUX_ITEM, PAIR_AUX_ITEM);
+        c->room = room;
+        c->why = why;
+        c->reported = false;
+        x->last_canary_ms = pair_now_ms();
+    }
+    pthread_mutex_unlock(&x->canary_lock);
+    return at;
+}
+
+/* Compare a canary: which of its pages (and aux items) changed. */
+static void canary_diff(const run_t *x, const canary_t *c, uint64_t *pages, uint32_t *auxes)
+{
+    *pages = 0;
+    *auxes = 0;
+    for (uint32_t pg = 0; pg < PAIR_POOL; pg++)
+        for (uint32_t i = 0; (c->pages >> pg & 1) && i < 2 * PAIR_LAYERS; i++)
+            if (memcmp(c->kv[i] + pg * PAIR_ITEM, x->p.dst[i] + pg * PAIR_ITEM, PAIR_ITEM))
+                *pages |= 1ull << pg;
+    for (uint32_t a = 0; a < PAIR_AUX_ITEMS; a++)
+        if ((c->auxes >> a & 1) &&
+            memcmp(c->aux + a * PAIR_AUX_ITEM, x->p.dst_aux + a * PAIR_AUX_ITEM, PAIR_AUX_ITEM))
+            *auxes |= 1u << a;
+}
+
+/* Whose pages changed, in words. */
+static void owners(const run_t *x, uint64_t pages, uint32_t auxes, char *out, size_t size)
+{
+    size_t at = 0;
+    out[0] = 0;
+    for (uint32_t j = 0; j < SLOTS; j++) {
+        const room_run_t *o = &x->rooms[j];
+        uint64_t mine = pages & room_pages(&o->pr);
+        uint32_t aux = auxes & room_auxes(&o->pr);
+        if (!o->used || (!mine && !aux))
+            continue;
+        at += (size_t)snprintf(out + at, size - at, "%s%d pages%s of room %u", at ? ", " : "",
+                               __builtin_popcountll(mine), aux ? " and its aux item" : "", j);
+        pages &= ~room_pages(&o->pr);
+        auxes &= ~room_auxes(&o->pr);
+        if (at >= size)
+            return;
+    }
+    if (pages || auxes)
+        snprintf(out + at, size - at, "%s%d free pages, %d free aux items", at ? ", " : "",
+                 __builtin_popcountll(pages), __builtin_popcount(auxes));
+}
+
+static void check_canaries(run_t *x, const char *when)
+{
+    for (int k = 0; k < x->ncanaries; k++) {
+        canary_t *c = &x->canaries[k];
+        uint64_t pages;
+        uint32_t auxes;
+        canary_diff(x, c, &pages, &auxes);
+        if ((!pages && !auxes) || c->reported)
+            continue;
+        c->reported = true;
+        char who[200];
+        owners(x, pages, auxes, who, sizeof(who));
+        if (c->room >= 0)
+            VIOLATION(x->sc, "I3 pages decode may reuse changed after room %d's %s (seen %s): %s",
+                      c->room, c->why, when, who);
+        else
+            VIOLATION(x->sc, "I3 pages decode may reuse changed after %s (seen %s): %s", c->why,
+                      when, who);
+    }
+}
+
+/* Whether room i's own pages still hold what its canary saw. */
+static bool own_pages_kept(const run_t *x, uint32_t i)
+{
+    const room_run_t *rr = &x->rooms[i];
+    if (rr->canary < 0)
+        return false;
+    uint64_t pages;
+    uint32_t auxes;
+    canary_diff(x, &x->canaries[rr->canary], &pages, &auxes);
+    return !(pages & room_pages(&rr->pr)) && !(auxes & room_auxes(&rr->pr));
+}
+
+/* ------------------------------------------------------------------ rooms */
+
+static kvw_status_t create_room(run_t *x, uint32_t i)
+{
+    room_run_t *rr = &x->rooms[i];
+    kvw_status_t st = kvw_sender_create(x->p.prefill, rr->pr.room, &rr->pr.s);
+    if (!st)
+        st = kvw_receiver_create(rr->dec, kvw_bootstrap_addr(x->p.bootstrap), 0, rr->pr.room,
+                                 &rr->pr.r);
+    return st;
+}
+
+/* Both inits (the receiver's may be given a page out of range). The drive
+ * loop does not wait for a thread destroying a handle: false, try again. */
+static bool init_room(run_t *x, uint32_t i, bool wait)
+{
+    const schedule_t *sc = x->sc;
+    room_run_t *rr = &x->rooms[i];
+    int bad = i < MAX_ROOMS ? sc->bad_side[i] : 0;
+    if (wait) {
+        pthread_mutex_lock(&rr->rx);
+        pthread_mutex_lock(&rr->tx);
+    } else if (pthread_mutex_trylock(&rr->rx)) {
+        return false;
+    } else if (pthread_mutex_trylock(&rr->tx)) {
+        pthread_mutex_unlock(&rr->rx);
+        return false;
+    }
+    rr->inited = true;
+    if (rr->pr.r) {
+        /* A copy: other threads read the room's real pages meanwhile. */
+        uint64_t dst[PAIR_POOL];
+        memcpy(dst, rr->pr.dst, rr->pr.n * sizeof(dst[0]));
+        if (bad == 1)
+            dst[0] = PAIR_POOL + 1;
+        kvw_receiver_init(rr->pr.r, dst, rr->pr.n, rr->pr.aux_dst);
+    }
+    if (rr->pr.s)
+        kvw_sender_init(rr->pr.s, rr->pr.n, rr->pr.aux_src);
+    pthread_mutex_unlock(&rr->tx);
+    pthread_mutex_unlock(&rr->rx);
+    return true;
+}
+
+/* Hand over part k of room i (tx held; its sender exists). */
+static void send_part(run_t *x, uint32_t i, uint32_t k)
+{
+    const schedule_t *sc = x->sc;
+    pair_room_t *pr = &x->rooms[i].pr;
+    int mode = i < MAX_ROOMS ? sc->send[i] : SEND_WHOLE;
+    uint32_t chunks = i < MAX_ROOMS ? sc->chunks[i] : 1;
+    uint64_t src_saved = pr->src[0];
+    if (i < MAX_ROOMS && sc->bad_side[i] == 2)
+        pr->src[0] = PAIR_POOL + 2;
+    if (mode == SEND_WHOLE) {
+        kvw_sender_send(pr->s, pr->src, pr->n);
+    } else {
+        uint32_t chunk = k, layer = 0;
+        if (mode == SEND_LAYERS) {
+            chunks = 1;
+            chunk = 0;
+            layer = k;
+        } else if (mode == SEND_CHUNKS_LAYERS) {
+            bool major = sc->layer_major[i];
+            chunk = major ? k % chunks : k / PAIR_LAYERS;
+            layer = major ? k / chunks : k % PAIR_LAYERS;
+        }
+        size_t b = pr->n * chunk / chunks, e = pr->n * (chunk + 1) / chunks;
+        if (mode == SEND_CHUNKS && sc->via_send[i]) {
+            kvw_sender_send(pr->s, pr->src + b, e - b);
+        } else {
+            kvw_part_t part = {.pages = pr->src + b, .num_pages = e - b, .first_page = b};
+            if (mode != SEND_CHUNKS) {
+                part.layer_begin = layer;
+                part.layer_end = layer + 1;
+            }
+            kvw_sender_send_part(pr->s, &part);
+        }
+    }
+    pr->src[0] = src_saved;
+}
+
+/* What room i is doing now, as far as the test can see (for the tally). */
+static int phase(const run_t *x, uint32_t i)
+{
+    const room_run_t *rr = &x->rooms[i];
+    if (!rr->inited)
+        return PH_BEFORE_INIT;
+    if (ended(rr->d) && ended(rr->s))
+        return PH_ENDED;
+    if (rr->sent < parts_of(x->sc, i))
+        return PH_BETWEEN;
+    if (rr->landed_seen_ms && x->sc->gpu_dst && rr->d == KVW_POLL_TRANSFERRING)
+        return PH_COPY_IN;
+    if (rr->landed_seen_ms || rr->d == KVW_POLL_SUCCESS || rr->s == KVW_POLL_SUCCESS)
+        return PH_LANDED;
+    return PH_MID;
+}
+
+/* Destroy room i's receiver (rx held): record what it was, and snapshot
+ * the pool the moment destroy returns. */
+static void destroy_receiver_locked(run_t *x, uint32_t i, const char *why)
+{
+    room_run_t *rr = &x->rooms[i];
+    if (!rr->pr.r)
+        return;
+    kvw_poll_t before = kvw_receiver_poll(rr->pr.r);
+    kvw_receiver_destroy(rr->pr.r);
+    rr->pr.r = NULL;
+    rr->d_gone = before == KVW_POLL_SUCCESS ? KVW_POLL_SUCCESS : KVW_POLL_FAILED;
+    rr->r_gone = true;
+    atomic_store(&rr->dec_ended, true);
+    int c = take_canary(x, (int)i, why);
+    if (rr->canary < 0)
+        rr->canary = c;
+}
+
+typedef struct destroy_arg {
+    run_t *x;
+    uint32_t i;
+} destroy_arg_t;
+static destroy_arg_t destroy_args[SLOTS];
+
+static void *destroyer_main(void *arg)
+{
+    destroy_arg_t *a = arg;
+    room_run_t *rr = &a->x->rooms[a->i];
+    pthread_mutex_lock(&rr->rx);
+    destroy_receiver_locked(a->x, a->i, "receiver destroy returned");
+    pthread_mutex_unlock(&rr->rx);
+    return NULL;
+}
+
+static void act(run_t *x, uint32_t i)
+{
+    const schedule_t *sc = x->sc;
+    room_run_t *rr = &x->rooms[i];
+    rr->acted = true;
+    tally.acts[sc->abort_side[i]][phase(x, i)]++;
+    if (sc->abort_side[i] == 1) {
+        if (pthread_mutex_trylock(&rr->rx))
+            return; /* its engine is leaving: that destroys it */
+        if (rr->pr.r)
+            kvw_receiver_abort(rr->pr.r);
+        pthread_mutex_unlock(&rr->rx);
+    } else if (sc->abort_side[i] == 2 || sc->abort_side[i] == 3) {
+        if (pthread_mutex_trylock(&rr->tx))
+            return; /* prefill is closing: that destroys it */
+        if (rr->pr.s && sc->abort_side[i] == 2) {
+            kvw_sender_abort(rr->pr.s);
+        } else if (rr->pr.s) {
+            rr->s_gone =
+                kvw_sender_poll(rr->pr.s) == KVW_POLL_SUCCESS ? KVW_POLL_SUCCESS : KVW_POLL_FAILED;
+            rr->s_gone_set = true;
+            kvw_sender_destroy(rr->pr.s);
+            rr->pr.s = NULL;
+        }
+        pthread_mutex_unlock(&rr->tx);
+    } else if (sc->abort_side[i] == 4) {
+        /* destroy waits for the abort's barrier: on a thread of its own,
+         * so that every other room is still watched meanwhile */
+        destroy_args[i] = (destroy_arg_t){x, i};
+        rr->destroying =
+            pthread_create(&rr->destroyer, NULL, destroyer_main, &destroy_args[i]) == 0;
+        if (!rr->destroying) {
+            pthread_mutex_lock(&rr->rx);
+            destroy_receiver_locked(x, i, "receiver destroy returned");
+            pthread_mutex_unlock(&rr->rx);
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- closes */
+
+/* A decode engine leaves: its receivers are destroyed (each waits for its
+ * abort's barrier), then the engine, closing its connection. */
+static void close_decode(run_t *x)
+{
+    for (uint32_t i = 0; i < x->sc->rooms; i++) {
+        room_run_t *rr = &x->rooms[i];
+        if (rr->dec != x->second)
+            continue;
+        pthread_mutex_lock(&rr->rx);
+        destroy_receiver_locked(x, i, "decode engine left (receiver destroyed)");
+        pthread_mutex_unlock(&rr->rx);
+    }
+    kvw_engine_destroy(x->second);
+    x->second = NULL;
+    take_canary(x, -1, "a decode engine left");
+}
+
+/* Prefill closes: its senders go, then the engine (its connections
+ * close); a new engine takes its rank and serves one new room, on pages
+ * no other room has, once decode found it. */
+static void close_prefill(run_t *x)
+{
+    for (uint32_t i = 0; i < x->sc->rooms; i++) {
+        room_run_t *rr = &x->rooms[i];
+        pthread_mutex_lock(&rr->tx);
+        if (rr->pr.s) {
+            rr->s_gone =
+                kvw_sender_poll(rr->pr.s) == KVW_POLL_SUCCESS ? KVW_POLL_SUCCESS : KVW_POLL_FAILED;
+            rr->s_gone_set = true;
+            kvw_sender_destroy(rr->pr.s);
+            rr->pr.s = NULL;
+        }
+        pthread_mutex_unlock(&rr->tx);
+    }
+    atomic_store(&prefill_router, NULL);
+    /* Lost or withheld control messages were the old connection's fault:
+     * the new engine registers, and is found, without them. */
+    atomic_store(&kvw__zdrop_hook, NULL);
+    x->restart_status = pair_restart_prefill(&x->p);
+    if (x->restart_status || !x->new_room)
+        return;
+    atomic_store(&prefill_router, x->p.prefill->router);
+    room_run_t *rr = &x->rooms[NEW_ROOM];
+    if (create_room(x, NEW_ROOM)) {
+        x->restart_status = KVW_ERR_STATE;
+        return;
+    }
+    init_room(x, NEW_ROOM, true);
+    pthread_mutex_lock(&rr->tx);
+    send_part(x, NEW_ROOM, 0);
+    rr->sent = 1;
+    pthread_mutex_unlock(&rr->tx);
+    atomic_store(&rr->started, true);
+}
+
+static void *closer_main(void *arg)
+{
+    run_t *x = arg;
+    if (x->sc->close == CLOSE_DECODE)
+        close_decode(x);
+    else
+        close_prefill(x);
+    atomic_store(&x->close_done, true);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ drive */
+
+/* One look at room i: inits, parts and the abort when due; its states,
+ * and the canary the moment decode is seen Failed. */
+static void step(run_t *x, uint32_t i, uint64_t el)
+{
+    const schedule_t *sc = x->sc;
+    room_run_t *rr = &x->rooms[i];
+    bool scheduled = i < MAX_ROOMS;
+    uint32_t start = scheduled ? sc->init_ms[i] : 0, gap = scheduled ? sc->gap_ms[i] : 0;
+    if (!rr->inited && el >= start)
+        init_room(x, i, false);
+    uint32_t parts = scheduled ? parts_of(sc, i) : 1;
+    if (rr->inited && rr->sent < parts && el >= start + (uint64_t)rr->sent * gap &&
+        !pthread_mutex_trylock(&rr->tx)) {
+        if (rr->pr.s)
+            send_part(x, i, rr->sent);
+        rr->sent++;
+        pthread_mutex_unlock(&rr->tx);
+    }
+    if (scheduled && !rr->acted && sc->abort_side[i]) {
+        bool due = sc->at[i] == AT_LANDED
+                       ? rr->landed_seen_ms && el + 1 >= rr->landed_seen_ms + sc->landed_ms[i]
+                       : el >= sc->abort_ms[i];
+        if (due)
+            act(x, i);
+    }
+    if (!pthread_mutex_trylock(&rr->rx)) {
+        if (rr->pr.r) {
+            rr->d = kvw_receiver_poll(rr->pr.r);
+            kvw_req_t *req = (kvw_req_t *)rr->pr.r;
+            bool landed = atomic_load(&req->landed_ns) || rr->d == KVW_POLL_SUCCESS;
+            if (landed && !rr->landed_seen_ms)
+                rr->landed_seen_ms = el + 1;
+            if (ended(rr->d) && !atomic_load(&rr->dec_ended)) {
+                atomic_store(&rr->dec_ended, true);
+                if (rr->d == KVW_POLL_FAILED && rr->canary < 0)
+                    rr->canary = take_canary(x, (int)i, "Failed");
+            }
+        } else if (rr->r_gone) {
+            rr->d = rr->d_gone;
+        }
+        pthread_mutex_unlock(&rr->rx);
+    }
+    if (!pthread_mutex_trylock(&rr->tx)) {
+        if (rr->pr.s) {
+            rr->s = kvw_sender_poll(rr->pr.s);
+            if (rr->s == KVW_POLL_SUCCESS && !rr->landed_seen_ms)
+                rr->landed_seen_ms = el + 1;
+        } else if (rr->s_gone_set) {
+            rr->s = rr->s_gone;
+        }
+        pthread_mutex_unlock(&rr->tx);
+    }
+}
+
+/* Poll every room often until all ended on both sides and the close (if
+ * any) is over. */
+static void drive(run_t *x)
+{
+    const schedule_t *sc = x->sc;
+    uint64_t end = x->t0 + END_MS;
     bool killed = false;
     for (;;) {
-        uint64_t now = pair_now_ms();
-        bool all = true;
-        for (uint32_t i = 0; i < sc->rooms; i++) {
-            room_run_t *rr = &rooms[i];
-            if (!rr->acted && sc->abort_side[i] && now - t0 >= sc->abort_ms[i])
-                act(p, sc, rr, i);
-            kvw_poll_t d = rr->pr.r ? kvw_receiver_poll(rr->pr.r) : KVW_POLL_FAILED;
-            if (d == KVW_POLL_FAILED && !rr->snap) {
-                rr->snap = malloc(pair_snapshot_size(&rr->pr));
-                pair_snapshot(p, &rr->pr, rr->snap);
+        uint64_t now = pair_now_ms(), el = now - x->t0;
+        bool all = true; /* every room ended on both sides */
+        for (uint32_t i = 0; i < SLOTS; i++) {
+            room_run_t *rr = &x->rooms[i];
+            if (!rr->used)
+                continue;
+            if (!atomic_load(&rr->started)) {
+                /* not created (a violation already), or NEW_ROOM: the
+                 * closer starts it before it is done, if it can */
+                all = all && (i < NEW_ROOM || atomic_load(&x->close_done));
+                continue;
             }
-            kvw_poll_t s = rr->pr.s ? kvw_sender_poll(rr->pr.s) : KVW_POLL_FAILED;
-            rr->d = d;
-            rr->s = s;
-            all = all && ended(d) && ended(s);
+            step(x, i, el);
+            all = all && ended(rr->d) && ended(rr->s);
         }
-        if (sc->kill_nic && !killed && now - t0 >= 2) {
+        if (sc->kill_nic && !killed && el >= 2) {
             fake_nic_kill_device(sc->kill_nic);
             killed = true;
         }
-        if (sc->silent_side && now - t0 >= 2 && !atomic_load(&silent_side))
+        if (sc->silent_side && el >= 2 && !atomic_load(&silent_side))
             atomic_store(&silent_side, sc->silent_side);
+        /* The close comes at its time, or once the schedule's own rooms all
+         * ended (NEW_ROOM waits for it). */
+        bool rest = all;
+        for (uint32_t i = 0; x->new_room && i < sc->rooms; i++) {
+            const room_run_t *rr = &x->rooms[i];
+            rest =
+                (i == 0 || rest) && (!atomic_load(&rr->started) || (ended(rr->d) && ended(rr->s)));
+        }
+        if (sc->close && !x->close_started && (el >= sc->close_ms || rest)) {
+            x->close_started = true;
+            x->closer_thread = pthread_create(&x->closer, NULL, closer_main, x) == 0;
+            if (!x->closer_thread)
+                closer_main(x);
+            all = false;
+        }
+        if (sc->close && !atomic_load(&x->close_done))
+            all = false;
         if (all)
             return;
         if (now > end) {
-            for (uint32_t i = 0; i < sc->rooms; i++)
-                if (!ended(rooms[i].d) || !ended(rooms[i].s))
+            for (uint32_t i = 0; i < SLOTS; i++) {
+                room_run_t *rr = &x->rooms[i];
+                if (rr->used && (!ended(rr->d) || !ended(rr->s)))
                     VIOLATION(sc, "I5 room %u still %s (decode) / %s (prefill) after %d ms", i,
-                              kvw_poll_name(rooms[i].d), kvw_poll_name(rooms[i].s), END_MS);
+                              kvw_poll_name(rr->d), kvw_poll_name(rr->s), END_MS);
+            }
+            if (sc->close && !atomic_load(&x->close_done))
+                VIOLATION(sc, "I5 the close (%s) still under way after %d ms",
+                          sc->close == CLOSE_DECODE ? "decode engine leaving" : "prefill restart",
+                          END_MS);
             return;
         }
-        pair_sleep_ms(1);
+        sleep_us(200);
     }
+}
+
+/* ----------------------------------------------------------------- checks */
+
+/* The serial of the connection decode engine e holds to prefill, up and
+ * not closing; UINT32_MAX if none is. */
+static uint32_t decode_connection(kvw_engine_t *e)
+{
+    uint32_t serial = UINT32_MAX;
+    pthread_mutex_lock(&e->lock); /* a slot is cleared (then freed) under it */
+    for (uint32_t i = 0; i < atomic_load(&e->num_peers); i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && atomic_load(&p->state) == PEER_CONNECTED && !atomic_load(&p->closing))
+            serial = p->serial;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return serial;
 }
 
 static void count_room(const room_run_t *rr)
@@ -264,32 +930,37 @@ static void count_room(const room_run_t *rr)
     tally.both_ok += rr->d == KVW_POLL_SUCCESS && rr->s == KVW_POLL_SUCCESS;
 }
 
-static void check_room(engine_pair_t *p, const schedule_t *sc, room_run_t *rr, uint32_t i)
+static void check_room(run_t *x, uint32_t i)
 {
+    const schedule_t *sc = x->sc;
+    room_run_t *rr = &x->rooms[i];
     count_room(rr);
-    size_t wrong = pair_wrong_bytes(p, &rr->pr);
+    size_t wrong = pair_wrong_bytes(&x->p, &rr->pr);
     if (rr->d == KVW_POLL_SUCCESS && wrong)
         VIOLATION(sc, "I1 room %u: decode Success with %zu wrong bytes", i, wrong);
-    if (rr->s == KVW_POLL_SUCCESS && rr->pr.s && wrong && rr->d != KVW_POLL_FAILED)
+    if (rr->s == KVW_POLL_SUCCESS && wrong && rr->d != KVW_POLL_FAILED)
         VIOLATION(sc, "I2 room %u: prefill Success with %zu wrong bytes", i, wrong);
-    if (rr->s == KVW_POLL_SUCCESS && rr->pr.s && wrong && rr->d == KVW_POLL_FAILED &&
-        !(rr->snap && pair_snapshot_equal(p, &rr->pr, rr->snap)))
+    if (rr->s == KVW_POLL_SUCCESS && wrong && rr->d == KVW_POLL_FAILED && !own_pages_kept(x, i))
         VIOLATION(sc, "I2 room %u: prefill Success, decode Failed, bytes partly written", i);
-    if (rr->snap && !pair_snapshot_equal(p, &rr->pr, rr->snap))
-        VIOLATION(sc, "I3 room %u: decode pages changed after Failed", i);
-    if (!connection_fault(sc) && !rr->expect_fail &&
+    if (!room_connection_fault(sc, i) && !rr->expect_fail &&
         (rr->d != KVW_POLL_SUCCESS || rr->s != KVW_POLL_SUCCESS)) {
         const char *why = "";
         if (rr->pr.r)
             kvw_receiver_failure(rr->pr.r, &why);
-        VIOLATION(sc, "I4 room %u failed without a fault of its own or of the connection: %s", i,
-                  why);
+        else if (rr->pr.s)
+            kvw_sender_failure(rr->pr.s, &why);
+        VIOLATION(sc,
+                  "I4 room %u failed (decode %s, prefill %s) without a fault of its own or of "
+                  "its connection: %s",
+                  i, kvw_poll_name(rr->d), kvw_poll_name(rr->s), why);
     }
 }
 
 static void check_counters(engine_pair_t *p, const schedule_t *sc)
 {
     kvw_counters_t c = {0};
+    if (!p->prefill)
+        return;
     for (int k = 0; k < 200; k++) {
         kvw_engine_counters(p->prefill, &c);
         if (c.wrs_posted == c.wrs_completed + c.wrs_flushed)
@@ -313,55 +984,153 @@ static void check_nic(const schedule_t *sc, const fake_nic_stats_t *st)
                   st->cq_overruns, st->live_qps, st->live_cqs, st->live_mrs);
 }
 
-static void run_schedule(uint64_t seed)
+/* --------------------------------------------------------------- schedule */
+
+static void tally_schedule(const schedule_t *sc)
 {
+    tally.with_fault[0] += !connection_fault(sc);
+    tally.with_fault[1] += sc->nic.fail_post_call != 0;
+    tally.with_fault[2] += sc->nic.error_wr != 0;
+    tally.with_fault[3] += sc->drop_pct != 0;
+    tally.with_fault[4] += sc->kill_nic != NULL;
+    tally.with_fault[5] += sc->silent_side != 0;
+    tally.qps[sc->cfg.qps_per_peer - 1]++;
+    tally.gpu[sc->gpu_src + 2 * sc->gpu_dst]++;
+    tally.copy_delay += (sc->gpu_src || sc->gpu_dst) && sc->copy_delay_us;
+    tally.late_ack += sc->nic.ack_delay_us != 0;
+    tally.close[sc->close]++;
+    for (uint32_t i = 0; i < sc->rooms; i++) {
+        tally.sends[sc->send[i]]++;
+        tally.parts += parts_of(sc, i);
+        tally.gapped += parts_of(sc, i) > 1 && sc->gap_ms[i];
+    }
+}
+
+static void run_schedule(uint64_t seed, bool described)
+{
+    static run_t x; /* large (the canaries): not on the stack */
     schedule_t sc;
     make_schedule(seed, &sc);
-    tally.with_fault[0] += !connection_fault(&sc);
-    tally.with_fault[1] += sc.nic.fail_post_call != 0;
-    tally.with_fault[2] += sc.nic.error_wr != 0;
-    tally.with_fault[3] += sc.drop_pct != 0;
-    tally.with_fault[4] += sc.kill_nic != NULL;
-    tally.with_fault[5] += sc.silent_side != 0;
-    tally.qps[sc.cfg.qps_per_peer - 1]++;
-    engine_pair_t p;
+    schedule_reported = described;
+    tally_schedule(&sc);
+    memset(&x, 0, sizeof(x));
+    x.sc = &sc;
+    pthread_mutex_init(&x.canary_lock, NULL);
+    fake_cuda_config_t cuda = {.gdr = 0, .copy_delay_us = sc.copy_delay_us};
     fake_nic_stats_t final;
-    if (pair_open(&p, &sc.cfg) != KVW_OK) {
+    if (pair_open_staged(&x.p, &sc.cfg, NULL, sc.gpu_src, sc.gpu_dst, &cuda) != KVW_OK ||
+        (sc.close == CLOSE_DECODE && pair_add_decode(&x.p, &x.second) != KVW_OK)) {
         VIOLATION(&sc, "engines did not start");
-        pair_close(&p);
+        kvw_engine_destroy(x.second);
+        pair_close(&x.p);
         return;
     }
-    p.final_stats = &final;
-    room_run_t rooms[MAX_ROOMS];
-    memset(rooms, 0, sizeof(rooms));
-    for (uint32_t i = 0; i < sc.rooms; i++)
-        start_room(&p, &sc, &rooms[i], i);
-    for (uint32_t i = 0; i < sc.rooms; i++)
-        if (kvw_sender_poll(rooms[i].pr.s) != KVW_POLL_FAILED)
-            while (kvw_sender_poll(rooms[i].pr.s) == KVW_POLL_BOOTSTRAPPING)
+    x.p.final_stats = &final;
+    /* Pages: a window per room; the rest of the pool is free (the restarted
+     * prefill's room takes the end of it). */
+    uint32_t used = sc.rooms * sc.pages;
+    x.new_room = sc.close == CLOSE_PREFILL && used < PAIR_POOL;
+    for (uint32_t i = 0; i < SLOTS; i++) {
+        room_run_t *rr = &x.rooms[i];
+        pthread_mutex_init(&rr->rx, NULL);
+        pthread_mutex_init(&rr->tx, NULL);
+        rr->canary = -1;
+        rr->d = rr->s = KVW_POLL_BOOTSTRAPPING;
+        rr->dec = i < MAX_ROOMS && sc.on_second[i] ? x.second : x.p.decode;
+        if (i < sc.rooms) {
+            rr->used = true;
+            pair_pick(&rr->pr, seed * 100 + i, sc.pages, seed * 31 + i, i);
+            rr->expect_fail = sc.abort_side[i] || sc.bad_side[i];
+        } else if (i == NEW_ROOM && x.new_room) {
+            rr->used = true;
+            size_t n = PAIR_POOL - used < sc.pages ? PAIR_POOL - used : sc.pages;
+            pair_pick(&rr->pr, seed * 100 + 50, n, seed * 37, i);
+            for (size_t k = 0; k < n; k++)
+                rr->pr.dst[k] = used + (k + seed) % n;
+            rr->pr.aux_dst = sc.rooms < PAIR_AUX_ITEMS ? sc.rooms : KVW_NO_AUX;
+        }
+    }
+    tally.free_pages += PAIR_POOL - used;
+    for (uint32_t i = 0; i < sc.rooms; i++) {
+        if (create_room(&x, i) != KVW_OK) {
+            VIOLATION(&sc, "room %u: create failed", i);
+            continue;
+        }
+        atomic_store(&x.rooms[i].started, true);
+        if (!sc.init_ms[i])
+            init_room(&x, i, true);
+    }
+    for (uint32_t i = 0; i < sc.rooms; i++) {
+        kvw_sender_t *s = x.rooms[i].pr.s;
+        if (s && x.rooms[i].inited && kvw_sender_poll(s) != KVW_POLL_FAILED)
+            while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING)
                 pair_sleep_ms(1); /* decode's requests first: the transfers overlap */
+    }
+    uint32_t serial = decode_connection(x.p.decode);
     fake_nic_set_faults(&sc.nic);
     atomic_store(&drop_state, seed);
     atomic_store(&drop_pct, sc.drop_pct);
     atomic_store(&silent_side, 0);
-    atomic_store(&prefill_router, p.prefill->router);
+    atomic_store(&prefill_router, x.p.prefill->router);
     if (sc.drop_pct || sc.silent_side)
         atomic_store(&kvw__zdrop_hook, drop_some);
-    for (uint32_t i = 0; i < sc.rooms; i++)
-        send_room(&sc, &rooms[i], i);
-    drive(&p, &sc, rooms);
+    x.t0 = pair_now_ms();
+    drive(&x);
+    if (!connection_fault(&sc) && sc.close != CLOSE_PREFILL && serial != UINT32_MAX) {
+        uint32_t now = decode_connection(x.p.decode);
+        if (now != serial)
+            VIOLATION(&sc,
+                      "I4 decode's connection to prefill broke without a connection fault "
+                      "(serial %u at the start, %s)",
+                      serial, now == UINT32_MAX ? "none up at the end" : "another at the end");
+    }
+    for (uint32_t i = 0; i < SLOTS; i++)
+        if (x.rooms[i].destroying)
+            pthread_join(x.rooms[i].destroyer, NULL);
+    if (x.closer_thread)
+        pthread_join(x.closer, NULL);
+    for (uint32_t i = 0; i < SLOTS; i++) { /* what the threads saw last */
+        room_run_t *rr = &x.rooms[i];
+        if (rr->r_gone)
+            rr->d = rr->d_gone;
+        if (rr->s_gone_set)
+            rr->s = rr->s_gone;
+    }
+    if (x.restart_status)
+        VIOLATION(&sc, "the restarted prefill did not serve a new room: %s",
+                  kvw_status_name(x.restart_status));
     atomic_store(&kvw__zdrop_hook, NULL);
     fake_nic_quiesce(2000);
-    pair_sleep_ms(sc.nic.delay_us / 1000 + 2); /* a late write would land by now */
-    for (uint32_t i = 0; i < sc.rooms; i++)
-        check_room(&p, &sc, &rooms[i], i);
-    check_counters(&p, &sc);
-    for (uint32_t i = 0; i < sc.rooms; i++) {
-        pair_destroy_room(&rooms[i].pr);
-        free(rooms[i].snap);
-    }
-    pair_close(&p);
+    /* A late write would land by now; schedules where nothing failed
+     * have only their ended rooms' pages and the free ones to watch. */
+    pair_sleep_ms((int)(sc.nic.delay_us / 1000 + 2));
+    uint64_t grace_end = x.last_canary_ms + GRACE_MS;
+    if (x.ncanaries && pair_now_ms() < grace_end)
+        pair_sleep_ms((int)(grace_end - pair_now_ms()));
+    for (uint32_t i = 0; i < SLOTS; i++)
+        if (x.rooms[i].used)
+            check_room(&x, i);
+    tally.new_rooms += x.new_room;
+    tally.new_rooms_ok += x.new_room && x.rooms[NEW_ROOM].d == KVW_POLL_SUCCESS &&
+                          x.rooms[NEW_ROOM].s == KVW_POLL_SUCCESS;
+    tally.canaries += (uint64_t)x.ncanaries;
+    check_canaries(&x, "after a grace period");
+    check_counters(&x.p, &sc);
+    for (uint32_t i = 0; i < SLOTS; i++)
+        pair_destroy_room(&x.rooms[i].pr);
+    /* Once decode's engines are gone nothing can write their pages: the
+     * canaries are compared a last time. */
+    kvw_engine_destroy(x.second);
+    kvw_engine_destroy(x.p.decode);
+    x.p.decode = NULL;
+    check_canaries(&x, "once the decode engines were destroyed");
+    pair_close(&x.p);
     check_nic(&sc, &final);
+    for (uint32_t i = 0; i < SLOTS; i++) {
+        pthread_mutex_destroy(&x.rooms[i].rx);
+        pthread_mutex_destroy(&x.rooms[i].tx);
+    }
+    pthread_mutex_destroy(&x.canary_lock);
 }
 
 /* Faults make the engines log errors by design: keep them unless asked. */
@@ -372,6 +1141,49 @@ static void quiet(void *arg, kvw_log_level_t level, const char *msg)
     (void)msg;
 }
 
+static void summary(uint64_t n, uint64_t first, uint64_t t0)
+{
+    printf("chaos: %" PRIu64 " schedules: %" PRIu64 " without a connection fault, %" PRIu64
+           " failed posts, %" PRIu64 " error completions, %" PRIu64 " with lost control "
+           "messages, %" PRIu64 " dead NICs, %" PRIu64 " silent peers\n",
+           n, tally.with_fault[0], tally.with_fault[1], tally.with_fault[2], tally.with_fault[3],
+           tally.with_fault[4], tally.with_fault[5]);
+    printf("chaos: GPU regions staged: prefill's %" PRIu64 ", decode's %" PRIu64 ", both %" PRIu64
+           " schedules (%" PRIu64 " with slow copies), none %" PRIu64 "; late ACKs %" PRIu64 "\n",
+           tally.gpu[1], tally.gpu[2], tally.gpu[3], tally.copy_delay, tally.gpu[0],
+           tally.late_ack);
+    printf(
+        "chaos: closing peers: a decode engine left in %" PRIu64 ", prefill restarted in %" PRIu64
+        " schedules (its new room landed in %" PRIu64 " of %" PRIu64 ")\n",
+        tally.close[CLOSE_DECODE], tally.close[CLOSE_PREFILL], tally.new_rooms_ok, tally.new_rooms);
+    printf("chaos: rooms sent whole %" PRIu64 ", in page chunks %" PRIu64
+           ", layer by layer %" PRIu64 ", chunks x layers %" PRIu64 ": %" PRIu64 " parts, %" PRIu64
+           " rooms with gaps\n",
+           tally.sends[SEND_WHOLE], tally.sends[SEND_CHUNKS], tally.sends[SEND_LAYERS],
+           tally.sends[SEND_CHUNKS_LAYERS], tally.parts, tally.gapped);
+    static const char *const sides[] = {"", "decode aborts", "prefill aborts", "sender destroys",
+                                        "receiver destroys"};
+    for (int a = 1; a <= 4; a++) {
+        uint64_t all = 0;
+        for (int ph = 0; ph < PH_KINDS; ph++)
+            all += tally.acts[a][ph];
+        printf("chaos: %" PRIu64 " %s:", all, sides[a]);
+        for (int ph = 0; ph < PH_KINDS; ph++)
+            printf("%s %" PRIu64 " %s", ph ? "," : "", tally.acts[a][ph], phase_names[ph]);
+        printf("\n");
+    }
+    printf("chaos: %" PRIu64 " rooms: decode Success %" PRIu64 " (both sides %" PRIu64
+           "), decode Failed %" PRIu64 "; %" PRIu64 " canaries taken, %" PRIu64
+           " free pages watched\n",
+           tally.rooms, tally.decode_ok, tally.both_ok, tally.decode_failed, tally.canaries,
+           tally.free_pages);
+    printf("chaos: connections of 1, 2, 3 QPs: %" PRIu64 ", %" PRIu64 ", %" PRIu64 " schedules\n",
+           tally.qps[0], tally.qps[1], tally.qps[2]);
+    printf("chaos: %" PRIu64 " fault schedules on the fake NIC (not RDMA) in %.1f s, seeds "
+           "%" PRIu64 "..%" PRIu64 ": %d invariant violations\n",
+           n, (double)(pair_now_ms() - t0) / 1000.0, first, first + n - 1, violations);
+}
+
 int main(int argc, char **argv)
 {
     if (getenv("KVW_TEST_LOG"))
@@ -380,7 +1192,10 @@ int main(int argc, char **argv)
         kvw_set_log_handler(quiet, NULL, KVW_LOG_ERROR);
     if (argc > 1) {
         uint64_t seed = strtoull(argv[1], NULL, 10);
-        run_schedule(seed);
+        schedule_t sc;
+        make_schedule(seed, &sc);
+        describe(&sc);
+        run_schedule(seed, true);
         printf("chaos: seed %" PRIu64 ": %d invariant violations\n", seed, violations);
         return violations != 0;
     }
@@ -388,20 +1203,12 @@ int main(int argc, char **argv)
     uint64_t n = n_env ? strtoull(n_env, NULL, 10) : 2000;
     uint64_t first = first_env ? strtoull(first_env, NULL, 10) : 1;
     uint64_t t0 = pair_now_ms();
-    for (uint64_t seed = first; seed < first + n; seed++)
-        run_schedule(seed);
-    printf("chaos: %" PRIu64 " schedules: %" PRIu64 " without a connection fault, %" PRIu64
-           " failed posts, %" PRIu64 " error completions, %" PRIu64 " with lost control "
-           "messages, %" PRIu64 " dead NICs, %" PRIu64 " silent peers\n",
-           n, tally.with_fault[0], tally.with_fault[1], tally.with_fault[2], tally.with_fault[3],
-           tally.with_fault[4], tally.with_fault[5]);
-    printf("chaos: %" PRIu64 " rooms: decode Success %" PRIu64 " (both sides %" PRIu64
-           "), decode Failed %" PRIu64 "\n",
-           tally.rooms, tally.decode_ok, tally.both_ok, tally.decode_failed);
-    printf("chaos: connections of 1, 2, 3 QPs: %" PRIu64 ", %" PRIu64 ", %" PRIu64 " schedules\n",
-           tally.qps[0], tally.qps[1], tally.qps[2]);
-    printf("chaos: %" PRIu64 " fault schedules on the fake NIC (not RDMA) in %.1f s, seeds "
-           "%" PRIu64 "..%" PRIu64 ": %d invariant violations\n",
-           n, (double)(pair_now_ms() - t0) / 1000.0, first, first + n - 1, violations);
+    for (uint64_t seed = first; seed < first + n; seed++) {
+        uint64_t ts = pair_now_ms();
+        run_schedule(seed, false);
+        if (getenv("KVW_CHAOS_TIMES"))
+            fprintf(stderr, "seed %" PRIu64 " %" PRIu64 " ms\n", seed, pair_now_ms() - ts);
+    }
+    summary(n, first, t0);
     return violations != 0;
 }
