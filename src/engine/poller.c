@@ -818,9 +818,18 @@ void *kvw__poller_main(void *arg)
     }
     pthread_mutex_lock(&e->pass_lock);
     uint32_t np = atomic_load(&e->num_peers);
-    for (uint32_t i = 0; i < np; i++)
-        if (kvw__peer_at(e, i))
-            drop_queues(e, kvw__peer_at(e, i));
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p)
+            continue;
+        /* The engine is going: its QPs to ERR before its requests are let
+         * go as drained. A live connection may still have writes queued,
+         * and the control thread, in its last turn, tells decode of a
+         * drained failed request that nothing more can land (seen: decode
+         * Failed, then the queued writes landed in its pages). */
+        kvw__peer_set_error(p);
+        drop_queues(e, p);
+    }
     pthread_mutex_unlock(&e->pass_lock);
     return NULL;
 }
