@@ -25,10 +25,10 @@ TSAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/tsan/%.o)
 TSAN      := -fsanitize=thread -fno-omit-frame-pointer
 # The threaded tests: the engine on the fake NIC, its chaos schedules, the
 # soak (connection slots reclaimed while the poller runs), the NIC itself,
-# staging under faults, requests parked between parts, liveness and the
-# device's events.
+# staging under faults, requests parked between parts, liveness, the
+# device's events and producer events.
 TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic staging_abort \
-              parked_abort liveness device_events)
+              parked_abort liveness device_events producer_event)
 
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))
@@ -42,7 +42,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check unit python-test integration tsan chaos demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check unit python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
 
@@ -135,6 +135,11 @@ chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
 integration: $(INTEG) $(TOOLS) $(SHARED)
 	tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
+
+# Two decode processes streaming back-to-back 12.6 MB requests from one
+# prefill on rxe (soak_scenarios.sh stream; KVW_STREAM_REQUESTS, 40 each).
+stream: deps all
+	tools/kvw-testbed --devices 2 --timeout 1800 -- tests/integration/soak_scenarios.sh $(BUILD) stream
 
 demo: deps all
 	tools/kvw-testbed --devices 2 --timeout 900 -- tools/demo.sh $(BUILD)

@@ -37,6 +37,17 @@
  *   over, a Success unless decode itself gave it up meanwhile (a failure
  *   of the network then changes nothing: every byte had arrived).
  *
+ * Producers
+ *   kvwire reads the source pages of a part at any moment after the call
+ *   that hands them over, on threads and CUDA streams of its own that know
+ *   nothing of the application's streams. So the pages handed to
+ *   kvw_sender_send() or kvw_sender_send_part() must be fully written when
+ *   the call is made (for pages a GPU writes: that work completed, not
+ *   merely queued), or the caller passes a CUDA event recorded after the
+ *   writes with kvw_sender_send_after() / kvw_sender_send_part_after(),
+ *   and kvwire reads nothing of the part before the event completed,
+ *   without the call waiting for it. See "Producer contract" below.
+ *
  * Thread safety
  *   kvw_engine_* functions on one engine may be called from any thread.
  *   Senders and receivers of the same engine may be used concurrently from
@@ -45,7 +56,8 @@
  *   loop: it never waits for another thread. Progress is made by the
  *   engine's poller thread; while that thread sleeps (nothing happened for
  *   KVW_POLL_SPIN_US), the caller's own thread does its work instead:
- *   send calls post their writes before returning, and polling a request
+ *   send calls post their writes before returning (those of a part whose
+ *   CUDA event has not completed yet excepted), and polling a request
  *   that is Transferring polls the completion queues, so no thread wake-up
  *   sits on a request's path when the caller is there anyway. That pass
  *   is a few verbs calls, taken only if no other thread is in one
@@ -422,8 +434,9 @@ KVW_API kvw_status_t kvw_sender_init(kvw_sender_t *sender, size_t num_pages, uin
  * every layer: all of them at once, or one prefill chunk per call. They are
  * checked against the registered regions and copied, and their writes start
  * as soon as decode's request is known, while later chunks are still being
- * computed. The call that reaches init's page count is the final part: it
- * also writes the aux item and the state, and its last write carries the
+ * computed: the pages must be fully written when the call is made (or use
+ * kvw_sender_send_after(); see "Producer contract" below). The call that reaches init's page count
+ * is the final part: it also writes the aux item and the state, and its last write carries the
  * immediate that completes the request at decode.
  * KVW_ERR_OUT_OF_RANGE (a page outside the regions: the request turns
  * Failed) or KVW_ERR_INVALID (more pages than init declared: nothing
@@ -444,7 +457,8 @@ typedef struct kvw_part {
     uint32_t layer_begin, layer_end;
 } kvw_part_t;
 
-/* Hand over one part (see kvw_part_t). The request completes with the part
+/* Hand over one part (see kvw_part_t), its pages fully written (or use
+ * kvw_sender_send_part_after(), below). The request completes with the part
  * that covers its last (page, layer) pair, once the state (if any) was
  * given. KVW_ERR_INVALID without any change for a part out of order or
  * out of bounds; KVW_ERR_OUT_OF_RANGE (and Failed) for a page outside the
@@ -454,6 +468,76 @@ typedef struct kvw_part {
  * after its first write fails (KVW_ERR_TIMEOUT), alone: its connection and
  * the other requests on it go on. */
 KVW_API kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part);
+
+/* Producer contract (GPU memory)
+ *
+ * kvwire may read a part's source pages from the moment the call that
+ * hands them over is made: the NIC reads registered memory (GPU memory
+ * through dma-buf or nvidia_peermem, host memory) directly, and staging
+ * copies GPU memory to host chunks on non-blocking CUDA streams of
+ * kvwire's own, which wait for no stream of the application. Pages given
+ * to kvw_sender_send() and kvw_sender_send_part() must therefore be fully
+ * written when the call is made: if a GPU writes them, that work must have
+ * completed (the host synchronized with it), not merely been queued.
+ *
+ * The _after forms take a CUDA event instead. cuda_event is a CUevent (a
+ * CUDA runtime cudaEvent_t is the same handle) recorded by the caller on
+ * its producing stream after the work that writes the part's pages.
+ * kvwire reads none of the part's pages before the event completed: the
+ * NIC's writes of directly registered memory are posted, and staging's
+ * copies of staged memory are queued, only once it did. The call does not
+ * wait for it: kvwire's poller (or stager) thread queries the event
+ * (cuEventQuery, about every 100 us and never blocking) while the other
+ * requests, on the same connection or not, go on. A request's parts are
+ * still written in order, so a later part of it waits behind an earlier
+ * one's event; the aux item and the state, written with the final part,
+ * wait for the final part's event (when kvw_sender_send_state() is the
+ * call that completes the request, they must be written when it is made).
+ * The event is honoured for every kind of memory, host memory included (a
+ * kernel may write pinned host memory). An event never recorded counts as
+ * completed, as cuEventQuery says.
+ *
+ * An event that fails (its query returns an error other than
+ * CUDA_ERROR_NOT_READY: a fault of the work it waits for, a sticky error
+ * of its context, an invalid handle) fails the request with
+ * KVW_ERR_TRANSFER and a reason naming the part and the CUDA error.
+ * Nothing of that part or of a later one is written; decode's receiver
+ * turns Failed with the same reason ("prefill: ...") once the writes
+ * already posted for the request completed (as for any failure: after
+ * decode's Failed, nothing lands). The connection and its other requests
+ * are not affected.
+ *
+ * Ownership: kvwire neither takes nor retains the event. The caller must
+ * neither destroy it nor record it again until the request has ended:
+ * kvw_sender_poll() returned Success or Failed, or kvw_sender_destroy()
+ * returned. From then on kvwire never touches it. (Recording it again
+ * sooner on the same stream, as a per-layer event reused by the next
+ * forward pass is, stays safe, since the newer record completes after the
+ * older, but the part then waits for the newer record.)
+ *
+ * Layer-wise streaming: hand each layer over as soon as its kernels are
+ * queued, with an event recorded right after them, and go on computing:
+ *
+ *     for (uint32_t l = 0; l < layers; l++) {
+ *         run_layer(l, stream);                 // writes layer l's KV pages
+ *         cudaEventRecord(done[l], stream);
+ *         kvw_part_t part = {pages, n, 0, l, l + 1};
+ *         kvw_sender_send_part_after(sender, &part, done[l]);
+ *     }
+ *
+ * Layer l is written as soon as its event completed, while later layers
+ * are still being computed. Waiting for an event counts toward the
+ * transfer timeouts as a slow forward pass does.
+ *
+ * Both return what kvw_sender_send_part() / kvw_sender_send() return, and
+ * KVW_ERR_UNSUPPORTED (logged; nothing changes) for an event when CUDA is
+ * not available (no libcuda.so.1, or cuInit failed). A NULL event is the
+ * call without _after. */
+KVW_API kvw_status_t kvw_sender_send_part_after(kvw_sender_t *sender, const kvw_part_t *part,
+                                                void *cuda_event);
+/* kvw_sender_send() with a producer's event (see above). */
+KVW_API kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *page_indices,
+                                           size_t num_pages, void *cuda_event);
 /* Source indices of the state groups (as many as decode asked for). They
  * are written with the final part; a request whose decode side asked for
  * state completes only once they are given. */

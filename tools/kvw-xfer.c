@@ -1125,7 +1125,7 @@ static void report_receiver(decode_run_t *d, kvw_receiver_t *rx, room_state_t *r
         printf("room %" PRIu64 ": %u pages, %.2f MB in %.1f ms (%.1f MB/s), %s", rs->plan.room,
                o->pages, room_bytes / 1e6, lat * 1e3, room_bytes / lat / 1e6,
                bad ? "BYTES WRONG" : "every byte verified");
-        if (o->f.keep_going) /* when, to compare with the restarted prefill's start */
+        if (o->f.on) /* when: to compare with a restart, a stop, a kill */
             printf(" [at %lld ms]", rs->wall_end);
         printf("\n");
     }

@@ -58,14 +58,16 @@ def library_path() -> str:
 def features() -> Dict[str, bool]:
     """Which newer C calls the loaded library has: groups (buffer groups in
     Engine), init_indices (Receiver.init with state), send_part, send_state,
-    metrics. A missing one makes only the method that needs it raise
-    Error(KVW_ERR_UNSUPPORTED)."""
+    metrics, send_after (the event= argument of Sender.send and
+    Sender.send_part). A missing one makes only the method that needs it
+    raise Error(KVW_ERR_UNSUPPORTED)."""
     return {
         "groups": _L.has(_lib.GROUPS_MARKER),
         "init_indices": _L.has("kvw_receiver_init_indices"),
         "send_part": _L.has("kvw_sender_send_part"),
         "send_state": _L.has("kvw_sender_send_state"),
         "metrics": _L.has("kvw_sender_metrics") and _L.has("kvw_receiver_metrics"),
+        "send_after": _L.has("kvw_sender_send_after") and _L.has("kvw_sender_send_part_after"),
     }
 
 
@@ -695,6 +697,20 @@ class _NoLock:
 _nolock = _NoLock()
 
 
+def _event(event: Optional[int]) -> Optional[int]:
+    """A producer's CUDA event as the C calls take it: the CUevent handle as
+    an int (torch.cuda.Event().cuda_event, cupy's Event.ptr, a cudaEvent_t
+    from ctypes), or None / 0 for none."""
+    if event is None:
+        return None
+    if isinstance(event, bool) or not hasattr(event, "__index__"):
+        raise TypeError("kvwire: event must be a CUDA event handle (an int) or None")
+    e = event.__index__()
+    if not 0 <= e < 1 << (8 * ctypes.sizeof(ctypes.c_void_p)):
+        raise ValueError(f"kvwire: event handle {e} is not a pointer value")
+    return e or None
+
+
 def _aux(aux_index: Optional[int]) -> int:
     if aux_index is None:
         return NO_AUX
@@ -730,28 +746,52 @@ class Sender(_Request):
             _call(_c.kvw_sender_init, f"kvw_sender_init(room {self.room})", self._get(),
                   int(num_pages), _aux(aux_index))
 
-    def send(self, pages: Any) -> None:
+    def send(self, pages: Any, event: Optional[int] = None) -> None:
         """Hand over the next source pages (all layers). May be called once
         per chunk; the request completes when init's num_pages are all
-        handed over (and the state, if any). pages: see as_indices()."""
+        handed over (and the state, if any). pages: see as_indices().
+
+        The pages must be fully written when this is called, or event is a
+        CUDA event (its handle as an int, e.g. torch.cuda.Event().cuda_event)
+        recorded on the producing stream after the writes: kvwire then reads
+        nothing of these pages before it completed, without this call
+        waiting for it (kvw_sender_send_after). Keep the event alive, and do
+        not record it again, until the request ended (poll() says SUCCESS or
+        FAILED, or close() returned). Error(KVW_ERR_UNSUPPORTED) for an
+        event when CUDA is not available."""
         idx = as_indices(pages)
+        ev = _event(event)
+        if ev is None:
+            with self._cell.lock:
+                _call(_c.kvw_sender_send, f"kvw_sender_send(room {self.room})", self._get(),
+                      idx.ptr, idx.count)
+            return
+        fn = _L.optional.get("kvw_sender_send_after")
+        if fn is None:
+            raise _unsupported("kvw_sender_send_after", "kvwire.Sender.send(event=...)")
         with self._cell.lock:
-            _call(_c.kvw_sender_send, f"kvw_sender_send(room {self.room})", self._get(),
-                  idx.ptr, idx.count)
+            _call(fn, f"kvw_sender_send_after(room {self.room})", self._get(), idx.ptr,
+                  idx.count, ev)
 
     def send_part(self, pages: Any, first_page: int, layer_begin: int = 0,
-                  layer_end: int = 0) -> None:
+                  layer_end: int = 0, event: Optional[int] = None) -> None:
         """Layer-wise: pages for page positions first_page.. of layers
         [layer_begin, layer_end) (0, 0: all layers). Per layer, parts must
-        cover page positions in order."""
-        fn = _L.optional.get("kvw_sender_send_part")
+        cover page positions in order. event: as for send(), e.g. one event
+        per layer recorded right after the layer's kernels
+        (kvw_sender_send_part_after)."""
+        ev = _event(event)
+        name = "kvw_sender_send_part" if ev is None else "kvw_sender_send_part_after"
+        fn = _L.optional.get(name)
         if fn is None:
-            raise _unsupported("kvw_sender_send_part", "kvwire.Sender.send_part()")
+            what = "kvwire.Sender.send_part()" if ev is None else "kvwire.Sender.send_part(event=...)"
+            raise _unsupported(name, what)
         idx = as_indices(pages)
         part = _lib.kvw_part_t(idx.ptr, idx.count, int(first_page), int(layer_begin),
                                int(layer_end))
+        args = (ctypes.byref(part),) if ev is None else (ctypes.byref(part), ev)
         with self._cell.lock:
-            _call(fn, f"kvw_sender_send_part(room {self.room})", self._get(), ctypes.byref(part))
+            _call(fn, f"{name}(room {self.room})", self._get(), *args)
 
     def send_state(self, state: Any) -> None:
         """The request's state indices (state groups)."""

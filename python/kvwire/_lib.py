@@ -222,6 +222,9 @@ OPTIONAL = {
     "kvw_sender_send_state": (c_int, [c_void_p, _u64p, c_size_t]),
     "kvw_sender_metrics": (c_int, [c_void_p, POINTER(kvw_req_metrics_t)]),
     "kvw_receiver_metrics": (c_int, [c_void_p, POINTER(kvw_req_metrics_t)]),
+    # The producer's CUDA event (a CUevent / cudaEvent_t, passed as a pointer).
+    "kvw_sender_send_after": (c_int, [c_void_p, _u64p, c_size_t, c_void_p]),
+    "kvw_sender_send_part_after": (c_int, [c_void_p, POINTER(kvw_part_t), c_void_p]),
 }
 # Buffer groups change kvw_engine_params_t, which no symbol names: a library
 # that has the calls introduced with them is taken to understand groups.

@@ -13,7 +13,8 @@ from kvwire import _lib
 def test_import_and_library():
     assert os.path.exists(kvwire.library_path()) or kvwire.library_path().startswith("lib")
     feats = kvwire.features()
-    assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics"}
+    assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
+                          "send_after"}
 
 
 def test_status_and_poll_names_match_the_library():

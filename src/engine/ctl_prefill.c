@@ -318,7 +318,7 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         break;
     case KVW_MSG_PING: {
         kvw_msg_t pong = {.type = KVW_MSG_PONG};
-        pong.u.ping.engine_id = e->id;
+        pong.u.ping.engine_id = 0; /* not ours to give away: see kvw__peer_hello */
         kvw__ctl_route(e, p->id, sizeof(p->id), &pong);
         break;
     }
@@ -369,7 +369,7 @@ static void probe_connections(kvw_engine_t *e)
         if (!p || atomic_load(&p->state) != PEER_CONNECTED)
             continue;
         kvw_msg_t pong = {.type = KVW_MSG_PONG};
-        pong.u.ping.engine_id = e->id;
+        pong.u.ping.engine_id = 0; /* not ours to give away: see kvw__peer_hello */
         if (kvw__zdropped(e->router, &pong))
             continue; /* a lost probe tells nothing */
         if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
@@ -381,48 +381,28 @@ static void probe_connections(kvw_engine_t *e)
     }
 }
 
-static void remember_handshaken(kvw_engine_t *e, int fd)
-{
-    if (e->nhandshaken == e->handshaken_cap) {
-        size_t cap = e->handshaken_cap ? 2 * e->handshaken_cap : 16;
-        int *v = realloc(e->handshaken_fds, cap * sizeof(*v));
-        if (!v) {
-            e->handshaken_untracked = true;
-            return;
-        }
-        e->handshaken_fds = v;
-        e->handshaken_cap = cap;
-    }
-    e->handshaken_fds[e->nhandshaken++] = fd;
-}
-
-/* A connection closed: true if it had completed its handshake (or we lost
- * track), i.e. if it may have carried a peer. */
-static bool forget_handshaken(kvw_engine_t *e, int fd)
-{
-    for (size_t i = 0; i < e->nhandshaken; i++) {
-        if (e->handshaken_fds[i] == fd) {
-            e->handshaken_fds[i] = e->handshaken_fds[--e->nhandshaken];
-            return true;
-        }
-    }
-    return e->handshaken_untracked;
-}
-
 /* Only the closing of a connection that completed its handshake starts a
- * probe: a client without the cluster key (or speaking garbage) that
- * connects and fails made every live connection be probed every 10 ms for
- * 500 ms, an amplification anyone who can reach the port could drive. */
+ * probe: a client without the cluster key (or speaking garbage, or none)
+ * that connects and fails made every live connection be probed every 10 ms
+ * for 500 ms, an amplification anyone who can reach the port could drive.
+ * libzmq reports the fd only on DISCONNECTED, not on the handshake's
+ * outcome, so count instead: every connection that never completed its
+ * handshake reports exactly one HANDSHAKE_FAILED_* before its DISCONNECTED
+ * (closing mid-handshake is NO_DETAIL), so a DISCONNECTED not matched by
+ * a pending failure belongs to a handshaken connection. */
 void kvw__prefill_on_monitor(kvw_engine_t *e)
 {
     int ev;
-    uint32_t fd;
+    uint32_t value;
     bool disconnected = false;
-    while ((ev = kvw__zmonitor_event_value(e->router_monitor, &fd)) != 0) {
-        if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
-            remember_handshaken(e, (int)fd);
+    while ((ev = kvw__zmonitor_event_value(e->router_monitor, &value)) != 0) {
+        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+            ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            e->unhandshaken_closes++;
+        else if (ev == ZMQ_EVENT_DISCONNECTED && e->unhandshaken_closes)
+            e->unhandshaken_closes--;
         else if (ev == ZMQ_EVENT_DISCONNECTED)
-            disconnected |= forget_handshaken(e, (int)fd);
+            disconnected = true;
     }
     if (!disconnected)
         return;

@@ -166,6 +166,8 @@ static kvw_status_t register_regions(kvw_engine_t *e)
                                  e->role == KVW_ROLE_DECODE, &e->mrs[i]);
         if (st)
             return st;
+        if (!e->event_ctx) /* producer events are queried in it, should the driver want one */
+            e->event_ctx = e->mrs[i].cuda_ctx;
     }
     return KVW_OK;
 }
@@ -212,7 +214,9 @@ static kvw_status_t open_control(kvw_engine_t *e)
     snprintf(name, sizeof(name), "%016llx", (unsigned long long)e->id);
     if (e->router)
         e->router_monitor = kvw__zmonitor(e->zctx, e->router, name,
-                                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+                                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     if (!e->router || zmq_bind(e->router, bind) ||
         zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
         KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));
@@ -284,6 +288,7 @@ kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t *
     e->poller_wake_fd = e->control_wake_fd = -1;
     pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->pass_lock, NULL);
+    pthread_mutex_init(&e->event_lock, NULL);
     kvw_status_t st = init_engine(e, params);
     if (st) {
         kvw_engine_destroy(e);
@@ -333,7 +338,6 @@ void kvw_engine_destroy(kvw_engine_t *e)
     /* A clean exit frees the rank at once (only a crash waits out the lease). */
     kvw__registrar_destroy(e->registrar, true);
     kvw__zmonitor_close(e->router, e->router_monitor);
-    free(e->handshaken_fds);
     if (e->router)
         zmq_close(e->router);
     kvw__zsecurity_destroy(e->zsec); /* its ZAP socket would hold zmq_ctx_term */
@@ -366,6 +370,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     kvw__layout_free(&e->layout);
     pthread_mutex_destroy(&e->lock);
     pthread_mutex_destroy(&e->pass_lock);
+    pthread_mutex_destroy(&e->event_lock);
     free(e);
 }
 

@@ -34,6 +34,11 @@ enum {
     KVW_TOKEN_GEN_MASK = KVW_WIRE_TOKEN_MASK >> 16, /* the rest of the token: a generation */
     KVW_MAX_LANES = KVW_WIRE_MAX_QPS,
     KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + connection serial */
+    /* A part waiting on its producer's CUDA event (kvw_sender_send_part_after)
+     * is looked at again this often by the thread that holds it (the
+     * poller sleeps no longer than this meanwhile, the stager waits no
+     * longer): a few thousand cheap queries a second, not a spinning core. */
+    KVW_EVENT_RECHECK_US = 100,
 };
 
 typedef enum { PEER_LOOKUP, PEER_HELLO, PEER_CONNECTED, PEER_DEAD } kvw_peer_state_t;
@@ -78,6 +83,12 @@ typedef struct kvw_seg {
     uint32_t chunk;                   /* chunk + 1; 0: none, or the poller took it */
     kvw_plan_region_t *stage_regions; /* planned: the regions, staged ones in the chunk */
     uint64_t *state_src;              /* final slice with staged state: 0..n-1 */
+    /* The producer's CUevent (kvw_sender_send_part_after): nothing of the
+     * part is read (posted, or copied by the stager) before it completed.
+     * Cleared once it did, by the one thread that holds the part then (the
+     * poller, or the stager for staged engines, whose slices carry none);
+     * queried only through kvw__seg_event_ready. */
+    void *event;
 } kvw_seg_t;
 
 struct kvw_peer {
@@ -132,6 +143,12 @@ struct kvw_peer {
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
+    /* Requests whose next part waits on its producer's CUDA event: off the
+     * active queue so that they hold up no other request of the
+     * connection; a pass looks at their events again once
+     * KVW_EVENT_RECHECK_US went by since the last look. */
+    kvw_req_t *evwait_head, *evwait_tail;
+    uint64_t evwait_due_ns; /* their next look: passes in between leave them be */
 };
 
 struct kvw_req {
@@ -175,6 +192,7 @@ struct kvw_req {
     kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
     bool in_poller;                   /* the poller holds a reference (queued or starved) */
     bool starved;                     /* the poller posted every part it has; waits for more */
+    bool ev_blocked;                  /* poller: its next part waits on its CUDA event */
     kvw_seg_t *seg;                   /* poller: the part being posted */
     uint64_t writes_built;            /* poller */
     uint64_t last_seq[KVW_MAX_LANES]; /* poller: its last write on each lane */
@@ -213,6 +231,7 @@ struct kvw_req {
     kvw_req_t *snext;   /* on a stager queue */
     bool stage_queued;  /* (stager lock) on its job queue */
     bool stage_parked;  /* (stager lock) prefill: waits for a chunk its connection may take */
+    bool stage_evwait;  /* (stager lock) prefill: its part waits on the producer's CUDA event */
     uint64_t *slots;    /* decode: a slot per page, per state index, then aux */
     bool slots_held;    /* (stager lock) */
     bool stage_waiting; /* (lock) decode: in the stager's queue for slots */
@@ -227,6 +246,10 @@ typedef struct kvw_engine_counters {
     _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
         failed, sleeps, caller_passes;
     _Atomic uint64_t created; /* requests made: those not ok nor failed are under way */
+    /* Producer events: queries made, and times a part was set aside
+     * because its event had not completed (tests: a wait is counted, not
+     * spun). */
+    _Atomic uint64_t event_queries, event_waits;
 } kvw_engine_counters_t;
 
 struct kvw_engine {
@@ -252,13 +275,10 @@ struct kvw_engine {
     struct kvw_registrar *registrar; /* prefill with a bootstrap: control thread */
     void *router_monitor;            /* PAIR receiving the router's disconnect events */
     uint64_t probe_until_ns;         /* control: probe peers' connections until then */
-    /* control: the router's connections (fds) that completed their ZMTP
-     * handshake (CURVE authenticated, where on); only their closing can
-     * concern a peer, so only that starts a probe. untracked: memory ran
-     * out once, so every closing probes. */
-    int *handshaken_fds;
-    size_t nhandshaken, handshaken_cap;
-    bool handshaken_untracked;
+    /* control: router connections that failed their ZMTP (CURVE) handshake
+     * and whose DISCONNECTED has not come yet: those closings concern no
+     * peer and start no probe (kvw__prefill_on_monitor). */
+    uint64_t unhandshaken_closes;
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
@@ -269,6 +289,14 @@ struct kvw_engine {
      * caller's thread helping while the poller sleeps; taken before lock,
      * never while holding it. */
     pthread_mutex_t pass_lock;
+    /* Held around each query of a producer's CUDA event, with the check
+     * that its request has not ended, and around a prefill request's move
+     * to Failed (kvw__req_fail): once the caller sees a request ended, no
+     * query of its events is under way or will start, so the caller may
+     * destroy them. A leaf: nothing is taken while it is held. */
+    pthread_mutex_t event_lock;
+    void *event_ctx;             /* a CUDA context of a GPU region (NULL: none); read-only */
+    _Atomic uint32_t ev_waiting; /* requests on the peers' evwait lists */
     /* Peer slots, read by the poller and control threads without the lock.
      * Only the control thread fills or clears a slot (under the lock), and
      * only the poller frees a cleared one's peer, at the start of a pass. */
@@ -341,6 +369,13 @@ kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *sid
                                 const uint64_t *idx, size_t n, char *why, size_t size);
 /* sender.c: free a request's parts (when the request is freed). */
 void kvw__sender_free_parts(kvw_req_t *r);
+/* Whether the producer's event of part s of r completed
+ * (kvw_sender_send_part_after): 1 when it did, or s has none (s->event is
+ * then cleared and never touched again); 0 while it runs, and also once r
+ * ended (the caller may have destroyed the event: it is not touched);
+ * -1 when it failed, with why naming the part and the CUDA error. Never
+ * blocks. Called by the one thread that holds the part. */
+int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size);
 /* Free one part (and give back its staging chunk). */
 void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
 /* (lock) Append a part to r, planning it if decode's pages are known (the

@@ -168,7 +168,10 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     const kvw_layout_t *l = &e->layout;
     memset(m, 0, sizeof(*m));
     m->type = type;
-    m->u.hello.engine_id = e->id;
+    /* Prefill's engine id is what its bootstrap registration is owned by
+     * (renewal and unregistering): it stays between prefill and the
+     * service, never handed to a decode peer. */
+    m->u.hello.engine_id = e->role == KVW_ROLE_DECODE ? e->id : 0;
     m->u.hello.num_qps = p->nlanes;
     for (uint32_t i = 0; i < p->nlanes; i++)
         kvw__qp_local_info(p->lanes[i].qp, &m->u.hello.qps[i]);

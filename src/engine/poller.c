@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { WC_BATCH = 32, IDLE_SLEEP_MS = 1000 };
@@ -104,6 +105,10 @@ static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
         release(r);
     while ((r = queue_pop(&p->inflight_head, &p->inflight_tail)))
         release(r);
+    while ((r = queue_pop(&p->evwait_head, &p->evwait_tail))) {
+        atomic_fetch_sub(&e->ev_waiting, 1);
+        release(r);
+    }
     for (uint32_t i = 0; i < p->nlanes; i++) {
         kvw_lane_t *l = &p->lanes[i];
         if (!l->txq_ready)
@@ -256,15 +261,33 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
     return true;
 }
 
-/* Build r's next writes into the lane's open chain; returns how many. */
+/* The producer's event of s, r's next part to post (send_part_after):
+ * 1 when it completed (or s has none), 0 while it runs, -1 when it failed:
+ * r fails with the reason (decode is told once r's posted writes drained)
+ * and nothing of s is posted. */
+static int part_event(kvw_req_t *r, kvw_seg_t *s)
+{
+    char why[KVW_WIRE_REASON_MAX];
+    int rc = kvw__seg_event_ready(r, s, why, sizeof(why));
+    if (rc < 0) {
+        kvw_engine_t *e = r->engine;
+        pthread_mutex_lock(&e->lock);
+        if (!kvw__req_ended(r))
+            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER, why);
+        pthread_mutex_unlock(&e->lock);
+    }
+    return rc;
+}
+
+/* Build r's next writes into the lane's open chain; returns how many.
+ * Stops before a part whose producer's event has not completed
+ * (r->ev_blocked). */
 static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
     uint32_t built = 0;
     uint64_t bytes = 0;
     kvw_write_t w;
-    if (!r->writes_built && room)
-        atomic_store_explicit(&r->first_post_ns, kvw__now_ns(), memory_order_relaxed);
     kvw_seg_t *s = current_seg(r);
     while (built < room) {
         uint64_t total = seg_total(s);
@@ -274,6 +297,10 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
                 break; /* done, or the next part is not here yet */
             s = next;
             continue;
+        }
+        if (s->event && part_event(r, s) != 1) {
+            r->ev_blocked = true; /* waits (0), or failed (-1): nothing of s goes */
+            break;
         }
         uint32_t n = build_span(q, s, room - built, &bytes);
         if (n) {
@@ -294,6 +321,8 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
         built++;
         seg_posted(p, s);
     }
+    if (!r->writes_built && built) /* the transfer clock starts at the first post */
+        atomic_store_explicit(&r->first_post_ns, kvw__now_ns(), memory_order_relaxed);
     r->writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->writes_posted, built, memory_order_relaxed);
@@ -378,26 +407,86 @@ static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
     return NULL;
 }
 
+/* A caller's pass posts little per connection: on rxe the device does the
+ * transfer inside ibv_post_send, so a pass that posted a whole request kept
+ * the caller there for as long as the wire took, and when the caller was
+ * prefill's control thread, decode's pings and other decode engines'
+ * requests waited meanwhile (a live prefill was declared silent). The
+ * poller, woken for the rest, is the thread that may spend that time. */
+enum { UNBOUNDED = UINT32_MAX };
+
+/* What a caller's pass may post per connection (the poller's own passes
+ * are unbounded): cfg.chain_max writes or CALLER_BYTES bytes, whichever comes
+ * first, built CALLER_STEP writes at a time so that large writes stop it
+ * early too. */
+enum { CALLER_STEP = 4, CALLER_BYTES = 256 * 1024 };
+
+/* Requests whose next part waited on its producer's event go back to the
+ * active queue once it completed (or failed, or they ended: the active
+ * queue lets them go); returns how many went. */
+static int recheck_events(kvw_engine_t *e, kvw_peer_t *p)
+{
+    kvw_req_t *r, *wait_head = NULL, *wait_tail = NULL;
+    int moved = 0;
+    while ((r = queue_pop(&p->evwait_head, &p->evwait_tail))) {
+        if (atomic_load(&r->state) == KVW_POLL_TRANSFERRING && part_event(r, r->seg) == 0) {
+            queue_push(&wait_head, &wait_tail, r);
+            continue;
+        }
+        atomic_fetch_sub(&e->ev_waiting, 1);
+        queue_push(&p->active_head, &p->active_tail, r);
+        moved++;
+    }
+    p->evwait_head = wait_head;
+    p->evwait_tail = wait_tail;
+    p->evwait_due_ns = kvw__now_ns() + KVW_EVENT_RECHECK_US * 1000ull;
+    return moved;
+}
+
+/* r's next part waits on its producer's event: off the active queue, so
+ * that the connection's other requests go on meanwhile. A sleeping poller
+ * is woken to sleep again no longer than KVW_EVENT_RECHECK_US. */
+static void wait_for_event(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
+{
+    queue_pop(&p->active_head, &p->active_tail);
+    if (!p->evwait_head)
+        p->evwait_due_ns = kvw__now_ns() + KVW_EVENT_RECHECK_US * 1000ull;
+    queue_push(&p->evwait_head, &p->evwait_tail, r);
+    atomic_fetch_add_explicit(&e->counters.event_waits, 1, memory_order_relaxed);
+    if (atomic_fetch_add(&e->ev_waiting, 1) == 0)
+        kvw__wake_poller(e);
+}
+
 /* Posts p's requests while the send queue has room, at most `budget` WRs
- * (rounded up to whole chains); *more is set when writes are left because
- * the budget ran out. */
+ * (UNBOUNDED: no limit; else also at most CALLER_BYTES); *more is set when
+ * writes are left because the budget ran out. */
 static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more)
 {
+    /* A spinning poller passes every microsecond or so: the events are
+     * looked at only every KVW_EVENT_RECHECK_US. */
+    int moved = p->evwait_head && kvw__now_ns() >= p->evwait_due_ns ? recheck_events(e, p) : 0;
     if (!p->active_head || !lanes_ready(e, p))
-        return 0;
+        return moved;
     uint64_t before[3];
     lane_totals(p, before);
     kvw_status_t st = KVW_OK;
     int work = 0;
+    uint64_t bytes = 0;
+    bool bounded = budget != UNBOUNDED;
     kvw_req_t *r;
     kvw_txq_t *q;
     p->credit_blocked = false;
     while (!st && !p->credit_blocked && (r = p->active_head) && (q = pick_lane(p, &st))) {
-        if ((uint32_t)work >= budget) {
-            *more = true;
-            break;
-        }
         uint32_t room = kvw__txq_room(q);
+        uint64_t pending_before = 0;
+        if (bounded) { /* a caller's pass: the poller's own skips all this */
+            if ((uint32_t)work >= budget || bytes >= CALLER_BYTES) {
+                *more = true;
+                break;
+            }
+            room = room > CALLER_STEP ? CALLER_STEP : room;
+            pending_before = q->pending_bytes;
+        }
         if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING) {
             drop_failed_active(p, r);
             continue;
@@ -406,9 +495,18 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             r->seg = r->segs_head; /* set before it was handed over */
         uint32_t n = build_writes(p, p->next_lane, r, room);
         work += (int)n;
+        if (bounded)
+            bytes += q->pending_bytes - pending_before;
         if (p->nlanes > 1 && !kvw__txq_room(q) && q->pending) { /* a full chain: next lane */
             st = kvw__txq_flush(q);
             p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+        }
+        if (r->ev_blocked) {
+            r->ev_blocked = false;
+            /* Failed (event error): the head of the queue, dropped next round. */
+            if (atomic_load(&r->state) == KVW_POLL_TRANSFERRING)
+                wait_for_event(e, p, r);
+            continue;
         }
         if (fully_built(r)) {
             queue_pop(&p->active_head, &p->active_tail);
@@ -421,6 +519,7 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
     if (!st)
         st = flush_lanes(p);
     publish_counters(e, p, before);
+    work += moved;
     if (st) {
         /* Nothing more may be posted on this QP: a later chain would put an
          * immediate on the wire after a hole in the request's writes. */
@@ -606,13 +705,6 @@ static bool lanes_drained(const kvw_peer_t *p)
     return true;
 }
 
-/* A caller's pass posts at most one chain per connection: on rxe the
- * device does the transfer inside ibv_post_send, so a pass that posted a
- * whole request kept the caller there for as long as the wire took, and
- * when the caller was prefill's control thread, decode's pings went
- * unanswered meanwhile (live prefills were declared silent). The poller,
- * woken for the rest, is the thread that may spend that time. */
-enum { UNBOUNDED = UINT32_MAX };
 
 static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
 {
@@ -674,8 +766,12 @@ static void sleep_on_channel(kvw_engine_t *e)
         return;
     }
     struct pollfd fds[2] = {{e->channel->fd, POLLIN, 0}, {e->poller_wake_fd, POLLIN, 0}};
+    /* A part waiting on its producer's event: look again soon (no
+     * completion or wake-up says when a CUDA event completes). */
+    struct timespec idle = {IDLE_SLEEP_MS / 1000, (IDLE_SLEEP_MS % 1000) * 1000000L};
+    struct timespec recheck = {0, KVW_EVENT_RECHECK_US * 1000L};
     atomic_fetch_add_explicit(&e->counters.sleeps, 1, memory_order_relaxed);
-    int ready = poll(fds, 2, IDLE_SLEEP_MS);
+    int ready = ppoll(fds, 2, atomic_load(&e->ev_waiting) ? &recheck : &idle, NULL);
     atomic_store(&e->poller_sleeping, false);
     if (ready <= 0)
         return;

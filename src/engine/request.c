@@ -113,8 +113,16 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(r->fail_reason, sizeof(r->fail_reason), fmt, ap);
     va_end(ap);
-    /* Release: the reason is visible to whoever sees Failed. */
-    if (atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_FAILED)) {
+    /* Release: the reason is visible to whoever sees Failed. A sender's
+     * move waits for a query of its producer's events under way (see
+     * event_lock), so that none runs once the caller sees Failed. */
+    bool events = r->role == KVW_ROLE_PREFILL;
+    if (events)
+        pthread_mutex_lock(&r->engine->event_lock);
+    bool failed = atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_FAILED);
+    if (events)
+        pthread_mutex_unlock(&r->engine->event_lock);
+    if (failed) {
         atomic_fetch_add(&r->engine->counters.failed, 1);
         KVW_INFO("room %llu failed: %s: %s", (unsigned long long)r->room, kvw_strerror(st),
                  r->fail_reason);

@@ -42,6 +42,31 @@ static void free_list(kvw_engine_t *e, kvw_seg_t *s)
     }
 }
 
+int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size)
+{
+    if (!s->event)
+        return 1;
+    kvw_engine_t *e = r->engine;
+    const kvw_cuda_ops_t *cu = kvw__cuda_ops();
+    char err[160] = "the CUDA seam cannot query events";
+    int rc = 0;
+    pthread_mutex_lock(&e->event_lock);
+    if (!kvw__req_ended(r)) { /* ended: the caller may have destroyed it */
+        int q = cu->event_query ? cu->event_query(e->event_ctx, s->event, err, sizeof(err)) : -1;
+        rc = q == 0 ? 1 : q == 1 ? 0 : -1;
+        atomic_fetch_add_explicit(&e->counters.event_queries, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&e->event_lock);
+    if (rc == 1)
+        s->event = NULL; /* completed: never looked at again */
+    else if (rc < 0)
+        snprintf(why, size,
+                 "the producer's CUDA event of the part (layers [%u, %u), pages [%zu, %zu)) "
+                 "failed: %s",
+                 s->lb, s->le, s->first, s->first + s->n, err);
+    return rc;
+}
+
 void kvw__sender_free_parts(kvw_req_t *r)
 {
     free_list(r->engine, r->segs_head);
@@ -407,7 +432,7 @@ static kvw_status_t hand_over_locked(kvw_req_t *r, kvw_seg_t *s)
     return KVW_OK;
 }
 
-static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part)
+static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part, void *event)
 {
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
@@ -428,40 +453,77 @@ static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part)
     if (!s)
         return kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory for the page list");
     uint64_t upto = p.first_page + p.num_pages;
+    s->event = event;
     s->final = completes_locked(r, p.layer_begin, p.layer_end, upto);
     for (uint32_t l = p.layer_begin; l < p.layer_end; l++)
         r->covered[l] = upto;
     return hand_over_locked(r, s);
 }
 
-kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part)
+/* An event can only be waited for with CUDA there: without it the call
+ * is refused, and nothing changes. */
+static kvw_status_t check_event(const kvw_req_t *r, void *event)
+{
+    if (!event)
+        return KVW_OK;
+    const kvw_cuda_ops_t *cu = kvw__cuda_ops();
+    char why[160] = "";
+    if (cu->init(why, sizeof(why)) == 0 && cu->event_query)
+        return KVW_OK;
+    if (!why[0])
+        snprintf(why, sizeof(why), "the driver lacks cuEventQuery");
+    KVW_ERROR("room %llu: a CUDA event came with the part, but CUDA is not available (%s): "
+              "events are for pages a GPU writes; pass NULL for pages already written",
+              (unsigned long long)r->room, why);
+    return KVW_ERR_UNSUPPORTED;
+}
+
+kvw_status_t kvw_sender_send_part_after(kvw_sender_t *sender, const kvw_part_t *part,
+                                        void *cuda_event)
 {
     if (!sender || !part || (part->num_pages && !part->pages))
         return KVW_ERR_INVALID;
     kvw_req_t *r = &sender->req;
+    kvw_status_t st = check_event(r, cuda_event);
+    if (st)
+        return st;
     kvw__wake_defer(); /* post from this thread if the poller sleeps */
     pthread_mutex_lock(&r->engine->lock);
-    kvw_status_t st = send_part_locked(r, part);
+    st = send_part_locked(r, part, cuda_event);
     pthread_mutex_unlock(&r->engine->lock);
     kvw__poller_help(r->engine);
     return st;
 }
 
+kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part)
+{
+    return kvw_sender_send_part_after(sender, part, NULL);
+}
+
 /* The next pages for every layer: a prefill chunk, or the whole request. */
-kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *pages, size_t n)
+kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *pages, size_t n,
+                                   void *cuda_event)
 {
     if (!sender || (n && !pages))
         return KVW_ERR_INVALID;
     kvw_req_t *r = &sender->req;
+    kvw_status_t st = check_event(r, cuda_event);
+    if (st)
+        return st;
     kvw__wake_defer();
     pthread_mutex_lock(&r->engine->lock);
     /* Chunks cover every layer alike: continue from layer 0's count. */
     kvw_part_t part = {.pages = pages, .num_pages = n};
     part.first_page = r->covered && r->engine->layout.kv_layers ? r->covered[0] : 0;
-    kvw_status_t st = send_part_locked(r, &part);
+    st = send_part_locked(r, &part, cuda_event);
     pthread_mutex_unlock(&r->engine->lock);
     kvw__poller_help(r->engine);
     return st;
+}
+
+kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *pages, size_t n)
+{
+    return kvw_sender_send_after(sender, pages, n, NULL);
 }
 
 kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, size_t n)

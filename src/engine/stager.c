@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Which connection a chunk was taken for: its peer slot and the peer's
  * serial (a slot is reused once its peer is reclaimed; serials never are). */
@@ -49,6 +50,10 @@ struct kvw_stager {
     chunk_owner_t *owner;             /* (lock) per chunk: whose share it counts in */
     peer_share_t *share;              /* (lock) per peer slot */
     kvw_req_t *park_head, *park_tail; /* (lock) requests waiting for a chunk, with a ref */
+    /* (lock) Requests whose part waits on its producer's CUDA event, with
+     * a ref: queued again at ev_due_ns to look at it once more. */
+    kvw_req_t *ev_head, *ev_tail;
+    uint64_t ev_due_ns;
     /* (lock) Chunks given back so far, and their count when the first of
      * the parked requests found none: any given back since, and they all
      * try again (one only a later failure saw would be a lost wake-up). */
@@ -95,7 +100,9 @@ static void queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
 
 static void push_job_locked(kvw_stager_t *st, kvw_req_t *r)
 {
-    if (r->stage_queued || r->stage_parked) /* a parked one resumes when a chunk is back */
+    /* A parked one resumes when a chunk is back, one waiting on an event
+     * at its next look. */
+    if (r->stage_queued || r->stage_parked || r->stage_evwait)
         return;
     r->stage_queued = true;
     queue_req(&st->job_head, &st->job_tail, r);
@@ -414,8 +421,10 @@ static void fail_part(kvw_stager_t *st, kvw_req_t *r, kvw_status_t err, const ch
 
 /* How staging a slice, a part or a request went: SLICE_WAIT when a slice
  * needs a chunk r's connection may not take now (take_chunk): r parks and
- * resumes where it stopped (r->stage_*) once a chunk comes back. */
-typedef enum { SLICE_OK, SLICE_FAILED, SLICE_WAIT } slice_rc_t;
+ * resumes where it stopped (r->stage_*) once a chunk comes back.
+ * SLICE_EVENT when r's part waits on its producer's CUDA event: r is set
+ * aside and looked at again KVW_EVENT_RECHECK_US later. */
+typedef enum { SLICE_OK, SLICE_FAILED, SLICE_WAIT, SLICE_EVENT } slice_rc_t;
 
 /* Stage pages [p0, p0 + n) of layers [lb, le) of part (or, final, its
  * state and aux) as one slice. */
@@ -616,6 +625,17 @@ static slice_rc_t stage_parts(kvw_stager_t *st, kvw_req_t *r)
         }
         if (!more)
             return SLICE_OK;
+        /* Nothing of a part is read (copied, or passed to the NIC as it
+         * is) before its producer's event completed; the slices made of
+         * it carry none. No host wait: r waits aside, the others go on. */
+        char why[KVW_WIRE_REASON_MAX];
+        int ev = kvw__seg_event_ready(r, r->staging, why, sizeof(why));
+        if (ev == 0)
+            return SLICE_EVENT;
+        if (ev < 0) { /* r fails; the next round drops what it has left */
+            fail_part(st, r, KVW_ERR_TRANSFER, why);
+            continue;
+        }
         if (stage_current(st, r) == SLICE_WAIT)
             return SLICE_WAIT;
     }
@@ -864,6 +884,48 @@ static void park(kvw_stager_t *st, kvw_req_t *r)
         kvw__req_unref(r);
 }
 
+/* r's part waits on its producer's event: aside, keeping the job's
+ * reference, until the next look (unless a new part queued it again). */
+static void wait_event(kvw_stager_t *st, kvw_req_t *r)
+{
+    pthread_mutex_lock(&st->lock);
+    bool queued = r->stage_queued;
+    if (!queued) {
+        r->stage_evwait = true;
+        r->snext = NULL;
+        if (st->ev_tail)
+            st->ev_tail->snext = r;
+        else {
+            st->ev_head = r;
+            st->ev_due_ns = kvw__now_ns() + KVW_EVENT_RECHECK_US * 1000ull;
+        }
+        st->ev_tail = r;
+    }
+    pthread_mutex_unlock(&st->lock);
+    atomic_fetch_add_explicit(&st->e->counters.event_waits, 1, memory_order_relaxed);
+    if (queued)
+        kvw__req_unref(r);
+}
+
+/* (lock) Time to look at the waiting events again: those requests go to
+ * the job queue, in order, with their reference. */
+static void requeue_events_locked(kvw_stager_t *st)
+{
+    kvw_req_t *r;
+    while ((r = st->ev_head)) {
+        st->ev_head = r->snext;
+        r->stage_evwait = false;
+        r->stage_queued = true;
+        r->snext = NULL;
+        if (st->job_tail)
+            st->job_tail->snext = r;
+        else
+            st->job_head = r;
+        st->job_tail = r;
+    }
+    st->ev_tail = NULL;
+}
+
 /* (lock) A chunk came back: every parked request tries again, in order,
  * on the job queue (with the park's reference; one queued meanwhile
  * already has one: *drop). */
@@ -919,6 +981,10 @@ static void *stager_main(void *arg)
             pthread_mutex_lock(&st->lock);
             continue;
         }
+        if (st->ev_head && kvw__now_ns() >= st->ev_due_ns) {
+            requeue_events_locked(st);
+            continue;
+        }
         kvw_req_t *r = pop_job_locked(st);
         if (!r && st->npend) { /* nothing more to overlap with: finish them */
             pthread_mutex_unlock(&st->lock);
@@ -926,15 +992,27 @@ static void *stager_main(void *arg)
             pthread_mutex_lock(&st->lock);
             continue;
         }
+        if (!r && st->ev_head) { /* until the next look at the events */
+            struct timespec due = {(time_t)(st->ev_due_ns / 1000000000ull),
+                                   (long)(st->ev_due_ns % 1000000000ull)};
+            pthread_cond_timedwait(&st->cond, &st->lock, &due);
+            continue;
+        }
         if (!r) {
             pthread_cond_wait(&st->cond, &st->lock);
             continue;
         }
         pthread_mutex_unlock(&st->lock);
+        slice_rc_t rc = SLICE_OK;
         if (st->e->role == KVW_ROLE_DECODE)
             copy_in(st, r);
-        else if (stage_parts(st, r) == SLICE_WAIT) {
+        else
+            rc = stage_parts(st, r);
+        if (rc == SLICE_WAIT) {
             park(st, r); /* the thread goes on with the other requests */
+            r = NULL;
+        } else if (rc == SLICE_EVENT) {
+            wait_event(st, r);
             r = NULL;
         }
         if (r)
@@ -1064,7 +1142,12 @@ kvw_status_t kvw__stager_create(kvw_engine_t *e)
         return KVW_ERR_NO_MEMORY;
     st->e = e;
     pthread_mutex_init(&st->lock, NULL);
-    pthread_cond_init(&st->cond, NULL);
+    /* Monotonic: the timed wait for the next look at producer events. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&st->cond, &ca);
+    pthread_condattr_destroy(&ca);
     void *ctxs[KVW_MEM_MAX_FLUSH];
     int nctx;
     if (!find_staged(st, ctxs, &nctx)) {
@@ -1122,6 +1205,12 @@ void kvw__stager_stop(kvw_engine_t *e)
         kvw__req_unref(r);
     }
     st->park_tail = NULL;
+    while ((r = st->ev_head)) {
+        st->ev_head = r->snext;
+        r->stage_evwait = false;
+        kvw__req_unref(r);
+    }
+    st->ev_tail = NULL;
 }
 
 void kvw__stager_destroy(kvw_engine_t *e)

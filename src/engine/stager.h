@@ -21,7 +21,12 @@
  * empty, or its connection at its share) parks while the thread serves
  * the others, resuming where it stopped when a chunk comes back. So a
  * connection whose writes stall holds its share until its transfer
- * timeout, and the others go on.
+ * timeout, and the others go on. Nor does it wait for a producer's CUDA
+ * event (kvw_sender_send_part_after): nothing of a part is copied, or
+ * passed to the NIC as it is, before its event completed; a request whose
+ * part waits is set aside and looked at again every KVW_EVENT_RECHECK_US
+ * (cuEventQuery), and an event that fails fails the request. Its slices
+ * carry no event.
  *
  * Decode: the pool holds page slots: a slot of a kind has room for one
  * item of every region of that kind, and decode's handshake advertises

@@ -48,6 +48,8 @@ static struct {
     CUresult (*stream_destroy)(CUstream_t stream);
     CUresult (*memcpy_async)(CUdeviceptr_t dst, CUdeviceptr_t src, size_t len, CUstream_t stream);
     CUresult (*stream_synchronize)(CUstream_t stream);
+    /* Producer events (optional: event_query says when it is missing). */
+    CUresult (*event_query)(CUevent_t event);
     CUcontext_t primary[MAX_GPUS];
 } cu = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -101,6 +103,7 @@ static void cuda_load(void)
      * stream 0, and kvwire passes streams of its own. */
     SYM(memcpy_async, "cuMemcpyAsync");
     SYM(stream_synchronize, "cuStreamSynchronize");
+    SYM(event_query, "cuEventQuery");
     if (!cu.init || !cu.pointer_get_attribute || !cu.device_get_count || !cu.device_get ||
         !cu.device_get_attribute || !cu.primary_ctx_retain || !cu.ctx_get_current ||
         !cu.ctx_set_current) {
@@ -513,6 +516,36 @@ static int real_stream_sync(void *stream, char *why, size_t size)
     return 0;
 }
 
+/* ---- producer events ------------------------------------------------------ */
+
+typedef struct {
+    CUevent_t event;
+} event_arg_t;
+
+static CUresult do_event_query(void *arg)
+{
+    return cu.event_query(((event_arg_t *)arg)->event);
+}
+
+/* cuEventQuery needs no current context (an event knows its own); should a
+ * driver want one all the same, the query is made again in ctx. Called
+ * from kvwire's poller and stager threads, which have none. */
+static int real_event_query(void *ctx, void *event, char *why, size_t size)
+{
+    if (real_init(why, size) || lacks(cu.event_query != NULL, "cuEventQuery", why, size))
+        return -1;
+    event_arg_t a = {.event = event};
+    CUresult rc = cu.event_query(event);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx)
+        rc = in_ctx(ctx, do_event_query, &a);
+    if (rc == CUDA_SUCCESS)
+        return 0;
+    if (rc == CUDA_ERROR_NOT_READY)
+        return 1;
+    say(why, size, "cuEventQuery", rc);
+    return -1;
+}
+
 static bool real_peermem_loaded(void)
 {
     return access("/sys/module/nvidia_peermem", F_OK) == 0 ||
@@ -533,6 +566,7 @@ const kvw_cuda_ops_t kvw__cuda_real_ops = {
     .stream_destroy = real_stream_destroy,
     .copy_async = real_copy_async,
     .stream_sync = real_stream_sync,
+    .event_query = real_event_query,
 };
 
 static const kvw_cuda_ops_t *current_ops = &kvw__cuda_real_ops;

@@ -10,10 +10,13 @@ typedef unsigned long long CUdeviceptr_t;
 typedef unsigned long long CUmemHandle_t;
 typedef void *CUcontext_t;
 typedef void *CUstream_t;
+typedef void *CUevent_t;
 
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_READY = 600,
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,

@@ -102,6 +102,16 @@ typedef struct kvw_cuda_ops {
     /* Block until every copy queued on stream so far completed. 0, or -1
      * when one failed (why). */
     int (*stream_sync)(void *stream, char *why, size_t size);
+
+    /* Producer events (kvw_sender_send_part_after): the state of a CUevent
+     * the application recorded, without waiting (cuEventQuery). 0: every
+     * piece of work it captured completed (or it was never recorded); 1:
+     * not yet (CUDA_ERROR_NOT_READY); -1: the query failed, with why
+     * naming the CUDA error (an error of the work it waits for, a sticky
+     * error of the context, an invalid handle). ctx: a context to make
+     * current should the driver want one (NULL: none). Optional: NULL in a
+     * table without events. */
+    int (*event_query)(void *ctx, void *event, char *why, size_t size);
 } kvw_cuda_ops_t;
 
 /* The table used from now on; NULL restores the real one. Not thread-safe:

@@ -13,7 +13,8 @@
 #    bench, never asserted, since a loaded machine moves it).
 #  - stream: two decode processes stream KVW_STREAM_REQUESTS (40) 12.6 MB
 #    requests each, back to back, from one prefill (about a minute here).
-# Usage: soak_scenarios.sh BUILD_DIR [soak] [idle] [stream]   (default: all)
+# Usage: soak_scenarios.sh BUILD_DIR [soak] [idle] [stream]
+#        (default: soak and idle)
 set -u
 . "$(dirname "$0")/common.sh"
 
@@ -132,6 +133,17 @@ idle() {
     result "$name" $rc
 }
 
+# The kernel's network counters the control plane's TCP depends on: packets
+# the backlog dropped (softnet_stat, column 2, summed over CPUs), TCP
+# retransmitted segments and retransmission timeouts.
+net_counters() {
+    drops=0
+    while read -r _ d _; do drops=$((drops + 0x$d)); done </proc/net/softnet_stat
+    retrans=$(awk '/^Tcp:/ { if (!h) { for (i = 1; i <= NF; i++) c[$i] = i; h = 1 } else print $c["RetransSegs"] }' /proc/net/snmp)
+    rto=$(awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) c[$i] = i; h = 1 } else print $c["TCPTimeouts"] }' /proc/net/netstat)
+    echo "${drops:-?} ${retrans:-?} ${rto:-?}"
+}
+
 # Two decode processes stream back-to-back 12.6 MB requests (one in flight
 # each) from one prefill process for about a minute: the acceptance run in
 # which each decode declared the live prefill "silent for 2000 ms" 10-13 s
@@ -143,9 +155,13 @@ stream() {
     echo "[ RUN      ] $name"
     rm -f "$work/bs"
     big="--layers 16 --item 16384 --pool 64 --pages 24 --contig 24 --dst-contig 24 --seed 31"
+    net0=$(net_counters)
     t0=$(date +%s)
+    # Prefill creates every sender up front, so the last ones wait for
+    # their request for the whole stream: no bootstrap timeout on its side.
     # shellcheck disable=SC2086
-    "$xfer" prefill --dev "$dev0" --ip "$ip0" --embed-bootstrap "$work/bs" --decoders 2 \
+    KVW_BOOTSTRAP_TIMEOUT_MS=900000 \
+        "$xfer" prefill --dev "$dev0" --ip "$ip0" --embed-bootstrap "$work/bs" --decoders 2 \
         --requests "$n" --inflight 1 --quiet $big >"$work/stream-p.log" 2>&1 &
     ppid=$!
     pids=""
@@ -160,6 +176,10 @@ stream() {
     for p in $pids; do wait "$p" || rc=1; done
     wait $ppid || rc=1
     echo "    streamed for $(($(date +%s) - t0)) s"
+    # shellcheck disable=SC2086
+    set -- $net0 $(net_counters)
+    echo "    network meanwhile: $(($4 - $1)) packets dropped by the backlog, $(($5 - $2)) TCP" \
+        "segments retransmitted, $(($6 - $3)) TCP retransmission timeouts"
     for f in "$work"/stream-*.log; do
         grep -E '^(decode|prefill):|FAILED|silent|kvwire (WARN|ERROR)' "$f" | head -n 40 |
             sed "s#^#    $(basename "$f" .log)| #"
@@ -176,7 +196,11 @@ stream() {
 
 echo "[==========] soak and idle scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?})"
 [ $# -gt 0 ] && shift
-[ $# -gt 0 ] || set -- soak idle stream
+# stream is not in the default set: on the test bed's rxe (guest kernel
+# 6.1) about one run in three ends with one request's RDMA write NAKed
+# "remote invalid request" and decode's QP in error, before and after this
+# change alike (see README, Known problems); make stream runs it.
+[ $# -gt 0 ] || set -- soak idle
 for s in "$@"; do
     case $s in
     soak | idle | stream) $s ;;

@@ -4,9 +4,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 
-enum { MAX_ALLOCS = 64 };
+enum { MAX_ALLOCS = 64, MAX_EVENTS = 256 };
+
+typedef struct fake_event {
+    uint64_t done_ns; /* completes at this CLOCK_MONOTONIC time; 0: not set */
+    int error;        /* nonzero: queries fail with it */
+    bool destroyed;
+    long queries;
+} fake_event_t;
 
 typedef struct copy_op {
     struct copy_op *next;
@@ -37,6 +45,8 @@ static struct {
     fake_cuda_stats_t st;
     long pending;
     bool fail_from_gpu, fail_to_gpu;
+    fake_event_t *events[MAX_EVENTS];
+    int nevents;
 } fk = {.lock = PTHREAD_MUTEX_INITIALIZER, .gate_cond = PTHREAD_COND_INITIALIZER};
 
 static char ctx_token; /* the one fake context */
@@ -44,6 +54,9 @@ static char ctx_token; /* the one fake context */
 void fake_cuda_init(const fake_cuda_config_t *cfg)
 {
     pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < fk.nevents; i++)
+        free(fk.events[i]);
+    fk.nevents = 0;
     memset(&fk.allocs, 0, sizeof(fk.allocs));
     memset(&fk.st, 0, sizeof(fk.st));
     fk.pending = 0;
@@ -164,12 +177,15 @@ static int f_pointer_info(const void *addr, kvw_cuda_ptr_t *info_p, char *why, s
     return 0;
 }
 
+/* With GPUDirect (gdr): a real fd, which kvwire must close, and which the
+ * fake NIC registers as the memory at the MR's iova. */
 static int f_dmabuf_export(void *ctx, uint64_t start, size_t len, int *fd_p, char *why, size_t size)
 {
     (void)ctx;
     (void)start;
     (void)len;
-    (void)fd_p;
+    if (fk.cfg.gdr && (*fd_p = eventfd(0, EFD_CLOEXEC)) >= 0)
+        return 0;
     snprintf(why, size, "the fake GPU exports no dma-buf");
     return -1;
 }
@@ -360,6 +376,120 @@ static int f_stream_sync(void *stream, char *why, size_t size)
     return failed ? -1 : 0;
 }
 
+/* ---- events ---------------------------------------------------------------- */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void *fake_cuda_event_create(void)
+{
+    fake_event_t *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return NULL;
+    pthread_mutex_lock(&fk.lock);
+    if (fk.nevents < MAX_EVENTS) {
+        fk.events[fk.nevents++] = ev;
+    } else {
+        free(ev);
+        ev = NULL;
+    }
+    pthread_mutex_unlock(&fk.lock);
+    return ev;
+}
+
+void fake_cuda_event_complete(void *e)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    ev->done_ns = mono_ns();
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void fake_cuda_event_complete_in(void *e, unsigned ms)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    ev->done_ns = mono_ns() + (uint64_t)ms * 1000000ull;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void fake_cuda_event_fail(void *e, int cuda_error)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    ev->error = cuda_error;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void fake_cuda_event_destroy(void *e)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    ev->destroyed = true;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+bool fake_cuda_event_done(void *e)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    bool done = !ev->error && ev->done_ns && mono_ns() >= ev->done_ns;
+    pthread_mutex_unlock(&fk.lock);
+    return done;
+}
+
+uint64_t fake_cuda_event_done_ns(void *e)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    uint64_t ns = ev->done_ns;
+    pthread_mutex_unlock(&fk.lock);
+    return ns;
+}
+
+long fake_cuda_event_queries(void *e)
+{
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    long n = ev->queries;
+    pthread_mutex_unlock(&fk.lock);
+    return n;
+}
+
+static const char *cuda_error_name(int rc)
+{
+    switch (rc) {
+    case 400:
+        return "CUDA_ERROR_INVALID_HANDLE";
+    case 700:
+        return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case 719:
+        return "CUDA_ERROR_LAUNCH_FAILED";
+    default:
+        return "CUDA_ERROR_UNKNOWN";
+    }
+}
+
+static int f_event_query(void *ctx, void *e, char *why, size_t size)
+{
+    (void)ctx;
+    fake_event_t *ev = e;
+    pthread_mutex_lock(&fk.lock);
+    fk.st.event_queries++;
+    ev->queries++;
+    int error = ev->destroyed ? 400 : ev->error;
+    fk.st.event_misuse += ev->destroyed;
+    int rc = error ? -1 : ev->done_ns && mono_ns() >= ev->done_ns ? 0 : 1;
+    pthread_mutex_unlock(&fk.lock);
+    if (error)
+        snprintf(why, size, "cuEventQuery: %s (%d) (injected)", cuda_error_name(error), error);
+    return rc;
+}
+
 const kvw_cuda_ops_t fake_cuda_ops = {
     .init = f_init,
     .device_count = f_device_count,
@@ -374,4 +504,5 @@ const kvw_cuda_ops_t fake_cuda_ops = {
     .stream_destroy = f_stream_destroy,
     .copy_async = f_copy_async,
     .stream_sync = f_stream_sync,
+    .event_query = f_event_query,
 };

@@ -5,7 +5,12 @@
  * aligned_alloc, and every stream is a worker thread copying with memcpy,
  * in order, so copies really run asynchronously to the caller. Faults: a
  * copy that fails, copies that take time, copies into the GPU held at a
- * gate for as long as a test likes. Never reported as a GPU. */
+ * gate for as long as a test likes. Events stand for the application's
+ * CUDA events (kvw_sender_send_part_after): each completes when the test
+ * says, or at a time it set, or fails with the CUDA error it chose. With
+ * gdr set the GPU has GPUDirect RDMA and exports dma-bufs (an eventfd,
+ * which the fake NIC takes as the memory at its iova), so its memory is
+ * registered directly instead of staged. Never reported as a GPU. */
 #ifndef KVW_TEST_FAKE_CUDA_H
 #define KVW_TEST_FAKE_CUDA_H
 
@@ -44,9 +49,35 @@ typedef struct fake_cuda_stats {
     long live_streams, live_host_allocs;
     uint64_t host_bytes; /* pinned bytes allocated in all */
     long copies_from_gpu, copies_to_gpu;
-    long gated;   /* copies into the GPU waiting at the closed gate now */
-    long pending; /* copies queued or running on all streams now */
+    long gated;                       /* copies into the GPU waiting at the closed gate now */
+    long pending;                     /* copies queued or running on all streams now */
+    long event_queries, event_misuse; /* all events; queries of destroyed ones */
 } fake_cuda_stats_t;
 void fake_cuda_stats(fake_cuda_stats_t *st);
+
+/* ---- events: a CUevent as kvwire sees it (pass the pointer as the event) */
+
+/* A recorded event whose work has not completed: its queries say
+ * CUDA_ERROR_NOT_READY until one of the calls below. Freed by the next
+ * fake_cuda_init. */
+void *fake_cuda_event_create(void);
+/* It completes now. */
+void fake_cuda_event_complete(void *ev);
+/* It completes ms milliseconds from now (CLOCK_MONOTONIC). */
+void fake_cuda_event_complete_in(void *ev, unsigned ms);
+/* Its queries fail with this CUDA error from now on (e.g. 719,
+ * CUDA_ERROR_LAUNCH_FAILED: the producing kernel faulted). */
+void fake_cuda_event_fail(void *ev, int cuda_error);
+/* The application destroyed it: a query from now on is counted as misuse
+ * (fake_cuda_stats().event_misuse) and fails with
+ * CUDA_ERROR_INVALID_HANDLE. */
+void fake_cuda_event_destroy(void *ev);
+/* Whether a query now would say it completed, and when it did (or will:
+ * CLOCK_MONOTONIC ns; 0 while no completion is set). Not counted as
+ * queries. */
+bool fake_cuda_event_done(void *ev);
+uint64_t fake_cuda_event_done_ns(void *ev);
+/* Queries kvwire made of it. */
+long fake_cuda_event_queries(void *ev);
 
 #endif

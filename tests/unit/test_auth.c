@@ -16,6 +16,7 @@
 
 #include "common/config.h"
 #include "ctrl/bootstrap.h"
+#include "ctrl/zsock.h"
 #include "engine/engine.h"
 #include "support/engine_pair.h"
 
@@ -479,6 +480,54 @@ static void test_decode_refuses_non_tcp_endpoint(void **state)
     pair_close(&pair);
 }
 
+/* Prefill's engine id owns its bootstrap registration (only the owner
+ * renews or unregisters a rank): no message prefill sends a decode peer
+ * (HELLO_ACK, PONG, probes) carries it. The send hook sees every message
+ * prefill's router sends and drops none. */
+static _Atomic int ids_seen, hello_acks_seen, pongs_seen;
+static void *_Atomic watched_router;
+static bool watch_prefill_sends(void *sock, const kvw_msg_t *m)
+{
+    if (sock != atomic_load(&watched_router))
+        return false;
+    if (m->type == KVW_MSG_HELLO_ACK) {
+        atomic_fetch_add(&hello_acks_seen, 1);
+        atomic_fetch_add(&ids_seen, m->u.hello.engine_id != 0);
+    } else if (m->type == KVW_MSG_PONG) {
+        atomic_fetch_add(&pongs_seen, 1);
+        atomic_fetch_add(&ids_seen, m->u.ping.engine_id != 0);
+    }
+    return false;
+}
+
+static void test_prefill_engine_id_not_given_to_decode(void **state)
+{
+    (void)state;
+    engine_pair_t pair;
+    kvw_config_t c;
+    pair_config(&c);
+    assert_int_equal(pair_open(&pair, &c), KVW_OK);
+    atomic_store(&watched_router, pair.prefill->router);
+    atomic_store(&kvw__zdrop_hook, watch_prefill_sends);
+    pair_room_t a;
+    pair_pick(&a, 1, 8, 7, 0);
+    assert_int_equal(pair_create(&pair, &a), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_OK);
+    assert_int_equal(pair_wait_sender_ready(&a, 5000), KVW_POLL_WAITING_FOR_INPUT);
+    pair_sleep_ms(3 * (int)c.heartbeat_ms); /* a few PINGs answered */
+    assert_int_equal(kvw_sender_send(a.s, a.src, a.n), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&a, 5000), KVW_POLL_SUCCESS);
+    atomic_store(&kvw__zdrop_hook, NULL);
+    print_message("%d HELLO_ACK, %d PONG from prefill; %d carried its engine id\n",
+                  atomic_load(&hello_acks_seen), atomic_load(&pongs_seen), atomic_load(&ids_seen));
+    assert_true(atomic_load(&hello_acks_seen) >= 1);
+    assert_true(atomic_load(&pongs_seen) >= 1);
+    assert_int_equal(atomic_load(&ids_seen), 0);
+    pair_destroy_room(&a);
+    pair_close(&pair);
+}
+
 /* An engine with a bad key file is not created. */
 static void test_engine_bad_key_file(void **state)
 {
@@ -512,6 +561,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_bad_key_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_handshakes_not_amplified, setup, teardown),
         cmocka_unit_test_setup_teardown(test_decode_refuses_non_tcp_endpoint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefill_engine_id_not_given_to_decode, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -676,7 +676,8 @@ static void test_silent_prefill(void **state)
     assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_FAILED);
     uint64_t took = pair_now_ms() - t0;
     assert_int_equal(kvw_receiver_failure(a.r, NULL), KVW_ERR_PEER);
-    assert_true(took <= pair.cfg.peer_timeout_ms + 300u);
+    /* Bounded, with slack for a loaded machine: a hang would be WAIT_MS. */
+    assert_true(took <= 2 * pair.cfg.peer_timeout_ms + 1000u);
     atomic_store(&kvw__zdrop_hook, NULL);
     assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_FAILED);
     pair_destroy_room(&a);
@@ -716,7 +717,8 @@ static void test_decode_exit_noticed_fast(void **state)
     uint64_t took = pair_now_ms() - t0;
     print_message("prefill noticed the decode engine gone after %llu ms\n",
                   (unsigned long long)took);
-    assert_true(took < 1000);
+    /* Through the closed connection, not the 10 s heartbeat timeout. */
+    assert_true(took < 5000);
     pair_destroy_room(&a);
 }
 
@@ -839,8 +841,7 @@ static void test_orphans_bounded(void **state)
     assert_int_equal(wait_receiver(r[2]), KVW_POLL_FAILED);
     const char *why = NULL;
     assert_int_equal(kvw_receiver_failure(r[2], &why), KVW_ERR_LIMIT);
-    assert_non_null(strstr(why, "max_orphans_per_peer"));
-    assert_true(pair_now_ms() - t0 < 250);
+    assert_non_null(strstr(why, "max_orphans_per_peer")); /* refused by the cap, not expired */
     /* The first two expire after the TTL, not at the bootstrap timeout. */
     for (int i = 0; i < 2; i++) {
         assert_int_equal(wait_receiver(r[i]), KVW_POLL_FAILED);
@@ -849,7 +850,7 @@ static void test_orphans_bounded(void **state)
     }
     uint64_t took = pair_now_ms() - t0;
     print_message("orphans expired after %llu ms (ttl 300)\n", (unsigned long long)took);
-    assert_true(took >= 250 && took < 2000);
+    assert_true(took >= 250 && took < 3000); /* the TTL, not the 5 s bootstrap timeout */
     for (int i = 0; i < 3; i++)
         kvw_receiver_destroy(r[i]);
     /* The caps were given back: a claimed room still works. */
@@ -1010,7 +1011,10 @@ static void test_callers_drive_a_sleeping_poller(void **state)
                   (unsigned long long)took,
                   (unsigned long long)(p1.caller_passes - p0.caller_passes),
                   (unsigned long long)(d1.caller_passes - d0.caller_passes));
-    assert_true(took < 300);
+    /* The pollers would only see the completions at their 1 s idle
+     * wake-up: well below it means the callers' passes did the work (the
+     * counts below say so too). Not a speed target. */
+    assert_true(took < 900);
     assert_true(p1.caller_passes > p0.caller_passes);
     assert_true(d1.caller_passes > d0.caller_passes);
     assert_int_equal(pair_wrong_bytes(&pair, &a), 0);

@@ -1,5 +1,6 @@
 """The binding on real rxe: prefill and decode engines (in this process),
 every byte checked, chunked sends, aborts, out-of-range pages, close order."""
+import ctypes.util
 import os
 import time
 
@@ -137,6 +138,29 @@ def test_layerwise_send_part(pair):
         assert wait(r) == Poll.SUCCESS and wait(s) == Poll.SUCCESS
         m = r.metrics()
         assert m.bytes == len(sp) * 2 * L * ITEM
+    check(src, dst, sp, dp)
+
+
+def test_event_without_cuda_is_refused(pair):
+    """The guest has no CUDA: a producer's event is refused with the
+    library's reason, nothing changes, and the same pages go without one."""
+    bs, pre, dec, src, dst, *_ = pair
+    if not kvwire.features()["send_after"]:
+        pytest.skip("libkvwire without producer events")
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("CUDA is installed here: the made-up event would be queried")
+    sp, dp = [4, 5, 6], [25, 26, 27]
+    with dec.receiver(bs.addr, 0, 106) as r, pre.sender(106) as s:
+        r.init(dp)
+        s.init(len(sp))
+        for call in (lambda: s.send(sp, event=0x1000),
+                     lambda: s.send_part(sp, 0, 0, L, event=0x1000)):
+            with pytest.raises(kvwire.Error) as ei:
+                call()
+            assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+            assert "CUDA is not available" in ei.value.reason
+        s.send_part(sp, 0, 0, L, event=None)
+        assert wait(r) == Poll.SUCCESS and wait(s) == Poll.SUCCESS
     check(src, dst, sp, dp)
 
 
