@@ -5,6 +5,7 @@
  *     build/unit/test_chaos SEED            one schedule (and what it does)
  *     KVW_CHAOS_SCHEDULES=N build/unit/test_chaos   N schedules from seed 1
  *     KVW_CHAOS_FIRST=S ...                 start at seed S
+ *     KVW_CHAOS_TIMES=1 ...                 each schedule's time on stderr
  *
  * A schedule draws: queue sizes and 1-3 QPs; one connection fault (failed
  * post, error completion, lost control messages, dead NIC, silent peer) or
