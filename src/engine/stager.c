@@ -85,17 +85,23 @@ static uint32_t region_kind(const kvw_layout_t *l, uint32_t region)
     return KVW_LAYOUT_KV;
 }
 
-/* Append r, with a reference of the queue's own, to a queue linked
- * through snext. */
-static void queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
+/* Append r to a queue linked through snext; the caller hands over the
+ * reference the queue holds. */
+static void append_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
 {
-    atomic_fetch_add(&r->refs, 1);
     r->snext = NULL;
     if (*tail)
         (*tail)->snext = r;
     else
         *head = r;
     *tail = r;
+}
+
+/* Append r, with a reference of the queue's own. */
+static void queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+    append_req(head, tail, r);
 }
 
 static void push_job_locked(kvw_stager_t *st, kvw_req_t *r)
@@ -872,12 +878,7 @@ static void park(kvw_stager_t *st, kvw_req_t *r)
     bool queued = r->stage_queued;
     if (!queued) {
         r->stage_parked = true;
-        r->snext = NULL;
-        if (st->park_tail)
-            st->park_tail->snext = r;
-        else
-            st->park_head = r;
-        st->park_tail = r;
+        append_req(&st->park_head, &st->park_tail, r);
     }
     pthread_mutex_unlock(&st->lock);
     if (queued)
@@ -892,14 +893,9 @@ static void wait_event(kvw_stager_t *st, kvw_req_t *r)
     bool queued = r->stage_queued;
     if (!queued) {
         r->stage_evwait = true;
-        r->snext = NULL;
-        if (st->ev_tail)
-            st->ev_tail->snext = r;
-        else {
-            st->ev_head = r;
+        if (!st->ev_head)
             st->ev_due_ns = kvw__now_ns() + KVW_EVENT_RECHECK_US * 1000ull;
-        }
-        st->ev_tail = r;
+        append_req(&st->ev_head, &st->ev_tail, r);
     }
     pthread_mutex_unlock(&st->lock);
     atomic_fetch_add_explicit(&st->e->counters.event_waits, 1, memory_order_relaxed);
@@ -916,12 +912,7 @@ static void requeue_events_locked(kvw_stager_t *st)
         st->ev_head = r->snext;
         r->stage_evwait = false;
         r->stage_queued = true;
-        r->snext = NULL;
-        if (st->job_tail)
-            st->job_tail->snext = r;
-        else
-            st->job_head = r;
-        st->job_tail = r;
+        append_req(&st->job_head, &st->job_tail, r);
     }
     st->ev_tail = NULL;
 }
@@ -942,12 +933,7 @@ static kvw_req_t *unpark_all_locked(kvw_stager_t *st)
             continue;
         }
         r->stage_queued = true;
-        r->snext = NULL;
-        if (st->job_tail)
-            st->job_tail->snext = r;
-        else
-            st->job_head = r;
-        st->job_tail = r;
+        append_req(&st->job_head, &st->job_tail, r);
     }
     st->park_tail = NULL;
     return drop;
