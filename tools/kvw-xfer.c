@@ -467,62 +467,6 @@ static void on_alarm(int sig)
 
 /* ------------------------------------------------------------- prefill */
 
-/* CPU seconds used by this process's thread named `name`. */
-static double thread_cpu_s(const char *name)
-{
-    DIR *d = opendir("/proc/self/task");
-    double total = -1;
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        char path[300], comm[64] = "", stat[1024];
-        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        if (!fgets(comm, sizeof(comm), f))
-            comm[0] = '\0';
-        fclose(f);
-        comm[strcspn(comm, "\n")] = '\0';
-        if (strcmp(comm, name) != 0)
-            continue;
-        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", de->d_name);
-        f = fopen(path, "r");
-        if (f && fgets(stat, sizeof(stat), f)) {
-            char *p = strrchr(stat, ')'); /* fields after comm: state is field 3 */
-            unsigned long ut = 0, st = 0;
-            if (p &&
-                sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
-                total = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-        }
-        if (f)
-            fclose(f);
-    }
-    if (d)
-        closedir(d);
-    return total;
-}
-
-static unsigned long long thread_switches_named(const char *name);
-enum { IDLE_POLLER_WAKES = 5 };
-
-/* An idle poller sleeps on the completion channel with a 1 s timeout, so it
- * wakes about once a second. Asserted on the count (a loaded machine
- * cannot break it), with 5x headroom; its CPU share is only printed (make
- * bench measures idle CPU). */
-static int idle_check(const opts_t *o)
-{
-    double c0 = thread_cpu_s("kvw-poller"), t0 = now_s();
-    unsigned long long w0 = thread_switches_named("kvw-poller");
-    sleep(o->idle_check_s);
-    double dt = now_s() - t0;
-    double used = thread_cpu_s("kvw-poller") - c0;
-    double wakes = (double)(thread_switches_named("kvw-poller") - w0) / dt;
-    printf("idle poller: %.1f wake-ups/s over %.1f s (limit %d); %.3f CPU-s = %.2f%% of a core "
-           "(not asserted)\n",
-           wakes, dt, IDLE_POLLER_WAKES, used, 100 * used / dt);
-    return c0 >= 0 && wakes <= IDLE_POLLER_WAKES ? 0 : 1;
-}
-
 /* ------------------------------------------------ idle window (--idle-s) */
 
 enum { MAX_THREADS = 64, IDLE_LINGER_S = 2 };
@@ -572,30 +516,6 @@ static unsigned long long thread_switches(const char *tid)
     return n;
 }
 
-/* Context switches of this process's thread named `name` (0: none). */
-static unsigned long long thread_switches_named(const char *name)
-{
-    DIR *d = opendir("/proc/self/task");
-    struct dirent *de;
-    unsigned long long n = 0;
-    while (d && (de = readdir(d))) {
-        char path[300], comm[64] = "";
-        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        if (!fgets(comm, sizeof(comm), f))
-            comm[0] = '\0';
-        fclose(f);
-        comm[strcspn(comm, "\n")] = '\0';
-        if (strcmp(comm, name) == 0)
-            n += thread_switches(de->d_name);
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /* Every thread of this process with its name and CPU ticks; how many. */
 static int snapshot_threads(thread_ticks_t *t, int max)
 {
@@ -622,6 +542,46 @@ static int snapshot_threads(thread_ticks_t *t, int max)
     if (d)
         closedir(d);
     return n;
+}
+
+/* CPU ticks and context switches of this process's threads named `name`
+ * (an engine's poller: one per engine); false when there is none. */
+static bool named_usage(const char *name, unsigned long long *ticks, unsigned long long *waits)
+{
+    thread_ticks_t t[MAX_THREADS];
+    int n = snapshot_threads(t, MAX_THREADS);
+    bool found = false;
+    *ticks = *waits = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(t[i].comm, name) != 0)
+            continue;
+        found = true;
+        *ticks += t[i].ticks;
+        *waits += t[i].waits;
+    }
+    return found;
+}
+
+enum { IDLE_POLLER_WAKES = 5 };
+
+/* An idle poller sleeps on the completion channel with a 1 s timeout, so it
+ * wakes about once a second. Asserted on the count (a loaded machine
+ * cannot break it), with 5x headroom; its CPU share is only printed (make
+ * bench measures idle CPU). */
+static int idle_check(const opts_t *o)
+{
+    unsigned long long c0, w0, c1, w1;
+    bool found = named_usage("kvw-poller", &c0, &w0);
+    double t0 = now_s();
+    sleep(o->idle_check_s);
+    double dt = now_s() - t0;
+    found = named_usage("kvw-poller", &c1, &w1) && found;
+    double used = (double)(c1 - c0) / (double)sysconf(_SC_CLK_TCK);
+    double wakes = (double)(w1 - w0) / dt;
+    printf("idle poller: %.1f wake-ups/s over %.1f s (limit %d); %.3f CPU-s = %.2f%% of a core "
+           "(not asserted)\n",
+           wakes, dt, IDLE_POLLER_WAKES, used, 100 * used / dt);
+    return found && wakes <= IDLE_POLLER_WAKES ? 0 : 1;
 }
 
 /* One sleep, not a polling loop: in the slow test-bed guest even ten
