@@ -167,7 +167,7 @@ void kvw__zmonitor_close(void *sock, void *monitor)
     zmq_close(monitor);
 }
 
-int kvw__zmonitor_event_value(void *monitor, uint32_t *value_p)
+int kvw__zmonitor_event(void *monitor)
 {
     /* Frame 1: u16 event id + u32 value; frame 2: the endpoint. */
     uint8_t head[6];
@@ -179,16 +179,7 @@ int kvw__zmonitor_event_value(void *monitor, uint32_t *value_p)
         return -1;
     uint16_t ev;
     memcpy(&ev, head, 2);
-    *value_p = 0;
-    if (n >= 6)
-        memcpy(value_p, head + 2, 4);
     return ev;
-}
-
-int kvw__zmonitor_event(void *monitor)
-{
-    uint32_t value;
-    return kvw__zmonitor_event_value(monitor, &value);
 }
 
 void kvw__zendpoint(const char *addr, char *buf, size_t size)

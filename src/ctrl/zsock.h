@@ -45,8 +45,6 @@ void kvw__zmonitor_close(void *sock, void *monitor);
 /* Read one pending monitor event without blocking: its ZMQ_EVENT_* id, or
  * 0 when none is waiting. */
 int kvw__zmonitor_event(void *monitor);
-/* The same, with the event's value (for connection events: the fd). */
-int kvw__zmonitor_event_value(void *monitor, uint32_t *value_p);
 
 /* Fault-injection seam for tests: when set, every message kvw__zsend is
  * about to send is offered to it first, and a true return drops it as if

@@ -331,8 +331,9 @@ void *kvw__control_main(void *arg)
     poll_set_t ps = {0};
     uint64_t peers_due = 0;
     while (!atomic_load(&e->stop)) {
-        /* Three items per peer slot, plus the engine's own. */
-        if (!grow_poll_set(&ps, 4 + 3 * (int)e->peer_slots)) {
+        /* Three items per peer slot, plus the engine's own (wake-up, device
+         * events, router, its monitor, registrar). */
+        if (!grow_poll_set(&ps, 5 + 3 * (int)e->peer_slots)) {
             KVW_ERROR("control thread: out of memory");
             break;
         }

@@ -317,8 +317,7 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         on_credit(e, p, m);
         break;
     case KVW_MSG_PING: {
-        kvw_msg_t pong = {.type = KVW_MSG_PONG};
-        pong.u.ping.engine_id = 0; /* not ours to give away: see kvw__peer_hello */
+        kvw_msg_t pong = {.type = KVW_MSG_PONG}; /* engine id 0: see kvw__peer_hello */
         kvw__ctl_route(e, p->id, sizeof(p->id), &pong);
         break;
     }
@@ -368,8 +367,7 @@ static void probe_connections(kvw_engine_t *e)
         kvw_peer_t *p = kvw__peer_at(e, i);
         if (!p || atomic_load(&p->state) != PEER_CONNECTED)
             continue;
-        kvw_msg_t pong = {.type = KVW_MSG_PONG};
-        pong.u.ping.engine_id = 0; /* not ours to give away: see kvw__peer_hello */
+        kvw_msg_t pong = {.type = KVW_MSG_PONG}; /* engine id 0: see kvw__peer_hello */
         if (kvw__zdropped(e->router, &pong))
             continue; /* a lost probe tells nothing */
         if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
@@ -393,9 +391,8 @@ static void probe_connections(kvw_engine_t *e)
 void kvw__prefill_on_monitor(kvw_engine_t *e)
 {
     int ev;
-    uint32_t value;
     bool disconnected = false;
-    while ((ev = kvw__zmonitor_event_value(e->router_monitor, &value)) != 0) {
+    while ((ev = kvw__zmonitor_event(e->router_monitor)) != 0) {
         if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
             ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             e->unhandshaken_closes++;
