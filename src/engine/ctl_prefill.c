@@ -393,8 +393,8 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
     int ev;
     bool disconnected = false;
     while ((ev = kvw__zmonitor_event(e->router_monitor)) != 0) {
-        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-            ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
+            ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             e->unhandshaken_closes++;
         else if (ev == ZMQ_EVENT_DISCONNECTED && e->unhandshaken_closes)
             e->unhandshaken_closes--;

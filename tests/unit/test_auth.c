@@ -560,7 +560,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_bad_key_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_handshakes_not_amplified, setup, teardown),
         cmocka_unit_test_setup_teardown(test_decode_refuses_non_tcp_endpoint, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_prefill_engine_id_not_given_to_decode, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefill_engine_id_not_given_to_decode, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
