@@ -1,5 +1,6 @@
 #include "support/engine_pair.h"
 
+#include "engine/engine.h"
 #include "support/fake_nic.h"
 #include "verbs/ops.h"
 
@@ -317,4 +318,12 @@ void pair_destroy_room(pair_room_t *pr)
     kvw_sender_destroy(pr->s);
     pr->r = NULL;
     pr->s = NULL;
+}
+
+size_t pair_table_size(kvw_engine_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    size_t n = e->num_reqs;
+    pthread_mutex_unlock(&e->lock);
+    return n;
 }

@@ -95,6 +95,10 @@ void pair_snapshot(const engine_pair_t *p, const pair_room_t *pr, uint8_t *buf);
 bool pair_snapshot_equal(const engine_pair_t *p, const pair_room_t *pr, const uint8_t *buf);
 void pair_destroy_room(pair_room_t *pr);
 
+/* Requests in an engine's table, read under the engine's lock (the
+ * control thread adds and removes them concurrently). */
+size_t pair_table_size(kvw_engine_t *e);
+
 uint64_t pair_now_ms(void);
 void pair_sleep_ms(int ms);
 

@@ -183,23 +183,15 @@ static void assert_connection_kept(uint32_t serial)
     assert_int_equal(connection_serial(), serial);
 }
 
-static size_t table_size(kvw_engine_t *e)
-{
-    pthread_mutex_lock(&e->lock);
-    size_t n = e->num_reqs;
-    pthread_mutex_unlock(&e->lock);
-    return n;
-}
-
 /* Every handle destroyed: both tables empty once the failures' records
  * expired (bootstrap_timeout_ms), and every request made ended. */
 static void assert_nothing_left(void)
 {
     uint64_t end = pair_now_ms() + pair.cfg.bootstrap_timeout_ms + WAIT_MS;
-    while ((table_size(pair.prefill) || table_size(pair.decode)) && pair_now_ms() < end)
+    while ((pair_table_size(pair.prefill) || pair_table_size(pair.decode)) && pair_now_ms() < end)
         pair_sleep_ms(10);
-    assert_int_equal(table_size(pair.prefill), 0);
-    assert_int_equal(table_size(pair.decode), 0);
+    assert_int_equal(pair_table_size(pair.prefill), 0);
+    assert_int_equal(pair_table_size(pair.decode), 0);
     kvw_engine_t *both[2] = {pair.prefill, pair.decode};
     for (int i = 0; i < 2; i++) {
         const kvw_engine_counters_t *k = &both[i]->counters;

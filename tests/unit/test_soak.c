@@ -162,7 +162,7 @@ static void test_soak(void **state)
     print_message("soak: %u decode connect/transfer/disconnect cycles (%u killed) in %.1f s, "
                   "%.2f ms each; prefill holds %u connection slot(s), %zu request(s)\n",
                   cycles, cycles / KILL_EVERY, ms / 1000.0, (double)ms / (cycles ? cycles : 1),
-                  wait_prefill_peers(1), pair.prefill->num_reqs);
+                  wait_prefill_peers(1), pair_table_size(pair.prefill));
     assert_true(wait_prefill_peers(1) <= 1); /* only the current decode engine */
     if (cycles > WARM_CYCLES) {
         /* Flat: no descriptor, thread or heap growth with the cycles. */
