@@ -1,5 +1,6 @@
-# kvwire build. `make` builds the libraries, tools and tests; `make check`
-# runs unit tests (ASan+UBSan, host), a short deterministic fuzz pass,
+# kvwire build. `make` builds the libraries, tools, examples and tests;
+# `make check` runs unit tests (ASan+UBSan, host), a short deterministic
+# fuzz pass,
 # ThreadSanitizer and integration tests (real rxe, in the test bed); `make
 # fuzz` fuzzes for longer; `make demo` runs the main job; `make bench` the
 # benchmarks.
@@ -31,6 +32,8 @@ TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_n
               parked_abort liveness device_events producer_event)
 
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+# Example programs (examples/): the public header only, linked like the tools.
+EXAMPLES  := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))
 INTEG     := $(patsubst tests/integration/%.c,$(BUILD)/integration/%,$(wildcard tests/integration/*_test.c))
 TEST_SUPPORT_SRCS := $(wildcard tests/support/*.c)
@@ -44,7 +47,7 @@ PC        := $(BUILD)/kvwire.pc
 
 .PHONY: all deps check unit python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
-all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(UNIT) $(INTEG)
+all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
 deps:
 	@scripts/install-deps.sh
@@ -79,6 +82,11 @@ $(PC): Makefile
 
 $(BUILD)/%: tools/%.c tools/kvw-tools.h $(STATIC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
+
+# No -Isrc: an example sees what an integrator sees, include/kvwire.h.
+$(BUILD)/examples/%: examples/%.c include/kvwire.h $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -D_GNU_SOURCE -Iinclude $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
 
 $(BUILD)/tsan/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -133,7 +141,7 @@ tsan: $(TSAN_TESTS)
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
-integration: $(INTEG) $(TOOLS) $(SHARED)
+integration: $(INTEG) $(TOOLS) $(EXAMPLES) $(SHARED)
 	tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
 
 # Two decode processes streaming back-to-back 12.6 MB requests from one

@@ -11,6 +11,7 @@ for t in "$build"/integration/*_test; do
         failed=$((failed + 1))
     fi
 done
+[ -x tests/integration/examples_scenarios.sh ] && { tests/integration/examples_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/engine_scenarios.sh ] && { tests/integration/engine_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/auth_scenarios.sh ] && { tests/integration/auth_scenarios.sh "$build" || failed=$((failed + 1)); }
