@@ -1,6 +1,6 @@
 # kvwire build. `make` builds the libraries, tools, examples and tests;
-# `make check` runs unit tests (ASan+UBSan, host), a short deterministic
-# fuzz pass,
+# `make check` runs the configuration doc check, unit tests (ASan+UBSan,
+# host), a short deterministic fuzz pass,
 # ThreadSanitizer and integration tests (real rxe, in the test bed); `make
 # fuzz` fuzzes for longer; `make demo` runs the main job; `make bench` the
 # benchmarks.
@@ -45,7 +45,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check unit python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check doc-check unit python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -112,12 +112,18 @@ $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 	    -o $@ $(LDLIBS) -lcmocka -lm
 
 check: deps all
+	@$(MAKE) --no-print-directory doc-check
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory gpu-check
 	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory fuzz-short
 	@$(MAKE) --no-print-directory tsan
 	@$(MAKE) --no-print-directory integration
+
+# Host only, no build: docs/configuration.md against the configuration
+# table in src/common/config.c and the library's own KVW_* variables.
+doc-check:
+	scripts/check-config-doc.sh
 
 unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
