@@ -199,7 +199,7 @@ echo "[==========] soak and idle scenarios on real RDMA (test bed mode ${KVW_TB_
 # stream is not in the default set: on the test bed's rxe (guest kernel
 # 6.1) about one run in three ends with one request's RDMA write NAKed
 # "remote invalid request" and decode's QP in error, before and after this
-# change alike (see README, Known problems); make stream runs it.
+# change alike (see docs/testing.md, Known problems); make stream runs it.
 [ $# -gt 0 ] || set -- soak idle
 for s in "$@"; do
     case $s in
