@@ -72,8 +72,8 @@ static void side_free(side_t *s)
     free(s->aux);
 }
 
-/* The byte prefill holds at offset i of region r: a pattern every page of
- * which differs from every other, so a misplaced page is caught. */
+/* The byte prefill holds at offset i of region r: each page of a region
+ * differs from the others, so a misplaced page is caught. */
 static uint8_t pattern(int r, size_t i)
 {
     return (uint8_t)(i * 31 + (size_t)r * 7 + i / ITEM * 13 + 1);
