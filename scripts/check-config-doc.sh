@@ -24,7 +24,7 @@ trap 'rm -rf "$tmp"' EXIT
 sed -n 's/^[[:space:]]*FIELD(\([a-z0-9_]*\),[^,]*,[[:space:]]*\([-0-9a-fA-Fx]*\),.*/\1 \2/p; s/^[[:space:]]*TEXT(\([a-z0-9_]*\),.*/\1 ""/p' \
     "$config_c" |
     while read -r name def; do
-        echo "$name KVW_$(echo "$name" | tr 'a-z' 'A-Z') $def"
+        echo "$name KVW_$(echo "$name" | tr '[:lower:]' '[:upper:]') $def"
     done | sort >"$tmp/code"
 [ -s "$tmp/code" ] || { echo "check-config-doc: no FIELD/TEXT lines in $config_c" >&2; exit 1; }
 
@@ -46,6 +46,7 @@ while read -r name env def; do
         bad=1
         continue
     fi
+    # shellcheck disable=SC2086 # three words: field, variable, default
     set -- $row
     if [ "$2" != "$env" ]; then
         echo "check-config-doc: $doc names $name's variable $2; the code reads $env"
