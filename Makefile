@@ -254,6 +254,8 @@ install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvwire.so
 	$(call write_pc,$(PREFIX),$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvwire.pc)
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/doc/kvwire
+	install -m 644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/kvwire/
 
 format:
 	clang-format -i include/*.h src/*/*.c src/*/*.h tools/*.c tests/*/*.c tests/*/*.h
