@@ -180,7 +180,10 @@ FUZZ_NAMES  := wire prefill decode bootstrap
 FUZZ_BINS   := $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
 FUZZ_OBJS   := $(LIB_SRCS:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_COMMON_OBJ := $(FUZZ_DIR)/obj/tests/fuzz/fuzz_common.o
-FUZZ_SUPPORT_OBJS := $(FUZZ_DIR)/obj/tests/support/fake_nic.o $(FUZZ_COMMON_OBJ)
+# The library harnesses' shared set-up (fuzz_engine.c) needs the library
+# and the fake NIC, so it is apart from fuzz_common.c.
+FUZZ_SUPPORT_OBJS := $(FUZZ_DIR)/obj/tests/support/fake_nic.o $(FUZZ_COMMON_OBJ) \
+                     $(FUZZ_DIR)/obj/tests/fuzz/fuzz_engine.o
 # The wire harness and the seed generator need only the wire format, so
 # they build (and fuzz-short's wire pass runs) while the engine is mid-edit.
 FUZZ_WIRE_OBJS := $(filter $(FUZZ_DIR)/obj/src/ctrl/wire.o $(FUZZ_DIR)/obj/src/common/%,$(FUZZ_OBJS))
