@@ -31,7 +31,16 @@ TSAN      := -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic staging_abort \
               parked_abort liveness device_events producer_event)
 
+# Tools by audience. tools/: the operator tools, which make install
+# installs (the programs, and the script kvw-rxe). tests/tools/: the test
+# drivers and the test bed (kvw-xfer, kvw-gpucheck, gpu-check, demo.sh,
+# kvw-testbed); bench/: the benchmark harnesses (bench.sh, kvw-wrcost,
+# kvw-rawlat). Those two are built into $(BUILD) like the operator tools
+# but run from the tree only. tools/kvw-tools.h is shared by all three.
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+TOOL_SCRIPTS := tools/kvw-rxe
+TEST_TOOLS := $(patsubst tests/tools/%.c,$(BUILD)/%,$(wildcard tests/tools/*.c))
+BENCH_TOOLS := $(patsubst bench/%.c,$(BUILD)/%,$(wildcard bench/*.c))
 # Example programs (examples/): the public header only, linked like the tools.
 EXAMPLES  := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard tests/unit/test_*.c))
@@ -47,7 +56,7 @@ PC        := $(BUILD)/kvwire.pc
 
 .PHONY: all deps check doc-check unit python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
-all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
+all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
 deps:
 	@scripts/install-deps.sh
@@ -82,6 +91,12 @@ $(PC): Makefile
 
 $(BUILD)/%: tools/%.c tools/kvw-tools.h $(STATIC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
+
+$(BUILD)/%: tests/tools/%.c tools/kvw-tools.h $(STATIC)
+	$(CC) $(CPPFLAGS) -Itools $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
+
+$(BUILD)/%: bench/%.c tools/kvw-tools.h $(STATIC)
+	$(CC) $(CPPFLAGS) -Itools $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
 
 # No -Isrc: an example sees what an integrator sees, include/kvwire.h.
 $(BUILD)/examples/%: examples/%.c include/kvwire.h $(STATIC)
@@ -147,30 +162,32 @@ tsan: $(TSAN_TESTS)
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
-integration: $(INTEG) $(TOOLS) $(EXAMPLES) $(SHARED)
-	tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
+integration: $(INTEG) $(TOOLS) $(TEST_TOOLS) $(EXAMPLES) $(SHARED)
+	tests/tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-1500} -- tests/integration/run-all.sh $(BUILD)
 
 # Two decode processes streaming back-to-back 12.6 MB requests from one
 # prefill on rxe (soak_scenarios.sh stream; KVW_STREAM_REQUESTS, 40 each).
 stream: deps all
-	tools/kvw-testbed --devices 2 --timeout 1800 -- tests/integration/soak_scenarios.sh $(BUILD) stream
+	tests/tools/kvw-testbed --devices 2 --timeout 1800 -- tests/integration/soak_scenarios.sh $(BUILD) stream
 
 demo: deps all
-	tools/kvw-testbed --devices 2 --timeout 900 -- tools/demo.sh $(BUILD)
+	tests/tools/kvw-testbed --devices 2 --timeout 900 -- tests/tools/demo.sh $(BUILD)
 
 # The null-device posting rate and the real path's instructions per WR
 # (callgrind; needs valgrind) are measured first, on the host (one core of
-# this machine, not the TCG guest); bench.sh prints them beside the ratios.
+# this machine, not the TCG guest); bench/bench.sh prints them beside the
+# ratios.
 bench: deps all
 	-$(BUILD)/kvw-wrcost --rate >$(BUILD)/nullrate.txt
 	-$(BUILD)/kvw-wrcost >$(BUILD)/wrcost.txt 2>&1
-	tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- tools/bench.sh $(BUILD)
+	tests/tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- \
+	    bench/bench.sh $(BUILD)
 
-# GPU memory checks (tools/gpu-check): detection, dma-buf export and copy
+# GPU memory checks (tests/tools/gpu-check): detection, dma-buf export and copy
 # throughput on an NVIDIA GPU; without one they report 'skipped' and pass,
 # so make check runs the build, argument handling and the skip everywhere.
 gpu-check: $(BUILD)/kvw-gpucheck $(BUILD)/kvwire-info
-	tools/gpu-check $(BUILD)
+	tests/tools/gpu-check $(BUILD)
 
 # Host only (no RDMA): library instructions per work request under callgrind
 # (Debian package valgrind), on the real path: the sender API, the planner
@@ -194,7 +211,10 @@ FUZZ_NAMES  := wire prefill decode bootstrap
 FUZZ_BINS   := $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
 FUZZ_OBJS   := $(LIB_SRCS:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_COMMON_OBJ := $(FUZZ_DIR)/obj/tests/fuzz/fuzz_common.o
-FUZZ_SUPPORT_OBJS := $(FUZZ_DIR)/obj/tests/support/fake_nic.o $(FUZZ_COMMON_OBJ)
+# The library harnesses' shared set-up (fuzz_engine.c) needs the library
+# and the fake NIC, so it is apart from fuzz_common.c.
+FUZZ_SUPPORT_OBJS := $(FUZZ_DIR)/obj/tests/support/fake_nic.o $(FUZZ_COMMON_OBJ) \
+                     $(FUZZ_DIR)/obj/tests/fuzz/fuzz_engine.o
 # The wire harness and the seed generator need only the wire format, so
 # they build (and fuzz-short's wire pass runs) while the engine is mid-edit.
 FUZZ_WIRE_OBJS := $(filter $(FUZZ_DIR)/obj/src/ctrl/wire.o $(FUZZ_DIR)/obj/src/common/%,$(FUZZ_OBJS))
@@ -259,6 +279,8 @@ fuzz-short: fuzz-build
 	    tests/fuzz/run-fuzz.sh $(FUZZ_DIR)/fuzz_$$h $(FUZZ_DIR)/seeds/$$h \
 	        $(FUZZ_DIR)/short/$$h short $$n; done
 
+# The library, its header and pkg-config file, the operator tools and the
+# license; nothing from tests/ or bench/.
 install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/kvwire.h $(DESTDIR)$(PREFIX)/include/
@@ -267,10 +289,12 @@ install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	ln -sf libkvwire.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvwire.so.$(SONAME_MAJOR)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvwire.so
 	$(call write_pc,$(PREFIX),$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvwire.pc)
-	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(TOOLS) $(TOOL_SCRIPTS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/doc/kvwire
+	install -m 644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/kvwire/
 
 format:
-	clang-format -i include/*.h src/*/*.c src/*/*.h tools/*.c tests/*/*.c tests/*/*.h
+	clang-format -i include/*.h src/*/*.c src/*/*.h tools/*.c bench/*.c tests/*/*.c tests/*/*.h
 
 clean:
 	rm -rf $(BUILD)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install (idempotently) the Debian 12 packages kvwire's build and tests
-# need, plus those of the test-bed mode tools/kvw-testbed will use here
-# (host, hostrxe or vm; see tools/kvw-testbed --help). It never installs a
+# need, plus those of the test-bed mode tests/tools/kvw-testbed will use here
+# (host, hostrxe or vm; see tests/tools/kvw-testbed --help). It never installs a
 # kernel: the vm mode downloads Debian's kernel package into its own cache.
 #
 #   scripts/install-deps.sh [--mode MODE]          install what is missing
@@ -10,7 +10,7 @@
 #                                    and what is missing; exit 1 if the build
 #                                    or MODE (default: the mode this machine
 #                                    gets) lacks a package, else 0
-# MODE: auto (default: what `tools/kvw-testbed --print-mode` picks), host,
+# MODE: auto (default: what `tests/tools/kvw-testbed --print-mode` picks), host,
 # hostrxe or vm.
 set -euo pipefail
 
@@ -113,7 +113,7 @@ main() {
     if [[ "$mode" == auto ]]; then
         # The mode auto picks can need tools hostrxe checks for (ip, rdma):
         # if they are missing the test bed says vm, and so do we.
-        picked=$("$SCRIPT_DIR/../tools/kvw-testbed" --print-mode 2>/dev/null || printf 'vm\t(cannot ask tools/kvw-testbed)')
+        picked=$("$SCRIPT_DIR/../tests/tools/kvw-testbed" --print-mode 2>/dev/null || printf 'vm\t(cannot ask tests/tools/kvw-testbed)')
         mode=${picked%%$'\t'*}
         why=${picked#*$'\t'}
     else

@@ -516,18 +516,3 @@ void *kvw__zsocket_secure(void *zctx, int type, uint32_t heartbeat_ms, const kvw
     }
     return s;
 }
-
-const char *kvw__zhandshake_failure(int event)
-{
-    switch (event) {
-    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        return "the peer speaks another security mechanism (is a cluster key set on one side "
-               "only?)";
-    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
-        return "the peer refused our credentials (a different cluster key?)";
-    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        return "the security handshake failed (a different cluster key?)";
-    default:
-        return NULL;
-    }
-}

@@ -108,9 +108,5 @@ uint64_t kvw__zsecurity_refused(const kvw_zsecurity_t *sec);
  * belongs to the caller's thread like any other; sec may be shared by
  * every thread of the context (it is read only). */
 void *kvw__zsocket_secure(void *zctx, int type, uint32_t heartbeat_ms, const kvw_zsecurity_t *sec);
-/* A short reason for a ZMQ_EVENT_HANDSHAKE_FAILED_* monitor event, e.g.
- * "the peer uses another security mechanism (is the cluster key set on
- * one side only?)"; NULL for other events. */
-const char *kvw__zhandshake_failure(int event);
 
 #endif

@@ -1,6 +1,6 @@
 /* A narrow seam into the poller (poller.c). The first three are for tools
  * and tests that drive its real steps synchronously, on one thread,
- * without starting the poller thread: tools/kvw-wrcost.c measures the
+ * without starting the poller thread: bench/kvw-wrcost.c measures the
  * per-WR cost and the posting rate of exactly the code the poller runs.
  * Production code calls none of them; same thread rules as the poller:
  * one caller at a time per engine. kvw__poller_help is the production way

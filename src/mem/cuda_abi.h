@@ -1,6 +1,6 @@
 /* The few CUDA driver API types and constants kvwire uses, from cuda.h (a
  * stable ABI), so that CUDA is never a build dependency: src/mem/cuda.c
- * and tools/kvw-gpucheck.c load libcuda.so.1 with dlopen and call it
+ * and tests/tools/kvw-gpucheck.c load libcuda.so.1 with dlopen and call it
  * through these. */
 #ifndef KVW_MEM_CUDA_ABI_H
 #define KVW_MEM_CUDA_ABI_H

@@ -18,8 +18,8 @@ const char *kvw__layout_kind_name(uint32_t kind)
     return "unknown";
 }
 
-static int check_groups(const kvw_layout_group_t *g, uint32_t n, uint32_t max_regions,
-                        char *why, size_t size)
+static int check_groups(const kvw_layout_group_t *g, uint32_t n, uint32_t max_regions, char *why,
+                        size_t size)
 {
     if (n == 0 || n > KVW_LAYOUT_MAX_GROUPS) {
         snprintf(why, size, "%u buffer groups: need 1 to %u", n, KVW_LAYOUT_MAX_GROUPS);
@@ -29,8 +29,8 @@ static int check_groups(const kvw_layout_group_t *g, uint32_t n, uint32_t max_re
     uint32_t kv_layers = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (g[i].kind > KVW_LAYOUT_STATE || !g[i].num_layers || !g[i].per_layer) {
-            snprintf(why, size, "group %u: kind %u, %u layers, %u regions per layer", i,
-                     g[i].kind, g[i].num_layers, g[i].per_layer);
+            snprintf(why, size, "group %u: kind %u, %u layers, %u regions per layer", i, g[i].kind,
+                     g[i].num_layers, g[i].per_layer);
             return -1;
         }
         if (g[i].kind == KVW_LAYOUT_AUX && g[i].num_layers != 1) {
@@ -123,27 +123,6 @@ int kvw__layout_classic(kvw_layout_t *l, uint32_t num_layers, uint32_t num_aux)
     kvw_layout_group_t g[2] = {{KVW_LAYOUT_KV, num_layers, 2, 0}, {KVW_LAYOUT_AUX, 1, num_aux, 0}};
     char why[128];
     return kvw__layout_build(l, g, num_aux ? 2 : 1, UINT32_MAX, why, sizeof(why));
-}
-
-int kvw__layout_compare(const kvw_layout_t *mine, const kvw_layout_t *peer, char *why,
-                        size_t why_size)
-{
-    if (mine->num_groups != peer->num_groups) {
-        snprintf(why, why_size, "peer has %u buffer groups, we have %u", peer->num_groups,
-                 mine->num_groups);
-        return -1;
-    }
-    for (uint32_t i = 0; i < mine->num_groups; i++) {
-        const kvw_layout_group_t *a = &mine->groups[i], *b = &peer->groups[i];
-        if (a->kind != b->kind || a->num_layers != b->num_layers || a->per_layer != b->per_layer) {
-            snprintf(why, why_size,
-                     "group %u: peer has %s with %u layers x %u regions, we have %s with %u x %u",
-                     i, kvw__layout_kind_name(b->kind), b->num_layers, b->per_layer,
-                     kvw__layout_kind_name(a->kind), a->num_layers, a->per_layer);
-            return -1;
-        }
-    }
-    return 0;
 }
 
 void kvw__layout_limits(const kvw_layout_t *l, const uint64_t *items, uint64_t max[3])

@@ -46,10 +46,6 @@ void kvw__layout_free(kvw_layout_t *l);
 /* The classic layout: one K/V group of num_layers layers, and one aux
  * group of num_aux regions when num_aux > 0. */
 int kvw__layout_classic(kvw_layout_t *l, uint32_t num_layers, uint32_t num_aux);
-/* Compare two layouts' group structure: 0 if equal, else -1 with what
- * differs in why (mine vs the peer's). */
-int kvw__layout_compare(const kvw_layout_t *mine, const kvw_layout_t *peer, char *why,
-                        size_t why_size);
 const char *kvw__layout_kind_name(uint32_t kind);
 /* The items every region of each kind can hold (the smallest region of the
  * kind; 0 for a kind with no region), from each region's item count:

@@ -14,9 +14,7 @@
  * which libFuzzer reports with the input. */
 #include "fuzz/fuzz_common.h"
 
-#include <stdio.h>
 #include <string.h>
-#include <zmq.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -31,17 +29,6 @@ static struct {
     kvw_bootstrap_t *bootstrap;
     uint32_t next_rank;
 } g;
-
-static void *dealer(void)
-{
-    char ep[KVW_WIRE_ENDPOINT_MAX];
-    snprintf(ep, sizeof(ep), "tcp://%s", kvw_bootstrap_addr(g.bootstrap));
-    void *s = fuzz_socket(g.zctx, ZMQ_DEALER);
-    if (zmq_connect(s, ep))
-        fuzz_die("harness: cannot connect to the bootstrap service at %s: %s", ep,
-                 zmq_strerror(zmq_errno()));
-    return s;
-}
 
 static bool mentions(const uint8_t *data, size_t size, uint32_t rank)
 {
@@ -67,19 +54,14 @@ static void drain(void *sock)
         kvw__wire_free(&m);
 }
 
+static bool reply_for(const kvw_msg_t *m, void *arg)
+{
+    return m->type == KVW_MSG_BS_LOOKUP_REPLY && m->u.bs.rank == *(const uint32_t *)arg;
+}
+
 static bool await_reply(uint32_t rank)
 {
-    uint64_t end = fuzz_now_ms() + FUZZ_SYNC_MS;
-    kvw_msg_t m;
-    for (uint64_t now; (now = fuzz_now_ms()) < end;) {
-        if (!fuzz_recv_msg(g.main, (int)(end - now), NULL, NULL, &m))
-            return false;
-        bool done = m.type == KVW_MSG_BS_LOOKUP_REPLY && m.u.bs.rank == rank;
-        kvw__wire_free(&m);
-        if (done)
-            return true;
-    }
-    return false;
+    return fuzz_await(g.main, FUZZ_SYNC_MS, reply_for, &rank);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -87,12 +69,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     fuzz_quiet_log();
-    g.zctx = zmq_ctx_new();
-    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", &g.bootstrap);
-    if (!g.zctx || st)
-        fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
-    g.main = dealer();
-    g.other = dealer();
+    fuzz_open_service(&g.zctx, &g.bootstrap);
+    g.main = fuzz_service_dealer(g.zctx, g.bootstrap);
+    g.other = fuzz_service_dealer(g.zctx, g.bootstrap);
     /* Left to process exit on purpose: libFuzzer ends with exit(). */
     return 0;
 }

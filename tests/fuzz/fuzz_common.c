@@ -157,6 +157,30 @@ void *fuzz_socket(void *zctx, int type)
     return s;
 }
 
+void *fuzz_dealer(void *zctx, const void *id, size_t id_len, const char *endpoint, const char *what)
+{
+    void *s = fuzz_socket(zctx, ZMQ_DEALER);
+    if ((id && zmq_setsockopt(s, ZMQ_ROUTING_ID, id, id_len)) || zmq_connect(s, endpoint))
+        fuzz_die("harness: cannot connect to %s at %s: %s", what, endpoint,
+                 zmq_strerror(zmq_errno()));
+    return s;
+}
+
+bool fuzz_await(void *sock, int timeout_ms, bool (*match)(const kvw_msg_t *m, void *arg), void *arg)
+{
+    uint64_t end = fuzz_now_ms() + (uint64_t)timeout_ms;
+    kvw_msg_t m;
+    for (uint64_t now; (now = fuzz_now_ms()) < end;) {
+        if (!fuzz_recv_msg(sock, (int)(end - now), NULL, NULL, &m))
+            return false;
+        bool done = match(&m, arg);
+        kvw__wire_free(&m);
+        if (done)
+            return true;
+    }
+    return false;
+}
+
 bool fuzz_append_record(uint8_t *buf, size_t cap, size_t *len_p, uint8_t flags,
                         const kvw_msg_t *msg)
 {

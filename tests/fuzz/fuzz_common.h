@@ -72,6 +72,18 @@ uint64_t fuzz_now_ms(void);
 /* A zmq socket with linger 0 (closing never blocks the harness). */
 void *fuzz_socket(void *zctx, int type);
 
+/* A DEALER (fuzz_socket) with routing identity id (id_len bytes) when id
+ * is not NULL, connected to endpoint; what names the peer when it cannot
+ * connect, which aborts (a harness bug). */
+void *fuzz_dealer(void *zctx, const void *id, size_t id_len, const char *endpoint,
+                  const char *what);
+
+/* Receive messages from sock for up to timeout_ms, handing each to match
+ * (and freeing it after) until match returns true: true then, false when
+ * the time ran out first. The harnesses' synchronising wait. */
+bool fuzz_await(void *sock, int timeout_ms, bool (*match)(const kvw_msg_t *m, void *arg),
+                void *arg);
+
 /* Append one record holding msg to buf (capacity cap) at *len_p. Returns
  * false if it does not fit. For the corpus generator. */
 bool fuzz_append_record(uint8_t *buf, size_t cap, size_t *len_p, uint8_t flags,
@@ -91,5 +103,35 @@ enum {
 /* A HELLO or HELLO_ACK (type) with that layout and a made-up QP; regions
  * points to FUZZ_REGIONS entries of storage owned by the caller. */
 void fuzz_hello(kvw_msg_t *m, uint16_t type, uint64_t engine_id, kvw_wire_region_t *regions);
+
+/* ---- set-up of the harnesses that run the library (prefill, decode,
+ * bootstrap). In fuzz_engine.c, which links the library and the fake NIC:
+ * the wire harness and the corpus generator link without them. */
+
+/* A bootstrap service on 127.0.0.1 (any port) and a zmq context for the
+ * harness's own sockets. Aborts on failure. */
+void fuzz_open_service(void **zctx_p, kvw_bootstrap_t **bootstrap_p);
+/* A DEALER (fuzz_dealer) connected to the bootstrap service. */
+void *fuzz_service_dealer(void *zctx, kvw_bootstrap_t *bootstrap);
+
+/* The engine harnesses' memory: FUZZ_REGIONS zeroed regions in the test
+ * layout, as the engine takes them. */
+typedef struct fuzz_memory {
+    uint8_t *mem[FUZZ_REGIONS];
+    kvw_region_t kv[2 * FUZZ_LAYERS], aux;
+} fuzz_memory_t;
+
+/* What every engine harness does first: the log silenced (fuzz_quiet_log),
+ * the fake NIC installed as the verbs, and mem allocated. Aborts on
+ * failure. */
+void fuzz_engine_setup(fuzz_memory_t *mem);
+/* The configuration the engine harnesses start from: kvw_config_init with
+ * small queues; each harness sets its own timeouts. */
+void fuzz_engine_config(kvw_config_t *cfg);
+/* Parameters for an engine of role on the fake NIC's device over mem, in
+ * the test layout, with cfg; the caller adds the bootstrap address where
+ * its role needs one. */
+void fuzz_engine_params(kvw_engine_params_t *p, kvw_role_t role, const char *device,
+                        const fuzz_memory_t *mem, const kvw_config_t *cfg);
 
 #endif

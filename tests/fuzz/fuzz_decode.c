@@ -21,11 +21,8 @@
  * engine is replaced by a fresh one past REBUILD_AFTER (an engine has a
  * bounded number of connection slots). */
 #include "fuzz/fuzz_common.h"
-#include "support/fake_nic.h"
-#include "verbs/ops.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
@@ -45,8 +42,7 @@ static struct {
     kvw_bootstrap_t *bootstrap;
     kvw_engine_t *engine;
     kvw_config_t cfg;
-    uint8_t *mem[FUZZ_REGIONS];
-    kvw_region_t kv[2 * FUZZ_LAYERS], aux;
+    fuzz_memory_t mem;
     kvw_receiver_t *r;
     uint64_t room, registered_ms;
     uint32_t token; /* decode's token for room */
@@ -55,32 +51,11 @@ static struct {
     unsigned hellos;
 } g;
 
-static void alloc_memory(void)
-{
-    for (int i = 0; i < FUZZ_REGIONS; i++) {
-        bool aux = i == FUZZ_REGIONS - 1;
-        size_t item = aux ? FUZZ_AUX_ITEM : FUZZ_ITEM;
-        size_t len = item * (aux ? FUZZ_AUX_ITEMS : FUZZ_PAGES);
-        g.mem[i] = calloc(1, len);
-        if (!g.mem[i])
-            fuzz_die("out of memory");
-        kvw_region_t r = {g.mem[i], len, item};
-        if (aux)
-            g.aux = r;
-        else
-            g.kv[i] = r;
-    }
-}
-
 /* Generous liveness limits: the harness answers PINGs only while it runs
  * an input, and must not have decode give up on it between inputs. */
 static void make_config(void)
 {
-    kvw_config_init(&g.cfg);
-    g.cfg.sq_depth = 64;
-    g.cfg.rq_depth = 16;
-    g.cfg.chain_max = 8;
-    g.cfg.signal_every = 4;
+    fuzz_engine_config(&g.cfg);
     g.cfg.bootstrap_timeout_ms = 3000;
     g.cfg.transfer_timeout_ms = 10000;
     g.cfg.heartbeat_ms = 500;
@@ -104,20 +79,13 @@ static void register_rank(void)
 
 static void open_service(void)
 {
-    g.zctx = zmq_ctx_new();
-    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", &g.bootstrap);
-    if (!g.zctx || st)
-        fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
+    fuzz_open_service(&g.zctx, &g.bootstrap);
     g.router = fuzz_socket(g.zctx, ZMQ_ROUTER);
     size_t len = sizeof(g.endpoint);
     if (zmq_bind(g.router, "tcp://127.0.0.1:*") ||
         zmq_getsockopt(g.router, ZMQ_LAST_ENDPOINT, g.endpoint, &len))
         fuzz_die("harness: cannot bind the fake prefill: %s", zmq_strerror(zmq_errno()));
-    char bs[KVW_WIRE_ENDPOINT_MAX];
-    snprintf(bs, sizeof(bs), "tcp://%s", kvw_bootstrap_addr(g.bootstrap));
-    g.registrar = fuzz_socket(g.zctx, ZMQ_DEALER);
-    if (zmq_connect(g.registrar, bs))
-        fuzz_die("harness: cannot connect to the bootstrap service: %s", zmq_strerror(zmq_errno()));
+    g.registrar = fuzz_service_dealer(g.zctx, g.bootstrap);
     register_rank();
     kvw_msg_t ack;
     if (!fuzz_recv_msg(g.registrar, FUZZ_SYNC_MS, NULL, NULL, &ack) ||
@@ -127,16 +95,8 @@ static void open_service(void)
 
 static void open_engine(void)
 {
-    kvw_engine_params_t p = {
-        .role = KVW_ROLE_DECODE,
-        .device = "fake1",
-        .local_ip = "127.0.0.1",
-        .num_layers = FUZZ_LAYERS,
-        .kv_regions = g.kv,
-        .num_aux = 1,
-        .aux_regions = &g.aux,
-        .config = &g.cfg,
-    };
+    kvw_engine_params_t p;
+    fuzz_engine_params(&p, KVW_ROLE_DECODE, "fake1", &g.mem, &g.cfg);
     kvw_status_t st = kvw_engine_create(&p, &g.engine);
     if (st)
         fuzz_die("harness: decode engine: %s", kvw_strerror(st));
@@ -265,11 +225,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    fuzz_quiet_log();
-    if (fake_nic_init(NULL))
-        fuzz_die("harness: fake_nic_init failed");
-    kvw__verbs_set_ops(&fake_nic_ops);
-    alloc_memory();
+    fuzz_engine_setup(&g.mem);
     make_config();
     open_service();
     open_engine();

@@ -22,12 +22,7 @@
  * included) and every accepted HELLO takes one: past REBUILD_AFTER the
  * engine is replaced by a fresh one. */
 #include "fuzz/fuzz_common.h"
-#include "support/fake_nic.h"
-#include "verbs/ops.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <zmq.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -46,39 +41,17 @@ static struct {
     kvw_engine_t *engine;
     kvw_sender_t *sync_sender;
     kvw_config_t cfg;
-    uint8_t *mem[FUZZ_REGIONS];
-    kvw_region_t kv[2 * FUZZ_LAYERS], aux;
+    fuzz_memory_t mem;
     unsigned accepted; /* HELLO_ACKs with status OK seen by this engine */
     uint32_t token;    /* of the last claim of SYNC_ROOM; never reused */
     int32_t last_ack;  /* status of the last HELLO_ACK main got */
 } g;
 
-static void alloc_memory(void)
-{
-    for (int i = 0; i < FUZZ_REGIONS; i++) {
-        bool aux = i == FUZZ_REGIONS - 1;
-        size_t item = aux ? FUZZ_AUX_ITEM : FUZZ_ITEM;
-        size_t len = item * (aux ? FUZZ_AUX_ITEMS : FUZZ_PAGES);
-        g.mem[i] = calloc(1, len);
-        if (!g.mem[i])
-            fuzz_die("out of memory");
-        kvw_region_t r = {g.mem[i], len, item};
-        if (aux)
-            g.aux = r;
-        else
-            g.kv[i] = r;
-    }
-}
-
 /* Short bootstrap timeouts: requests from fuzzed REQUESTs that no sender
  * claims are failed and dropped quickly instead of piling up. */
 static void make_config(void)
 {
-    kvw_config_init(&g.cfg);
-    g.cfg.sq_depth = 64;
-    g.cfg.rq_depth = 16;
-    g.cfg.chain_max = 8;
-    g.cfg.signal_every = 4;
+    fuzz_engine_config(&g.cfg);
     g.cfg.bootstrap_timeout_ms = 300;
     g.cfg.transfer_timeout_ms = 1000;
     g.cfg.heartbeat_ms = 200;
@@ -87,11 +60,7 @@ static void make_config(void)
 
 static void *dealer(const uint8_t id[12])
 {
-    void *s = fuzz_socket(g.zctx, ZMQ_DEALER);
-    if (zmq_setsockopt(s, ZMQ_ROUTING_ID, id, 12) || zmq_connect(s, kvw_engine_endpoint(g.engine)))
-        fuzz_die("harness: cannot connect to prefill at %s: %s", kvw_engine_endpoint(g.engine),
-                 zmq_strerror(zmq_errno()));
-    return s;
+    return fuzz_dealer(g.zctx, id, 12, kvw_engine_endpoint(g.engine), "prefill");
 }
 
 /* Accepted handshakes of either identity take a connection slot. */
@@ -127,22 +96,19 @@ static void send_sync(void)
     fuzz_send_msg(g.main, NULL, 0, &req);
 }
 
+/* Whether m (noted) answers the last sync claim. */
+static bool sync_answer(const kvw_msg_t *m, void *arg)
+{
+    (void)arg;
+    note(g.main, m);
+    return m->type == KVW_MSG_REQUEST_FAILED && m->u.failed.room == SYNC_ROOM &&
+           m->u.failed.token == g.token;
+}
+
 /* Wait for the answer to the last sync claim. */
 static bool await_sync(void)
 {
-    uint64_t end = fuzz_now_ms() + FUZZ_SYNC_MS;
-    kvw_msg_t m;
-    for (uint64_t now; (now = fuzz_now_ms()) < end;) {
-        if (!fuzz_recv_msg(g.main, (int)(end - now), NULL, NULL, &m))
-            return false;
-        note(g.main, &m);
-        bool done = m.type == KVW_MSG_REQUEST_FAILED && m.u.failed.room == SYNC_ROOM &&
-                    m.u.failed.token == g.token;
-        kvw__wire_free(&m);
-        if (done)
-            return true;
-    }
-    return false;
+    return fuzz_await(g.main, FUZZ_SYNC_MS, sync_answer, NULL);
 }
 
 /* The first claim of SYNC_ROOM is accepted (no answer); a second one is
@@ -158,17 +124,9 @@ static void first_claims(void)
 
 static void open_engine(void)
 {
-    kvw_engine_params_t p = {
-        .role = KVW_ROLE_PREFILL,
-        .device = "fake0",
-        .local_ip = "127.0.0.1",
-        .bootstrap_addr = kvw_bootstrap_addr(g.bootstrap),
-        .num_layers = FUZZ_LAYERS,
-        .kv_regions = g.kv,
-        .num_aux = 1,
-        .aux_regions = &g.aux,
-        .config = &g.cfg,
-    };
+    kvw_engine_params_t p;
+    fuzz_engine_params(&p, KVW_ROLE_PREFILL, "fake0", &g.mem, &g.cfg);
+    p.bootstrap_addr = kvw_bootstrap_addr(g.bootstrap);
     kvw_status_t st = kvw_engine_create(&p, &g.engine);
     if (!st)
         st = kvw_sender_create(g.engine, SYNC_ROOM, &g.sync_sender);
@@ -194,16 +152,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    fuzz_quiet_log();
-    if (fake_nic_init(NULL))
-        fuzz_die("harness: fake_nic_init failed");
-    kvw__verbs_set_ops(&fake_nic_ops);
-    alloc_memory();
+    fuzz_engine_setup(&g.mem);
     make_config();
-    g.zctx = zmq_ctx_new();
-    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", &g.bootstrap);
-    if (!g.zctx || st)
-        fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
+    fuzz_open_service(&g.zctx, &g.bootstrap);
     open_engine();
     /* Left to process exit on purpose: libFuzzer ends with exit(), and
      * tearing engines down from an atexit handler would race it. */

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Transfer-engine integration scenarios on real rxe: separate prefill and
-# decode processes (tools/kvw-xfer), every byte checked by decode, WRs posted
+# decode processes (tests/tools/kvw-xfer), every byte checked by decode, WRs posted
 # checked against the plan by prefill. Runs inside the test bed.
 # Usage: engine_scenarios.sh BUILD_DIR
 set -u

@@ -8,7 +8,7 @@
 # Usage: testbed_scenarios.sh BUILD_DIR
 set -u
 . "$(dirname "$0")/common.sh"
-tb=tools/kvw-testbed
+tb=tests/tools/kvw-testbed
 rxe=tools/kvw-rxe
 
 echo "[==========] test bed modes and kvw-rxe (test bed mode ${KVW_TB_MODE:-?})"

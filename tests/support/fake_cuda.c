@@ -41,7 +41,9 @@ static struct {
     struct {
         uint8_t *p;
         size_t len;
+        uint64_t size; /* what pointer_info reports as its size */
     } allocs[MAX_ALLOCS];
+    fake_cuda_facts_t facts;
     fake_cuda_stats_t st;
     long pending;
     bool fail_from_gpu, fail_to_gpu;
@@ -62,6 +64,15 @@ void fake_cuda_init(const fake_cuda_config_t *cfg)
     fk.pending = 0;
     fk.fail_from_gpu = fk.fail_to_gpu = false;
     fk.cfg = cfg ? *cfg : (fake_cuda_config_t){0};
+    fk.facts = (fake_cuda_facts_t){.dev = {.name = "fake GPU (host memory)",
+                                           .pci = "0000:00:00.0",
+                                           .cc_major = 9,
+                                           .dmabuf = fk.cfg.gdr,
+                                           .gdr = fk.cfg.gdr,
+                                           .vmm_gdr = fk.cfg.gdr,
+                                           .writes_ordering = 100},
+                                   .type = KVW_CUDA_PTR_DEVICE,
+                                   .rdma_capable = -1};
     fk.gate_closed = false;
     pthread_cond_broadcast(&fk.gate_cond);
     pthread_mutex_unlock(&fk.lock);
@@ -96,6 +107,7 @@ void *fake_cuda_alloc(size_t len)
         if (!fk.allocs[i].p) {
             fk.allocs[i].p = p;
             fk.allocs[i].len = len;
+            fk.allocs[i].size = len;
             break;
         }
     pthread_mutex_unlock(&fk.lock);
@@ -110,6 +122,25 @@ void fake_cuda_free(void *p)
             fk.allocs[i].p = NULL;
     pthread_mutex_unlock(&fk.lock);
     free(p);
+}
+
+void fake_cuda_set_alloc_size(void *p, uint64_t size)
+{
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (fk.allocs[i].p == p)
+            fk.allocs[i].size = size;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+void *fake_cuda_ctx(void)
+{
+    return &ctx_token;
+}
+
+fake_cuda_facts_t *fake_cuda_facts(void)
+{
+    return &fk.facts;
 }
 
 void fake_cuda_stats(fake_cuda_stats_t *st)
@@ -148,43 +179,49 @@ static int f_device_info(int ordinal, kvw_cuda_dev_t *info_p, char *why, size_t 
         snprintf(why, size, "no fake GPU %d", ordinal);
         return -1;
     }
-    *info_p = (kvw_cuda_dev_t){.name = "fake GPU (host memory)",
-                               .pci = "0000:00:00.0",
-                               .cc_major = 9,
-                               .dmabuf = fk.cfg.gdr,
-                               .gdr = fk.cfg.gdr,
-                               .vmm_gdr = fk.cfg.gdr,
-                               .writes_ordering = 100};
+    pthread_mutex_lock(&fk.lock);
+    *info_p = fk.facts.dev;
+    pthread_mutex_unlock(&fk.lock);
     return 0;
 }
 
 static int f_pointer_info(const void *addr, kvw_cuda_ptr_t *info_p, char *why, size_t size)
 {
-    (void)why;
-    (void)size;
     kvw_cuda_ptr_t p = {.type = KVW_CUDA_PTR_HOST, .device = -1, .rdma_capable = -1};
     pthread_mutex_lock(&fk.lock);
+    if (fk.facts.query_fails) {
+        pthread_mutex_unlock(&fk.lock);
+        snprintf(why, size, "cuPointerGetAttribute(MEMORY_TYPE): CUDA_ERROR_UNKNOWN (999)");
+        return -1;
+    }
     int i = find_alloc(addr);
     if (i >= 0) {
-        p.type = KVW_CUDA_PTR_DEVICE;
+        p.type = fk.facts.type;
         p.device = 0;
         p.ctx = &ctx_token;
         p.base = (uint64_t)(uintptr_t)fk.allocs[i].p;
-        p.size = fk.allocs[i].len;
+        p.size = fk.allocs[i].size;
+        p.vmm = fk.facts.vmm;
+        p.rdma_capable = fk.facts.rdma_capable;
     }
     pthread_mutex_unlock(&fk.lock);
     *info_p = p;
     return 0;
 }
 
-/* With GPUDirect (gdr): a real fd, which kvwire must close, and which the
- * fake NIC registers as the memory at the MR's iova. */
+/* When the GPU exports dma-bufs (facts.dev.dmabuf, config.gdr by default):
+ * a real fd, which kvwire must close, and which the fake NIC registers as
+ * the memory at the MR's iova. */
 static int f_dmabuf_export(void *ctx, uint64_t start, size_t len, int *fd_p, char *why, size_t size)
 {
     (void)ctx;
-    (void)start;
-    (void)len;
-    if (fk.cfg.gdr && (*fd_p = eventfd(0, EFD_CLOEXEC)) >= 0)
+    pthread_mutex_lock(&fk.lock);
+    fk.st.exports++;
+    fk.st.export_start = start;
+    fk.st.export_len = len;
+    bool dmabuf = fk.facts.dev.dmabuf > 0;
+    pthread_mutex_unlock(&fk.lock);
+    if (dmabuf && (*fd_p = eventfd(0, EFD_CLOEXEC)) >= 0)
         return 0;
     snprintf(why, size, "the fake GPU exports no dma-buf");
     return -1;
@@ -192,15 +229,21 @@ static int f_dmabuf_export(void *ctx, uint64_t start, size_t len, int *fd_p, cha
 
 static int f_flush_writes(void *ctx, char *why, size_t size)
 {
-    (void)ctx;
     (void)why;
     (void)size;
+    pthread_mutex_lock(&fk.lock);
+    fk.st.flushes++;
+    fk.st.flushed_ctx = ctx;
+    pthread_mutex_unlock(&fk.lock);
     return 0;
 }
 
 static bool f_peermem_loaded(void)
 {
-    return false;
+    pthread_mutex_lock(&fk.lock);
+    bool loaded = fk.facts.peermem;
+    pthread_mutex_unlock(&fk.lock);
+    return loaded;
 }
 
 static void *f_host_alloc(size_t len, char *why, size_t size)

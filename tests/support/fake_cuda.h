@@ -10,7 +10,10 @@
  * says, or at a time it set, or fails with the CUDA error it chose. With
  * gdr set the GPU has GPUDirect RDMA and exports dma-bufs (an eventfd,
  * which the fake NIC takes as the memory at its iova), so its memory is
- * registered directly instead of staged. Never reported as a GPU. */
+ * registered directly instead of staged. Never reported as a GPU.
+ * For the memory-path tests (test_mem), what the GPU and its allocations
+ * report can be changed piece by piece (fake_cuda_facts), and the exports
+ * and flushes kvwire asked for are counted (fake_cuda_stats). */
 #ifndef KVW_TEST_FAKE_CUDA_H
 #define KVW_TEST_FAKE_CUDA_H
 
@@ -41,6 +44,27 @@ void fake_cuda_gate_to_gpu(bool closed);
 /* len bytes of "GPU memory" (zeroed); freed by fake_cuda_free. */
 void *fake_cuda_alloc(size_t len);
 void fake_cuda_free(void *p);
+/* pointer_info reports size as p's allocation size (RANGE_SIZE) from now
+ * on, instead of its length; addresses up to its length still belong to
+ * it. For a region that runs past the end of its CUDA allocation. */
+void fake_cuda_set_alloc_size(void *p, uint64_t size);
+/* The one fake CUDA context: pointer_info's ctx for fake GPU memory. */
+void *fake_cuda_ctx(void);
+
+/* What the fake GPU and its memory report. fake_cuda_init sets the
+ * defaults below from its config; a test may change any field between
+ * calls into kvwire, while no other thread of the test is using the fake
+ * (it writes them without the lock the fake reads them under). */
+typedef struct fake_cuda_facts {
+    kvw_cuda_dev_t dev;       /* device_info of GPU 0; dmabuf, gdr and vmm_gdr are
+                               * config.gdr, cc_major 9, writes_ordering 100 (owner) */
+    kvw_cuda_ptr_type_t type; /* what fake GPU memory is: KVW_CUDA_PTR_DEVICE */
+    bool vmm;                 /* it is a VMM mapping: false */
+    int rdma_capable;         /* its gpuDirectRDMACapable flag: -1 (unknown) */
+    bool query_fails;         /* pointer_info fails (CUDA could not classify): false */
+    bool peermem;             /* nvidia_peermem is loaded: false */
+} fake_cuda_facts_t;
+fake_cuda_facts_t *fake_cuda_facts(void);
 
 typedef struct fake_cuda_stats {
     long copies, failed_copies;
@@ -52,6 +76,11 @@ typedef struct fake_cuda_stats {
     long gated;                       /* copies into the GPU waiting at the closed gate now */
     long pending;                     /* copies queued or running on all streams now */
     long event_queries, event_misuse; /* all events; queries of destroyed ones */
+    long exports;                     /* dma-buf exports asked for (granted or not) */
+    uint64_t export_start;            /* the last one's range */
+    size_t export_len;
+    long flushes;      /* flush_writes calls */
+    void *flushed_ctx; /* the last one's context */
 } fake_cuda_stats_t;
 void fake_cuda_stats(fake_cuda_stats_t *st);
 

@@ -1,4 +1,4 @@
-/* What the test bed (tools/kvw-testbed) tells a command about its devices. */
+/* What the test bed (tests/tools/kvw-testbed) tells a command about its devices. */
 #ifndef KVW_TESTS_TESTBED_ENV_H
 #define KVW_TESTS_TESTBED_ENV_H
 

@@ -1,7 +1,7 @@
 /* Unit tests for src/mem/: which path each region takes (host, dma-buf,
  * nvidia_peermem, staging) and why, the override, the export range, and
- * registration on the fake NIC. A fake CUDA seam makes host memory pose
- * as GPU memory: the fake NIC registers a "dma-buf" as the host memory at
+ * registration on the fake NIC. The fake CUDA seam (support/fake_cuda)
+ * makes host memory pose as GPU memory: the fake NIC registers a "dma-buf" as the host memory at
  * its iova, so GPU regions really are registered and checked. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,118 +12,20 @@
 
 #include <cmocka.h>
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "common/config.h"
 #include "mem/mem.h"
+#include "support/fake_cuda.h"
 #include "support/fake_nic.h"
 
 enum { GPU_LEN = 1 << 20 };
 
-/* ---- the fake CUDA seam ----------------------------------------------------- */
-
-static struct {
-    uint8_t *gpu;        /* host memory posing as one GPU allocation */
-    uint64_t alloc_size; /* what RANGE_SIZE reports */
-    kvw_cuda_ptr_type_t type;
-    bool vmm;
-    int rdma_capable;
-    bool query_fails;
-    bool peermem;
-    kvw_cuda_dev_t dev;
-    uint64_t export_start;
-    size_t export_len;
-    int exports, flushes;
-    void *flushed_ctx;
-} fake;
-
-static int f_init(char *why, size_t size)
-{
-    (void)why;
-    (void)size;
-    return 0;
-}
-
-static int f_device_count(void)
-{
-    return 1;
-}
-
-static int f_device_info(int ordinal, kvw_cuda_dev_t *info_p, char *why, size_t size)
-{
-    if (ordinal != 0) {
-        snprintf(why, size, "no GPU %d", ordinal);
-        return -1;
-    }
-    *info_p = fake.dev;
-    return 0;
-}
-
-static bool on_fake_gpu(const void *addr)
-{
-    const uint8_t *p = addr;
-    return fake.gpu && p >= fake.gpu && p < fake.gpu + GPU_LEN;
-}
-
-static int f_pointer_info(const void *addr, kvw_cuda_ptr_t *info_p, char *why, size_t size)
-{
-    if (fake.query_fails) {
-        snprintf(why, size, "cuPointerGetAttribute(MEMORY_TYPE): CUDA_ERROR_UNKNOWN (999)");
-        return -1;
-    }
-    kvw_cuda_ptr_t p = {.type = KVW_CUDA_PTR_HOST, .device = -1, .rdma_capable = -1};
-    if (on_fake_gpu(addr)) {
-        p.type = fake.type;
-        p.device = 0;
-        p.ctx = &fake; /* any distinct pointer will do as a context */
-        p.base = (uint64_t)(uintptr_t)fake.gpu;
-        p.size = fake.alloc_size;
-        p.vmm = fake.vmm;
-        p.rdma_capable = fake.rdma_capable;
-    }
-    *info_p = p;
-    return 0;
-}
-
-static int f_dmabuf_export(void *ctx, uint64_t start, size_t len, int *fd_p, char *why, size_t size)
-{
-    (void)ctx;
-    (void)why;
-    (void)size;
-    fake.exports++;
-    fake.export_start = start;
-    fake.export_len = len;
-    *fd_p = eventfd(0, EFD_CLOEXEC); /* a real fd, which kvwire must close */
-    return *fd_p < 0 ? -1 : 0;
-}
-
-static int f_flush_writes(void *ctx, char *why, size_t size)
-{
-    (void)why;
-    (void)size;
-    fake.flushes++;
-    fake.flushed_ctx = ctx;
-    return 0;
-}
-
-static bool f_peermem_loaded(void)
-{
-    return fake.peermem;
-}
-
-static const kvw_cuda_ops_t fake_cuda = {
-    .init = f_init,
-    .device_count = f_device_count,
-    .device_info = f_device_info,
-    .pointer_info = f_pointer_info,
-    .dmabuf_export = f_dmabuf_export,
-    .flush_writes = f_flush_writes,
-    .peermem_loaded = f_peermem_loaded,
-};
+/* The fake GPU (support/fake_cuda): one allocation of GPU_LEN bytes, and
+ * what it and the GPU report, which each test changes as it needs. */
+static uint8_t *gpu_mem;
+static fake_cuda_facts_t *fake;
 
 /* ---- log capture ---------------------------------------------------------------- */
 
@@ -154,23 +56,23 @@ typedef struct {
 
 static int setup_with(void **state, int no_dmabuf)
 {
-    memset(&fake, 0, sizeof(fake));
-    fake.gpu = aligned_alloc(4096, GPU_LEN);
-    fake.alloc_size = GPU_LEN;
-    fake.type = KVW_CUDA_PTR_DEVICE;
-    fake.rdma_capable = 1;
-    fake.dev = (kvw_cuda_dev_t){.name = "Fake H100",
-                                .cc_major = 9,
-                                .dmabuf = 1,
-                                .gdr = 1,
-                                .vmm_gdr = 1,
-                                .writes_ordering = 100};
+    fake_cuda_init(&(fake_cuda_config_t){.gdr = 1});
+    fake = fake_cuda_facts();
+    fake->rdma_capable = 1;
+    fake->dev = (kvw_cuda_dev_t){.name = "Fake H100",
+                                 .cc_major = 9,
+                                 .dmabuf = 1,
+                                 .gdr = 1,
+                                 .vmm_gdr = 1,
+                                 .writes_ordering = 100};
+    gpu_mem = fake_cuda_alloc(GPU_LEN);
+    assert_non_null(gpu_mem);
     logbuf[0] = '\0';
     kvw_set_log_handler(capture, NULL, KVW_LOG_INFO);
     fake_nic_config_t nc = {.num_devices = 1, .no_dmabuf = no_dmabuf};
     assert_int_equal(fake_nic_init(&nc), 0);
     kvw__verbs_set_ops(&fake_nic_ops);
-    kvw__cuda_set_ops(&fake_cuda);
+    kvw__cuda_set_ops(&fake_cuda_ops);
     fixture_t *f = calloc(1, sizeof(*f));
     assert_int_equal(kvw__dev_open("fake0", "127.0.0.1", 1, -1, &f->dev), KVW_OK);
     assert_int_equal(kvw__mem_ctx_init(&f->m, NULL), KVW_OK);
@@ -199,9 +101,16 @@ static int teardown(void **state)
     fake_nic_stats(&st);
     assert_int_equal(st.live_mrs, 0);
     fake_nic_fini();
-    free(fake.gpu);
+    fake_cuda_free(gpu_mem);
     kvw_set_log_handler(NULL, NULL, KVW_LOG_WARN);
     return 0;
+}
+
+static fake_cuda_stats_t cuda_stats(void)
+{
+    fake_cuda_stats_t st;
+    fake_cuda_stats(&st);
+    return st;
 }
 
 static kvw_mem_path_t decide(fixture_t *f, void *addr, size_t len, kvw_mem_plan_t *p)
@@ -227,8 +136,8 @@ static void test_dmabuf_first(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.peermem = true; /* dma-buf still wins */
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_DMABUF);
+    fake->peermem = true; /* dma-buf still wins */
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_DMABUF);
     assert_non_null(strstr(p.reason, "dma-buf"));
 }
 
@@ -236,9 +145,9 @@ static void test_peermem_when_gpu_has_no_dmabuf(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.dev.dmabuf = 0;
-    fake.peermem = true;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_PEERMEM);
+    fake->dev.dmabuf = 0;
+    fake->peermem = true;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_PEERMEM);
     assert_non_null(strstr(p.reason, "DMA_BUF_SUPPORTED = 0"));
 }
 
@@ -246,8 +155,8 @@ static void test_peermem_when_nic_refuses_dmabuf(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.peermem = true;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_PEERMEM);
+    fake->peermem = true;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_PEERMEM);
     assert_non_null(strstr(p.reason, "fake0 refuses dma-buf"));
 }
 
@@ -255,17 +164,17 @@ static void test_staging_when_neither(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.dev.dmabuf = 0;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_STAGING);
+    fake->dev.dmabuf = 0;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_STAGING);
     assert_non_null(strstr(p.reason, "modprobe nvidia_peermem"));
     assert_non_null(strstr(p.reason, "open GPU kernel modules"));
     /* Registration registers nothing (the engine stages it), keeps the
      * region's context for the copies, and logs why once. */
     kvw_mr_t mr = {0};
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 4096, true, &mr), KVW_OK);
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, gpu_mem, 4096, true, &mr), KVW_OK);
     assert_null(mr.mr);
     assert_int_equal(mr.path, KVW_MEM_PATH_STAGING);
-    assert_ptr_equal(mr.cuda_ctx, &fake);
+    assert_ptr_equal(mr.cuda_ctx, fake_cuda_ctx());
     assert_int_equal(mr.lkey, 0);
     assert_non_null(strstr(logbuf, "GPU 0 regions: staging"));
     assert_non_null(strstr(logbuf, "modprobe nvidia_peermem"));
@@ -280,21 +189,21 @@ static void test_override_honoured(void **state)
     kvw_config_t cfg;
     kvw_config_init(&cfg);
     kvw_mem_plan_t p;
-    fake.peermem = true;
+    fake->peermem = true;
     snprintf(cfg.gpu_path, sizeof(cfg.gpu_path), "peermem");
     assert_int_equal(kvw__mem_ctx_init(&f->m, &cfg), KVW_OK);
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_PEERMEM);
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_PEERMEM);
     assert_non_null(strstr(p.reason, "KVW_GPU_PATH=peermem"));
 
     snprintf(cfg.gpu_path, sizeof(cfg.gpu_path), "staging");
     assert_int_equal(kvw__mem_ctx_init(&f->m, &cfg), KVW_OK);
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_STAGING);
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_STAGING);
 
     /* A forced path the detection says no to is still taken, and says so. */
-    fake.peermem = false;
+    fake->peermem = false;
     snprintf(cfg.gpu_path, sizeof(cfg.gpu_path), "peermem");
     assert_int_equal(kvw__mem_ctx_init(&f->m, &cfg), KVW_OK);
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_PEERMEM);
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_PEERMEM);
     assert_non_null(strstr(p.reason, "detection says"));
 
     /* Host memory is host memory whatever is forced. */
@@ -329,24 +238,24 @@ static void test_vmm_without_rdma_flag(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.vmm = true;
-    fake.rdma_capable = 0;
-    fake.peermem = true;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_STAGING);
+    fake->vmm = true;
+    fake->rdma_capable = 0;
+    fake->peermem = true;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_STAGING);
     assert_non_null(strstr(p.reason, "VMM allocation"));
     assert_non_null(strstr(p.reason, "gpuDirectRDMACapable"));
     assert_non_null(strstr(p.reason, "expandable_segments"));
-    fake.rdma_capable = 1; /* with the flag, dma-buf as usual */
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_DMABUF);
+    fake->rdma_capable = 1; /* with the flag, dma-buf as usual */
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_DMABUF);
 }
 
 static void test_managed_memory(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.type = KVW_CUDA_PTR_MANAGED;
-    fake.peermem = true;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_STAGING);
+    fake->type = KVW_CUDA_PTR_MANAGED;
+    fake->peermem = true;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_STAGING);
     assert_non_null(strstr(p.reason, "managed memory"));
 }
 
@@ -354,9 +263,9 @@ static void test_gpu_without_gpudirect(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.dev.gdr = 0;
-    fake.peermem = true;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_STAGING);
+    fake->dev.gdr = 0;
+    fake->peermem = true;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_STAGING);
     assert_non_null(strstr(p.reason, "GPU_DIRECT_RDMA_SUPPORTED = 0"));
 }
 
@@ -384,13 +293,13 @@ static void test_decide_clamps_to_allocation(void **state)
     fixture_t *f = *state;
     kvw_mem_plan_t p;
     long page = sysconf(_SC_PAGESIZE);
-    fake.alloc_size = (uint64_t)(2 * page + 100); /* ends mid-page */
-    assert_int_equal(decide(f, fake.gpu + page + 8, (size_t)page + 92, &p), KVW_MEM_PATH_DMABUF);
-    assert_int_equal(p.start, (uint64_t)(uintptr_t)fake.gpu + (uint64_t)page);
+    fake_cuda_set_alloc_size(gpu_mem, (uint64_t)(2 * page + 100)); /* ends mid-page */
+    assert_int_equal(decide(f, gpu_mem + page + 8, (size_t)page + 92, &p), KVW_MEM_PATH_DMABUF);
+    assert_int_equal(p.start, (uint64_t)(uintptr_t)gpu_mem + (uint64_t)page);
     assert_int_equal(p.len, (size_t)page + 100);
     /* Past the allocation's end: one dma-buf cannot cover it. */
-    fake.peermem = true;
-    assert_int_equal(decide(f, fake.gpu + page, 2 * (size_t)page, &p), KVW_MEM_PATH_PEERMEM);
+    fake->peermem = true;
+    assert_int_equal(decide(f, gpu_mem + page, 2 * (size_t)page, &p), KVW_MEM_PATH_PEERMEM);
     assert_non_null(strstr(p.reason, "runs past the end of its CUDA allocation"));
 }
 
@@ -398,8 +307,8 @@ static void test_query_failure_is_explained(void **state)
 {
     fixture_t *f = *state;
     kvw_mem_plan_t p;
-    fake.query_fails = true;
-    assert_int_equal(decide(f, fake.gpu, 4096, &p), KVW_MEM_PATH_HOST);
+    fake->query_fails = true;
+    assert_int_equal(decide(f, gpu_mem, 4096, &p), KVW_MEM_PATH_HOST);
     assert_non_null(strstr(p.reason, "CUDA could not classify"));
 }
 
@@ -440,13 +349,13 @@ static void test_gpu_dmabuf_registration(void **state)
     fixture_t *f = *state;
     long page = sysconf(_SC_PAGESIZE);
     kvw_mr_t mr = {0}, mr2 = {0};
-    uint8_t *addr = fake.gpu + page + 16;
+    uint8_t *addr = gpu_mem + page + 16;
     assert_int_equal(kvw__mem_register_in(&f->m, f->dev, addr, 1000, true, &mr), KVW_OK);
     assert_int_equal(mr.path, KVW_MEM_PATH_DMABUF);
     assert_int_equal(mr.kind, KVW_MEM_CUDA);
-    assert_int_equal(fake.exports, 1);
-    assert_int_equal(fake.export_start, (uint64_t)(uintptr_t)(fake.gpu + page));
-    assert_int_equal(fake.export_len, (size_t)page);
+    assert_int_equal(cuda_stats().exports, 1);
+    assert_int_equal(cuda_stats().export_start, (uint64_t)(uintptr_t)(gpu_mem + page));
+    assert_int_equal(cuda_stats().export_len, (size_t)page);
     /* The MR is at the region's own address, with relaxed ordering. */
     assert_int_equal(fake_nic_mr_access(addr), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                                    IBV_ACCESS_RELAXED_ORDERING);
@@ -465,11 +374,11 @@ static void test_gpu_peermem_registration(void **state)
 {
     fixture_t *f = *state;
     kvw_mr_t mr = {0};
-    fake.peermem = true;
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 8192, false, &mr), KVW_OK);
+    fake->peermem = true;
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, gpu_mem, 8192, false, &mr), KVW_OK);
     assert_int_equal(mr.path, KVW_MEM_PATH_PEERMEM);
-    assert_int_equal(fake.exports, 0);
-    assert_int_equal(fake_nic_mr_access(fake.gpu),
+    assert_int_equal(cuda_stats().exports, 0);
+    assert_int_equal(fake_nic_mr_access(gpu_mem),
                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
     assert_non_null(strstr(logbuf, "regions: peermem"));
     assert_non_null(strstr(logbuf, "refuses dma-buf"));
@@ -480,18 +389,18 @@ static void test_flush(void **state)
 {
     fixture_t *f = *state;
     kvw_mr_t mr = {0}, src = {0};
-    fake.dev.cc_major = 8; /* Ampere: writes not ordered for the owner */
-    fake.dev.writes_ordering = 0;
+    fake->dev.cc_major = 8; /* Ampere: writes not ordered for the owner */
+    fake->dev.writes_ordering = 0;
     /* Prefill's regions (no remote write) never need it. */
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 4096, false, &src), KVW_OK);
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, gpu_mem, 4096, false, &src), KVW_OK);
     assert_false(kvw__mem_needs_flush(&f->m));
     assert_int_equal(kvw__mem_flush_gpu_writes(&f->m), KVW_OK);
-    assert_int_equal(fake.flushes, 0);
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu + 8192, 4096, true, &mr), KVW_OK);
+    assert_int_equal(cuda_stats().flushes, 0);
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, gpu_mem + 8192, 4096, true, &mr), KVW_OK);
     assert_true(kvw__mem_needs_flush(&f->m));
     assert_int_equal(kvw__mem_flush_gpu_writes(&f->m), KVW_OK);
-    assert_int_equal(fake.flushes, 1);
-    assert_ptr_equal(fake.flushed_ctx, &fake);
+    assert_int_equal(cuda_stats().flushes, 1);
+    assert_ptr_equal(cuda_stats().flushed_ctx, fake_cuda_ctx());
     assert_non_null(strstr(logbuf, "flushes GPUDirect writes"));
     kvw__mem_deregister(f->dev, &mr);
     kvw__mem_deregister(f->dev, &src);
@@ -501,14 +410,14 @@ static void test_flush(void **state)
     kvw_config_init(&cfg);
     cfg.gpu_flush = 0;
     kvw__mem_ctx_init(&f->m, &cfg);
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 4096, true, &mr), KVW_OK);
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, gpu_mem, 4096, true, &mr), KVW_OK);
     assert_false(kvw__mem_needs_flush(&f->m));
     kvw__mem_deregister(f->dev, &mr);
-    fake.dev.cc_major = 9;
-    fake.dev.writes_ordering = 100;
+    fake->dev.cc_major = 9;
+    fake->dev.writes_ordering = 100;
     cfg.gpu_flush = 1;
     kvw__mem_ctx_init(&f->m, &cfg);
-    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, fake.gpu, 4096, true, &mr), KVW_OK);
+    assert_int_equal(kvw__mem_register_in(&f->m, f->dev, gpu_mem, 4096, true, &mr), KVW_OK);
     assert_true(kvw__mem_needs_flush(&f->m));
     kvw__mem_deregister(f->dev, &mr);
 }

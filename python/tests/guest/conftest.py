@@ -1,5 +1,5 @@
 """Guest-only tests: they need the test bed's RDMA devices (KVW_TB_DEV0 ...),
-so they run inside tools/kvw-testbed (tests/integration/python_scenarios.sh)."""
+so they run inside tests/tools/kvw-testbed (tests/integration/python_scenarios.sh)."""
 import os
 import sys
 

@@ -30,7 +30,7 @@ build=${1:-build}
 # KVW_BENCH_*: the test bed passes only KVW_* variables into the guest.
 reps=${KVW_BENCH_REPS:-${REPS:-9}}
 sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer idle"}}
-dev=${KVW_TB_DEV0:?run inside tools/kvw-testbed} ip=${KVW_TB_IP0}
+dev=${KVW_TB_DEV0:?run inside tests/tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)
 raw=$work/raw.tsv # size rep metric value

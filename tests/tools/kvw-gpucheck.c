@@ -1,5 +1,5 @@
 /* kvw-gpucheck: what can be verified of kvwire's GPU memory support on a
- * machine with an NVIDIA GPU and no RDMA NIC (run by tools/gpu-check).
+ * machine with an NVIDIA GPU and no RDMA NIC (run by tests/tools/gpu-check).
  *   1. kvwire's CUDA seam classifies cuMemAlloc (cudaMalloc), VMM
  *      (cuMemCreate + cuMemMap, with and without gpuDirectRDMACapable)
  *      and managed memory correctly;

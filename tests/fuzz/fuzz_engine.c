@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Set-up shared by the libFuzzer harnesses that run the library (prefill,
+ * decode, bootstrap): declared in fuzz_common.h, kept out of
+ * fuzz_common.c so that the wire harness and the corpus generator link
+ * with the wire format alone. */
+#include "fuzz/fuzz_common.h"
+#include "support/fake_nic.h"
+#include "verbs/ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <zmq.h>
+
+void fuzz_open_service(void **zctx_p, kvw_bootstrap_t **bootstrap_p)
+{
+    *zctx_p = zmq_ctx_new();
+    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", bootstrap_p);
+    if (!*zctx_p || st)
+        fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
+}
+
+void *fuzz_service_dealer(void *zctx, kvw_bootstrap_t *bootstrap)
+{
+    char ep[KVW_WIRE_ENDPOINT_MAX];
+    snprintf(ep, sizeof(ep), "tcp://%s", kvw_bootstrap_addr(bootstrap));
+    return fuzz_dealer(zctx, NULL, 0, ep, "the bootstrap service");
+}
+
+static void alloc_memory(fuzz_memory_t *m)
+{
+    for (int i = 0; i < FUZZ_REGIONS; i++) {
+        bool aux = i == FUZZ_REGIONS - 1;
+        size_t item = aux ? FUZZ_AUX_ITEM : FUZZ_ITEM;
+        size_t len = item * (aux ? FUZZ_AUX_ITEMS : FUZZ_PAGES);
+        m->mem[i] = calloc(1, len);
+        if (!m->mem[i])
+            fuzz_die("out of memory");
+        kvw_region_t r = {m->mem[i], len, item};
+        if (aux)
+            m->aux = r;
+        else
+            m->kv[i] = r;
+    }
+}
+
+void fuzz_engine_setup(fuzz_memory_t *mem)
+{
+    fuzz_quiet_log();
+    if (fake_nic_init(NULL))
+        fuzz_die("harness: fake_nic_init failed");
+    kvw__verbs_set_ops(&fake_nic_ops);
+    alloc_memory(mem);
+}
+
+void fuzz_engine_config(kvw_config_t *cfg)
+{
+    kvw_config_init(cfg);
+    cfg->sq_depth = 64;
+    cfg->rq_depth = 16;
+    cfg->chain_max = 8;
+    cfg->signal_every = 4;
+}
+
+void fuzz_engine_params(kvw_engine_params_t *p, kvw_role_t role, const char *device,
+                        const fuzz_memory_t *mem, const kvw_config_t *cfg)
+{
+    *p = (kvw_engine_params_t){
+        .role = role,
+        .device = device,
+        .local_ip = "127.0.0.1",
+        .num_layers = FUZZ_LAYERS,
+        .kv_regions = mem->kv,
+        .num_aux = 1,
+        .aux_regions = &mem->aux,
+        .config = cfg,
+    };
+}
