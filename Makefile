@@ -7,8 +7,16 @@
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
-SONAME_MAJOR := 0
-VERSION   := 0.1.0
+# The version is the header's (KVW_VERSION_MAJOR/MINOR/PATCH in
+# include/kvwire.h), so the two cannot disagree; the SONAME is its major
+# (docs/api-policy.md).
+VERSION   := $(shell sed -n 's/^\#define KVW_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9][0-9]*\)$$/\2/p' \
+                 include/kvwire.h | paste -sd.)
+ifeq ($(words $(subst ., ,$(VERSION))),3)
+else
+$(error include/kvwire.h: cannot read KVW_VERSION_MAJOR/MINOR/PATCH (got '$(VERSION)'))
+endif
+SONAME_MAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
              -Wno-missing-field-initializers

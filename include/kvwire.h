@@ -83,8 +83,23 @@ extern "C" {
 
 #define KVW_API __attribute__((visibility("default")))
 
+/* The library's version, MAJOR.MINOR.PATCH (docs/api-policy.md). MAJOR is
+ * the shared library's SONAME (libkvwire.so.MAJOR) and changes with any
+ * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
+ * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 0
 #define KVW_VERSION_MINOR 1
+#define KVW_VERSION_PATCH 0
+/* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
+#define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
+
+/* The version of the library actually loaded, as KVW_VERSION packs it; it
+ * may differ from the header the caller was compiled with (the same MAJOR
+ * and at least its MINOR, when the dynamic loader picked the library by
+ * SONAME). Thread-safe, never fails. */
+KVW_API unsigned kvw_version(void);
+/* The same as static text, "MAJOR.MINOR.PATCH"; never NULL. */
+KVW_API const char *kvw_version_string(void);
 
 /* ---------------------------------------------------------------- status */
 

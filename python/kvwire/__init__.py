@@ -42,7 +42,7 @@ from ._indices import Indices, as_indices
 __all__ = [
     "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupKind",
     "LogLevel", "NO_AUX", "Poll", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
-    "as_indices", "features", "library_path", "set_log_handler",
+    "as_indices", "features", "library_path", "set_log_handler", "version", "version_info",
 ]
 
 _L = _lib.load()
@@ -53,6 +53,17 @@ NO_AUX = _lib.NO_AUX
 def library_path() -> str:
     """Path of the libkvwire this process loaded."""
     return _L.path
+
+
+def version() -> str:
+    """Version of the loaded libkvwire, "MAJOR.MINOR.PATCH" (kvw_version_string)."""
+    return _s(_c.kvw_version_string())
+
+
+def version_info() -> Tuple[int, int, int]:
+    """The same as numbers, (MAJOR, MINOR, PATCH), from kvw_version()."""
+    v = int(_c.kvw_version())
+    return (v // 10000, v // 100 % 100, v % 100)
 
 
 def features() -> Dict[str, bool]:

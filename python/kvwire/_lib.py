@@ -185,6 +185,8 @@ _u64p = POINTER(c_uint64)
 _cp = c_char_p
 # name: (restype, argtypes). Handles are plain c_void_p.
 REQUIRED = {
+    "kvw_version": (ctypes.c_uint, []),
+    "kvw_version_string": (_cp, []),
     "kvw_strerror": (_cp, [c_int]),
     "kvw_status_name": (_cp, [c_int]),
     "kvw_poll_name": (_cp, [c_int]),

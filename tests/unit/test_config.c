@@ -1,4 +1,4 @@
-/* Unit tests for src/common/config.c and src/common/status.c. */
+/* Unit tests for src/common/config.c, src/common/status.c and src/common/version.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -493,6 +493,19 @@ static void test_poll_names(void **state)
     assert_string_equal(kvw_poll_name((kvw_poll_t)1000), "Unknown");
 }
 
+/* The runtime version is the header's, as a number and as text. */
+static void test_version(void **state)
+{
+    (void)state;
+    assert_int_equal(kvw_version(), KVW_VERSION);
+    assert_int_equal(KVW_VERSION,
+                     KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH);
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", KVW_VERSION_MAJOR, KVW_VERSION_MINOR,
+             KVW_VERSION_PATCH);
+    assert_string_equal(kvw_version_string(), want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -503,6 +516,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_print, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poll_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_version, setup, teardown),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }
