@@ -76,6 +76,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -157,11 +158,28 @@ typedef void (*kvw_log_fn)(void *arg, kvw_log_level_t level, const char *msg);
  * or KVW_LOG_LEVEL=error|warn|info|debug from the environment. */
 KVW_API void kvw_set_log_handler(kvw_log_fn fn, void *arg, kvw_log_level_t max_level);
 
+/* ---------------------------------------------------------- sized structs
+ *
+ * The structs a caller fills in and hands over (kvw_config_t,
+ * kvw_engine_params_t, kvw_bootstrap_params_t) start with
+ * `size_t struct_size`, the sizeof the caller was compiled with, set by
+ * their init function (kvw_config_init(), kvw_engine_params_init(),
+ * kvw_bootstrap_params_init()) or by the caller (.struct_size =
+ * sizeof(...)). New fields are only ever appended, so the library reads
+ * exactly the fields an older caller's size covers and takes the defaults
+ * for the rest. A struct_size below the smallest the library accepts (0:
+ * never set) is KVW_ERR_INVALID; so is one larger than the library knows
+ * (a caller built against a newer kvwire.h) whose fields past the
+ * library's end are not all zero: the library cannot honour them. Both are
+ * logged. See docs/api-policy.md. */
+
 /* ---------------------------------------------------------------- config */
 
 /* Tuning knobs. kvw_config_init() fills the defaults below and then applies
- * the KVW_* environment variable named beside each field. */
+ * the KVW_* environment variable named beside each field. New fields only at
+ * the end (sized structs, above). */
 typedef struct kvw_config {
+    size_t struct_size;            /* sizeof(kvw_config_t): kvw_config_init() sets it */
     uint32_t sq_depth;             /* KVW_SQ_DEPTH, 512: send WRs outstanding per QP */
     uint32_t rq_depth;             /* KVW_RQ_DEPTH, 256: receives posted per QP (decode) */
     uint32_t chain_max;            /* KVW_CHAIN_MAX, 64: WRs linked per ibv_post_send */
@@ -298,13 +316,24 @@ typedef struct kvw_config {
     uint32_t poll_busy_us;
 } kvw_config_t;
 
-/* Fill defaults, then apply KVW_* environment overrides. Returns
- * KVW_ERR_INVALID (and logs which variable) if a variable does not parse or
- * is out of range (or, for text, is too long); cfg then holds the defaults
- * for that field. The cluster key is only checked when an engine or
- * bootstrap service is created with it (KVW_ERR_INVALID, logged). */
-KVW_API kvw_status_t kvw_config_init(kvw_config_t *cfg);
-/* Write "name = value (ENV_VAR)" lines for every field to out. */
+/* Fill defaults, then apply KVW_* environment overrides, and set
+ * struct_size. Returns KVW_ERR_INVALID (and logs which variable) if a
+ * variable does not parse or is out of range (or, for text, is too long);
+ * cfg then holds the defaults for that field. The cluster key is only
+ * checked when an engine or bootstrap service is created with it
+ * (KVW_ERR_INVALID, logged). Thread-safe (it reads the environment).
+ * kvw_config_init() is kvw_config_init_size() with the caller's sizeof: the
+ * library writes exactly that many bytes (fields it does not know, from a
+ * newer header, are zeroed) and sets struct_size to it; KVW_ERR_INVALID,
+ * writing nothing, for a NULL cfg or a size too small to hold struct_size. */
+KVW_API kvw_status_t kvw_config_init_size(kvw_config_t *cfg, size_t size);
+static inline kvw_status_t kvw_config_init(kvw_config_t *cfg)
+{
+    return kvw_config_init_size(cfg, sizeof(*cfg));
+}
+/* Write "name = value (ENV_VAR)" lines for every field to out (the fields
+ * cfg's struct_size does not cover with their defaults). A bad struct_size
+ * is logged and prints nothing. Only reads cfg. */
 KVW_API void kvw_config_print(const kvw_config_t *cfg, FILE *out);
 
 /* ---------------------------------------------------------------- engine */
@@ -351,7 +380,9 @@ typedef struct kvw_group {
     const kvw_region_t *regions;
 } kvw_group_t;
 
+/* New fields only at the end (sized structs, above). */
 typedef struct kvw_engine_params {
+    size_t struct_size; /* sizeof(kvw_engine_params_t): kvw_engine_params_init() sets it */
     kvw_role_t role;
     uint32_t engine_rank; /* prefill: rank it registers under; decode: informational */
     /* RDMA device by name ("rxe0", "mlx5_0"), or NULL to find it from
@@ -375,6 +406,13 @@ typedef struct kvw_engine_params {
     uint32_t num_groups;
     const kvw_group_t *groups;
 } kvw_engine_params_t;
+
+/* Zero every field and set struct_size (inline: the caller's sizeof). */
+static inline void kvw_engine_params_init(kvw_engine_params_t *params)
+{
+    memset(params, 0, sizeof(*params));
+    params->struct_size = sizeof(*params);
+}
 
 typedef struct kvw_engine kvw_engine_t;
 
@@ -666,8 +704,10 @@ typedef struct kvw_bootstrap kvw_bootstrap_t;
 #define KVW_BOOTSTRAP_REFRESH_MS 5000
 #define KVW_BOOTSTRAP_LEASE_MS 15000
 
+/* New fields only at the end (sized structs, above). */
 typedef struct kvw_bootstrap_params {
-    const char *bind_addr; /* "ip:port"; port 0 picks an ephemeral port */
+    size_t struct_size;    /* sizeof(kvw_bootstrap_params_t): kvw_bootstrap_params_init() */
+    const char *bind_addr; /* "ip:port"; port 0 picks an ephemeral port. Required. */
     /* Only the cluster key fields are used (see kvw_config_t): with a key,
      * only engines holding the same key can register or look up, and all
      * traffic is encrypted. NULL: kvw_config_init() (the KVW_* env). */
@@ -677,15 +717,21 @@ typedef struct kvw_bootstrap_params {
     uint32_t lease_ms;
 } kvw_bootstrap_params_t;
 
+/* Zero every field (config NULL, the default lease) and set struct_size
+ * (inline: the caller's sizeof). */
+static inline void kvw_bootstrap_params_init(kvw_bootstrap_params_t *params)
+{
+    memset(params, 0, sizeof(*params));
+    params->struct_size = sizeof(*params);
+}
+
 /* Start a bootstrap service on its own thread. KVW_ERR_INVALID for bad
- * params or a bad cluster key, KVW_ERR_UNSUPPORTED for a key with a libzmq
- * lacking CURVE, KVW_ERR_CONTROL when it cannot bind; all logged. The
- * params are copied. */
-KVW_API kvw_status_t kvw_bootstrap_create2(const kvw_bootstrap_params_t *params,
-                                           kvw_bootstrap_t **bootstrap_p);
-/* kvw_bootstrap_create2 with bind_addr, config NULL (the cluster key, if
- * any, from KVW_CLUSTER_KEY_FILE / KVW_CLUSTER_KEY) and the default lease. */
-KVW_API kvw_status_t kvw_bootstrap_create(const char *bind_addr, kvw_bootstrap_t **bootstrap_p);
+ * params (no bind_addr, a bad struct_size) or a bad cluster key,
+ * KVW_ERR_UNSUPPORTED for a key with a libzmq lacking CURVE,
+ * KVW_ERR_CONTROL when it cannot bind; all logged. The params and the
+ * config are copied; the caller keeps them. Thread-safe. */
+KVW_API kvw_status_t kvw_bootstrap_create(const kvw_bootstrap_params_t *params,
+                                          kvw_bootstrap_t **bootstrap_p);
 /* "ip:port" it actually listens on; valid for its lifetime. */
 KVW_API const char *kvw_bootstrap_addr(const kvw_bootstrap_t *bootstrap);
 /* Stop the service and free it. Registrations are lost: the prefill

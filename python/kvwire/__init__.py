@@ -271,16 +271,15 @@ class Config:
     A plain value object: not shared with C after the call that uses it;
     not thread-safe to mutate while another thread reads it."""
 
-    FIELDS: Tuple[str, ...] = tuple(n for n, _ in _lib.kvw_config_t._fields_)
+    FIELDS: Tuple[str, ...] = tuple(n for n, _ in _lib.kvw_config_t._fields_ if n != "struct_size")
 
     def __init__(self, **overrides: Any):
-        # Slack after the struct: a library whose kvw_config_t grew past
-        # this binding's never writes outside Python's memory (the layouts
-        # are checked against the header by tests/test_abi.py).
-        buf = (ctypes.c_char * (ctypes.sizeof(_lib.kvw_config_t) + 512))()
-        object.__setattr__(self, "_buf", buf)
-        object.__setattr__(self, "_c", _lib.kvw_config_t.from_buffer(buf))
-        _call(_c.kvw_config_init, "kvw_config_init (KVW_* environment)", ctypes.byref(self._c))
+        # kvw_config_init_size writes exactly this binding's struct (a newer
+        # library zeroes nothing past it, an older one fills what it knows
+        # and zeroes the rest) and sets struct_size.
+        object.__setattr__(self, "_c", _lib.kvw_config_t())
+        _call(_c.kvw_config_init_size, "kvw_config_init (KVW_* environment)",
+              ctypes.byref(self._c), ctypes.sizeof(_lib.kvw_config_t))
         for k, v in overrides.items():
             setattr(self, k, v)
 
@@ -391,16 +390,17 @@ class _Handle:
 
 class Bootstrap(_Handle):
     """A bootstrap (directory) service on its own thread, as
-    kvw_bootstrap_create2: bind_addr "ip:port" (port 0: ephemeral), the
+    kvw_bootstrap_create: bind_addr "ip:port" (port 0: ephemeral), the
     cluster key from config (None: the KVW_* environment), lease_ms (0: the
     default). .addr is where it listens. close() stops it; thread-safe."""
 
     _what = "kvwire.Bootstrap"
 
     def __init__(self, bind_addr: str, config: Optional[Config] = None, lease_ms: int = 0):
-        p = _lib.kvw_bootstrap_params_t(bind_addr.encode(), _cfg_ptr(config), lease_ms)
+        p = _lib.kvw_bootstrap_params_t(ctypes.sizeof(_lib.kvw_bootstrap_params_t),
+                                        bind_addr.encode(), _cfg_ptr(config), lease_ms)
         h = ctypes.c_void_p()
-        _call(_c.kvw_bootstrap_create2, f"kvw_bootstrap_create2({bind_addr})", ctypes.byref(p),
+        _call(_c.kvw_bootstrap_create, f"kvw_bootstrap_create({bind_addr})", ctypes.byref(p),
               ctypes.byref(h))
         self._cell = _Cell(h.value, "bootstrap")
         self._addr = _s(_c.kvw_bootstrap_addr(h.value))
@@ -555,6 +555,7 @@ class Engine(_Handle):
         self._children: Dict[int, _Cell] = {}
         self.role = _role(role)
         p = _lib.kvw_engine_params_t()
+        p.struct_size = ctypes.sizeof(_lib.kvw_engine_params_t)
         p.role = int(self.role)
         p.engine_rank = engine_rank
         p.device = device.encode() if device else None

@@ -34,8 +34,14 @@ from typing import Dict, List, Optional
 # ------------------------------------------------------------ structures
 
 
+# Every structure the caller fills in (config, engine and bootstrap params)
+# starts with struct_size, set to ctypes.sizeof of this binding's mirror
+# (include/kvwire.h "sized structs"); new fields are appended, never inserted.
+
+
 class kvw_config_t(Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("sq_depth", c_uint32),
         ("rq_depth", c_uint32),
         ("chain_max", c_uint32),
@@ -88,10 +94,8 @@ class kvw_group_t(Structure):
 
 
 class kvw_engine_params_t(Structure):
-    # num_groups/groups sit at the end, so a library without groups reads
-    # the prefix and never sees them (they are 0/NULL unless groups are used,
-    # and groups are only used when the library has them).
     _fields_ = [
+        ("struct_size", c_size_t),
         ("role", c_int),
         ("engine_rank", c_uint32),
         ("device", c_char_p),
@@ -128,6 +132,7 @@ class kvw_counters_t(Structure):
 
 class kvw_bootstrap_params_t(Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("bind_addr", c_char_p),
         ("config", POINTER(kvw_config_t)),
         ("lease_ms", c_uint32),
@@ -191,7 +196,7 @@ REQUIRED = {
     "kvw_status_name": (_cp, [c_int]),
     "kvw_poll_name": (_cp, [c_int]),
     "kvw_set_log_handler": (None, [LOG_FN, c_void_p, c_int]),
-    "kvw_config_init": (c_int, [POINTER(kvw_config_t)]),
+    "kvw_config_init_size": (c_int, [POINTER(kvw_config_t), c_size_t]),
     "kvw_config_print": (None, [POINTER(kvw_config_t), c_void_p]),
     "kvw_engine_create": (c_int, [POINTER(kvw_engine_params_t), POINTER(c_void_p)]),
     "kvw_engine_destroy": (None, [c_void_p]),
@@ -212,8 +217,7 @@ REQUIRED = {
     "kvw_receiver_failure": (c_int, [c_void_p, POINTER(c_char_p)]),
     "kvw_receiver_abort": (c_int, [c_void_p]),
     "kvw_receiver_destroy": (None, [c_void_p]),
-    "kvw_bootstrap_create": (c_int, [c_char_p, POINTER(c_void_p)]),
-    "kvw_bootstrap_create2": (c_int, [POINTER(kvw_bootstrap_params_t), POINTER(c_void_p)]),
+    "kvw_bootstrap_create": (c_int, [POINTER(kvw_bootstrap_params_t), POINTER(c_void_p)]),
     "kvw_bootstrap_addr": (_cp, [c_void_p]),
     "kvw_bootstrap_destroy": (None, [c_void_p]),
 }

@@ -88,7 +88,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     fuzz_quiet_log();
     g.zctx = zmq_ctx_new();
-    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", &g.bootstrap);
+    kvw_bootstrap_params_t bp;
+    kvw_bootstrap_params_init(&bp);
+    bp.bind_addr = "127.0.0.1:0";
+    kvw_status_t st = kvw_bootstrap_create(&bp, &g.bootstrap);
     if (!g.zctx || st)
         fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
     g.main = dealer();

@@ -159,6 +159,7 @@ static void first_claims(void)
 static void open_engine(void)
 {
     kvw_engine_params_t p = {
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = KVW_ROLE_PREFILL,
         .device = "fake0",
         .local_ip = "127.0.0.1",
@@ -201,7 +202,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     alloc_memory();
     make_config();
     g.zctx = zmq_ctx_new();
-    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", &g.bootstrap);
+    kvw_bootstrap_params_t bp;
+    kvw_bootstrap_params_init(&bp);
+    bp.bind_addr = "127.0.0.1:0";
+    kvw_status_t st = kvw_bootstrap_create(&bp, &g.bootstrap);
     if (!g.zctx || st)
         fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
     open_engine();

@@ -122,16 +122,19 @@ static kvw_status_t open_engines(void)
         dcfg.qps_per_peer = lp.qps_decode;
     char bind[80];
     snprintf(bind, sizeof(bind), "%s:0", d0.ip);
-    kvw_bootstrap_params_t bp = {.bind_addr = bind, .config = &lp.cfg};
-    st = kvw_bootstrap_create2(&bp, &lp.bs);
-    kvw_engine_params_t pp = {.role = KVW_ROLE_PREFILL,
+    kvw_bootstrap_params_t bp = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = bind, .config = &lp.cfg};
+    st = kvw_bootstrap_create(&bp, &lp.bs);
+    kvw_engine_params_t pp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_PREFILL,
                               .device = d0.name,
                               .local_ip = d0.ip,
                               .bootstrap_addr = st ? NULL : kvw_bootstrap_addr(lp.bs),
                               .config = &lp.cfg,
                               .num_groups = lp.src.num_groups,
                               .groups = lp.src.groups};
-    kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
+    kvw_engine_params_t dp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_DECODE,
                               .device = d1.name,
                               .local_ip = d1.ip,
                               .config = &dcfg,
