@@ -238,6 +238,12 @@ GROUPS_MARKER = "kvw_receiver_init_indices"
 
 # ------------------------------------------------------------ loading
 
+# The library major (SONAME) these declarations mirror: structures and
+# prototypes change incompatibly only with it (docs/api-policy.md), and a
+# library of another major is refused at load time.
+ABI_MAJOR = 1
+SONAME = f"libkvwire.so.{ABI_MAJOR}"
+
 
 class Lib:
     """The loaded library: `c` is the ctypes.CDLL (which releases the GIL
@@ -258,6 +264,9 @@ class Lib:
             fn.argtypes = args
         if missing:
             raise OSError(f"{path} lacks {', '.join(missing)}: not a libkvwire this binding knows")
+        major = int(cdll.kvw_version()) // 10000
+        if major != ABI_MAJOR:
+            raise OSError(f"{path} is libkvwire {major}.x; this binding needs {ABI_MAJOR}.x")
         self.optional: Dict[str, Optional[object]] = {}
         for name, (res, args) in OPTIONAL.items():
             fn = getattr(cdll, name, None)
@@ -281,15 +290,15 @@ def candidates() -> List[str]:
         out.append(env)
         return out  # an explicit choice is never second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libkvwire.so.0", "libkvwire.so"):
+    for name in (SONAME, "libkvwire.so"):
         out.append(os.path.join(here, name))
     repo = os.path.dirname(os.path.dirname(here))
     if os.path.exists(os.path.join(repo, "include", "kvwire.h")):
-        out.append(os.path.join(repo, "build", "libkvwire.so.0"))
+        out.append(os.path.join(repo, "build", SONAME))
     found = ctypes.util.find_library("kvwire")
     if found:
         out.append(found)
-    out.append("libkvwire.so.0")  # the dynamic loader's own search (LD_LIBRARY_PATH)
+    out.append(SONAME)  # the dynamic loader's own search (LD_LIBRARY_PATH)
     return out
 
 
@@ -314,5 +323,5 @@ def load() -> Lib:
             errors.append(f"{path}: {e}")
     raise ImportError(
         "kvwire: cannot load libkvwire (build it with `make`, then set KVWIRE_LIB="
-        "/path/to/libkvwire.so.0 or install it): " + "; ".join(errors)
+        f"/path/to/{SONAME} or install it): " + "; ".join(errors)
     )

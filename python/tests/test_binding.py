@@ -196,3 +196,14 @@ def test_version_matches_the_header():
     info = (want["KVW_VERSION_MAJOR"], want["KVW_VERSION_MINOR"], want["KVW_VERSION_PATCH"])
     assert kvwire.version_info() == info
     assert kvwire.version() == "%d.%d.%d" % info
+
+
+def test_package_version_is_the_library_version():
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "pyproject.toml")
+    if not os.path.exists(pyproject):
+        pytest.skip("outside the source tree")
+    line = next(l for l in open(pyproject) if l.startswith("version = "))
+    assert line.split('"')[1] == kvwire.version()
+    assert kvwire.version_info()[0] == _lib.ABI_MAJOR
+    assert _lib.SONAME == "libkvwire.so.%d" % _lib.ABI_MAJOR
