@@ -19,9 +19,10 @@ Closing an Engine first closes every Sender and Receiver made from it. Any
 call on a closed object raises ClosedError; none can crash the interpreter.
 
 Threads. Every call releases the GIL while in C. Engine methods may be called
-from any thread. A Sender or Receiver may be used by one thread at a time (as
-in C); poll() never blocks, except behind a close() of the same object
-running in another thread. Errors raise kvwire.Error with .status (int),
+from any thread. So may a Sender's or Receiver's: the binding serialises
+them on the object's own lock (as C does on its engine's), so poll() never
+blocks, except behind another call or a close() of the same object running
+in another thread. Errors raise kvwire.Error with .status (int),
 .name ("KVW_ERR_TIMEOUT") and .reason (the library's own message when it
 logged one on the calling thread, else the status text).
 """

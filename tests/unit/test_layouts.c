@@ -223,7 +223,7 @@ static size_t wrong_bytes(const req_spec_t *q)
     return wrong;
 }
 
-static kvw_poll_t wait_end(kvw_poll_t (*poll)(const void *), const void *h)
+static kvw_poll_t wait_end(kvw_poll_t (*poll)(void *), void *h)
 {
     uint64_t end = pair_now_ms() + WAIT_MS;
     kvw_poll_t s;
@@ -232,18 +232,18 @@ static kvw_poll_t wait_end(kvw_poll_t (*poll)(const void *), const void *h)
     return s;
 }
 
-static kvw_poll_t poll_s(const void *h)
+static kvw_poll_t poll_s(void *h)
 {
     return kvw_sender_poll(h);
 }
 
-static kvw_poll_t poll_r(const void *h)
+static kvw_poll_t poll_r(void *h)
 {
     return kvw_receiver_poll(h);
 }
 
 /* Wait until decode's request reached the sender. */
-static kvw_poll_t wait_end_ready(const kvw_sender_t *s)
+static kvw_poll_t wait_end_ready(kvw_sender_t *s)
 {
     uint64_t end = pair_now_ms() + WAIT_MS;
     while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING && pair_now_ms() < end)
