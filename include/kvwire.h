@@ -57,16 +57,16 @@
  *   must not race with any other call on the same object (it frees it).
  *   The same holds for kvw_engine_destroy() and kvw_bootstrap_destroy().
  *   kvw_*_poll() is cheap and may be called in a busy loop: it never waits
- *   for another thread, beyond the engine's lock (held briefly). Progress is made by the
- *   engine's poller thread; while that thread sleeps (nothing happened for
- *   KVW_POLL_SPIN_US), the caller's own thread does its work instead:
- *   send calls post their writes before returning (those of a part whose
- *   CUDA event has not completed yet excepted), and polling a request
- *   that is Transferring polls the completion queues, so no thread wake-up
- *   sits on a request's path when the caller is there anyway. That pass
- *   is a few verbs calls, taken only if no other thread is in one
- *   (counted in kvw_counters_t.caller_passes). Destroy a request before
- *   its engine.
+ *   for another thread, beyond the engine's lock (held briefly). Progress
+ *   is made by the engine's poller thread; while that thread sleeps
+ *   (nothing happened for KVW_POLL_SPIN_US), the caller's own thread does
+ *   its work instead: send calls post their writes before returning (those
+ *   of a part whose CUDA event has not completed yet excepted), and
+ *   polling a request that is Transferring polls the completion queues, so
+ *   no thread wake-up sits on a request's path when the caller is there
+ *   anyway. That pass is a few verbs calls, taken only if no other thread
+ *   is in one (counted in kvw_counters_t.caller_passes). Destroy a request
+ *   before its engine.
  *
  * Errors
  *   Functions return kvw_status_t (KVW_OK == 0, errors < 0); output
@@ -112,10 +112,12 @@ extern "C" {
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
 
-/* The version of the library actually loaded, as KVW_VERSION packs it; it
- * may differ from the header the caller was compiled with (the same MAJOR
- * and at least its MINOR, when the dynamic loader picked the library by
- * SONAME). Thread-safe, never fails. */
+/* The version of the library actually loaded, as KVW_VERSION packs it. It
+ * may differ from the header the caller was compiled with: the dynamic
+ * loader picks the library by SONAME, so the MAJOR is the same, but the
+ * MINOR may be older (lacking what was added since; the symbol versions in
+ * the library make a program that needs one of those fail to load) or
+ * newer. Thread-safe, never fails. */
 KVW_API unsigned kvw_version(void);
 /* The same as static text, "MAJOR.MINOR.PATCH"; never NULL. */
 KVW_API const char *kvw_version_string(void);
@@ -339,7 +341,7 @@ typedef struct kvw_config {
  * variable does not parse or is out of range (or, for text, is too long);
  * cfg then holds the defaults for that field. The cluster key is only
  * checked when an engine or bootstrap service is created with it
- * (KVW_ERR_INVALID, logged). Thread-safe (it reads the environment).
+ * (KVW_ERR_INVALID, logged). Thread-safe (it only reads the environment).
  * kvw_config_init() is kvw_config_init_size() with the caller's sizeof: the
  * library writes exactly that many bytes (fields it does not know, from a
  * newer header, are zeroed) and sets struct_size to it; KVW_ERR_INVALID,
