@@ -43,8 +43,7 @@ kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_sta
 void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
 {
     e->drops++;
-    uint64_t now = kvw__now_ns();
-    if (e->drop_logged_ns && now - e->drop_logged_ns < kvw__ms_ns(DROP_LOG_MS))
+    if (!kvw__ratelog_hit(&e->drop_log, kvw__now_ns(), kvw__ms_ns(DROP_LOG_MS)))
         return;
     char why[KVW_WIRE_REASON_MAX];
     va_list ap;
@@ -53,7 +52,6 @@ void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
     va_end(ap);
     KVW_WARN("control: dropped a message: %s (%llu dropped so far)", why,
              (unsigned long long)e->drops);
-    e->drop_logged_ns = now;
 }
 
 kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,

@@ -15,15 +15,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
-
-uint64_t kvw__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void kvw__wake(int fd)
 {
@@ -213,10 +205,10 @@ static kvw_status_t open_control(kvw_engine_t *e)
         zmq_setsockopt(e->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
     snprintf(name, sizeof(name), "%016llx", (unsigned long long)e->id);
     if (e->router)
-        e->router_monitor = kvw__zmonitor(e->zctx, e->router, name,
-                                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+        e->router_monitor = kvw__zmonitor(
+            e->zctx, e->router, name,
+            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     if (!e->router || zmq_bind(e->router, bind) ||
         zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
         KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));

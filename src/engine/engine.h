@@ -18,6 +18,7 @@
 #ifndef KVW_ENGINE_ENGINE_H
 #define KVW_ENGINE_ENGINE_H
 
+#include "common/clock.h"
 #include "ctrl/wire.h"
 #include "engine/txq.h"
 #include "mem/mem.h"
@@ -124,8 +125,8 @@ struct kvw_peer {
     uint32_t rank;
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
     uint64_t last_seen_ns, next_ping_ns, deadline_ns;
-    bool busy;              /* decode: a request depended on it at the last tick */
-    uint64_t busy_since_ns; /* decode: when it last turned busy (pinged at once then) */
+    bool busy;                 /* decode: a request depended on it at the last tick */
+    uint64_t busy_since_ns;    /* decode: when it last turned busy (pinged at once then) */
     uint64_t hello_retry_ns;   /* decode: no HELLO_ACK by then, look the rank up again */
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
@@ -315,7 +316,8 @@ struct kvw_engine {
     kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
     kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
     size_t npending, pending_cap;     /* (lock) */
-    uint64_t drops, drop_logged_ns;   /* control: messages dropped, last logged */
+    uint64_t drops;                   /* control: messages dropped */
+    kvw_ratelog_t drop_log;           /* control: their log lines */
     uint64_t control_due_ns;          /* (lock) when the control thread wakes at the latest */
     _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
@@ -328,11 +330,6 @@ struct kvw_engine {
 };
 
 /* engine.c */
-uint64_t kvw__now_ns(void);
-static inline uint64_t kvw__ms_ns(uint32_t ms)
-{
-    return (uint64_t)ms * 1000000ull;
-}
 void kvw__wake(int fd);
 /* After publishing work the poller finds on its own (ready_pending): wake
  * it only if it sleeps. A spinning poller sees the work on its next pass,
