@@ -7,7 +7,8 @@
 # cycles (strongly connected components, mutual pairs, elementary cycles),
 # and the calls that go "up" against the intended order:
 #
-#   0  txq, reqtab, request        (one QP's send queue; the table; request life)
+#   0  wake, txq, reqtab, request  (thread wake-ups; one QP's send queue; the
+#                                  request table; a request's life)
 #   1  peer                        (connections, their QPs and slots)
 #   2  poller, stager              (the data-path threads' own loops)
 #   3  sender, receiver, stage_send, stage_recv, ctl_prefill, ctl_decode, role_*
@@ -30,7 +31,7 @@ for o in "$dir"/*.o; do
 done | python3 -c '
 import sys, itertools
 rank = {}
-for r, names in enumerate([["txq", "reqtab", "request"], ["peer"], ["poller", "stager"],
+for r, names in enumerate([["wake", "txq", "reqtab", "request"], ["peer"], ["poller", "stager"],
                            ["sender", "receiver", "stage_send", "stage_recv", "ctl_prefill",
                             "ctl_decode"], ["control"], ["engine"]]):
     for n in names:

@@ -17,38 +17,6 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-void kvw__wake(int fd)
-{
-    uint64_t one = 1;
-    if (write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-        KVW_WARN("eventfd wake failed: %s", strerror(errno));
-}
-
-/* Per thread: a wake-up on the way to a pass this thread runs itself
- * would be a system call and a second thread contending for the pass. */
-static _Thread_local bool wake_deferring, wake_wanted;
-
-void kvw__wake_defer(void)
-{
-    wake_deferring = true;
-    wake_wanted = false;
-}
-
-bool kvw__wake_deferred_end(void)
-{
-    bool wanted = wake_wanted;
-    wake_deferring = wake_wanted = false;
-    return wanted;
-}
-
-void kvw__wake_poller(kvw_engine_t *e)
-{
-    if (wake_deferring)
-        wake_wanted = true;
-    else if (atomic_load(&e->poller_sleeping))
-        kvw__wake(e->poller_wake_fd);
-}
-
 static kvw_status_t check_region(const char *kind, uint32_t i, const kvw_region_t *g)
 {
     if (!g->addr || !g->len || !g->item_len || g->len % g->item_len) {

@@ -329,7 +329,7 @@ struct kvw_engine {
     kvw_engine_counters_t counters;
 };
 
-/* engine.c */
+/* wake.c */
 void kvw__wake(int fd);
 /* After publishing work the poller finds on its own (ready_pending): wake
  * it only if it sleeps. A spinning poller sees the work on its next pass,
