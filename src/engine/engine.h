@@ -152,6 +152,91 @@ struct kvw_peer {
     uint64_t evwait_due_ns; /* their next look: passes in between leave them be */
 };
 
+/* A sender's side of a request (prefill; kvw_sender_*, sender.c and
+ * ctl_prefill.c). Fields are (lock) unless marked: "poller" ones belong to
+ * whoever runs the poller's pass (engine->pass_lock), atomics are written
+ * by the poller and read by anyone. */
+typedef struct kvw_req_tx {
+    /* (lock): the caller's thread and the control thread */
+    bool inited, have_dst;
+    bool drained;                   /* no write of this request can still be in flight */
+    bool notify_failure;            /* tell decode it failed, once drained */
+    _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
+    _Atomic uint64_t done_ns;       /* its last write completed */
+    size_t num_pages;               /* declared by init */
+    uint32_t aux_index;
+    uint64_t *covered;   /* per KV layer: page positions handed over */
+    uint64_t *src_state; /* given by kvw_sender_send_state */
+    size_t num_src_state;
+    bool have_state, final_given;    /* the part that completes the request exists */
+    uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
+    size_t num_dst_state;
+    uint32_t dst_aux;
+    kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
+    kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
+    bool in_poller;                   /* the poller holds a reference (queued or starved) */
+    bool starved;                     /* the poller posted every part it has; waits for more */
+    /* poller */
+    bool ev_blocked; /* its next part waits on its CUDA event */
+    kvw_seg_t *seg;  /* the part being posted */
+    uint64_t writes_built;
+    uint64_t last_seq[KVW_MAX_LANES]; /* its last write on each lane */
+    uint32_t lane_mask;               /* lanes that carried writes of it */
+    uint32_t imm_lanes;               /* lanes its final immediates go on, fixed at the finish */
+    uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
+    uint32_t final_lane;              /* the lane of its last write */
+    _Atomic uint64_t writes_posted;   /* poller writes, anyone reads */
+} kvw_req_tx_t;
+
+/* A receiver's side of a request (decode; kvw_receiver_*, receiver.c and
+ * ctl_decode.c). Set by init on the caller's thread before the request is
+ * listed, then (lock) where marked; the poller writes landed_ns. */
+typedef struct kvw_req_rx {
+    uint32_t prefill_rank;
+    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
+    bool request_due;  /* (lock) init done, REQUEST not yet sent */
+    bool request_sent; /* (lock) prefill may be writing into our pages */
+    bool abort_due;    /* (lock) ABORT to send to prefill */
+    bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
+    kvw_status_t abort_status;              /* (lock) */
+    char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
+    uint64_t *pages; /* npages destination pages, then nstate state indices */
+    size_t npages, nstate;
+    uint32_t aux;
+    uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
+    _Atomic uint64_t landed_ns; /* the immediate arrived */
+    uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
+} kvw_req_rx_t;
+
+/* A request's staging through host memory (engine/stager.h), on engines
+ * with GPU regions the NIC cannot reach; unused elsewhere. */
+typedef struct kvw_req_stage {
+    kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
+    /* prefill, stager thread: the part being cut into slices, where in it
+     * the next slice starts (stager.c), and the connection whose share
+     * of the chunks it takes (peer slot and serial) */
+    kvw_seg_t *staging;
+    int step;
+    uint32_t layer;
+    size_t page;
+    uint32_t slot, serial;
+    kvw_req_t *snext; /* on a stager queue */
+    bool queued;      /* (stager lock) on its job queue */
+    bool parked;      /* (stager lock) prefill: waits for a chunk its connection may take */
+    bool evwait;      /* (stager lock) prefill: its part waits on the producer's CUDA event */
+    uint64_t *slots;  /* decode: a slot per page, per state index, then aux */
+    bool slots_held;  /* (stager lock) */
+    bool waiting;     /* (lock) decode: in the stager's queue for slots */
+    /* Decode: every write landed in the slots and the stager copies them to
+     * the GPU (queued or running); the request ends only when that copy is
+     * over. Written under both the lock and the stager lock, so either
+     * lock reads it. */
+    bool staging_in;
+} kvw_req_stage_t;
+
+/* One request, either role: the head every file shares (the table, the
+ * queues, the state and its failure), then the role's own part. One
+ * allocation (kvw__req_new_locked, inside the user's handle). */
 struct kvw_req {
     kvw_engine_t *engine;
     kvw_role_t role;
@@ -173,74 +258,16 @@ struct kvw_req {
     bool orphan;          /* (lock) prefill: decode asked, no sender claimed it yet */
     bool has_user;        /* (lock) a sender/receiver handle refers to it */
     bool user_gone;       /* (lock) handle destroyed; kept only as a tombstone */
+    /* Decode: its slot in the token table (receiver.c), which its last
+     * writes' immediate names; prefill: decode's token, from the REQUEST. */
+    uint32_t token;
+    /* Prefill: bytes posted (the poller writes, anyone reads); decode: the
+     * bytes its indices ask for, set by init. */
+    _Atomic uint64_t bytes_posted;
 
-    /* sender (all (lock) unless marked poller) */
-    bool inited, have_dst;
-    bool drained;                   /* no write of this request can still be in flight */
-    bool notify_failure;            /* tell decode it failed, once drained */
-    _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
-    _Atomic uint64_t done_ns;       /* its last write completed */
-    size_t num_pages;               /* declared by init */
-    uint32_t aux_index;
-    uint64_t *covered;   /* per KV layer: page positions handed over */
-    uint64_t *src_state; /* given by kvw_sender_send_state */
-    size_t num_src_state;
-    bool have_state, final_given;    /* the part that completes the request exists */
-    uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
-    size_t num_dst_state;
-    uint32_t dst_aux, token;
-    kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
-    kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
-    bool in_poller;                   /* the poller holds a reference (queued or starved) */
-    bool starved;                     /* the poller posted every part it has; waits for more */
-    bool ev_blocked;                  /* poller: its next part waits on its CUDA event */
-    kvw_seg_t *seg;                   /* poller: the part being posted */
-    uint64_t writes_built;            /* poller */
-    uint64_t last_seq[KVW_MAX_LANES]; /* poller: its last write on each lane */
-    uint32_t lane_mask;               /* poller: lanes that carried writes of it */
-    uint32_t imm_lanes;   /* poller: lanes its final immediates go on, fixed at the finish */
-    uint32_t imms_posted; /* poller: lanes whose zero-length immediate is posted */
-    uint32_t final_lane;  /* poller: the lane of its last write */
-    _Atomic uint64_t bytes_posted, writes_posted; /* poller writes, anyone reads */
-
-    /* receiver */
-    uint32_t prefill_rank;
-    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
-    bool request_due;  /* (lock) init done, REQUEST not yet sent */
-    bool request_sent; /* (lock) prefill may be writing into our pages */
-    bool abort_due;    /* (lock) ABORT to send to prefill */
-    bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
-    kvw_status_t abort_status;              /* (lock) */
-    char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    uint64_t *pages; /* npages destination pages, then nstate state indices */
-    size_t npages, nstate;
-    uint32_t aux;
-    uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
-    _Atomic uint64_t landed_ns; /* the immediate arrived */
-    uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
-
-    /* staging (engine/stager.h) */
-    kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
-    /* prefill, stager thread: the part being cut into slices, where in it
-     * the next slice starts (stager.c), and the connection whose share of
-     * the chunks it takes (peer slot and serial) */
-    kvw_seg_t *staging;
-    int stage_step;
-    uint32_t stage_layer;
-    size_t stage_page;
-    uint32_t stage_slot, stage_serial;
-    kvw_req_t *snext;   /* on a stager queue */
-    bool stage_queued;  /* (stager lock) on its job queue */
-    bool stage_parked;  /* (stager lock) prefill: waits for a chunk its connection may take */
-    bool stage_evwait;  /* (stager lock) prefill: its part waits on the producer's CUDA event */
-    uint64_t *slots;    /* decode: a slot per page, per state index, then aux */
-    bool slots_held;    /* (stager lock) */
-    bool stage_waiting; /* (lock) decode: in the stager's queue for slots */
-    /* Decode: every write landed in the slots and the stager copies them to
-     * the GPU (queued or running); the request ends only when that copy is
-     * over. Written under both the lock and the stager lock, so either
-     * lock reads it. */
-    bool staging_in;
+    kvw_req_tx_t tx;       /* prefill */
+    kvw_req_rx_t rx;       /* decode */
+    kvw_req_stage_t stage; /* staged engines, either role */
 };
 
 typedef struct kvw_engine_counters {

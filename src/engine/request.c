@@ -26,10 +26,10 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     r->engine = e;
     r->role = role;
     r->room = room;
-    r->aux_index = r->aux = KVW_NO_AUX;
+    r->tx.aux_index = r->rx.aux = KVW_NO_AUX;
     atomic_init(&r->state, KVW_POLL_BOOTSTRAPPING);
     atomic_init(&r->refs, 1); /* the engine list's reference */
-    r->drained = true;        /* nothing posted yet */
+    r->tx.drained = true;     /* nothing posted yet */
     r->listed = true;
     atomic_fetch_add_explicit(&e->counters.created, 1, memory_order_relaxed);
     kvw__room_insert_locked(e, r);
@@ -75,9 +75,9 @@ void kvw__req_unref(kvw_req_t *r)
         return;
     kvw__stager_unreserve(r);
     kvw__sender_free_parts(r);
-    free(r->dst_pages);
-    free(r->pages);
-    free(r->slots);
+    free(r->tx.dst_pages);
+    free(r->rx.pages);
+    free(r->stage.slots);
     free(r);
 }
 
@@ -87,7 +87,7 @@ void kvw__req_unorphan_locked(kvw_req_t *r)
         return;
     r->orphan = false;
     r->peer->orphans--;
-    r->peer->orphan_bytes -= r->num_pages * sizeof(uint64_t);
+    r->peer->orphan_bytes -= r->tx.num_pages * sizeof(uint64_t);
 }
 
 void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
@@ -106,7 +106,7 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
 {
     int s = atomic_load(&r->state);
-    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->staging_in)
+    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->stage.staging_in)
         return;
     r->fail_status = st;
     va_list ap;
@@ -151,8 +151,8 @@ void kvw__req_drained(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
-    r->drained = true;
-    if (r->notify_failure || r->user_gone)
+    r->tx.drained = true;
+    if (r->tx.notify_failure || r->user_gone)
         kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
 }
@@ -195,7 +195,7 @@ void kvw__req_release_handle_locked(kvw_req_t *r)
         return;
     }
     bool answer_owed =
-        r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->abort_due;
+        r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->rx.abort_due;
     if (answer_owed) {
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
         kvw__req_touch_locked(r);

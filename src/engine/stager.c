@@ -89,9 +89,9 @@ static uint32_t region_kind(const kvw_layout_t *l, uint32_t region)
  * reference the queue holds. */
 static void append_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
 {
-    r->snext = NULL;
+    r->stage.snext = NULL;
     if (*tail)
-        (*tail)->snext = r;
+        (*tail)->stage.snext = r;
     else
         *head = r;
     *tail = r;
@@ -108,9 +108,9 @@ static void push_job_locked(kvw_stager_t *st, kvw_req_t *r)
 {
     /* A parked one resumes when a chunk is back, one waiting on an event
      * at its next look. */
-    if (r->stage_queued || r->stage_parked || r->stage_evwait)
+    if (r->stage.queued || r->stage.parked || r->stage.evwait)
         return;
-    r->stage_queued = true;
+    r->stage.queued = true;
     queue_req(&st->job_head, &st->job_tail, r);
     pthread_cond_broadcast(&st->cond);
 }
@@ -126,10 +126,10 @@ static kvw_req_t *pop_job_locked(kvw_stager_t *st)
 {
     kvw_req_t *r = st->job_head;
     if (r) {
-        st->job_head = r->snext;
+        st->job_head = r->stage.snext;
         if (!st->job_head)
             st->job_tail = NULL;
-        r->stage_queued = false;
+        r->stage.queued = false;
     }
     return r;
 }
@@ -170,7 +170,7 @@ static uint64_t visit_slice(const kvw_stager_t *st, const kvw_seg_t *s, size_t n
 
 static bool final_has_aux(const kvw_req_t *r)
 {
-    return r->aux_index != KVW_NO_AUX && r->dst_aux != KVW_NO_AUX;
+    return r->tx.aux_index != KVW_NO_AUX && r->tx.dst_aux != KVW_NO_AUX;
 }
 
 static uint8_t *chunk_addr(const kvw_stager_t *st, uint32_t id)
@@ -194,7 +194,7 @@ static void point_at_chunk(void *arg, uint32_t k, uint32_t kind, uint64_t off, s
     g->lkey = a->st->pool->lkey;
     /* The planner reads the aux item at aux_src * item: make that the chunk. */
     if (kind == KVW_LAYOUT_AUX)
-        g->local_addr -= (uint64_t)a->r->aux_index * g->item_len;
+        g->local_addr -= (uint64_t)a->r->tx.aux_index * g->item_len;
 }
 
 void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_region_t *out)
@@ -202,7 +202,7 @@ void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_
     const kvw_stager_t *st = r->engine->stager;
     memcpy(out, r->peer->regions, r->engine->layout.num_regions * sizeof(*out));
     regions_arg_t a = {st, r, out, chunk_addr(st, s->chunk)};
-    visit_slice(st, s, r->num_src_state, final_has_aux(r), point_at_chunk, &a);
+    visit_slice(st, s, r->tx.num_src_state, final_has_aux(r), point_at_chunk, &a);
 }
 
 /* ---- prefill: chunks -------------------------------------------------------- */
@@ -228,7 +228,8 @@ void kvw__stager_drop_unposted(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
-    for (kvw_seg_t *s = r->segs_head; s; s = atomic_load_explicit(&s->next, memory_order_relaxed))
+    for (kvw_seg_t *s = r->tx.segs_head; s;
+         s = atomic_load_explicit(&s->next, memory_order_relaxed))
         if (s->chunk) {
             kvw__stager_put_chunk(e, s->chunk);
             s->chunk = 0;
@@ -280,18 +281,18 @@ void kvw__stager_chunks_completed(kvw_peer_t *p, bool all)
 void kvw__stager_take_part_locked(kvw_req_t *r, kvw_seg_t *s)
 {
     s->next = NULL;
-    if (r->unstaged_tail)
-        r->unstaged_tail->next = s;
+    if (r->stage.unstaged_tail)
+        r->stage.unstaged_tail->next = s;
     else
-        r->unstaged_head = s;
-    r->unstaged_tail = s;
-    if (r->have_dst)
+        r->stage.unstaged_head = s;
+    r->stage.unstaged_tail = s;
+    if (r->tx.have_dst)
         push_job(r->engine->stager, r);
 }
 
 void kvw__stager_kick_locked(kvw_req_t *r)
 {
-    if (r->unstaged_head)
+    if (r->stage.unstaged_head)
         push_job(r->engine->stager, r);
 }
 
@@ -336,13 +337,13 @@ static void finish_all(kvw_stager_t *st)
 static uint32_t take_chunk(kvw_stager_t *st, const kvw_req_t *r)
 {
     pthread_mutex_lock(&st->lock);
-    peer_share_t *sh = &st->share[r->stage_slot];
-    if (sh->serial != r->stage_serial) /* the slot's earlier connection is gone */
-        *sh = (peer_share_t){r->stage_serial, 0};
+    peer_share_t *sh = &st->share[r->stage.slot];
+    if (sh->serial != r->stage.serial) /* the slot's earlier connection is gone */
+        *sh = (peer_share_t){r->stage.serial, 0};
     uint32_t id = 0;
     if (!st->stop && st->nfree && sh->held < st->peer_cap) {
         id = st->free_chunks[--st->nfree];
-        st->owner[id - 1] = (chunk_owner_t){r->stage_slot, r->stage_serial};
+        st->owner[id - 1] = (chunk_owner_t){r->stage.slot, r->stage.serial};
         sh->held++;
     } else if (!st->park_gen_set) { /* the next chunk back wakes the parked */
         st->park_gen = st->chunks_back;
@@ -384,9 +385,9 @@ static void copy_runs(copy_arg_t *a, uint32_t k, const uint64_t *idx, size_t cou
 static void copy_out(void *arg, uint32_t k, uint32_t kind, uint64_t off, size_t count)
 {
     copy_arg_t *a = arg;
-    uint64_t aux = a->r->aux_index;
+    uint64_t aux = a->r->tx.aux_index;
     const uint64_t *idx = kind == KVW_LAYOUT_KV      ? a->pages
-                          : kind == KVW_LAYOUT_STATE ? a->r->src_state
+                          : kind == KVW_LAYOUT_STATE ? a->r->tx.src_state
                                                      : &aux;
     copy_runs(a, k, idx, count, a->chunk + off, false);
 }
@@ -437,7 +438,7 @@ typedef enum { SLICE_OK, SLICE_FAILED, SLICE_WAIT, SLICE_EVENT } slice_rc_t;
 static slice_rc_t stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *part, size_t p0,
                               size_t n, uint32_t lb, uint32_t le, bool final)
 {
-    size_t ns = final ? r->num_src_state : 0;
+    size_t ns = final ? r->tx.num_src_state : 0;
     bool aux = final && final_has_aux(r);
     kvw_seg_t *x = new_slice(part, p0, n, lb, le, final, ns, st->kind[KVW_LAYOUT_STATE]);
     if (!x) {
@@ -493,12 +494,12 @@ static uint64_t layer_page_bytes(const kvw_engine_t *e, uint32_t layer)
 }
 
 /* Cut a part's KV pages into slices of at most a chunk: as many whole
- * layers as fit, or a layer's pages in pieces; from r->stage_layer and
- * r->stage_page on, which follow each slice staged. */
+ * layers as fit, or a layer's pages in pieces; from r->stage.layer and
+ * r->stage.page on, which follow each slice staged. */
 static slice_rc_t stage_kv(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *s)
 {
-    while (r->stage_layer < s->le) {
-        uint32_t l0 = r->stage_layer;
+    while (r->stage.layer < s->le) {
+        uint32_t l0 = r->stage.layer;
         uint64_t bytes = s->n * layer_page_bytes(st->e, l0);
         if (bytes <= st->chunk_len) {
             uint32_t l1 = l0 + 1;
@@ -507,19 +508,19 @@ static slice_rc_t stage_kv(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *s)
             slice_rc_t rc = stage_slice(st, r, s, 0, s->n, l0, l1, false);
             if (rc != SLICE_OK)
                 return rc;
-            r->stage_layer = l1;
+            r->stage.layer = l1;
             continue;
         }
         size_t per = st->chunk_len / layer_page_bytes(st->e, l0); /* >= 1: checked at create */
-        while (r->stage_page < s->n) {
-            size_t p0 = r->stage_page, n = s->n - p0 < per ? s->n - p0 : per;
+        while (r->stage.page < s->n) {
+            size_t p0 = r->stage.page, n = s->n - p0 < per ? s->n - p0 : per;
             slice_rc_t rc = stage_slice(st, r, s, p0, n, l0, l0 + 1, false);
             if (rc != SLICE_OK)
                 return rc;
-            r->stage_page = p0 + n;
+            r->stage.page = p0 + n;
         }
-        r->stage_page = 0;
-        r->stage_layer = l0 + 1;
+        r->stage.page = 0;
+        r->stage.layer = l0 + 1;
     }
     return SLICE_OK;
 }
@@ -544,35 +545,35 @@ static slice_rc_t pass_pages(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *s)
     return SLICE_OK;
 }
 
-/* Steps of a part (r->stage_step): its KV pages, then (final part) the
+/* Steps of a part (r->stage.step): its KV pages, then (final part) the
  * state and aux. */
 enum { STEP_KV, STEP_TAIL };
 
-/* Stage the rest of r's current part (r->staging), then let go of it;
+/* Stage the rest of r's current part (r->stage.staging), then let go of it;
  * SLICE_WAIT leaves it, to resume where it stopped. */
 static slice_rc_t stage_current(kvw_stager_t *st, kvw_req_t *r)
 {
-    kvw_seg_t *s = r->staging;
+    kvw_seg_t *s = r->stage.staging;
     bool kv = s->n && s->le > s->lb;
     bool tail = s->final && (st->kind[KVW_LAYOUT_STATE] || st->kind[KVW_LAYOUT_AUX]);
     if (!st->kind[KVW_LAYOUT_KV] && !tail) {
-        r->staging = NULL;
+        r->stage.staging = NULL;
         pass_through(st, r, s);
         return SLICE_OK;
     }
     slice_rc_t rc = SLICE_OK;
-    if (r->stage_step == STEP_KV) {
+    if (r->stage.step == STEP_KV) {
         if (kv && st->kind[KVW_LAYOUT_KV])
             rc = stage_kv(st, r, s);
         else if (kv)
             rc = pass_pages(st, r, s);
         if (rc == SLICE_WAIT)
             return rc;
-        r->stage_step = STEP_TAIL;
+        r->stage.step = STEP_TAIL;
     }
     if (rc == SLICE_OK && s->final && stage_slice(st, r, s, s->n, 0, 0, 0, true) == SLICE_WAIT)
         return SLICE_WAIT;
-    r->staging = NULL;
+    r->stage.staging = NULL;
     kvw__seg_free(st->e, s);
     return rc;
 }
@@ -583,23 +584,23 @@ static slice_rc_t stage_current(kvw_stager_t *st, kvw_req_t *r)
 static bool next_part_locked(kvw_req_t *r, kvw_seg_t **drop)
 {
     if (kvw__req_ended(r) || !r->peer) { /* a dead connection failed it */
-        *drop = r->unstaged_head;
-        r->unstaged_head = r->unstaged_tail = NULL;
+        *drop = r->stage.unstaged_head;
+        r->stage.unstaged_head = r->stage.unstaged_tail = NULL;
         return false;
     }
-    kvw_seg_t *s = r->unstaged_head;
+    kvw_seg_t *s = r->stage.unstaged_head;
     if (!s)
         return false;
-    r->unstaged_head = atomic_load_explicit(&s->next, memory_order_relaxed);
-    if (!r->unstaged_head)
-        r->unstaged_tail = NULL;
+    r->stage.unstaged_head = atomic_load_explicit(&s->next, memory_order_relaxed);
+    if (!r->stage.unstaged_head)
+        r->stage.unstaged_tail = NULL;
     s->next = NULL;
-    r->staging = s;
-    r->stage_step = STEP_KV;
-    r->stage_layer = s->lb;
-    r->stage_page = 0;
-    r->stage_slot = r->peer->index;
-    r->stage_serial = r->peer->serial;
+    r->stage.staging = s;
+    r->stage.step = STEP_KV;
+    r->stage.layer = s->lb;
+    r->stage.page = 0;
+    r->stage.slot = r->peer->index;
+    r->stage.serial = r->peer->serial;
     return true;
 }
 
@@ -621,12 +622,12 @@ static slice_rc_t stage_parts(kvw_stager_t *st, kvw_req_t *r)
         kvw_seg_t *drop = NULL;
         pthread_mutex_lock(&e->lock);
         bool ended = kvw__req_ended(r);
-        bool more = r->staging || next_part_locked(r, &drop);
+        bool more = r->stage.staging || next_part_locked(r, &drop);
         pthread_mutex_unlock(&e->lock);
         free_parts(e, drop);
-        if (ended && r->staging) { /* stopped midway: nothing more of it goes */
-            kvw__seg_free(e, r->staging);
-            r->staging = NULL;
+        if (ended && r->stage.staging) { /* stopped midway: nothing more of it goes */
+            kvw__seg_free(e, r->stage.staging);
+            r->stage.staging = NULL;
             continue;
         }
         if (!more)
@@ -635,7 +636,7 @@ static slice_rc_t stage_parts(kvw_stager_t *st, kvw_req_t *r)
          * is) before its producer's event completed; the slices made of
          * it carry none. No host wait: r waits aside, the others go on. */
         char why[KVW_WIRE_REASON_MAX];
-        int ev = kvw__seg_event_ready(r, r->staging, why, sizeof(why));
+        int ev = kvw__seg_event_ready(r, r->stage.staging, why, sizeof(why));
         if (ev == 0)
             return SLICE_EVENT;
         if (ev < 0) { /* r fails; the next round drops what it has left */
@@ -652,17 +653,17 @@ static slice_rc_t stage_parts(kvw_stager_t *st, kvw_req_t *r)
 /* Slots of each kind a receiver needs. */
 static void slots_needed(const kvw_stager_t *st, const kvw_req_t *r, uint64_t need[3])
 {
-    need[KVW_LAYOUT_KV] = st->kind[KVW_LAYOUT_KV] ? r->npages : 0;
-    need[KVW_LAYOUT_STATE] = st->kind[KVW_LAYOUT_STATE] ? r->nstate : 0;
-    need[KVW_LAYOUT_AUX] = st->kind[KVW_LAYOUT_AUX] && r->aux != KVW_NO_AUX ? 1 : 0;
+    need[KVW_LAYOUT_KV] = st->kind[KVW_LAYOUT_KV] ? r->rx.npages : 0;
+    need[KVW_LAYOUT_STATE] = st->kind[KVW_LAYOUT_STATE] ? r->rx.nstate : 0;
+    need[KVW_LAYOUT_AUX] = st->kind[KVW_LAYOUT_AUX] && r->rx.aux != KVW_NO_AUX ? 1 : 0;
 }
 
-/* Where a kind's indices sit in r->slots. */
+/* Where a kind's indices sit in r->stage.slots. */
 static uint64_t *slots_of(kvw_req_t *r, int kind)
 {
-    return kind == KVW_LAYOUT_KV      ? r->slots
-           : kind == KVW_LAYOUT_STATE ? r->slots + r->npages
-                                      : r->slots + r->npages + r->nstate;
+    return kind == KVW_LAYOUT_KV      ? r->stage.slots
+           : kind == KVW_LAYOUT_STATE ? r->stage.slots + r->rx.npages
+                                      : r->stage.slots + r->rx.npages + r->rx.nstate;
 }
 
 /* Take every slot r needs, or none. */
@@ -679,7 +680,7 @@ static bool take_slots(kvw_stager_t *st, kvw_req_t *r)
         for (uint64_t i = 0; i < need[k]; i++)
             out[i] = st->free_slots[k][--st->nfree_slots[k]];
     }
-    r->slots_held = fits;
+    r->stage.slots_held = fits;
     pthread_mutex_unlock(&st->lock);
     return fits;
 }
@@ -696,7 +697,7 @@ void kvw__stager_unreserve(kvw_req_t *r)
      * Transferring keeps them, even destroyed (receiver_end gave up). */
     bool writable = atomic_load(&r->state) == KVW_POLL_TRANSFERRING;
     pthread_mutex_lock(&st->lock);
-    if (r->slots_held && !r->staging_in && !writable) {
+    if (r->stage.slots_held && !r->stage.staging_in && !writable) {
         slots_needed(st, r, need);
         /* Pushed back in reverse, so the next taker gets them in order. */
         for (int k = 0; k < 3; k++) {
@@ -704,7 +705,7 @@ void kvw__stager_unreserve(kvw_req_t *r)
             for (uint64_t i = need[k]; i-- > 0;)
                 st->free_slots[k][st->nfree_slots[k]++] = (uint32_t)in[i];
         }
-        r->slots_held = false;
+        r->stage.slots_held = false;
         st->slots_freed = true;
         pthread_cond_broadcast(&st->cond);
     }
@@ -727,19 +728,19 @@ kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, si
             return KVW_ERR_LIMIT;
         }
     /* Unstaged kinds keep their own indices; the aux slot follows the state. */
-    size_t n = r->npages + r->nstate;
-    r->slots = malloc((n + 1) * sizeof(uint64_t));
-    if (!r->slots) {
+    size_t n = r->rx.npages + r->rx.nstate;
+    r->stage.slots = malloc((n + 1) * sizeof(uint64_t));
+    if (!r->stage.slots) {
         snprintf(why, size, "no memory for the staging slots");
         return KVW_ERR_NO_MEMORY;
     }
     if (n)
-        memcpy(r->slots, r->pages, n * sizeof(uint64_t));
-    r->slots[n] = r->aux;
+        memcpy(r->stage.slots, r->rx.pages, n * sizeof(uint64_t));
+    r->stage.slots[n] = r->rx.aux;
     *ready = !st->wait_head && take_slots(st, r);
     if (!*ready) { /* in order: a large request is not overtaken forever */
         queue_req(&st->wait_head, &st->wait_tail, r);
-        r->stage_waiting = true;
+        r->stage.waiting = true;
     }
     return KVW_OK;
 }
@@ -762,20 +763,20 @@ static void grant_waiters(kvw_stager_t *st)
     kvw_req_t *done = NULL, *r;
     pthread_mutex_lock(&e->lock);
     while ((r = st->wait_head) && (kvw__req_ended(r) || take_slots(st, r))) {
-        st->wait_head = r->snext;
+        st->wait_head = r->stage.snext;
         if (!st->wait_head)
             st->wait_tail = NULL;
-        r->stage_waiting = false;
+        r->stage.waiting = false;
         if (!kvw__req_ended(r)) {
-            r->request_due = true;
+            r->rx.request_due = true;
             kvw__req_touch_locked(r);
         }
-        r->snext = done;
+        r->stage.snext = done;
         done = r;
     }
     pthread_mutex_unlock(&e->lock);
     while ((r = done)) {
-        done = r->snext;
+        done = r->stage.snext;
         kvw__req_unref(r);
     }
 }
@@ -784,7 +785,7 @@ void kvw__stager_landed_locked(kvw_req_t *r)
 {
     kvw_stager_t *st = r->engine->stager;
     pthread_mutex_lock(&st->lock);
-    r->staging_in = true; /* under both locks (engine.h) */
+    r->stage.staging_in = true; /* under both locks (engine.h) */
     push_job_locked(st, r);
     pthread_mutex_unlock(&st->lock);
 }
@@ -795,7 +796,7 @@ bool kvw__stager_copying(kvw_req_t *r)
     if (!st)
         return false;
     pthread_mutex_lock(&st->lock);
-    bool copying = r->staging_in;
+    bool copying = r->stage.staging_in;
     pthread_mutex_unlock(&st->lock);
     return copying;
 }
@@ -805,7 +806,7 @@ bool kvw__stager_copying(kvw_req_t *r)
 static void copy_in_over_locked(kvw_stager_t *st, kvw_req_t *r)
 {
     pthread_mutex_lock(&st->lock);
-    r->staging_in = false;
+    r->stage.staging_in = false;
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -813,12 +814,14 @@ static void copy_in_runs(copy_arg_t *a, kvw_req_t *r, uint32_t k, int kind)
 {
     const kvw_stager_t *st = a->st;
     uint64_t item = st->e->regions[k].item_len;
-    uint64_t aux = r->aux;
-    const uint64_t *dst = kind == KVW_LAYOUT_KV      ? r->pages
-                          : kind == KVW_LAYOUT_STATE ? r->pages + r->npages
+    uint64_t aux = r->rx.aux;
+    const uint64_t *dst = kind == KVW_LAYOUT_KV      ? r->rx.pages
+                          : kind == KVW_LAYOUT_STATE ? r->rx.pages + r->rx.npages
                                                      : &aux;
     const uint64_t *slot = slots_of(r, kind);
-    size_t count = kind == KVW_LAYOUT_KV ? r->npages : kind == KVW_LAYOUT_STATE ? r->nstate : 1;
+    size_t count = kind == KVW_LAYOUT_KV      ? r->rx.npages
+                   : kind == KVW_LAYOUT_STATE ? r->rx.nstate
+                                              : 1;
     uint8_t *shadow = st->pool->base + st->region_off[k];
     /* Runs consecutive on both sides: one copy each. */
     for (size_t i = 0; i < count && !a->err;) {
@@ -842,7 +845,7 @@ static void copy_in(kvw_stager_t *st, kvw_req_t *r)
     if (st->kind[KVW_LAYOUT_STATE])
         for (uint32_t i = 0; i < l->num_state; i++)
             copy_in_runs(&a, r, l->state_slots[i], KVW_LAYOUT_STATE);
-    if (st->kind[KVW_LAYOUT_AUX] && r->aux != KVW_NO_AUX)
+    if (st->kind[KVW_LAYOUT_AUX] && r->rx.aux != KVW_NO_AUX)
         for (uint32_t i = 0; i < l->num_aux; i++)
             copy_in_runs(&a, r, l->aux_slots[i], KVW_LAYOUT_AUX);
     char why[200] = "";
@@ -858,8 +861,8 @@ static void copy_in(kvw_stager_t *st, kvw_req_t *r)
         kvw__req_fail(r, KVW_ERR_TRANSFER,
                       "the data landed but copying it from the staging pool to the GPU failed: %s",
                       a.err ? a.why : why);
-    else if (r->aborting)
-        kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
+    else if (r->rx.aborting)
+        kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
     else if (kvw__req_succeed(r))
         kvw__req_set_deadline_locked(r, 0);
     pthread_mutex_unlock(&e->lock);
@@ -875,9 +878,9 @@ static void park(kvw_stager_t *st, kvw_req_t *r)
 {
     finish_all(st);
     pthread_mutex_lock(&st->lock);
-    bool queued = r->stage_queued;
+    bool queued = r->stage.queued;
     if (!queued) {
-        r->stage_parked = true;
+        r->stage.parked = true;
         append_req(&st->park_head, &st->park_tail, r);
     }
     pthread_mutex_unlock(&st->lock);
@@ -890,9 +893,9 @@ static void park(kvw_stager_t *st, kvw_req_t *r)
 static void wait_event(kvw_stager_t *st, kvw_req_t *r)
 {
     pthread_mutex_lock(&st->lock);
-    bool queued = r->stage_queued;
+    bool queued = r->stage.queued;
     if (!queued) {
-        r->stage_evwait = true;
+        r->stage.evwait = true;
         if (!st->ev_head)
             st->ev_due_ns = kvw__now_ns() + KVW_EVENT_RECHECK_US * 1000ull;
         append_req(&st->ev_head, &st->ev_tail, r);
@@ -909,9 +912,9 @@ static void requeue_events_locked(kvw_stager_t *st)
 {
     kvw_req_t *r;
     while ((r = st->ev_head)) {
-        st->ev_head = r->snext;
-        r->stage_evwait = false;
-        r->stage_queued = true;
+        st->ev_head = r->stage.snext;
+        r->stage.evwait = false;
+        r->stage.queued = true;
         append_req(&st->job_head, &st->job_tail, r);
     }
     st->ev_tail = NULL;
@@ -925,14 +928,14 @@ static kvw_req_t *unpark_all_locked(kvw_stager_t *st)
     kvw_req_t *r, *drop = NULL;
     st->park_gen_set = false;
     while ((r = st->park_head)) {
-        st->park_head = r->snext;
-        r->stage_parked = false;
-        if (r->stage_queued) {
-            r->snext = drop;
+        st->park_head = r->stage.snext;
+        r->stage.parked = false;
+        if (r->stage.queued) {
+            r->stage.snext = drop;
             drop = r;
             continue;
         }
-        r->stage_queued = true;
+        r->stage.queued = true;
         append_req(&st->job_head, &st->job_tail, r);
     }
     st->park_tail = NULL;
@@ -942,7 +945,7 @@ static kvw_req_t *unpark_all_locked(kvw_stager_t *st)
 static void unref_list(kvw_req_t *r)
 {
     while (r) {
-        kvw_req_t *next = r->snext;
+        kvw_req_t *next = r->stage.snext;
         kvw__req_unref(r);
         r = next;
     }
@@ -1172,7 +1175,7 @@ void kvw__stager_stop(kvw_engine_t *e)
     kvw_req_t *r;
     while ((r = pop_job_locked(st))) { /* the thread is gone: no lock needed */
         /* A copy-in that never started: nothing was written. */
-        if (r->staging_in) {
+        if (r->stage.staging_in) {
             pthread_mutex_lock(&e->lock);
             copy_in_over_locked(st, r);
             kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");
@@ -1181,19 +1184,19 @@ void kvw__stager_stop(kvw_engine_t *e)
         kvw__req_unref(r);
     }
     while ((r = st->wait_head)) {
-        st->wait_head = r->snext;
+        st->wait_head = r->stage.snext;
         kvw__req_unref(r);
     }
     st->wait_tail = NULL;
     while ((r = st->park_head)) { /* their parts go with them */
-        st->park_head = r->snext;
-        r->stage_parked = false;
+        st->park_head = r->stage.snext;
+        r->stage.parked = false;
         kvw__req_unref(r);
     }
     st->park_tail = NULL;
     while ((r = st->ev_head)) {
-        st->ev_head = r->snext;
-        r->stage_evwait = false;
+        st->ev_head = r->stage.snext;
+        r->stage.evwait = false;
         kvw__req_unref(r);
     }
     st->ev_tail = NULL;
