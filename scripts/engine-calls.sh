@@ -11,7 +11,7 @@
 #                                  request table; a request's life)
 #   1  peer                        (connections, their QPs and slots)
 #   2  poller, stager              (the data-path threads' own loops)
-#   3  sender, receiver, stage_send, stage_recv, ctl_prefill, ctl_decode, role_*
+#   3  sender, receiver, stage_send, stage_recv, ctl_frame, ctl_prefill, ctl_decode
 #                                  (each role's logic)
 #   4  control                     (the control thread)
 #   5  engine                      (create, destroy, the public API glue)
@@ -32,7 +32,7 @@ done | python3 -c '
 import sys, itertools
 rank = {}
 for r, names in enumerate([["wake", "txq", "reqtab", "request"], ["peer"], ["poller", "stager"],
-                           ["sender", "receiver", "stage_send", "stage_recv", "ctl_prefill",
+                           ["sender", "receiver", "stage_send", "stage_recv", "ctl_frame", "ctl_prefill",
                             "ctl_decode"], ["control"], ["engine"]]):
     for n in names:
         rank[n] = r

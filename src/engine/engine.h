@@ -454,7 +454,6 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p);
 void kvw__req_unorphan_locked(kvw_req_t *r);
 /* Take r off the engine's request list and drop the list's reference. */
 void kvw__req_drop_locked(kvw_req_t *r);
-kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
 
 /* reqtab.c (all under the lock) */
 kvw_status_t kvw__reqtab_reserve_locked(kvw_engine_t *e);
@@ -470,6 +469,13 @@ void kvw__req_touch_locked(kvw_req_t *r);
 /* The caller owns a reference to what it pops. */
 kvw_req_t *kvw__pop_work_locked(kvw_engine_t *e);
 void kvw__reqtab_fini(kvw_engine_t *e);
+/* Decode's token table: a receiver's slot, named by its last writes'
+ * immediate. Alloc gives r a free slot with a new generation (so a late
+ * immediate for a reused slot misses); lookup finds the receiver a token
+ * names (NULL: none, or an older generation); release frees r's slot. */
+kvw_status_t kvw__token_alloc_locked(kvw_engine_t *e, kvw_req_t *r);
+kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
+void kvw__token_release_locked(kvw_engine_t *e, const kvw_req_t *r);
 
 /* peer.c */
 /* Verbs calls: never under the engine lock. */

@@ -83,38 +83,13 @@ static void receiver_destroy(kvw_req_t *r)
     receiver_end(r);
     kvw__stager_unreserve(r); /* if it ended: nothing lands in its slots any more */
     pthread_mutex_lock(&e->lock);
-    if (e->tokens[r->token & 0xffff] == r)
-        e->tokens[r->token & 0xffff] = NULL;
+    kvw__token_release_locked(e, r);
     kvw__req_release_handle_locked(r);
     pthread_mutex_unlock(&e->lock);
     kvw__req_unref(r); /* the caller's */
 }
 
 /* ------------------------------------------------------------- receiver */
-
-kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token)
-{
-    kvw_req_t *r = e->tokens[token & 0xffff];
-    return r && r->token == token ? r : NULL;
-}
-
-static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
-{
-    uint32_t slots = 1u << KVW_TOKEN_BITS;
-    for (uint32_t i = 0; i < slots; i++) {
-        uint32_t slot = (e->token_hint + i) & (slots - 1);
-        if (!e->tokens[slot]) {
-            /* The generation makes a late immediate for a reused slot miss. */
-            uint32_t gen = ++e->token_gen[slot] & KVW_TOKEN_GEN_MASK;
-            r->token = (gen << 16) | slot; /* within KVW_WIRE_TOKEN_MASK */
-            e->tokens[slot] = r;
-            e->token_hint = slot + 1;
-            return KVW_OK;
-        }
-    }
-    KVW_ERROR("more than %u receivers in flight on one engine", slots);
-    return KVW_ERR_NO_MEMORY;
-}
 
 kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
                                  uint64_t room, kvw_receiver_t **recv_p)
@@ -129,7 +104,7 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, ui
         st = KVW_ERR_EXISTS;
     } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {
         st = KVW_ERR_NO_MEMORY;
-    } else if ((st = token_alloc_locked(e, r))) {
+    } else if ((st = kvw__token_alloc_locked(e, r))) {
         kvw__req_drop_locked(r);
     } else {
         r->has_user = true;
