@@ -210,6 +210,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     if (st || (st = kvw__config_validate(&e->cfg)))
         return st;
     e->role = p->role;
+    e->ops = e->role == KVW_ROLE_PREFILL ? &kvw__prefill_ops : &kvw__decode_ops;
     e->rank = p->engine_rank;
     e->id = random_id();
     snprintf(e->local_ip, sizeof(e->local_ip), "%s", p->local_ip);

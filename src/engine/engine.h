@@ -270,6 +270,21 @@ struct kvw_req {
     kvw_req_stage_t stage; /* staged engines, either role */
 };
 
+/* What the generic request code (request.c) asks of a request's role,
+ * so that it calls no role's file: the engine's table, set at creation
+ * for its role (engine.c). */
+typedef struct kvw_role_ops {
+    /* (lock) r just moved to Failed, or failed again: prefill hands a
+     * sender the poller parked between parts back to it, for it to retire
+     * (kvw__sender_unstarve_locked). NULL: nothing to do. */
+    void (*failed_locked)(kvw_req_t *r);
+    /* r's last reference went: free what its role holds (not r itself). */
+    void (*free)(kvw_req_t *r);
+} kvw_role_ops_t;
+
+extern const kvw_role_ops_t kvw__prefill_ops; /* sender.c */
+extern const kvw_role_ops_t kvw__decode_ops;  /* receiver.c */
+
 typedef struct kvw_engine_counters {
     _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
         failed, sleeps, caller_passes;
@@ -282,6 +297,7 @@ typedef struct kvw_engine_counters {
 
 struct kvw_engine {
     kvw_role_t role;
+    const kvw_role_ops_t *ops; /* the role's: kvw__prefill_ops or kvw__decode_ops */
     uint32_t rank;
     uint64_t id;
     kvw_config_t cfg;
@@ -376,9 +392,6 @@ void kvw__req_unref(kvw_req_t *r);
 bool kvw__req_ended(const kvw_req_t *r);
 /* KVW_OK, or the failure status with its reason (valid while r lives). */
 kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p);
-/* poll() of either side: r's state, after a pass on the caller's thread
- * when r is Transferring and the poller sleeps (kvw__poller_help). */
-kvw_poll_t kvw__req_poll(const kvw_req_t *r);
 /* (lock) The user's handle is gone: keep r only while the other side may
  * still need an answer about it, else drop it. */
 void kvw__req_release_handle_locked(kvw_req_t *r);
@@ -391,8 +404,6 @@ kvw_status_t kvw__check_count(const kvw_engine_t *e, int kind, size_t n, char *w
 kvw_status_t kvw__check_aux(const kvw_engine_t *e, uint32_t aux_index, char *why, size_t size);
 kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *side,
                                 const uint64_t *idx, size_t n, char *why, size_t size);
-/* sender.c: free a request's parts (when the request is freed). */
-void kvw__sender_free_parts(kvw_req_t *r);
 /* Whether the producer's event of part s of r completed
  * (kvw_sender_send_part_after): 1 when it did, or s has none (s->event is
  * then cleared and never touched again); 0 while it runs, and also once r
@@ -528,6 +539,9 @@ static inline kvw_peer_t *kvw__peer_at(kvw_engine_t *e, uint32_t i)
 }
 
 /* control.c / poller.c */
+/* poller.c: poll() of either side: r's state, after a pass on the caller's thread
+ * when r is Transferring and the poller sleeps (kvw__poller_help). */
+kvw_poll_t kvw__req_poll(const kvw_req_t *r);
 void *kvw__control_main(void *arg);
 void *kvw__poller_main(void *arg);
 

@@ -855,6 +855,18 @@ void kvw__poller_help(kvw_engine_t *e)
         kvw__wake_poller(e);
 }
 
+kvw_poll_t kvw__req_poll(const kvw_req_t *r)
+{
+    kvw_poll_t state = (kvw_poll_t)atomic_load(&r->state);
+    if (state != KVW_POLL_TRANSFERRING)
+        return state;
+    /* If the poller sleeps, do its pass here (decode: reap the immediate;
+     * prefill: retire the writes): its wake-up would be on the request's
+     * critical path. */
+    kvw__poller_help(r->engine);
+    return (kvw_poll_t)atomic_load(&r->state);
+}
+
 /* The seam (poller.h): the same functions the thread runs, nothing added. */
 int kvw__poller_run_once(kvw_engine_t *e)
 {

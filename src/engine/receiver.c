@@ -77,6 +77,18 @@ static void receiver_end(kvw_req_t *r)
                   (unsigned long long)r->room);
 }
 
+/* Its last reference went: its slots (if it ended, nothing lands in them
+ * any more) and its pages. */
+static void receiver_free(kvw_req_t *r)
+{
+    kvw__stager_unreserve(r);
+    free(r->rx.pages);
+}
+
+const kvw_role_ops_t kvw__decode_ops = {
+    .free = receiver_free,
+};
+
 static void receiver_destroy(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;

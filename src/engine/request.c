@@ -2,8 +2,6 @@
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */
 #include "engine/engine.h"
-#include "engine/poller.h"
-#include "engine/stager.h"
 
 #include "common/log.h"
 
@@ -73,10 +71,7 @@ void kvw__req_unref(kvw_req_t *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    kvw__stager_unreserve(r);
-    kvw__sender_free_parts(r);
-    free(r->tx.dst_pages);
-    free(r->rx.pages);
+    r->engine->ops->free(r);
     free(r->stage.slots);
     free(r);
 }
@@ -129,7 +124,8 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     }
     /* The poller retires it once none of its writes is in flight (at once
      * when none is), and only then may decode be told. */
-    kvw__sender_unstarve_locked(r);
+    if (r->engine->ops->failed_locked)
+        r->engine->ops->failed_locked(r);
 }
 
 bool kvw__req_succeed(kvw_req_t *r)
@@ -155,18 +151,6 @@ void kvw__req_drained(kvw_req_t *r)
     if (r->tx.notify_failure || r->user_gone)
         kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
-}
-
-kvw_poll_t kvw__req_poll(const kvw_req_t *r)
-{
-    kvw_poll_t state = (kvw_poll_t)atomic_load(&r->state);
-    if (state != KVW_POLL_TRANSFERRING)
-        return state;
-    /* If the poller sleeps, do its pass here (decode: reap the immediate;
-     * prefill: retire the writes): its wake-up would be on the request's
-     * critical path. */
-    kvw__poller_help(r->engine);
-    return (kvw_poll_t)atomic_load(&r->state);
 }
 
 kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p)

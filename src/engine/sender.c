@@ -67,7 +67,7 @@ int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size)
     return rc;
 }
 
-void kvw__sender_free_parts(kvw_req_t *r)
+static void sender_free(kvw_req_t *r)
 {
     free_list(r->engine, r->tx.segs_head);
     free_list(r->engine, r->stage.unstaged_head);
@@ -78,6 +78,7 @@ void kvw__sender_free_parts(kvw_req_t *r)
     free(r->tx.covered);
     free(r->tx.src_state);
     r->tx.covered = r->tx.src_state = NULL;
+    free(r->tx.dst_pages);
 }
 
 /* (lock) Plan s against decode's pages: runs of (source, destination) pairs
@@ -192,6 +193,11 @@ void kvw__sender_unstarve_locked(kvw_req_t *r)
     if (r->tx.starved)
         hand_to_poller_locked(r);
 }
+
+const kvw_role_ops_t kvw__prefill_ops = {
+    .failed_locked = kvw__sender_unstarve_locked,
+    .free = sender_free,
+};
 
 /* ----------------------------------------------------------- accepting */
 
