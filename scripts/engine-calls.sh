@@ -10,8 +10,10 @@
 #   0  wake, txq, reqtab, request  (thread wake-ups; one QP's send queue; the
 #                                  request table; a request's life)
 #   1  peer                        (connections, their QPs and slots)
-#   2  poller, stager              (the data-path threads' own loops)
-#   3  sender, receiver, stage_send, stage_recv, ctl_frame, ctl_prefill, ctl_decode
+#   2  poller; stager, stage_send, stage_recv
+#                                  (the data-path threads: the poller's pass,
+#                                  the staging thread and its two halves)
+#   3  sender, receiver, ctl_frame, ctl_prefill, ctl_decode
 #                                  (each role's logic)
 #   4  control                     (the control thread)
 #   5  engine                      (create, destroy, the public API glue)
@@ -31,9 +33,10 @@ for o in "$dir"/*.o; do
 done | python3 -c '
 import sys, itertools
 rank = {}
-for r, names in enumerate([["wake", "txq", "reqtab", "request"], ["peer"], ["poller", "stager"],
-                           ["sender", "receiver", "stage_send", "stage_recv", "ctl_frame", "ctl_prefill",
-                            "ctl_decode"], ["control"], ["engine"]]):
+for r, names in enumerate([["wake", "txq", "reqtab", "request"], ["peer"],
+                           ["poller", "stager", "stage_send", "stage_recv"],
+                           ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode"],
+                           ["control"], ["engine"]]):
     for n in names:
         rank[n] = r
 def rk(f):

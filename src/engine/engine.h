@@ -1,8 +1,10 @@
-/* Engine internals shared by engine.c (lifecycle), peer.c (connections),
- * request.c (senders and receivers), reqtab.c (the request table: room
- * hash, deadline heap, work list), control.c with ctl_prefill.c and
- * ctl_decode.c (the ZeroMQ thread) and poller.c (the completion-queue
- * thread).
+/* Engine internals shared by engine.c (lifecycle), wake.c (waking the
+ * threads), peer.c (connections), request.c (a request's life, either
+ * role), reqtab.c (the request table: room hash, deadline heap, work list,
+ * tokens), sender.c and receiver.c (each role's API), control.c with
+ * ctl_frame.c, ctl_prefill.c and ctl_decode.c (the ZeroMQ thread),
+ * poller.c (the completion-queue thread) and the stager (stager.h).
+ * docs/architecture.md maps them.
  *
  * Threads and ownership
  *   engine->lock guards the request list and table, the ready queue, the
@@ -213,7 +215,7 @@ typedef struct kvw_req_rx {
 typedef struct kvw_req_stage {
     kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
     /* prefill, stager thread: the part being cut into slices, where in it
-     * the next slice starts (stager.c), and the connection whose share
+     * the next slice starts (stage_send.c), and the connection whose share
      * of the chunks it takes (peer slot and serial) */
     kvw_seg_t *staging;
     int step;
@@ -421,7 +423,7 @@ kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s);
  * ignored) with a reason. Also ignored for a staged receiver whose copy to
  * the GPU runs (staging_in): every byte of it landed, so what the network
  * says now changes nothing, and a Failed before the copy is over would let
- * the copy write its pages after it. The copy's end decides (stager.c).
+ * the copy write its pages after it. The copy's end decides (stage_recv.c).
  * Every failure goes through here, so a sender the poller parked between
  * parts (starved, on none of its queues) is handed back here too: else
  * nothing would ever retire it, its drain would never be noticed and

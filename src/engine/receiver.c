@@ -28,7 +28,7 @@ void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char 
  * send nor confirmation to wait for (and prefill's sender, all of whose
  * writes completed, stays a Success). The copy is not recalled (CUDA
  * copies cannot be, and a page half copied serves nobody): it finishes,
- * then the receiver turns Failed with this reason (stager.c), so that
+ * then the receiver turns Failed with this reason (stage_recv.c), so that
  * nothing is written into its pages after Failed. */
 static void receiver_abort_landed_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
