@@ -10,9 +10,10 @@
 #   0  wake, txq, reqtab, request  (thread wake-ups; one QP's send queue; the
 #                                  request table; a request's life)
 #   1  peer                        (connections, their QPs and slots)
-#   2  poller; stager, stage_send, stage_recv
-#                                  (the data-path threads: the poller's pass,
-#                                  the staging thread and its two halves)
+#   2  part, poller; stager, stage_send, stage_recv
+#                                  (the data path: a sender's parts, the
+#                                  poller's pass, the staging thread and its
+#                                  two halves)
 #   3  sender, receiver, ctl_frame, ctl_prefill, ctl_decode
 #                                  (each role's logic)
 #   4  control                     (the control thread)
@@ -34,7 +35,7 @@ done | python3 -c '
 import sys, itertools
 rank = {}
 for r, names in enumerate([["wake", "txq", "reqtab", "request"], ["peer"],
-                           ["poller", "stager", "stage_send", "stage_recv"],
+                           ["part", "poller", "stager", "stage_send", "stage_recv"],
                            ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode"],
                            ["control"], ["engine"]]):
     for n in names:

@@ -406,15 +406,18 @@ kvw_status_t kvw__check_count(const kvw_engine_t *e, int kind, size_t n, char *w
 kvw_status_t kvw__check_aux(const kvw_engine_t *e, uint32_t aux_index, char *why, size_t size);
 kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *side,
                                 const uint64_t *idx, size_t n, char *why, size_t size);
-/* Whether the producer's event of part s of r completed
+/* part.c: a sender's parts. Whether the producer's event of part s of r
+ * completed
  * (kvw_sender_send_part_after): 1 when it did, or s has none (s->event is
  * then cleared and never touched again); 0 while it runs, and also once r
  * ended (the caller may have destroyed the event: it is not touched);
  * -1 when it failed, with why naming the part and the CUDA error. Never
  * blocks. Called by the one thread that holds the part. */
 int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size);
-/* Free one part (and give back its staging chunk). */
+/* Free one part (and give back its staging chunk); a list of them,
+ * linked through next. */
 void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
+void kvw__seg_free_list(kvw_engine_t *e, kvw_seg_t *s);
 /* (lock) Append a part to r, planning it if decode's pages are known (the
  * stager's way in: its parts were checked when they were handed over).
  * Frees s and fails r when it cannot be planned. */
