@@ -444,6 +444,10 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     m.u.request.num_state = (uint32_t)r->rx.nstate;
     m.u.request.pages = r->stage.slots ? r->stage.slots : r->rx.pages;
     r->rx.request_due = false;
+    /* Transferring before the REQUEST leaves: prefill's sender turns
+     * WaitingForInput on it, and whoever polls both sides must not then
+     * see this one still waiting (the lock does not cover poll's read). */
+    atomic_store(&r->state, KVW_POLL_TRANSFERRING);
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
         kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",
                       r->rx.prefill_rank);
@@ -452,7 +456,6 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     }
     r->rx.request_sent = true;
     r->rx.sent_ns = kvw__now_ns();
-    atomic_store(&r->state, KVW_POLL_TRANSFERRING);
     kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
 }
 
