@@ -275,9 +275,7 @@ int main(int argc, char **argv)
 
 out:
     /* Teardown: requests before their engines, engines before the
-     * bootstrap service their prefill registered with. Each accepts NULL.
-     * The engine destroyed second may log a warning about the connection
-     * the first one closed (a dropped BYE): expected, both were done. */
+     * bootstrap service their prefill registered with. Each accepts NULL. */
     kvw_receiver_destroy(receiver);
     kvw_sender_destroy(sender);
     kvw_engine_destroy(decode);

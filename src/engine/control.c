@@ -32,6 +32,10 @@ static void say_bye(kvw_engine_t *e, kvw_peer_t *p)
 {
     if (!atomic_load(&p->bye_due))
         return;
+    if (atomic_load(&p->ctl_gone)) { /* nobody left to tell (an engine that exits, say) */
+        atomic_store(&p->bye_due, false);
+        return;
+    }
     pthread_mutex_lock(&e->lock);
     kvw_msg_t bye = kvw__failure_msg(KVW_MSG_BYE, 0, 0, p->dead_status, p->dead_reason);
     pthread_mutex_unlock(&e->lock);

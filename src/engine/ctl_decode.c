@@ -268,8 +268,10 @@ void kvw__decode_on_monitor(kvw_engine_t *e, kvw_peer_t *p)
         bool lost = ev == ZMQ_EVENT_DISCONNECTED || ev == ZMQ_EVENT_CONNECT_RETRIED;
         if (lost && atomic_load(&p->state) == PEER_HELLO)
             restart_lookup(e, p, "its endpoint refused or dropped the handshake");
-        else if (ev == ZMQ_EVENT_DISCONNECTED)
+        else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            atomic_store(&p->ctl_gone, true);
             kvw__peer_kill(p, KVW_ERR_PEER, "prefill rank %u's control connection closed", p->rank);
+        }
     }
 }
 

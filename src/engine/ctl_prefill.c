@@ -371,8 +371,10 @@ static void probe_connections(kvw_engine_t *e)
         if (kvw__zdropped(e->router, &pong))
             continue; /* a lost probe tells nothing */
         if (zmq_send(e->router, p->id, sizeof(p->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-            if (errno == EHOSTUNREACH)
+            if (errno == EHOSTUNREACH) {
+                atomic_store(&p->ctl_gone, true);
                 kvw__peer_close(p, KVW_ERR_PEER, "decode engine's control connection closed");
+            }
             continue;
         }
         kvw__zsend_raw(e->router, &pong, ZMQ_DONTWAIT);

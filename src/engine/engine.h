@@ -119,6 +119,7 @@ struct kvw_peer {
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
+    atomic_bool ctl_gone; /* the other side's control connection closed: no BYE can reach it */
 
     /* control thread only */
     void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */

@@ -330,8 +330,9 @@ static void finish_kill_locked(kvw_peer_t *p)
             kvw__req_touch_locked(r); /* destroyed, kept until it ended: it leaves now */
         kvw__req_attach_locked(r, NULL);
     }
-    /* A peer that left cleanly with nothing in flight is news, not trouble. */
-    if (hit || !atomic_load(&p->closing))
+    /* A peer that left (said so, or closed its control connection) with
+     * nothing in flight is news, not trouble. */
+    if (hit || (!atomic_load(&p->closing) && !atomic_load(&p->ctl_gone)))
         KVW_WARN("peer %u: %s (%u request(s) failed)", p->index, p->dead_reason, hit);
     else
         KVW_INFO("peer %u: %s", p->index, p->dead_reason);

@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1213,6 +1215,57 @@ static void test_decode_leaving_after_success_is_success(void **state)
     }
 }
 
+/* An orderly teardown, either engine first, is news, not trouble: the one
+ * left notices the closed control connection (logged as such, INFO) and
+ * warns about nothing: no BYE to a peer that cannot receive it any more,
+ * no warning for a connection that failed no request. */
+static atomic_int teardown_warnings, teardown_closed;
+
+static void count_teardown_log(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    if (level <= KVW_LOG_WARN)
+        atomic_fetch_add(&teardown_warnings, 1);
+    if (strstr(msg, "control connection closed"))
+        atomic_fetch_add(&teardown_closed, 1);
+}
+
+static void teardown_quietly(bool decode_first)
+{
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+    atomic_store(&teardown_warnings, 0);
+    atomic_store(&teardown_closed, 0);
+    kvw_set_log_handler(count_teardown_log, NULL, KVW_LOG_INFO);
+    kvw_engine_t **first = decode_first ? &pair.decode : &pair.prefill;
+    kvw_engine_destroy(*first);
+    *first = NULL;
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (!atomic_load(&teardown_closed) && pair_now_ms() < end)
+        pair_sleep_ms(5);
+    pair_sleep_ms(200); /* time for a BYE to fail to go out */
+    kvw_engine_destroy(decode_first ? pair.prefill : pair.decode);
+    pair.prefill = pair.decode = NULL;
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    assert_int_equal(atomic_load(&teardown_closed), 1);
+    assert_int_equal(atomic_load(&teardown_warnings), 0);
+}
+
+static void test_teardown_decode_first_is_quiet(void **state)
+{
+    (void)state;
+    teardown_quietly(true);
+}
+
+static void test_teardown_prefill_first_is_quiet(void **state)
+{
+    (void)state;
+    teardown_quietly(false);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -1220,6 +1273,9 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_transfer, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_teardown_decode_first_is_quiet, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_teardown_prefill_first_is_quiet, open_pair,
+                                        close_pair),
         cmocka_unit_test_setup_teardown(test_success_waits_for_every_immediate, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_prefill_memory_not_remotely_writable, open_pair,
