@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvwire build. `make` builds the libraries, tools, examples and tests;
 # `make check` runs the configuration doc check, unit tests (ASan+UBSan,
 # host), a short deterministic fuzz pass,

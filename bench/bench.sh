@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # kvwire vs perftest, run inside the test bed by `make bench`.
 # For each size, REPS interleaved reps of: ib_write_bw (rxe0 -> rxe0, -n
 # iteration mode) then kvwire-bench moving the same number of bytes in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-rawlat: the raw-verbs floor for a request's critical path, the
  * yardstick kvwire-bench's critical path is compared with. No kvwire code:
  * two RC QPs on one device, connected to each other through its GID, and

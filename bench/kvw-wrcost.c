@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-wrcost: what the library spends per RDMA work request on the host, no
  * RDMA needed, measured on the real code path. A hand-built prefill engine
  * (no threads, no device) with one connected peer whose verbs are a null

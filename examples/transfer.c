@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* examples/transfer.c: one KV cache transfer, prefill -> decode, verified.
  *
  *     build/examples/transfer PREFILL_IP DECODE_IP [PREFILL_DEV DECODE_DEV]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvwire: move LLM KV cache from a prefill engine to a decode engine over
  * RDMA (raw ibverbs), with a ZeroMQ control plane.

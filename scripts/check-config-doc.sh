@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Checks docs/configuration.md against the code: every field of the
 # configuration table in src/common/config.c (FIELD/TEXT lines; the
 # variable is KVW_ + the field's name upper-cased) must have a row

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Who calls whom inside src/engine/: for each object file of the engine, the
 # other engine files whose functions (kvw_/kvw__ symbols) it calls, read
 # with nm from the built objects (defined vs undefined symbols, each

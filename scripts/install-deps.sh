@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install (idempotently) the Debian 12 packages kvwire's build and tests
 # need, plus those of the test-bed mode tests/tools/kvw-testbed will use here
 # (host, hostrxe or vm; see tests/tools/kvw-testbed --help). It never installs a

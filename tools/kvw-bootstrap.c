@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-bootstrap: run the bootstrap service standalone.
  * Usage: kvw-bootstrap [--key-file FILE] IP[:PORT]   (port 0 or none: ephemeral)
  * Prints "bootstrap IP:PORT" once listening; runs until SIGINT/SIGTERM.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-keygen: write a new cluster key (a ZeroMQ CURVE secret key, Z85) for
  * kvwire's authenticated, encrypted control plane.
  * Usage: kvw-keygen [--force] FILE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the tools: the deterministic "KV contents" both sides of a test
  * derive independently, so decode can check every byte without a copy. */
 #ifndef KVW_TOOLS_H

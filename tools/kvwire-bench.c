@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvwire-bench: throughput, message rate and latency of KV-cache transfers
  * through the public API. One invocation runs both sides: after parsing it
  * forks; the child is the prefill engine (--dev0/--ip0, with an embedded

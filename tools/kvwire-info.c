@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvwire-info: what kvwire would find on this node. Every RDMA device and
  * port (state, link layer, MTU, max message, GIDs with their type and the
  * one kvwire picks), the locked-memory limit, and per GPU whether dma-buf

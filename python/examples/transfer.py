@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """README "Use from Python": one KV transfer, prefill -> decode, verified.
 
     python3 python/examples/transfer.py PREFILL_IP DECODE_IP [PREFILL_DEV DECODE_DEV]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvwire: move LLM KV cache between inference engines over RDMA.
 
 Pure-Python binding (ctypes) of libkvwire; see include/kvwire.h for the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvwire.Config: kvw_config_t as a Python object. Internal: re-exported by
 kvwire/__init__.py."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The loaded library and what every other module needs: the library
 handle, version and feature queries, the enums, the exceptions, the log
 trampoline and the call helper. Internal: the public names are re-exported

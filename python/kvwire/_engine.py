@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The objects that own C handles: Bootstrap, Engine, Sender and Receiver,
 and the value types they take and return (Region, Group, Counters,
 ReqMetrics). Internal: re-exported by kvwire/__init__.py."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Page and state index lists handed to the C library as `const uint64_t *`.
 
 Accepted: any Python sequence or iterable of non-negative ints, any object

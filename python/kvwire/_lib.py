@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ctypes declarations for libkvwire (include/kvwire.h) and the loader.
 
 Internal module: the public API is in kvwire/__init__.py. Every structure

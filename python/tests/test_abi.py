@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ctypes structures match include/kvwire.h: compile the header with the
 host's C compiler and compare every size and field offset (skipped without
 a compiler or outside the source tree)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host-only tests of the binding: no RDMA device needed."""
 import ctypes
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Page-index conversion: sequences, buffers and numpy arrays."""
 import array
 import ctypes

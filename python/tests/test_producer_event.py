@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The producer's CUDA event (Sender.send / send_part with event=...), host
 only: the C calls are exported and check their arguments, the binding
 validates the handle and passes it through unchanged, and an error from the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvwire.sglang: selection patch and the shape of the pinned contract.
 sglang is not installed: stand-in modules play sglang/srt/disaggregation."""
 import inspect

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The library's one clock (CLOCK_MONOTONIC, in nanoseconds) and a rate
  * limit for log lines about events that a peer or a scanner can repeat at
  * will (dropped messages, refused connections). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Config: one table drives defaults, environment overrides, validation and
  * printing, so adding a knob is one line. */
 #include "common/config.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal logging: the first place that detects an error logs it, with the
  * system's own text; the library never prints directly. */
 #ifndef KVW_COMMON_LOG_H

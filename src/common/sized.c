@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Size-prefixed public structs: what an older or newer caller's struct
  * means to this library. */
 #include "common/sized.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #ifndef KVW_COMMON_SIZED_H
 #define KVW_COMMON_SIZED_H
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "kvwire.h"
 
 const char *kvw_strerror(kvw_status_t status)

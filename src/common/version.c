@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The runtime version query: what the library was built from, whatever
  * header its caller saw. */
 #include "kvwire.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The bootstrap service: a ROUTER socket on its own thread holding a
  * bounded rank -> (endpoint, owner, lease) table, plus prefill's registrar.
  * Lookups are made asynchronously by the decode engine's control thread.

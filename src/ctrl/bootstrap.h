@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bootstrap directory: prefill engines publish their control endpoint under
  * their rank; decode engines look it up. No fixed ports anywhere.
  *

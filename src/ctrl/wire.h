@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Control-plane wire format: versioned, little-endian, length-checked binary
  * messages. Every field from the network is validated here, before any other
  * layer sees it. Pure: no I/O. */

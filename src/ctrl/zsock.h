@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Thin helpers to move kvwire messages over ZeroMQ sockets. */
 #ifndef KVW_CTRL_ZSOCK_H
 #define KVW_CTRL_ZSOCK_H

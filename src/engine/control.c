@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The control thread: the engine's only user of ZeroMQ. Prefill serves a
  * ROUTER socket (handshakes, requests, aborts, pings; ctl_prefill.c);
  * decode dials one DEALER per prefill peer after an asynchronous bootstrap

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The control thread's pieces: control.c runs the loop (sockets, timers),
  * ctl_frame.c the framing; ctl_prefill.c and ctl_decode.c hold each role's
  * handlers.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Decode's side of the control plane: one connection per prefill rank,
  * made on demand when a receiver needs it: an asynchronous bootstrap
  * lookup, then a DEALER to prefill's ROUTER for the handshake, requests,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The control thread's framing, shared by the loop (control.c) and each
  * role's handlers (ctl_prefill.c, ctl_decode.c): receiving a whole ROUTER
  * message, routing one to a peer, failure messages, and the count of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prefill's side of the control plane: a ROUTER socket that decode engines
  * dial. Handshakes create connections (capped by max_peers); requests
  * claim rooms (the first claimer owns the room); requests for rooms no

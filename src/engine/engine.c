@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Engine lifecycle: validate parameters, open the device, register every
  * region once, bind the control socket, publish it, start the threads; and
  * undo all of it in reverse order. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Engine internals shared by engine.c (lifecycle), wake.c (waking the
  * threads), peer.c (connections), request.c (a request's life, either
  * role), reqtab.c (the request table: room hash, deadline heap, work list,

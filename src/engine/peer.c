@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peers: one connection per (prefill engine, decode engine) pair, of
  * cfg.qps_per_peer RC QPs ("lanes"), created during the handshake, with the
  * two memory tables paired region by region. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The completion-queue poller: one thread per engine. It moves ready
  * requests onto their peer's send queues in doorbell-batched chains (a
  * connection's chains take its lanes, one QP each, in turn), retires

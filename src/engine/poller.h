@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A narrow seam into the poller (poller.c). The first three are for tools
  * and tests that drive its real steps synchronously, on one thread,
  * without starting the poller thread: bench/kvw-wrcost.c measures the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Decode side of a request: the public receiver API. */
 #include "engine/engine.h"
 #include "engine/stager.h"

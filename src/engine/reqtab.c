@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine's request table, all under engine->lock: rooms in a hash table
  * (lookups by room are O(1) however many requests are in flight), deadlines
  * in a binary min-heap (the control thread sleeps until the earliest one

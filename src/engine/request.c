@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What senders (sender.c) and receivers (receiver.c) share: the request's
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prefill side of a request: the public sender API. A request is handed
  * over in parts (all at once, one prefill chunk at a time, or layer by
  * layer as the forward pass produces them); each part is planned as soon

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The stager's decode half (engine/stager.h): receivers' page slots in
  * the pool, taken in order of arrival, and the copy of a landed request
  * from its slots to the GPU pages, which ends it. */

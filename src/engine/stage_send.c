@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The stager's prefill half (engine/stager.h): a sender's parts cut into
  * slices of at most a chunk, each copied from the GPU into its chunk and
  * appended to the request with the chunk as its source; chunks shared

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The stager (engine/stager.h): the pool, the job queue and the thread's
  * loop, creation and teardown. Each role's half: stage_send.c (prefill)
  * and stage_recv.c (decode); stager_int.h holds what they share. */

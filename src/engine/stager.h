@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host staging of GPU regions the NIC cannot reach (the STAGING path of
  * mem/mem.h), one stager per engine that has such a region, with a thread
  * of its own that issues the CUDA copies and waits for them, so that no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The stager's insides, shared by its three files: stager.c (the pool,
  * the job queue, the thread's loop, creation), stage_send.c (prefill:
  * chunks, slices and copies out of the GPU) and stage_recv.c (decode:

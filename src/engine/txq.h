@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Send-queue discipline for one RC QP: WRs are appended to a preallocated
  * chain and posted with one ibv_post_send (one doorbell); every Nth WR and
  * the last of each chain are signaled, wr_id carries the WR's sequence

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Waking the engine's threads: an eventfd write, and the poller's wake-up
  * deferred on a thread that may run the poller's pass itself. Below every
  * other engine file: requests, peers, the poller, the stager and the roles

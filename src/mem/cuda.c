@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The real CUDA seam: the driver API loaded with dlopen, so CUDA is never a
  * build or link requirement. Without libcuda.so.1 every pointer is host
  * memory and every query says why. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The few CUDA driver API types and constants kvwire uses, from cuda.h (a
  * stable ABI), so that CUDA is never a build dependency: src/mem/cuda.c
  * and tests/tools/kvw-gpucheck.c load libcuda.so.1 with dlopen and call it

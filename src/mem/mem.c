@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "mem/mem.h"
 
 #include "common/config.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one place memory is registered. Each region takes one path, decided
  * at run time (kvw__mem_decide) apart from the registration that carries it
  * out (kvw__mem_register_in):

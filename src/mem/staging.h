@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host staging for GPU memory the NIC cannot reach: one pool of pinned
  * host memory, registered once, and copy lanes (a stream of kvwire's own
  * per lane in every CUDA context involved). Copies queued on one lane

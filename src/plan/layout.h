@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An engine's memory layout as buffer groups (see kvw_group_t), flattened
  * into region indices the planner walks: the KV regions of each layer in
  * posting order, the aux regions, the state regions. Pure: no I/O. */

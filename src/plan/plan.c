@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "plan/plan.h"
 
 enum { PHASE_KV, PHASE_STATE, PHASE_AUX, PHASE_DONE };

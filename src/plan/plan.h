@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Pure transfer planning: no I/O, no allocation. Groups (source,
  * destination) page pairs into runs contiguous on both sides, and walks a
  * request part's writes in posting order (see kvw_plan_t); a run longer

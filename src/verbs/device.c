@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "verbs/device.h"
 
 #include "common/log.h"
@@ -36,8 +37,8 @@ int kvw__gid_usable(const struct ibv_gid_entry *e, const char *local_ip)
 
 /* RoCE: prefer a RoCEv2 GID that is IPv4-mapped (routable, and GID 0, the
  * link-local one, hangs on rxe) and carries our IP. InfiniBand: GID 0. */
-static kvw_status_t choose_gid(kvw_dev_t *dev, const struct ibv_port_attr *pa,
-                               const char *local_ip, int requested)
+static kvw_status_t choose_gid(kvw_dev_t *dev, const struct ibv_port_attr *pa, const char *local_ip,
+                               int requested)
 {
     if (requested >= 0) {
         if (requested >= pa->gid_tbl_len) {
@@ -188,8 +189,7 @@ kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port,
     /* The control thread polls it with its sockets and must never block. */
     int fl = dev->ctx->async_fd >= 0 ? fcntl(dev->ctx->async_fd, F_GETFL) : -1;
     if (fl >= 0 && fcntl(dev->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        KVW_WARN("%s: cannot make the async event fd non-blocking: %s", dev->name,
-                 strerror(errno));
+        KVW_WARN("%s: cannot make the async event fd non-blocking: %s", dev->name, strerror(errno));
     st = query_port(dev, local_ip, gid_index);
     if (st)
         goto fail;

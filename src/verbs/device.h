@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One opened RDMA device: context, port, chosen GID and the single PD that
  * every region and QP of an engine uses. */
 #ifndef KVW_VERBS_DEVICE_H
@@ -15,9 +16,9 @@ typedef struct kvw_dev {
     int gid_index;
     union ibv_gid gid;
     uint16_t lid;
-    uint8_t link_layer;      /* IBV_LINK_LAYER_* */
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
     enum ibv_mtu active_mtu;
-    uint32_t max_msg_sz;     /* largest single RDMA write the port accepts */
+    uint32_t max_msg_sz; /* largest single RDMA write the port accepts */
     int max_qp_wr, max_cqe, max_sge;
 } kvw_dev_t;
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Every verbs (and librdmacm) call kvwire makes goes through this table.
  * verbs.h makes ibv_post_send and ibv_poll_cq static inline, so ld --wrap
  * cannot mock them; an ops table lets unit tests substitute a fake device

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The real verbs table: thin adapters over libibverbs and librdmacm. */
 #include "verbs/ops.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* RC queue pairs connected by hand from exchanged QP info (no rdma_cm on the
  * data path: the peers already talk over the control plane). */
 #ifndef KVW_VERBS_QP_H

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Compare the public ABI's layout (tests/abi/abi_dump's output, taken from
 include/kvwire.h) with the record in tests/abi/kvwire-abi.txt.
 

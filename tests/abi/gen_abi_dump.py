@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Write a C program that prints the layout of kvwire's public ABI, one fact
 a line, for tests/abi/check_abi.py to compare with the record in
 tests/abi/kvwire-abi.txt (make abi-check; make abi-update rewrites it):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer harness for the bootstrap service, black-box: a real service
  * (kvw_bootstrap_create) and two ZeroMQ DEALERs that send it the input's
  * records (fuzz_common.h); records flagged FUZZ_OTHER go out on the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared pieces of the libFuzzer harnesses (tests/fuzz/fuzz_*.c) and of the
  * seed corpus generator (gen_corpus.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer harness for the decode engine's control handlers, black-box.
  * Decode dials out, so the harness plays a prefill engine: a ZeroMQ ROUTER
  * registered as rank 0 at a real bootstrap service, which a real decode

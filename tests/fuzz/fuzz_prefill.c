@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer harness for the prefill engine's control handlers, black-box:
  * a real prefill engine on the fake NIC (tests/support/fake_nic.h),
  * registered at a real bootstrap service, and two ZeroMQ DEALERs that play

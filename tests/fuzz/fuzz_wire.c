@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer harness for the wire format: kvw__wire_decode on arbitrary
  * bytes (ASan/UBSan catch any out-of-bounds read or overflow), and, for
  * every input that decodes, a round trip: encoding the message must

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Seed corpus for the fuzz harnesses, built with kvw__wire_encode so the
  * seeds follow every change of the wire format (nothing binary is checked
  * in). Usage: gen_corpus DIR. Writes

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Run one libFuzzer harness and say how many inputs it ran.
 #
 #   tests/fuzz/run-fuzz.sh BIN SEEDS WORK time SECONDS [MIN_RUNS]

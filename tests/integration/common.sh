@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by the integration scenario scripts (sourced, not run): the build
 # directory, the kvw-xfer tool, a scratch directory, the test bed's devices
 # and the pass/fail tally with its result line. Reads the caller's $1 (the

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The C example programs (examples/, built into BUILD_DIR/examples/) on real
 # rxe, inside the test bed: examples/transfer.c with both engines on one
 # device and across the two. Usage: examples_scenarios.sh BUILD_DIR

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Failure scenarios on real rxe, separate prefill and decode processes
 # (tests/tools/kvw-xfer in fault mode): a peer killed with SIGKILL mid-transfer,
 # a killed prefill restarted under the same rank serving the same decode

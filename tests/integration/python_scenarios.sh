@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The Python binding and the sglang backend on real rxe, inside the test bed:
 # pytest over python/tests (the host tests again, plus python/tests/guest:
 # transfers through the binding, and the sglang harness with separate

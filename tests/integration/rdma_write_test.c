@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* First real-RDMA test of the verbs layer: two processes open an rxe device,
  * register buffers, connect RC QPs by exchanging QP info over ZeroMQ, RDMA
  * WRITE a pattern as one linked chain (the last write carries an

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs every integration test inside one test-bed boot; exits non-zero if any
 # fails. Usage: run-all.sh BUILD_DIR
 set -u

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Soak and idle scenarios on real rxe (run inside the test bed, real RDMA):
 #  - soak: one prefill process serves KVW_SOAK_CYCLES decode cycles (new
 #    engine, connect, one room with every byte verified, destroy); every

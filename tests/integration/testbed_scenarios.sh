@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The test bed's hostrxe mode and tools/kvw-rxe, exercised for real inside
 # the vm guest (its kernel has rdma_rxe, and its network is ours to disturb):
 # a nested `kvw-testbed --mode hostrxe` runs a verified transfer, fails,

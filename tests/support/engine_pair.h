@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A prefill and a decode engine in one test process, on the fake NIC
  * (tests/support/fake_nic.h), talking ZeroMQ over 127.0.0.1 through an
  * embedded bootstrap service. For unit tests and fault injection: the fake

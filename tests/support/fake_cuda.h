@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fake CUDA driver behind kvwire's CUDA seam (kvw__cuda_set_ops), for
  * the staging tests on the fake NIC and on real rxe: "device memory" is
  * host memory that pointer_info reports as a cudaMalloc allocation on a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The fake NIC: see fake_nic.h. Unit tests and fault injection only; it
  * is not RDMA.
  *

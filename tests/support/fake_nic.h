@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fake, in-process NIC behind kvw_verbs_ops_t, for unit tests and fault
  * injection ONLY. It is not RDMA and proves nothing about RDMA: a "remote
  * write" is a memmove() inside this process, done by a background "wire"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "support/fake_verbs.h"
 
 #include <errno.h>
@@ -181,8 +182,8 @@ static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int ac
     errno = EINVAL;
     return NULL;
 }
-static struct ibv_mr *f_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
-                                      uint64_t iova, int fd, int access)
+static struct ibv_mr *f_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
+                                      int fd, int access)
 {
     (void)pd;
     (void)offset;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fake kvw_verbs_ops_t for unit tests: records every post_send chain and
  * can be told to fail the Nth post. Every other op fails (NULL / EINVAL /
  * -1) so code that reaches for a real device is caught. */
@@ -32,13 +33,13 @@ typedef struct fake_post {
 } fake_post_t;
 
 typedef struct fake_verbs {
-    size_t num_posts;      /* post_send calls, failed ones included */
+    size_t num_posts; /* post_send calls, failed ones included */
     fake_post_t posts[FAKE_MAX_POSTS];
-    size_t num_wrs;        /* WRs recorded over all posts */
+    size_t num_wrs; /* WRs recorded over all posts */
     fake_wr_t wrs[FAKE_MAX_WRS];
-    size_t fail_post;      /* 1-based post_send call to fail; 0: never */
-    int fail_rc;           /* value returned by the failing post (default EIO) */
-    size_t fail_wr;        /* bad_wr of the failing post: this 0-based WR of its chain */
+    size_t fail_post; /* 1-based post_send call to fail; 0: never */
+    int fail_rc;      /* value returned by the failing post (default EIO) */
+    size_t fail_wr;   /* bad_wr of the failing post: this 0-based WR of its chain */
     size_t post_recv_calls, poll_cq_calls, other_calls;
 } fake_verbs_t;
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the test bed (tests/tools/kvw-testbed) tells a command about its devices. */
 #ifndef KVW_TESTS_TESTBED_ENV_H
 #define KVW_TESTS_TESTBED_ENV_H

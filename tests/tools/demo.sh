@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The main job, run inside the test bed by `make demo`: a standalone
 # bootstrap service, a prefill engine on device 0 and a decode engine on
 # device 1 move a model-shaped KV cache (32 layers, K and V, 2 KiB pages,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-gpucheck: what can be verified of kvwire's GPU memory support on a
  * machine with an NVIDIA GPU and no RDMA NIC (run by tests/tools/gpu-check).
  *   1. kvwire's CUDA seam classifies cuMemAlloc (cudaMalloc), VMM

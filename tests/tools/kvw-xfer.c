@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-xfer: one side (prefill or decode) of a real KV-cache transfer through
  * the public API, with deterministic random contents so decode can verify
  * every byte. Used by `make demo`, the integration tests and the benchmark.

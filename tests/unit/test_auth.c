@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Opt-in control-plane security (ZeroMQ CURVE with one cluster key,
  * src/ctrl/zsock.c): key files and config, the bootstrap service with and
  * without the key, the ZAP handler refusing strangers, and a prefill/decode

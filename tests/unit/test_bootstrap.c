@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The bootstrap service and prefill's registrar (src/ctrl/bootstrap.c),
  * over ZeroMQ on 127.0.0.1: rank ownership and leases, unregistration,
  * unknown ranks, malformed framing, and a restarted service repopulated by

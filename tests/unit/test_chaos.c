@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Randomized fault schedules against the whole engine on the fake NIC (not
  * RDMA). Each schedule is derived from one seed and printed when it breaks
  * an invariant, so it can be rerun alone:

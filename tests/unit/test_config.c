@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/common/config.c, src/common/status.c and src/common/version.c. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The device's asynchronous events reach the engine: a QP the device
  * declares fatal fails its connection's requests on both sides at once,
  * with the event named (not after 7 ACK timeouts of retries), and a port
@@ -91,7 +92,7 @@ static void test_qp_fatal_fails_its_connection(void **state)
     size_t canary = pair_wrong_bytes(&pair, &a);
     assert_int_equal(fake_nic_raise_qp_event(prefill_qpn(), IBV_EVENT_QP_FATAL), 0);
     assert_failed_by(&a, "catastrophic error", canary); /* libibverbs' name for QP_FATAL */
-    start(&b, 2, 1); /* a new connection */
+    start(&b, 2, 1);                                    /* a new connection */
     assert_landed(&b);
     pair_destroy_room(&a);
     pair_destroy_room(&b);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The threaded engine itself (control thread, poller, both roles) on the
  * fake NIC, with faults injected. One test per failure the review found;
  * each failed before the fix it names. Not RDMA: see tests/support. */

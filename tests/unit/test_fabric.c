@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fabric settings (traffic class, service level, flow label, hop limit,
  * GRH or LID routing): the pure address-vector builder of src/verbs/qp.c,
  * and, through an engine pair on the fake NIC, that the configured values

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for the fake NIC (tests/support/fake_nic.c), driven only
  * through fake_nic_ops, the way src/verbs/ drives a device. No engine.
  *

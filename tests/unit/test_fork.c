@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fork protection: the first engine of a process calls ibv_fork_init()
  * before it registers any memory (a fork() after registration, e.g. by
  * Python multiprocessing, could otherwise corrupt registered pages on

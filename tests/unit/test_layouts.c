@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Any KV layout, chunked and layer-wise sends, on the engine itself: a
  * prefill and a decode engine in one process with buffer groups of the
  * test's choosing. Every byte of decode's memory is checked: what the

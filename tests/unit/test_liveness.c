@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Live peers are never declared dead: the three situations in which a
  * healthy prefill was judged "silent" on rxe, reproduced on the fake NIC
  * (not RDMA; see tests/support) with the control plane's timing made

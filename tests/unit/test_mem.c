@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/mem/: which path each region takes (host, dma-buf,
  * nvidia_peermem, staging) and why, the override, the export range, and
  * registration on the fake NIC. The fake CUDA seam (support/fake_cuda)

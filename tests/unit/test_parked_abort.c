@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Requests parked between parts, and aborts prefill holds state for, on the
  * fake NIC (engine-level, not RDMA; see tests/support).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/plan/plan.c: run grouping and write planning. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The producer contract for GPU memory (kvw_sender_send_part_after and
  * kvw_sender_send_after), on the fake NIC and the fake CUDA seam
  * (tests/support: not RDMA, not a GPU). A fake CUDA event stands for the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/engine/reqtab.c: the room hash, the deadline heap and
  * the work list, on an engine struct with no threads and no device. */
 #include <setjmp.h>

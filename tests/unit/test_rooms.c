@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Control-plane benchmark: 10,000 rooms in flight at once against one
  * prefill engine, and the CPU its control thread (and decode's, and both
  * pollers) spent per request, measured from /proc/self/task.

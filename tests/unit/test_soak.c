@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Soak: one prefill engine lives while decode engines come and go, as in a
  * cluster over weeks. Every cycle a new decode engine connects, transfers a
  * room (bytes verified) and goes away; every tenth dies mid-request (its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Staged transfers under faults, on the fake NIC and the fake CUDA seam
  * (tests/support: not RDMA, not a GPU). Decode's KV regions sit in "GPU"
  * memory the NIC cannot reach: prefill writes into decode's staging pool,

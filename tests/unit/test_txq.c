@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/engine/txq.c against the fake verbs ops. */
 #include <setjmp.h>
 #include <stdarg.h>

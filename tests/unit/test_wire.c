@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/ctrl/wire.c: round trips and rejection of malformed
  * input. Runs under ASan/LSan, so every failure path is also checked for
  * leaks and out-of-bounds reads. */

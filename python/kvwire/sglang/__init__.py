@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvwire as an sglang PD-disaggregation transfer backend.
 
 Pinned contract: sglang's python/sglang/srt/disaggregation/base/conn.py at

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run sglang's server with kvwire serving a transfer backend.
 
     python3 -m kvwire.sglang.launch_server --disaggregation-mode prefill \

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Guest-only tests: they need the test bed's RDMA devices (KVW_TB_DEV0 ...),
 so they run inside tests/tools/kvw-testbed (tests/integration/python_scenarios.sh)."""
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drive kvwire.sglang exactly as sglang's schedulers drive a transfer
 backend (pinned: sglang 0094505da741, disaggregation/prefill.py and
 decode.py), with two TP ranks per side whose polls are combined by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvwire.sglang driven as sglang's schedulers drive it: separate prefill
 and decode processes (sglang_harness.py), two TP ranks each, real rxe."""
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The binding on real rxe: prefill and decode engines (in this process),
 every byte checked, chunked sends, aborts, out-of-range pages, close order."""
 import ctypes.util
