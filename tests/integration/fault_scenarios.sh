@@ -347,7 +347,7 @@ abort_decode() {
     # shellcheck disable=SC2086
     pair "decode aborts a request mid-transfer, nothing lands after Failed" "$dev1" "$ip1" \
         $ABORT_WORK --abort-room 1 --abort-side decode --abort-after-ms 100 \
-        --expect-failed 1 --canary-ms 2000
+        --hold-rest "$work/sync" --expect-failed 1 --canary-ms 2000
     status_is "$work/d.log" 1 KVW_ERR_ABORTED "decode's room 1 is not KVW_ERR_ABORTED"
     mid_transfer "$work/d.log" 1
     within "$(diff_ms "$(wall "$work/d.log" 1 abort)" "$(wall "$work/p.log" 1 FAILED)")" \
@@ -382,7 +382,8 @@ bystander_1() {
     # shellcheck disable=SC2086
     pair "bystanders survive decode's abort and prefill's out-of-range source page" \
         "$dev0" "$ip0" $BYSTANDER_WORK --abort-room 1 --abort-side decode --abort-after-ms 50 \
-        --bad-room 2 --bad-side prefill --expect-failed 1,2 --canary-ms 500
+        --hold-rest "$work/sync" --bad-room 2 --bad-side prefill --expect-failed 1,2 \
+        --canary-ms 500
     status_is "$work/p.log" 2 KVW_ERR_OUT_OF_RANGE "prefill's room 2 is not KVW_ERR_OUT_OF_RANGE"
     mid_transfer "$work/d.log" 1
     grep -q '^room 2: FAILED after [0-9]* ms: [A-Z_]*: prefill: ' "$work/d.log" ||

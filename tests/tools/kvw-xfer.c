@@ -58,6 +58,7 @@ typedef struct faults {
     side_t abort_side;
     uint32_t abort_after_ms; /* after the room is under way (see usage) */
     const char *abort_sync;  /* decode writes it when room K's bytes land */
+    const char *hold_rest;   /* prefill holds room K's second half until decode wrote it */
     int64_t bad_room;        /* -1: none */
     side_t bad_side;
     uint32_t canary_ms;                   /* decode: watch failed rooms' pages this long */
@@ -365,6 +366,7 @@ typedef struct room_state {
     const char *fault_what; /* "abort", "bad input" */
     kvw_poll_t state;
     bool started, ended;
+    size_t held; /* prefill, --hold-rest: pages of the room not handed over yet */
     /* decode, --canary-ms: the room's destination bytes as they were at Failed */
     uint8_t *snap;
     double watch_until, next_check;
@@ -662,7 +664,11 @@ static kvw_sender_t *start_sender(const opts_t *o, kvw_engine_t *e, room_state_t
     }
     rs->t_handed = now_s();
     rs->started = true;
-    st = kvw_sender_send(s, src, o->pages);
+    /* --hold-rest: the first half now, the rest once decode aborted, so the
+     * abort always meets a transfer prefill has not finished. */
+    bool hold = o->f.hold_rest && (int64_t)rp->room == o->f.abort_room && !bad;
+    rs->held = hold ? o->pages - o->pages / 2 : 0;
+    st = kvw_sender_send(s, src, o->pages - rs->held);
     if (bad)
         note_fault(rs, "bad input",
                    "out-of-range source page %" PRIu64 " (pool %" PRIu64
@@ -705,6 +711,24 @@ static void prefill_abort_hook(const opts_t *o, kvw_sender_t *s, room_state_t *r
                kvw_status_name(st));
 }
 
+/* --hold-rest: hand over the held pages once decode wrote the file (the
+ * request has Failed by then, or does so at once: the call's status is
+ * only reported). */
+static void release_held(const opts_t *o, kvw_sender_t *s, room_state_t *rs)
+{
+    double now = now_s();
+    if (!rs->held || now < rs->t_next_look)
+        return;
+    rs->t_next_look = now + 0.005;
+    if (access(o->f.hold_rest, F_OK) != 0)
+        return;
+    size_t first = o->pages - rs->held;
+    kvw_status_t st = kvw_sender_send(s, rs->plan.src + first, rs->held);
+    rs->held = 0;
+    printf("room %" PRIu64 ": the held %zu page(s) handed over after decode's abort: %s\n",
+           rs->plan.room, o->pages - first, kvw_status_name(st));
+}
+
 /* Poll every sender until all ended, running the fault-mode hooks. */
 static void wait_senders(const opts_t *o, kvw_engine_t *e, kvw_sender_t **s, room_state_t *rs,
                          uint32_t total)
@@ -719,6 +743,7 @@ static void wait_senders(const opts_t *o, kvw_engine_t *e, kvw_sender_t **s, roo
                 rs[i].t_under_way = now_s();
             transferring |= rs[i].state == KVW_POLL_TRANSFERRING;
             prefill_abort_hook(o, s[i], &rs[i]);
+            release_held(o, s[i], &rs[i]);
             ended += rs[i].ended;
         }
         if (!ready && transferring) { /* ready: writes are on the wire */
@@ -974,6 +999,8 @@ static void decode_abort_hook(const opts_t *o, const memory_t *m, kvw_receiver_t
     double under_way_ms = (now_s() - rs->t_under_way) * 1e3;
     uint64_t begun = items_begun(o, m, &rs->plan, UINT64_MAX);
     kvw_status_t st = kvw_receiver_abort(rx);
+    if (o->f.hold_rest)
+        write_marker(o->f.hold_rest); /* prefill may hand over the rest now */
     note_fault(rs, "abort",
                "abort on decode side, %.0f ms after its first bytes landed (%" PRIu64 " of %" PRIu64
                " items begun): %s",
@@ -1385,6 +1412,8 @@ static void usage(void)
             "        if it has not ended. Decode: its first bytes landed. Prefill: it turned\n"
             "        Transferring, or with --abort-sync (same host), decode wrote FILE on\n"
             "        seeing its first bytes land (prefill may serve other rooms first)\n"
+            "    --hold-rest FILE (with --abort-side decode; same host): prefill sends room\n"
+            "        K's first half of pages, the rest once decode wrote FILE after its abort\n"
             "    --bad-room K [--bad-side prefill|decode (decode)]\n"
             "        that side hands room K an out-of-range page (receiver_init / sender_send)\n"
             "    --expect-failed LIST   these rooms must end Failed, all others Success\n"
@@ -1446,6 +1475,7 @@ enum { /* long options without a short letter */
        OPT_READY_FILE,
        OPT_DEADLINE,
        OPT_ABORT_SYNC,
+       OPT_HOLD_REST,
        OPT_KEEP_GOING,
        OPT_FIRST_ROOM,
        OPT_IDLE_S,
@@ -1492,6 +1522,9 @@ static bool parse_fault_opt(int c, const char *arg, faults_t *f)
         break;
     case OPT_ABORT_SYNC:
         f->abort_sync = arg;
+        break;
+    case OPT_HOLD_REST:
+        f->hold_rest = arg;
         break;
     case OPT_KEEP_GOING:
         f->keep_going = true;
@@ -1566,6 +1599,7 @@ static void parse(int argc, char **argv, opts_t *o)
                                              {"ready-file", 1, 0, OPT_READY_FILE},
                                              {"deadline-s", 1, 0, OPT_DEADLINE},
                                              {"abort-sync", 1, 0, OPT_ABORT_SYNC},
+                                             {"hold-rest", 1, 0, OPT_HOLD_REST},
                                              {"keep-going", 0, 0, OPT_KEEP_GOING},
                                              {"first-room", 1, 0, OPT_FIRST_ROOM},
                                              {"idle-s", 1, 0, OPT_IDLE_S},
