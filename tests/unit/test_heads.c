@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "plan/heads.h"
+#include "plan/layout.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -588,6 +589,74 @@ static void test_slice_over_max_msg(void **state)
     assert_int_equal(s.writes, 2 * 3 * 2); /* each 32 KiB slice in 2 writes */
 }
 
+/* ------------------------------------------------------------ layouts */
+
+/* A model of 2 layers: K/V group, MLA-like latent group, one aux item,
+ * one Mamba-like state group; the K/V group holds heads [first, first +
+ * count) of 8, NHD, 16 tokens of 128 bytes. */
+static int build(kvw_layout_t *l, uint32_t first, uint32_t count, char *why)
+{
+    kvw_layout_group_t g[3] = {
+        {KVW_LAYOUT_KV, 2, 2, 0, {8, first, count, 128, 16, KVW_HEADS_NHD}},
+        {KVW_LAYOUT_AUX, 1, 1, 0, {0, 0, 0, 0, 0, 0}},
+        {KVW_LAYOUT_STATE, 2, 1, 0, {0, 0, 0, 0, 0, 0}},
+    };
+    return kvw__layout_build(l, g, 3, 64, why, 200);
+}
+
+static void test_layout_heads(void **state)
+{
+    (void)state;
+    char why[200];
+    kvw_layout_t a, b;
+    assert_int_equal(build(&a, 0, 8, why), 0);
+    assert_int_equal(build(&b, 4, 4, why), 0);
+    /* Items: 4 K/V regions, the aux, 2 state regions. */
+    uint64_t ia[7] = {16384, 16384, 16384, 16384, 64, 4096, 4096};
+    uint64_t ib[7] = {8192, 8192, 8192, 8192, 64, 4096, 4096};
+    assert_int_equal(kvw__layout_check_heads(&a, ia, why, sizeof(why)), 0);
+    assert_int_equal(kvw__layout_check_heads(&b, ib, why, sizeof(why)), 0);
+    ib[3] = 16384;
+    assert_int_equal(kvw__layout_check_heads(&b, ib, why, sizeof(why)), -1);
+    assert_string_equal(why, "kv group 0, layer 1, region 1: a page of 16 tokens x 4 heads x 128 "
+                             "bytes is not the region's item length 16384");
+    ib[3] = 8192;
+    /* Different ranges, different item lengths: accepted, and sliced. */
+    assert_int_equal(kvw__layout_compare(&a, ia, b.groups, b.num_groups, ib, why, sizeof(why)), 0);
+    assert_int_equal(kvw__layout_sliced(&a, b.groups, b.num_groups), 1);
+    assert_int_equal(kvw__layout_sliced(&a, a.groups, a.num_groups), 0);
+    /* Undescribed regions still need equal item lengths. */
+    ib[5] = 2048;
+    assert_int_equal(kvw__layout_compare(&a, ia, b.groups, b.num_groups, ib, why, sizeof(why)), -1);
+    assert_string_equal(why, "state group 2, layer 0, region 0: peer item length 2048, ours 4096");
+    ib[5] = 4096;
+    /* What must match, said exactly. */
+    kvw_layout_group_t g[3];
+    memcpy(g, b.groups, sizeof(g));
+    g[0].heads.head_bytes = 256;
+    assert_int_equal(kvw__layout_compare(&a, ia, g, 3, NULL, why, sizeof(why)), -1);
+    assert_string_equal(why, "kv group 0: bytes per head: peer 256, ours 128");
+    memcpy(g, b.groups, sizeof(g));
+    g[0].heads = (kvw_heads_t){0, 0, 0, 0, 0, 0};
+    assert_int_equal(kvw__layout_compare(&a, ia, g, 3, NULL, why, sizeof(why)), -1);
+    assert_string_equal(why, "kv group 0: peer does not describe its heads, ours does");
+    memcpy(g, b.groups, sizeof(g));
+    g[2].num_layers = 3;
+    assert_int_equal(kvw__layout_compare(&a, ia, g, 3, NULL, why, sizeof(why)), -1);
+    assert_string_equal(why, "group 2: peer has state, 3 layers x 1 regions; we have state, 2 x 1");
+    assert_int_equal(kvw__layout_compare(&a, ia, g, 2, NULL, why, sizeof(why)), -1);
+    assert_string_equal(why, "peer has 2 buffer groups, we have 3");
+    kvw__layout_free(&a);
+    kvw__layout_free(&b);
+    /* Refused descriptions. */
+    assert_int_equal(build(&a, 6, 4, why), -1);
+    assert_non_null(strstr(why, "kv group 0: heads [6, 10) of 8"));
+    kvw_layout_group_t aux[2] = {{KVW_LAYOUT_KV, 1, 1, 0, {0, 0, 0, 0, 0, 0}},
+                                 {KVW_LAYOUT_AUX, 1, 1, 0, {8, 0, 8, 128, 16, 0}}};
+    assert_int_equal(kvw__layout_build(&a, aux, 2, 64, why, sizeof(why)), -1);
+    assert_string_equal(why, "aux group 1 describes heads: only kv groups do");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -604,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_equal_tp_copy),
         cmocka_unit_test(test_gqa_mla_bytes),
         cmocka_unit_test(test_slice_over_max_msg),
+        cmocka_unit_test(test_layout_heads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
