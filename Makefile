@@ -8,8 +8,16 @@
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
-SONAME_MAJOR := 0
-VERSION   := 0.1.0
+# The version is the header's (KVW_VERSION_MAJOR/MINOR/PATCH in
+# include/kvwire.h), so the two cannot disagree; the SONAME is its major
+# (docs/api-policy.md).
+VERSION   := $(shell sed -n 's/^\#define KVW_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9][0-9]*\)$$/\2/p' \
+                 include/kvwire.h | paste -sd.)
+ifeq ($(words $(subst ., ,$(VERSION))),3)
+else
+$(error include/kvwire.h: cannot read KVW_VERSION_MAJOR/MINOR/PATCH (got '$(VERSION)'))
+endif
+SONAME_MAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
              -Wno-missing-field-initializers
@@ -47,6 +55,8 @@ UNIT      := $(patsubst tests/unit/test_%.c,$(BUILD)/unit/test_%,$(wildcard test
 INTEG     := $(patsubst tests/integration/%.c,$(BUILD)/integration/%,$(wildcard tests/integration/*_test.c))
 TEST_SUPPORT_SRCS := $(wildcard tests/support/*.c)
 
+ABI_DUMP  := $(BUILD)/abi/abi_dump
+ABI_RECORD := tests/abi/kvwire-abi.txt
 STATIC    := $(BUILD)/libkvwire.a
 SHARED    := $(BUILD)/libkvwire.so.$(VERSION)
 PC        := $(BUILD)/kvwire.pc
@@ -54,7 +64,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check doc-check unit abi-check abi-update python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -140,8 +150,25 @@ check: deps all
 doc-check:
 	scripts/check-config-doc.sh
 
-unit: $(UNIT)
+unit: $(UNIT) abi-check
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
+
+# The public ABI's layout (every public struct's size and member offsets,
+# enum values, the version) against the record in tests/abi/kvwire-abi.txt:
+# a change fails, saying which version bump it needs (docs/api-policy.md);
+# after the bump, `make abi-update` rewrites the record.
+# The dump program is generated from the header (tests/abi/gen_abi_dump.py),
+# so every struct member and enum value is in it without a list to keep.
+$(ABI_DUMP): tests/abi/gen_abi_dump.py include/kvwire.h
+	@mkdir -p $(dir $@)
+	$(PYTHON) tests/abi/gen_abi_dump.py '$(CC)' include $@.c
+	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-missing-prototypes $@.c -o $@
+
+abi-check: $(ABI_DUMP)
+	$(PYTHON) tests/abi/check_abi.py $(ABI_DUMP) $(ABI_RECORD)
+
+abi-update: $(ABI_DUMP)
+	$(ABI_DUMP) > $(ABI_RECORD)
 
 # The Python binding (python/), host only: import, config, errors, index
 # conversion, bootstrap service, use after close. Debian's python3 with

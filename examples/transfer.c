@@ -158,7 +158,10 @@ int main(int argc, char **argv)
     /* 1. The bootstrap service, on an ephemeral port of prefill's address. */
     char bind_addr[64];
     snprintf(bind_addr, sizeof(bind_addr), "%s:0", prefill_ip);
-    if ((st = kvw_bootstrap_create(bind_addr, &bootstrap))) {
+    kvw_bootstrap_params_t bp;
+    kvw_bootstrap_params_init(&bp); /* zeroed, struct_size set: defaults for the rest */
+    bp.bind_addr = bind_addr;
+    if ((st = kvw_bootstrap_create(&bp, &bootstrap))) {
         fail("bootstrap service", st);
         goto out;
     }
@@ -166,6 +169,7 @@ int main(int argc, char **argv)
 
     /* 2. The engines. config NULL: defaults plus the KVW_* environment. */
     kvw_engine_params_t pp = {
+        .struct_size = sizeof(kvw_engine_params_t), /* lets the library grow the struct */
         .role = KVW_ROLE_PREFILL,
         .engine_rank = 0, /* the rank decode asks the bootstrap service for */
         .device = prefill_dev,
@@ -181,6 +185,7 @@ int main(int argc, char **argv)
         goto out;
     }
     kvw_engine_params_t dp = {
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = KVW_ROLE_DECODE,
         .device = decode_dev,
         .local_ip = decode_ip,

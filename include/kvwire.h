@@ -51,24 +51,42 @@
  * Thread safety
  *   kvw_engine_* functions on one engine may be called from any thread.
  *   Senders and receivers of the same engine may be used concurrently from
- *   different threads; one sender or receiver must not be used by two
- *   threads at once. kvw_*_poll() is cheap and may be called in a busy
- *   loop: it never waits for another thread. Progress is made by the
- *   engine's poller thread; while that thread sleeps (nothing happened for
- *   KVW_POLL_SPIN_US), the caller's own thread does its work instead:
- *   send calls post their writes before returning (those of a part whose
- *   CUDA event has not completed yet excepted), and polling a request
- *   that is Transferring polls the completion queues, so no thread wake-up
- *   sits on a request's path when the caller is there anyway. That pass
- *   is a few verbs calls, taken only if no other thread is in one
- *   (counted in kvw_counters_t.caller_passes). Destroy a request before
- *   its engine.
+ *   different threads, and so may one sender or receiver: its calls are
+ *   serialised by its engine (e.g. the parts of one request handed over
+ *   from the threads of several CUDA streams), except its destroy, which
+ *   must not race with any other call on the same object (it frees it).
+ *   The same holds for kvw_engine_destroy() and kvw_bootstrap_destroy().
+ *   kvw_*_poll() is cheap and may be called in a busy loop: it never waits
+ *   for another thread, beyond the engine's lock (held briefly). Progress
+ *   is made by the engine's poller thread; while that thread sleeps
+ *   (nothing happened for KVW_POLL_SPIN_US), the caller's own thread does
+ *   its work instead: send calls post their writes before returning (those
+ *   of a part whose CUDA event has not completed yet excepted), and
+ *   polling a request that is Transferring polls the completion queues, so
+ *   no thread wake-up sits on a request's path when the caller is there
+ *   anyway. That pass is a few verbs calls, taken only if no other thread
+ *   is in one (counted in kvw_counters_t.caller_passes). Destroy a request
+ *   before its engine.
  *
  * Errors
  *   Functions return kvw_status_t (KVW_OK == 0, errors < 0); output
  *   parameters are suffixed _p, come last, and are written only on success.
- *   The library never prints or exits: it reports through the log handler
- *   (kvw_set_log_handler), by default silent below WARN and to stderr.
+ *   A NULL handle or a NULL required pointer is KVW_ERR_INVALID (destroy
+ *   functions accept NULL). The library never prints or exits: it reports
+ *   through the log handler (kvw_set_log_handler), by default silent below
+ *   WARN and to stderr.
+ *
+ * Ownership
+ *   Handles (kvw_engine_t, kvw_sender_t, kvw_receiver_t, kvw_bootstrap_t)
+ *   are created by the library and owned by the caller until their destroy
+ *   function. Structs and arrays passed in are copied before the call
+ *   returns, unless a function says otherwise; the memory regions an engine
+ *   registers stay the caller's. Strings returned are owned by the library
+ *   and valid for the lifetime the function states.
+ *
+ * Versions
+ *   The version macros and kvw_version() below; what may change in which
+ *   release: docs/api-policy.md.
  */
 #ifndef KVWIRE_H
 #define KVWIRE_H
@@ -76,6 +94,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -83,8 +102,25 @@ extern "C" {
 
 #define KVW_API __attribute__((visibility("default")))
 
-#define KVW_VERSION_MAJOR 0
-#define KVW_VERSION_MINOR 1
+/* The library's version, MAJOR.MINOR.PATCH (docs/api-policy.md). MAJOR is
+ * the shared library's SONAME (libkvwire.so.MAJOR) and changes with any
+ * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
+ * reads these three lines: keep them in this order and form. */
+#define KVW_VERSION_MAJOR 1
+#define KVW_VERSION_MINOR 0
+#define KVW_VERSION_PATCH 0
+/* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
+#define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
+
+/* The version of the library actually loaded, as KVW_VERSION packs it. It
+ * may differ from the header the caller was compiled with: the dynamic
+ * loader picks the library by SONAME, so the MAJOR is the same, but the
+ * MINOR may be older (lacking what was added since; the symbol versions in
+ * the library make a program that needs one of those fail to load) or
+ * newer. Thread-safe, never fails. */
+KVW_API unsigned kvw_version(void);
+/* The same as static text, "MAJOR.MINOR.PATCH"; never NULL. */
+KVW_API const char *kvw_version_string(void);
 
 /* ---------------------------------------------------------------- status */
 
@@ -142,11 +178,28 @@ typedef void (*kvw_log_fn)(void *arg, kvw_log_level_t level, const char *msg);
  * or KVW_LOG_LEVEL=error|warn|info|debug from the environment. */
 KVW_API void kvw_set_log_handler(kvw_log_fn fn, void *arg, kvw_log_level_t max_level);
 
+/* ---------------------------------------------------------- sized structs
+ *
+ * The structs a caller fills in and hands over (kvw_config_t,
+ * kvw_engine_params_t, kvw_bootstrap_params_t) start with
+ * `size_t struct_size`, the sizeof the caller was compiled with, set by
+ * their init function (kvw_config_init(), kvw_engine_params_init(),
+ * kvw_bootstrap_params_init()) or by the caller (.struct_size =
+ * sizeof(...)). New fields are only ever appended, so the library reads
+ * exactly the fields an older caller's size covers and takes the defaults
+ * for the rest. A struct_size below the smallest the library accepts (0:
+ * never set) is KVW_ERR_INVALID; so is one larger than the library knows
+ * (a caller built against a newer kvwire.h) whose fields past the
+ * library's end are not all zero: the library cannot honour them. Both are
+ * logged. See docs/api-policy.md. */
+
 /* ---------------------------------------------------------------- config */
 
 /* Tuning knobs. kvw_config_init() fills the defaults below and then applies
- * the KVW_* environment variable named beside each field. */
+ * the KVW_* environment variable named beside each field. New fields only at
+ * the end (sized structs, above). */
 typedef struct kvw_config {
+    size_t struct_size;            /* sizeof(kvw_config_t): kvw_config_init() sets it */
     uint32_t sq_depth;             /* KVW_SQ_DEPTH, 512: send WRs outstanding per QP */
     uint32_t rq_depth;             /* KVW_RQ_DEPTH, 256: receives posted per QP (decode) */
     uint32_t chain_max;            /* KVW_CHAIN_MAX, 64: WRs linked per ibv_post_send */
@@ -283,13 +336,24 @@ typedef struct kvw_config {
     uint32_t poll_busy_us;
 } kvw_config_t;
 
-/* Fill defaults, then apply KVW_* environment overrides. Returns
- * KVW_ERR_INVALID (and logs which variable) if a variable does not parse or
- * is out of range (or, for text, is too long); cfg then holds the defaults
- * for that field. The cluster key is only checked when an engine or
- * bootstrap service is created with it (KVW_ERR_INVALID, logged). */
-KVW_API kvw_status_t kvw_config_init(kvw_config_t *cfg);
-/* Write "name = value (ENV_VAR)" lines for every field to out. */
+/* Fill defaults, then apply KVW_* environment overrides, and set
+ * struct_size. Returns KVW_ERR_INVALID (and logs which variable) if a
+ * variable does not parse or is out of range (or, for text, is too long);
+ * cfg then holds the defaults for that field. The cluster key is only
+ * checked when an engine or bootstrap service is created with it
+ * (KVW_ERR_INVALID, logged). Thread-safe (it only reads the environment).
+ * kvw_config_init() is kvw_config_init_size() with the caller's sizeof: the
+ * library writes exactly that many bytes (fields it does not know, from a
+ * newer header, are zeroed) and sets struct_size to it; KVW_ERR_INVALID,
+ * writing nothing, for a NULL cfg or a size too small to hold struct_size. */
+KVW_API kvw_status_t kvw_config_init_size(kvw_config_t *cfg, size_t size);
+static inline kvw_status_t kvw_config_init(kvw_config_t *cfg)
+{
+    return kvw_config_init_size(cfg, sizeof(*cfg));
+}
+/* Write "name = value (ENV_VAR)" lines for every field to out (the fields
+ * cfg's struct_size does not cover with their defaults). A bad struct_size
+ * is logged and prints nothing. Only reads cfg. */
 KVW_API void kvw_config_print(const kvw_config_t *cfg, FILE *out);
 
 /* ---------------------------------------------------------------- engine */
@@ -336,7 +400,9 @@ typedef struct kvw_group {
     const kvw_region_t *regions;
 } kvw_group_t;
 
+/* New fields only at the end (sized structs, above). */
 typedef struct kvw_engine_params {
+    size_t struct_size; /* sizeof(kvw_engine_params_t): kvw_engine_params_init() sets it */
     kvw_role_t role;
     uint32_t engine_rank; /* prefill: rank it registers under; decode: informational */
     /* RDMA device by name ("rxe0", "mlx5_0"), or NULL to find it from
@@ -361,20 +427,34 @@ typedef struct kvw_engine_params {
     const kvw_group_t *groups;
 } kvw_engine_params_t;
 
+/* Zero every field and set struct_size (inline: the caller's sizeof). */
+static inline void kvw_engine_params_init(kvw_engine_params_t *params)
+{
+    memset(params, 0, sizeof(*params));
+    params->struct_size = sizeof(*params);
+}
+
 typedef struct kvw_engine kvw_engine_t;
 
 /* Create an engine: open the device, register every region once, start the
  * control and poller threads, and (prefill) register with the bootstrap
- * service. Blocks for at most config.bootstrap_timeout_ms. The params and
- * region arrays are copied; the memory they describe is not. On error
- * nothing is left allocated or registered. */
+ * service. Blocks while the memory is registered and, for a prefill engine,
+ * at most config.bootstrap_timeout_ms waiting for the bootstrap service.
+ * The params, the config and the region and group arrays are copied; the
+ * memory they describe is not. KVW_ERR_INVALID for bad params (struct_size
+ * included) or config, KVW_ERR_NO_DEVICE, KVW_ERR_REGISTER, KVW_ERR_CONTROL,
+ * KVW_ERR_TIMEOUT (bootstrap service), KVW_ERR_EXISTS (the rank is held by
+ * another live engine), ...; all logged. On error nothing is left allocated
+ * or registered. Thread-safe. */
 KVW_API kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t **engine_p);
 /* Stop the threads, fail any request still in flight, deregister and free.
- * Accepts NULL. All senders/receivers must have been destroyed. */
+ * Accepts NULL. All senders/receivers must have been destroyed. It waits for
+ * no peer: a prefill engine's UNREGISTER to the bootstrap service is given
+ * at most 250 ms to leave. */
 KVW_API void kvw_engine_destroy(kvw_engine_t *engine);
 
-/* Name of the opened device and the GID index chosen; valid for the
- * engine's lifetime. */
+/* Name of the opened device and the GID index chosen; the name is valid for
+ * the engine's lifetime. */
 KVW_API const char *kvw_engine_device_name(const kvw_engine_t *engine);
 KVW_API int kvw_engine_gid_index(const kvw_engine_t *engine);
 /* "tcp://ip:port" the engine's control socket is bound to. */
@@ -425,10 +505,17 @@ typedef struct kvw_receiver kvw_receiver_t;
 /* Prefill side. Create a sender for room on a prefill engine. Its state is
  * Bootstrapping until decode's request for the room arrives, then
  * WaitingForInput; Transferring after kvw_sender_send(); Success once every
- * write of the request has completed. */
+ * write of the request has completed. KVW_ERR_INVALID on a decode engine,
+ * KVW_ERR_EXISTS when a live sender already has the room, KVW_ERR_NO_MEMORY.
+ * The caller owns *sender_p until kvw_sender_destroy(). */
 KVW_API kvw_status_t kvw_sender_create(kvw_engine_t *engine, uint64_t room,
                                        kvw_sender_t **sender_p);
-/* Declare how many pages will be sent and which aux item (or KVW_NO_AUX). */
+/* Declare how many pages will be sent and which aux item (or KVW_NO_AUX).
+ * KVW_ERR_STATE if called twice or after the request failed;
+ * KVW_ERR_OUT_OF_RANGE (and Failed) for a page count or aux index the
+ * regions cannot hold, KVW_ERR_MISMATCH (and Failed) when decode asked for
+ * another page count (or for an aux item and none is given, or the
+ * reverse). */
 KVW_API kvw_status_t kvw_sender_init(kvw_sender_t *sender, size_t num_pages, uint32_t aux_index);
 /* Hand over the next num_pages source page indices of the request, for
  * every layer: all of them at once, or one prefill chunk per call. They are
@@ -543,9 +630,12 @@ KVW_API kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t 
  * state completes only once they are given. */
 KVW_API kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state_indices,
                                            size_t num_state);
-KVW_API kvw_poll_t kvw_sender_poll(const kvw_sender_t *sender);
-/* Why a Failed sender failed: status (return value) and a static-lifetime
- * message (valid until the sender is destroyed) in *reason_p if not NULL.
+/* The request's state. Not a pure read: while the request is Transferring
+ * and the poller thread sleeps, it runs the poller's pass itself (retires
+ * completions, posts queued writes; see "Thread safety"). */
+KVW_API kvw_poll_t kvw_sender_poll(kvw_sender_t *sender);
+/* Why a Failed sender failed: status (return value) and a message owned by
+ * the sender (valid until it is destroyed) in *reason_p if not NULL.
  * KVW_OK if it has not failed. */
 KVW_API kvw_status_t kvw_sender_failure(const kvw_sender_t *sender, const char **reason_p);
 /* Give the request up: it turns Failed (KVW_ERR_ABORTED) at once and no
@@ -563,7 +653,12 @@ KVW_API void kvw_sender_destroy(kvw_sender_t *sender);
  * prefill engine registered as prefill_rank at bootstrap_addr ("host:port").
  * Bootstrapping until the peer is looked up and connected (once per peer),
  * then WaitingForInput; Transferring after kvw_receiver_init(); Success when
- * the request's last write has landed in this engine's memory. */
+ * the request's last write has landed in this engine's memory. It does not
+ * wait: the lookup and connection happen on the control thread.
+ * KVW_ERR_INVALID on a prefill engine or for a bad address, KVW_ERR_EXISTS
+ * when a receiver for the room is still on the engine, KVW_ERR_NO_MEMORY
+ * (also past 65536 receivers in flight). The caller owns *receiver_p until
+ * kvw_receiver_destroy(). */
 KVW_API kvw_status_t kvw_receiver_create(kvw_engine_t *engine, const char *bootstrap_addr,
                                          uint32_t prefill_rank, uint64_t room,
                                          kvw_receiver_t **receiver_p);
@@ -588,7 +683,8 @@ typedef struct kvw_indices {
 /* kvw_receiver_init with state indices. */
 KVW_API kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *receiver,
                                                const kvw_indices_t *indices);
-KVW_API kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *receiver);
+/* As kvw_sender_poll(): Transferring, it may reap the completion queue. */
+KVW_API kvw_poll_t kvw_receiver_poll(kvw_receiver_t *receiver);
 /* Why a Failed receiver failed (as kvw_sender_failure). KVW_ERR_ABORTED
  * after an abort, KVW_ERR_TIMEOUT after a transfer timeout, KVW_ERR_PEER
  * when the connection died, or prefill's status with a reason starting
@@ -629,10 +725,15 @@ KVW_API kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *receiver,
                                           kvw_req_metrics_t *metrics_p);
 
 /* Accepts NULL. A receiver that has not ended is aborted first, and destroy
- * waits for the abort's barrier (at most about peer_timeout_ms, plus, for
- * staged GPU memory, however long a copy from the staging pool to the GPU
- * already under way takes), so that when it returns nothing more lands in
- * the receiver's pages. */
+ * waits for the abort's barrier (normally one control round trip; without
+ * prefill's confirmation the connection is declared dead after
+ * peer_timeout_ms), so that when it returns nothing more lands in the
+ * receiver's pages. The wait is bounded by 2 x peer_timeout_ms + 1 s, plus,
+ * for staged GPU memory, however long a copy from the staging pool to the
+ * GPU already under way takes. Should the bound pass first (the control
+ * thread stuck), destroy logs an error and returns anyway; the engine then
+ * keeps the request, and its staging slots, until it ends, and the
+ * receiver's pages must not be reused before that. */
 KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
 /* ------------------------------------------------------------- bootstrap */
@@ -651,8 +752,10 @@ typedef struct kvw_bootstrap kvw_bootstrap_t;
 #define KVW_BOOTSTRAP_REFRESH_MS 5000
 #define KVW_BOOTSTRAP_LEASE_MS 15000
 
+/* New fields only at the end (sized structs, above). */
 typedef struct kvw_bootstrap_params {
-    const char *bind_addr; /* "ip:port"; port 0 picks an ephemeral port */
+    size_t struct_size;    /* sizeof(kvw_bootstrap_params_t): kvw_bootstrap_params_init() */
+    const char *bind_addr; /* "ip:port"; port 0 picks an ephemeral port. Required. */
     /* Only the cluster key fields are used (see kvw_config_t): with a key,
      * only engines holding the same key can register or look up, and all
      * traffic is encrypted. NULL: kvw_config_init() (the KVW_* env). */
@@ -662,16 +765,23 @@ typedef struct kvw_bootstrap_params {
     uint32_t lease_ms;
 } kvw_bootstrap_params_t;
 
+/* Zero every field (config NULL, the default lease) and set struct_size
+ * (inline: the caller's sizeof). */
+static inline void kvw_bootstrap_params_init(kvw_bootstrap_params_t *params)
+{
+    memset(params, 0, sizeof(*params));
+    params->struct_size = sizeof(*params);
+}
+
 /* Start a bootstrap service on its own thread. KVW_ERR_INVALID for bad
- * params or a bad cluster key, KVW_ERR_UNSUPPORTED for a key with a libzmq
- * lacking CURVE, KVW_ERR_CONTROL when it cannot bind; all logged. The
- * params are copied. */
-KVW_API kvw_status_t kvw_bootstrap_create2(const kvw_bootstrap_params_t *params,
-                                           kvw_bootstrap_t **bootstrap_p);
-/* kvw_bootstrap_create2 with bind_addr, config NULL (the cluster key, if
- * any, from KVW_CLUSTER_KEY_FILE / KVW_CLUSTER_KEY) and the default lease. */
-KVW_API kvw_status_t kvw_bootstrap_create(const char *bind_addr, kvw_bootstrap_t **bootstrap_p);
-/* "ip:port" it actually listens on; valid for its lifetime. */
+ * params (no bind_addr, a bad struct_size) or a bad cluster key,
+ * KVW_ERR_UNSUPPORTED for a key with a libzmq lacking CURVE,
+ * KVW_ERR_CONTROL when it cannot bind; all logged. The params and the
+ * config are copied; the caller keeps them. Thread-safe. */
+KVW_API kvw_status_t kvw_bootstrap_create(const kvw_bootstrap_params_t *params,
+                                          kvw_bootstrap_t **bootstrap_p);
+/* "ip:port" it actually listens on; owned by the service, valid for its
+ * lifetime. */
 KVW_API const char *kvw_bootstrap_addr(const kvw_bootstrap_t *bootstrap);
 /* Stop the service and free it. Registrations are lost: the prefill
  * engines' refreshes repopulate a new service on the same address.

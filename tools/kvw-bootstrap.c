@@ -41,9 +41,10 @@ int main(int argc, char **argv)
         return usage(argv[0]);
     char addr[128];
     snprintf(addr, sizeof(addr), strchr(argv[i], ':') ? "%s" : "%s:0", argv[i]);
-    kvw_bootstrap_params_t p = {.bind_addr = addr, .config = &cfg};
+    kvw_bootstrap_params_t p = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = addr, .config = &cfg};
     kvw_bootstrap_t *b;
-    kvw_status_t st = kvw_bootstrap_create2(&p, &b);
+    kvw_status_t st = kvw_bootstrap_create(&p, &b);
     if (st) {
         fprintf(stderr, "kvw-bootstrap: %s\n", kvw_strerror(st));
         return 1;

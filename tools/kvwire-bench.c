@@ -204,6 +204,7 @@ static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, bool prefil
                                  const char *bootstrap)
 {
     kvw_engine_params_t p = {
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = prefill ? KVW_ROLE_PREFILL : KVW_ROLE_DECODE,
         .engine_rank = 0,
         .device = prefill ? o->dev0 : o->dev1,
@@ -254,7 +255,10 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
     char bind[96];
     snprintf(bind, sizeof(bind), "%s:0", o->ip0);
     kvw_bootstrap_t *bs;
-    kvw_status_t st = kvw_bootstrap_create(bind, &bs);
+    kvw_bootstrap_params_t bp;
+    kvw_bootstrap_params_init(&bp);
+    bp.bind_addr = bind;
+    kvw_status_t st = kvw_bootstrap_create(&bp, &bs);
     if (st)
         die("prefill", "starting the embedded bootstrap service", st, NULL);
     kvw_engine_t *e = make_engine(o, &m, true, kvw_bootstrap_addr(bs));
@@ -906,7 +910,10 @@ static int run_layerwise(const opts_t *o)
     char bind[96];
     snprintf(bind, sizeof(bind), "%s:0", o->ip0);
     kvw_bootstrap_t *bs;
-    kvw_status_t st = kvw_bootstrap_create(bind, &bs);
+    kvw_bootstrap_params_t bp;
+    kvw_bootstrap_params_init(&bp);
+    bp.bind_addr = bind;
+    kvw_status_t st = kvw_bootstrap_create(&bp, &bs);
     if (st)
         die("layer-wise", "starting the bootstrap service", st, NULL);
     kvw_engine_t *pe = make_engine(o, &pm, true, kvw_bootstrap_addr(bs));

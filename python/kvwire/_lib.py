@@ -34,8 +34,14 @@ from typing import Dict, List, Optional
 # ------------------------------------------------------------ structures
 
 
+# Every structure the caller fills in (config, engine and bootstrap params)
+# starts with struct_size, set to ctypes.sizeof of this binding's mirror
+# (include/kvwire.h "sized structs"); new fields are appended, never inserted.
+
+
 class kvw_config_t(Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("sq_depth", c_uint32),
         ("rq_depth", c_uint32),
         ("chain_max", c_uint32),
@@ -88,10 +94,8 @@ class kvw_group_t(Structure):
 
 
 class kvw_engine_params_t(Structure):
-    # num_groups/groups sit at the end, so a library without groups reads
-    # the prefix and never sees them (they are 0/NULL unless groups are used,
-    # and groups are only used when the library has them).
     _fields_ = [
+        ("struct_size", c_size_t),
         ("role", c_int),
         ("engine_rank", c_uint32),
         ("device", c_char_p),
@@ -128,6 +132,7 @@ class kvw_counters_t(Structure):
 
 class kvw_bootstrap_params_t(Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("bind_addr", c_char_p),
         ("config", POINTER(kvw_config_t)),
         ("lease_ms", c_uint32),
@@ -185,11 +190,13 @@ _u64p = POINTER(c_uint64)
 _cp = c_char_p
 # name: (restype, argtypes). Handles are plain c_void_p.
 REQUIRED = {
+    "kvw_version": (ctypes.c_uint, []),
+    "kvw_version_string": (_cp, []),
     "kvw_strerror": (_cp, [c_int]),
     "kvw_status_name": (_cp, [c_int]),
     "kvw_poll_name": (_cp, [c_int]),
     "kvw_set_log_handler": (None, [LOG_FN, c_void_p, c_int]),
-    "kvw_config_init": (c_int, [POINTER(kvw_config_t)]),
+    "kvw_config_init_size": (c_int, [POINTER(kvw_config_t), c_size_t]),
     "kvw_config_print": (None, [POINTER(kvw_config_t), c_void_p]),
     "kvw_engine_create": (c_int, [POINTER(kvw_engine_params_t), POINTER(c_void_p)]),
     "kvw_engine_destroy": (None, [c_void_p]),
@@ -210,8 +217,7 @@ REQUIRED = {
     "kvw_receiver_failure": (c_int, [c_void_p, POINTER(c_char_p)]),
     "kvw_receiver_abort": (c_int, [c_void_p]),
     "kvw_receiver_destroy": (None, [c_void_p]),
-    "kvw_bootstrap_create": (c_int, [c_char_p, POINTER(c_void_p)]),
-    "kvw_bootstrap_create2": (c_int, [POINTER(kvw_bootstrap_params_t), POINTER(c_void_p)]),
+    "kvw_bootstrap_create": (c_int, [POINTER(kvw_bootstrap_params_t), POINTER(c_void_p)]),
     "kvw_bootstrap_addr": (_cp, [c_void_p]),
     "kvw_bootstrap_destroy": (None, [c_void_p]),
 }
@@ -231,6 +237,12 @@ OPTIONAL = {
 GROUPS_MARKER = "kvw_receiver_init_indices"
 
 # ------------------------------------------------------------ loading
+
+# The library major (SONAME) these declarations mirror: structures and
+# prototypes change incompatibly only with it (docs/api-policy.md), and a
+# library of another major is refused at load time.
+ABI_MAJOR = 1
+SONAME = f"libkvwire.so.{ABI_MAJOR}"
 
 
 class Lib:
@@ -252,6 +264,9 @@ class Lib:
             fn.argtypes = args
         if missing:
             raise OSError(f"{path} lacks {', '.join(missing)}: not a libkvwire this binding knows")
+        major = int(cdll.kvw_version()) // 10000
+        if major != ABI_MAJOR:
+            raise OSError(f"{path} is libkvwire {major}.x; this binding needs {ABI_MAJOR}.x")
         self.optional: Dict[str, Optional[object]] = {}
         for name, (res, args) in OPTIONAL.items():
             fn = getattr(cdll, name, None)
@@ -275,15 +290,15 @@ def candidates() -> List[str]:
         out.append(env)
         return out  # an explicit choice is never second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libkvwire.so.0", "libkvwire.so"):
+    for name in (SONAME, "libkvwire.so"):
         out.append(os.path.join(here, name))
     repo = os.path.dirname(os.path.dirname(here))
     if os.path.exists(os.path.join(repo, "include", "kvwire.h")):
-        out.append(os.path.join(repo, "build", "libkvwire.so.0"))
+        out.append(os.path.join(repo, "build", SONAME))
     found = ctypes.util.find_library("kvwire")
     if found:
         out.append(found)
-    out.append("libkvwire.so.0")  # the dynamic loader's own search (LD_LIBRARY_PATH)
+    out.append(SONAME)  # the dynamic loader's own search (LD_LIBRARY_PATH)
     return out
 
 
@@ -308,5 +323,5 @@ def load() -> Lib:
             errors.append(f"{path}: {e}")
     raise ImportError(
         "kvwire: cannot load libkvwire (build it with `make`, then set KVWIRE_LIB="
-        "/path/to/libkvwire.so.0 or install it): " + "; ".join(errors)
+        f"/path/to/{SONAME} or install it): " + "; ".join(errors)
     )

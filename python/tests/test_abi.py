@@ -41,3 +41,15 @@ def test_struct_layout_matches_header(tmp_path):
         assert int(got[name]) == ctypes.sizeof(st), name
         for field, _ in st._fields_:
             assert int(got[f"{name}.{field}"]) == getattr(st, field).offset, f"{name}.{field}"
+
+
+@pytest.mark.skipif(not os.path.exists(HEADER), reason="needs include/kvwire.h")
+def test_every_public_struct_is_mirrored():
+    """Every struct of the header has its ctypes mirror (the layout test above
+    then checks it), and the sized ones start with struct_size."""
+    import re
+    text = open(HEADER).read()
+    names = re.findall(r"typedef\s+struct\s*\w*\s*\{[^{}]*\}\s*(kvw_\w+)\s*;", text)
+    assert names and sorted(names) == sorted(_lib.STRUCTS)
+    for name in ("kvw_config_t", "kvw_engine_params_t", "kvw_bootstrap_params_t"):
+        assert _lib.STRUCTS[name]._fields_[0][0] == "struct_size", name

@@ -180,3 +180,30 @@ def test_import_without_numpy():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_version_matches_the_header():
+    header = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "include", "kvwire.h")
+    if not os.path.exists(header):
+        pytest.skip("outside the source tree")
+    want = {}
+    for line in open(header):
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] in (
+                "KVW_VERSION_MAJOR", "KVW_VERSION_MINOR", "KVW_VERSION_PATCH"):
+            want[parts[1]] = int(parts[2])
+    info = (want["KVW_VERSION_MAJOR"], want["KVW_VERSION_MINOR"], want["KVW_VERSION_PATCH"])
+    assert kvwire.version_info() == info
+    assert kvwire.version() == "%d.%d.%d" % info
+
+
+def test_package_version_is_the_library_version():
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "pyproject.toml")
+    if not os.path.exists(pyproject):
+        pytest.skip("outside the source tree")
+    line = next(l for l in open(pyproject) if l.startswith("version = "))
+    assert line.split('"')[1] == kvwire.version()
+    assert kvwire.version_info()[0] == _lib.ABI_MAJOR
+    assert _lib.SONAME == "libkvwire.so.%d" % _lib.ABI_MAJOR

@@ -2,6 +2,7 @@
  * printing, so adding a knob is one line. */
 #include "common/config.h"
 #include "common/log.h"
+#include "common/sized.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -20,7 +21,9 @@ typedef struct config_field {
 } config_field_t;
 
 #define FIELD(member, kind, def, min, max)                                                         \
-    {#member, "KVW_" #member, offsetof(kvw_config_t, member), kind, def, min, max}
+    {                                                                                              \
+#member, "KVW_" #member, offsetof(kvw_config_t, member), kind, def, min, max               \
+    }
 /* Text fields; FIELD_SECRET is never printed. */
 #define TEXT(member, kind) FIELD(member, kind, 0, 0, sizeof(((kvw_config_t *)0)->member))
 
@@ -129,12 +132,12 @@ static void upcase_env(const config_field_t *f, char *buf, size_t size)
     buf[i] = '\0';
 }
 
-kvw_status_t kvw_config_init(kvw_config_t *cfg)
+/* This library's whole config: defaults, then the environment. */
+static kvw_status_t config_fill(kvw_config_t *cfg)
 {
-    if (!cfg)
-        return KVW_ERR_INVALID;
     kvw_status_t status = KVW_OK;
     memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
     for (size_t i = 0; i < NUM_FIELDS; i++) {
         const config_field_t *f = &fields[i];
         char env[64];
@@ -163,8 +166,32 @@ kvw_status_t kvw_config_init(kvw_config_t *cfg)
     return status;
 }
 
-void kvw_config_print(const kvw_config_t *cfg, FILE *out)
+kvw_status_t kvw_config_init_size(kvw_config_t *cfg, size_t size)
 {
+    if (!cfg || size < KVW__CONFIG_MIN_SIZE) {
+        KVW_ERROR("kvw_config_init: %s",
+                  cfg ? "size too small to hold struct_size" : "NULL config");
+        return KVW_ERR_INVALID;
+    }
+    kvw_config_t full;
+    kvw_status_t status = config_fill(&full);
+    /* A caller built against an older header gets the fields it knows; one
+     * built against a newer header gets its unknown fields zeroed, which
+     * this library accepts back (kvw__sized_read). */
+    size_t n = size < sizeof(full) ? size : sizeof(full);
+    memcpy(cfg, &full, n);
+    if (size > n)
+        memset((char *)cfg + n, 0, size - n);
+    cfg->struct_size = size;
+    return status;
+}
+
+void kvw_config_print(const kvw_config_t *in, FILE *out)
+{
+    kvw_config_t full;
+    if (!in || kvw__config_read(in, &full))
+        return; /* logged */
+    const kvw_config_t *cfg = &full;
     for (size_t i = 0; i < NUM_FIELDS; i++) {
         char env[64];
         upcase_env(&fields[i], env, sizeof(env));

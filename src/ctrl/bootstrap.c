@@ -8,6 +8,7 @@
 #include "ctrl/bootstrap.h"
 
 #include "common/log.h"
+#include "common/sized.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -281,21 +282,23 @@ static void free_service(kvw_bootstrap_t *b)
     free(b);
 }
 
-kvw_status_t kvw_bootstrap_create2(const kvw_bootstrap_params_t *p, kvw_bootstrap_t **bootstrap_p)
+kvw_status_t kvw_bootstrap_create(const kvw_bootstrap_params_t *in, kvw_bootstrap_t **bootstrap_p)
 {
-    if (!p || !p->bind_addr || !bootstrap_p)
+    kvw_bootstrap_params_t p = {0};
+    kvw_config_t cfg;
+    if (!in || !bootstrap_p ||
+        kvw__sized_read("bootstrap params", &p, sizeof(p), KVW__BOOTSTRAP_PARAMS_MIN_SIZE, in))
         return KVW_ERR_INVALID;
-    kvw_config_t env;
-    const kvw_config_t *cfg = p->config;
-    if (!cfg) {
-        if (kvw_config_init(&env))
-            return KVW_ERR_INVALID; /* logged */
-        cfg = &env;
+    if (!p.bind_addr) {
+        KVW_ERROR("bootstrap params: bind_addr is required");
+        return KVW_ERR_INVALID;
     }
+    if (kvw__config_read(p.config, &cfg))
+        return KVW_ERR_INVALID; /* logged */
     kvw_bootstrap_t *b = calloc(1, sizeof(*b));
     if (!b)
         return KVW_ERR_NO_MEMORY;
-    kvw_status_t st = start_service(b, p, cfg);
+    kvw_status_t st = start_service(b, &p, &cfg);
     if (st) {
         free_service(b);
         return st;
@@ -304,12 +307,6 @@ kvw_status_t kvw_bootstrap_create2(const kvw_bootstrap_params_t *p, kvw_bootstra
              b->sec ? " (CURVE: cluster key required)" : "");
     *bootstrap_p = b;
     return KVW_OK;
-}
-
-kvw_status_t kvw_bootstrap_create(const char *bind_addr, kvw_bootstrap_t **bootstrap_p)
-{
-    kvw_bootstrap_params_t p = {.bind_addr = bind_addr};
-    return kvw_bootstrap_create2(&p, bootstrap_p);
 }
 
 const char *kvw_bootstrap_addr(const kvw_bootstrap_t *bootstrap)

@@ -6,6 +6,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "common/sized.h"
 #include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
 
@@ -213,10 +214,10 @@ static kvw_status_t open_control(kvw_engine_t *e)
         zmq_setsockopt(e->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
     snprintf(name, sizeof(name), "%016llx", (unsigned long long)e->id);
     if (e->router)
-        e->router_monitor = kvw__zmonitor(e->zctx, e->router, name,
-                                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+        e->router_monitor = kvw__zmonitor(
+            e->zctx, e->router, name,
+            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     if (!e->router || zmq_bind(e->router, bind) ||
         zmq_getsockopt(e->router, ZMQ_LAST_ENDPOINT, e->endpoint, &len)) {
         KVW_ERROR("cannot bind control socket %s: %s", bind, zmq_strerror(errno));
@@ -244,9 +245,7 @@ static kvw_status_t start_threads(kvw_engine_t *e)
 
 static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
 {
-    kvw_status_t st = p->config ? KVW_OK : kvw_config_init(&e->cfg);
-    if (p->config)
-        e->cfg = *p->config;
+    kvw_status_t st = kvw__config_read(p->config, &e->cfg);
     if (st || (st = kvw__config_validate(&e->cfg)))
         return st;
     e->role = p->role;
@@ -278,9 +277,13 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     return start_threads(e);
 }
 
-kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t **engine_p)
+kvw_status_t kvw_engine_create(const kvw_engine_params_t *in, kvw_engine_t **engine_p)
 {
-    if (!engine_p || check_params(params))
+    kvw_engine_params_t params_in = {0}, *params = &params_in;
+    if (!engine_p || !in ||
+        kvw__sized_read("engine params", params, sizeof(*params), KVW__ENGINE_PARAMS_MIN_SIZE,
+                        in) ||
+        check_params(params))
         return KVW_ERR_INVALID;
     kvw_engine_t *e = calloc(1, sizeof(*e));
     if (!e)

@@ -289,7 +289,7 @@ kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
     return st;
 }
 
-kvw_poll_t kvw_receiver_poll(const kvw_receiver_t *rc)
+kvw_poll_t kvw_receiver_poll(kvw_receiver_t *rc)
 {
     return kvw__req_poll(&rc->req);
 }

@@ -574,7 +574,7 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
     return st;
 }
 
-kvw_poll_t kvw_sender_poll(const kvw_sender_t *s)
+kvw_poll_t kvw_sender_poll(kvw_sender_t *s)
 {
     return kvw__req_poll(&s->req);
 }

@@ -14,7 +14,10 @@
 void fuzz_open_service(void **zctx_p, kvw_bootstrap_t **bootstrap_p)
 {
     *zctx_p = zmq_ctx_new();
-    kvw_status_t st = kvw_bootstrap_create("127.0.0.1:0", bootstrap_p);
+    kvw_bootstrap_params_t bp;
+    kvw_bootstrap_params_init(&bp);
+    bp.bind_addr = "127.0.0.1:0";
+    kvw_status_t st = kvw_bootstrap_create(&bp, bootstrap_p);
     if (!*zctx_p || st)
         fuzz_die("harness: bootstrap service: %s", kvw_strerror(st));
 }
@@ -65,6 +68,7 @@ void fuzz_engine_params(kvw_engine_params_t *p, kvw_role_t role, const char *dev
                         const fuzz_memory_t *mem, const kvw_config_t *cfg)
 {
     *p = (kvw_engine_params_t){
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = role,
         .device = device,
         .local_ip = "127.0.0.1",

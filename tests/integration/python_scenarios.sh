@@ -10,7 +10,7 @@ set -u
 py=${PYTHON:-/usr/bin/python3}
 [ -x "$py" ] || py=python3
 case $build in /*) ;; *) build=$PWD/$build ;; esac
-export KVWIRE_LIB="$build/libkvwire.so.0" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export KVWIRE_LIB="$build/libkvwire.so.1" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 
 echo "[==========] python scenarios on real RDMA (test bed mode ${KVW_TB_MODE:-?}), $("$py" --version 2>&1)"

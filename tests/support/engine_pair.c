@@ -75,6 +75,7 @@ static kvw_status_t alloc_regions(engine_pair_t *p, kvw_region_t *pk, kvw_region
 static kvw_engine_params_t prefill_params(const engine_pair_t *p)
 {
     return (kvw_engine_params_t){
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = KVW_ROLE_PREFILL,
         .device = "fake0",
         .local_ip = "127.0.0.1",
@@ -93,6 +94,7 @@ static kvw_engine_params_t decode_params(const engine_pair_t *p, kvw_region_t *d
         dk[i] = (kvw_region_t){p->dst[i], PAIR_ITEM * PAIR_POOL, PAIR_ITEM};
     *da = (kvw_region_t){p->dst_aux, PAIR_AUX_ITEM * PAIR_AUX_ITEMS, PAIR_AUX_ITEM};
     return (kvw_engine_params_t){
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = KVW_ROLE_DECODE,
         .device = "fake1",
         .local_ip = "127.0.0.1",
@@ -151,9 +153,11 @@ kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
     kvw_region_t pk[2 * PAIR_LAYERS], dk[2 * PAIR_LAYERS], pa, da;
     kvw_status_t st = alloc_regions(p, pk, dk, &pa, &da);
     /* The service takes prefill's cluster key (if any) from its config. */
-    kvw_bootstrap_params_t bp = {.bind_addr = "127.0.0.1:0", .config = &p->cfg};
+    kvw_bootstrap_params_t bp = {.struct_size = sizeof(kvw_bootstrap_params_t),
+                                 .bind_addr = "127.0.0.1:0",
+                                 .config = &p->cfg};
     if (!st)
-        st = kvw_bootstrap_create2(&bp, &p->bootstrap);
+        st = kvw_bootstrap_create(&bp, &p->bootstrap);
     if (st)
         return st;
     memcpy(p->prefill_kv, pk, sizeof(pk));

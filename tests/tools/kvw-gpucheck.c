@@ -732,8 +732,10 @@ static int transfer(const char *device, const char *ip)
     if (!xf_alloc(&x, why, sizeof(why)))
         goto out;
     snprintf(bind, sizeof(bind), "%s:0", ip);
-    kvw_bootstrap_params_t bp = {.bind_addr = bind, .config = &cfg};
-    kvw_engine_params_t pp = {.role = KVW_ROLE_PREFILL,
+    kvw_bootstrap_params_t bp = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = bind, .config = &cfg};
+    kvw_engine_params_t pp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_PREFILL,
                               .device = device,
                               .local_ip = ip,
                               .num_layers = XF_LAYERS,
@@ -745,8 +747,8 @@ static int transfer(const char *device, const char *ip)
     dp.role = KVW_ROLE_DECODE;
     dp.kv_regions = x.dst_kv;
     dp.aux_regions = &x.dst_ax;
-    if ((st = kvw_bootstrap_create2(&bp, &x.bs))) {
-        snprintf(why, sizeof(why), "kvw_bootstrap_create2 on %s: %s", bind, kvw_strerror(st));
+    if ((st = kvw_bootstrap_create(&bp, &x.bs))) {
+        snprintf(why, sizeof(why), "kvw_bootstrap_create on %s: %s", bind, kvw_strerror(st));
         goto out;
     }
     pp.bootstrap_addr = kvw_bootstrap_addr(x.bs);

@@ -231,6 +231,7 @@ static void free_memory(const opts_t *o, memory_t *m)
 static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, const char *bootstrap)
 {
     kvw_engine_params_t p = {
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = o->prefill ? KVW_ROLE_PREFILL : KVW_ROLE_DECODE,
         .engine_rank = o->rank,
         .device = o->dev,
@@ -803,7 +804,10 @@ static int run_prefill(const opts_t *o)
     if (o->embed_file) {
         char addr[96];
         snprintf(addr, sizeof(addr), "%s:0", o->ip);
-        kvw_status_t st = kvw_bootstrap_create(addr, &bs);
+        kvw_bootstrap_params_t bp;
+        kvw_bootstrap_params_init(&bp);
+        bp.bind_addr = addr;
+        kvw_status_t st = kvw_bootstrap_create(&bp, &bs);
         if (st)
             die("starting the embedded bootstrap service", st);
         bootstrap = kvw_bootstrap_addr(bs);

@@ -161,13 +161,14 @@ static void test_bad_key_refused_at_create(void **state)
     kvw_config_t c;
     kvw_config_init(&c);
     snprintf(c.cluster_key, sizeof(c.cluster_key), "not-a-key");
-    kvw_bootstrap_params_t p = {.bind_addr = "127.0.0.1:0", .config = &c};
+    kvw_bootstrap_params_t p = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = "127.0.0.1:0", .config = &c};
     kvw_bootstrap_t *b = NULL;
-    assert_int_equal(kvw_bootstrap_create2(&p, &b), KVW_ERR_INVALID);
+    assert_int_equal(kvw_bootstrap_create(&p, &b), KVW_ERR_INVALID);
     assert_null(b);
     c.cluster_key[0] = '\0';
     path_in_dir(c.cluster_key_file, sizeof(c.cluster_key_file), "absent.key");
-    assert_int_equal(kvw_bootstrap_create2(&p, &b), KVW_ERR_INVALID);
+    assert_int_equal(kvw_bootstrap_create(&p, &b), KVW_ERR_INVALID);
     assert_non_null(strstr(log_buf, "absent.key"));
 }
 
@@ -183,8 +184,9 @@ static void svc_open(svc_t *s, const char *cluster_key)
     kvw_config_t c;
     kvw_config_init(&c);
     snprintf(c.cluster_key, sizeof(c.cluster_key), "%s", cluster_key);
-    kvw_bootstrap_params_t p = {.bind_addr = "127.0.0.1:0", .config = &c};
-    assert_int_equal(kvw_bootstrap_create2(&p, &s->bs), KVW_OK);
+    kvw_bootstrap_params_t p = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = "127.0.0.1:0", .config = &c};
+    assert_int_equal(kvw_bootstrap_create(&p, &s->bs), KVW_OK);
     s->zctx = zmq_ctx_new();
     assert_non_null(s->zctx);
 }

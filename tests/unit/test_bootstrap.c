@@ -62,8 +62,11 @@ static void open_service(uint32_t lease_ms)
 {
     kvw_config_t cfg;
     kvw_config_init(&cfg);
-    kvw_bootstrap_params_t p = {.bind_addr = "127.0.0.1:0", .config = &cfg, .lease_ms = lease_ms};
-    assert_int_equal(kvw_bootstrap_create2(&p, &fx.bs), KVW_OK);
+    kvw_bootstrap_params_t p = {.struct_size = sizeof(kvw_bootstrap_params_t),
+                                .bind_addr = "127.0.0.1:0",
+                                .config = &cfg,
+                                .lease_ms = lease_ms};
+    assert_int_equal(kvw_bootstrap_create(&p, &fx.bs), KVW_OK);
     fx.client = dealer_to(kvw_bootstrap_addr(fx.bs));
 }
 
@@ -325,8 +328,9 @@ static void test_registrar_repopulates_restarted_service(void **state)
     fx.bs = NULL;
     kvw_config_t cfg;
     kvw_config_init(&cfg);
-    kvw_bootstrap_params_t p = {.bind_addr = addr, .config = &cfg};
-    assert_int_equal(kvw_bootstrap_create2(&p, &fx.bs), KVW_OK);
+    kvw_bootstrap_params_t p = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = addr, .config = &cfg};
+    assert_int_equal(kvw_bootstrap_create(&p, &fx.bs), KVW_OK);
     fx.client = dealer_to(addr);
     long took = drive_until_found(r, "tcp://10.0.0.1:5000", 3000);
     print_message("restarted service repopulated after %ld ms (refresh 100 ms)\n", took);
@@ -406,10 +410,36 @@ static void test_registrar_unreachable(void **state)
     kvw__registrar_destroy(r, true); /* UNREGISTER cannot go: bounded linger */
 }
 
+/* Sized params: an older caller's (only bind_addr) gets the defaults; an
+ * unset size or a missing address is refused, logged. */
+static void test_params_sized(void **state)
+{
+    (void)state;
+    kvw_bootstrap_params_t p;
+    kvw_bootstrap_params_init(&p);
+    assert_int_equal(p.struct_size, sizeof(p));
+    p.bind_addr = "127.0.0.1:0";
+    p.lease_ms = 1; /* past the older size below: must not be read */
+    p.struct_size = offsetof(kvw_bootstrap_params_t, bind_addr) + sizeof(p.bind_addr);
+    assert_int_equal(kvw_bootstrap_create(&p, &fx.bs), KVW_OK);
+    assert_non_null(kvw_bootstrap_addr(fx.bs));
+    kvw_bootstrap_destroy(fx.bs);
+    fx.bs = NULL;
+    p.struct_size = 0;
+    kvw_bootstrap_t *b = NULL;
+    assert_int_equal(kvw_bootstrap_create(&p, &b), KVW_ERR_INVALID);
+    assert_non_null(strstr(log_buf, "bootstrap params: struct_size 0"));
+    kvw_bootstrap_params_init(&p);
+    assert_int_equal(kvw_bootstrap_create(&p, &b), KVW_ERR_INVALID);
+    assert_non_null(strstr(log_buf, "bind_addr is required"));
+    assert_null(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_register_and_lookup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_params_sized, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_rank_answered_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_owner_refreshes_others_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),

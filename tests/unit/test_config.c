@@ -1,4 +1,4 @@
-/* Unit tests for src/common/config.c and src/common/status.c. */
+/* Unit tests for src/common/config.c, src/common/status.c and src/common/version.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "common/config.h"
+#include "common/sized.h"
 #include "kvwire.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -493,6 +494,86 @@ static void test_poll_names(void **state)
     assert_string_equal(kvw_poll_name((kvw_poll_t)1000), "Unknown");
 }
 
+/* Sized structs: an older caller's config (a shorter struct_size) is read as
+ * far as it goes and defaulted past it; a newer caller's (a longer one) is
+ * accepted while its unknown tail is zero; 0 and a set tail are refused. */
+static void test_sized_config(void **state)
+{
+    (void)state;
+    kvw_config_t cfg, got;
+    assert_int_equal(kvw_config_init(&cfg), KVW_OK);
+    assert_int_equal(cfg.struct_size, sizeof(kvw_config_t));
+
+    /* Older: covers sq_depth .. peer_timeout_ms only. */
+    cfg.sq_depth = 1024;
+    cfg.heartbeat_ms = 111;
+    cfg.max_peers = 7;
+    cfg.struct_size = offsetof(kvw_config_t, heartbeat_ms);
+    assert_int_equal(kvw__config_read(&cfg, &got), KVW_OK);
+    assert_int_equal(got.struct_size, sizeof(kvw_config_t));
+    assert_int_equal(got.sq_depth, 1024);
+    assert_int_equal(got.heartbeat_ms, 500); /* past its size: the default */
+    assert_int_equal(got.max_peers, 256);
+    assert_int_equal(kvw__config_validate(&got), KVW_OK);
+
+    /* Too small, and never set. */
+    log_count = 0;
+    cfg.struct_size = 0;
+    assert_int_equal(kvw__config_read(&cfg, &got), KVW_ERR_INVALID);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "struct_size 0"));
+    assert_int_equal(kvw_config_init_size(&cfg, 4), KVW_ERR_INVALID);
+    assert_int_equal(kvw_config_init_size(NULL, sizeof(cfg)), KVW_ERR_INVALID);
+
+    /* Newer: a longer struct with a zero tail is fine, a set tail is not. */
+    struct {
+        kvw_config_t cfg;
+        uint32_t future[4];
+    } newer;
+    memset(&newer, 0xab, sizeof(newer));
+    assert_int_equal(kvw_config_init_size(&newer.cfg, sizeof(newer)), KVW_OK);
+    assert_int_equal(newer.cfg.struct_size, sizeof(newer));
+    assert_int_equal(newer.cfg.sq_depth, 512);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(newer.future[i], 0); /* zeroed, not left as 0xab */
+    assert_int_equal(kvw__config_read(&newer.cfg, &got), KVW_OK);
+    assert_int_equal(got.struct_size, sizeof(kvw_config_t));
+    newer.future[2] = 1;
+    log_count = 0;
+    assert_int_equal(kvw__config_read(&newer.cfg, &got), KVW_ERR_INVALID);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "newer kvwire.h"));
+
+    /* An older caller's init writes no byte past its size. */
+    unsigned char buf[sizeof(kvw_config_t)];
+    memset(buf, 0xcd, sizeof(buf));
+    size_t old = offsetof(kvw_config_t, cluster_key_file);
+    assert_int_equal(kvw_config_init_size((kvw_config_t *)(void *)buf, old), KVW_OK);
+    for (size_t i = old; i < sizeof(buf); i++)
+        assert_int_equal(buf[i], 0xcd);
+
+    /* print reads through the size too: a bad one prints nothing. */
+    cfg.struct_size = 0;
+    char out[64] = "";
+    FILE *f = fmemopen(out, sizeof(out), "w");
+    kvw_config_print(&cfg, f);
+    fclose(f);
+    assert_string_equal(out, "");
+}
+
+/* The runtime version is the header's, as a number and as text. */
+static void test_version(void **state)
+{
+    (void)state;
+    assert_int_equal(kvw_version(), KVW_VERSION);
+    assert_int_equal(KVW_VERSION,
+                     KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH);
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", KVW_VERSION_MAJOR, KVW_VERSION_MINOR,
+             KVW_VERSION_PATCH);
+    assert_string_equal(kvw_version_string(), want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -503,6 +584,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_print, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poll_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_version, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sized_config, setup, teardown),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }

@@ -578,7 +578,8 @@ static void test_second_claim_refused(void **state)
     kvw_region_t kv[2 * PAIR_LAYERS], aux = {mem + 2 * PAIR_LAYERS * LEN, LEN, PAIR_AUX_ITEM};
     for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++)
         kv[i] = (kvw_region_t){mem + (size_t)i * LEN, LEN, PAIR_ITEM};
-    kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
+    kvw_engine_params_t dp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_DECODE,
                               .device = "fake1",
                               .local_ip = "127.0.0.1",
                               .num_layers = PAIR_LAYERS,
@@ -1126,7 +1127,8 @@ static void test_device_limits_checked_at_create(void **state)
     cfg.sq_depth = 512;
     uint8_t mem[4096];
     kvw_region_t kv[2] = {{mem, 2048, 256}, {mem + 2048, 2048, 256}};
-    kvw_engine_params_t p = {.role = KVW_ROLE_DECODE,
+    kvw_engine_params_t p = {.struct_size = sizeof(kvw_engine_params_t),
+                             .role = KVW_ROLE_DECODE,
                              .device = "fake1",
                              .local_ip = "127.0.0.1",
                              .num_layers = 1,
@@ -1136,6 +1138,19 @@ static void test_device_limits_checked_at_create(void **state)
     assert_int_equal(kvw_engine_create(&p, &e), KVW_ERR_INVALID);
     cfg.sq_depth = 256;
     cfg.chain_max = cfg.signal_every = 32;
+    /* Sized params: never set, too short, or a newer caller's with a field
+     * set that this library does not know: refused before any device. */
+    p.struct_size = 0;
+    assert_int_equal(kvw_engine_create(&p, &e), KVW_ERR_INVALID);
+    p.struct_size = offsetof(kvw_engine_params_t, config);
+    assert_int_equal(kvw_engine_create(&p, &e), KVW_ERR_INVALID);
+    struct {
+        kvw_engine_params_t p;
+        uint64_t future;
+    } newer = {p, 1};
+    newer.p.struct_size = sizeof(newer);
+    assert_int_equal(kvw_engine_create(&newer.p, &e), KVW_ERR_INVALID);
+    p.struct_size = sizeof(p);
     assert_int_equal(kvw_engine_create(&p, &e), KVW_OK);
     kvw_engine_destroy(e);
     kvw__verbs_set_ops(NULL);

@@ -122,16 +122,19 @@ static kvw_status_t open_engines(void)
         dcfg.qps_per_peer = lp.qps_decode;
     char bind[80];
     snprintf(bind, sizeof(bind), "%s:0", d0.ip);
-    kvw_bootstrap_params_t bp = {.bind_addr = bind, .config = &lp.cfg};
-    st = kvw_bootstrap_create2(&bp, &lp.bs);
-    kvw_engine_params_t pp = {.role = KVW_ROLE_PREFILL,
+    kvw_bootstrap_params_t bp = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = bind, .config = &lp.cfg};
+    st = kvw_bootstrap_create(&bp, &lp.bs);
+    kvw_engine_params_t pp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_PREFILL,
                               .device = d0.name,
                               .local_ip = d0.ip,
                               .bootstrap_addr = st ? NULL : kvw_bootstrap_addr(lp.bs),
                               .config = &lp.cfg,
                               .num_groups = lp.src.num_groups,
                               .groups = lp.src.groups};
-    kvw_engine_params_t dp = {.role = KVW_ROLE_DECODE,
+    kvw_engine_params_t dp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_DECODE,
                               .device = d1.name,
                               .local_ip = d1.ip,
                               .config = &dcfg,
@@ -220,7 +223,7 @@ static size_t wrong_bytes(const req_spec_t *q)
     return wrong;
 }
 
-static kvw_poll_t wait_end(kvw_poll_t (*poll)(const void *), const void *h)
+static kvw_poll_t wait_end(kvw_poll_t (*poll)(void *), void *h)
 {
     uint64_t end = pair_now_ms() + WAIT_MS;
     kvw_poll_t s;
@@ -229,18 +232,18 @@ static kvw_poll_t wait_end(kvw_poll_t (*poll)(const void *), const void *h)
     return s;
 }
 
-static kvw_poll_t poll_s(const void *h)
+static kvw_poll_t poll_s(void *h)
 {
     return kvw_sender_poll(h);
 }
 
-static kvw_poll_t poll_r(const void *h)
+static kvw_poll_t poll_r(void *h)
 {
     return kvw_receiver_poll(h);
 }
 
 /* Wait until decode's request reached the sender. */
-static kvw_poll_t wait_end_ready(const kvw_sender_t *s)
+static kvw_poll_t wait_end_ready(kvw_sender_t *s)
 {
     uint64_t end = pair_now_ms() + WAIT_MS;
     while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING && pair_now_ms() < end)

@@ -125,6 +125,7 @@ static kvw_engine_params_t params(side_t *s, kvw_role_t role, const kvw_config_t
 {
     bool decode = role == KVW_ROLE_DECODE;
     return (kvw_engine_params_t){
+        .struct_size = sizeof(kvw_engine_params_t),
         .role = role,
         .device = decode ? "fake1" : "fake0",
         .local_ip = "127.0.0.1",
@@ -186,8 +187,10 @@ static void rig_open_with(mem_t mem, const kvw_cuda_ops_t *ops)
     kvw__cuda_set_ops(ops ? ops : &fake_cuda_ops);
     side_alloc(&rig.src, mem != MEM_HOST, true);
     side_alloc(&rig.dst, false, false);
-    kvw_bootstrap_params_t bp = {.bind_addr = "127.0.0.1:0", .config = &rig.pcfg};
-    assert_int_equal(kvw_bootstrap_create2(&bp, &rig.bs), KVW_OK);
+    kvw_bootstrap_params_t bp = {.struct_size = sizeof(kvw_bootstrap_params_t),
+                                 .bind_addr = "127.0.0.1:0",
+                                 .config = &rig.pcfg};
+    assert_int_equal(kvw_bootstrap_create(&bp, &rig.bs), KVW_OK);
     kvw_engine_params_t pp = params(&rig.src, KVW_ROLE_PREFILL, &rig.pcfg);
     kvw_engine_params_t dp = params(&rig.dst, KVW_ROLE_DECODE, &rig.dcfg);
     assert_int_equal(kvw_engine_create(&pp, &rig.prefill), KVW_OK);

@@ -1,0 +1,216 @@
+"""The loaded library and what every other module needs: the library
+handle, version and feature queries, the enums, the exceptions, the log
+trampoline and the call helper. Internal: the public names are re-exported
+by kvwire/__init__.py."""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import os
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _lib
+
+_L = _lib.load()
+_c = _L.c
+NO_AUX = _lib.NO_AUX
+
+
+def library_path() -> str:
+    """Path of the libkvwire this process loaded."""
+    return _L.path
+
+
+def version() -> str:
+    """Version of the loaded libkvwire, "MAJOR.MINOR.PATCH" (kvw_version_string)."""
+    return _s(_c.kvw_version_string())
+
+
+def version_info() -> Tuple[int, int, int]:
+    """The same as numbers, (MAJOR, MINOR, PATCH), from kvw_version()."""
+    v = int(_c.kvw_version())
+    return (v // 10000, v // 100 % 100, v % 100)
+
+
+def features() -> Dict[str, bool]:
+    """Which newer C calls the loaded library has: groups (buffer groups in
+    Engine), init_indices (Receiver.init with state), send_part, send_state,
+    metrics, send_after (the event= argument of Sender.send and
+    Sender.send_part). A missing one makes only the method that needs it
+    raise Error(KVW_ERR_UNSUPPORTED)."""
+    return {
+        "groups": _L.has(_lib.GROUPS_MARKER),
+        "init_indices": _L.has("kvw_receiver_init_indices"),
+        "send_part": _L.has("kvw_sender_send_part"),
+        "send_state": _L.has("kvw_sender_send_state"),
+        "metrics": _L.has("kvw_sender_metrics") and _L.has("kvw_receiver_metrics"),
+        "send_after": _L.has("kvw_sender_send_after") and _L.has("kvw_sender_send_part_after"),
+    }
+
+
+# ------------------------------------------------------------------ enums
+
+
+class Status(enum.IntEnum):
+    """kvw_status_t (include/kvwire.h KVW_STATUS_MAP)."""
+    OK = 0
+    ERR_INVALID = -1
+    ERR_NO_MEMORY = -2
+    ERR_NO_DEVICE = -3
+    ERR_VERBS = -4
+    ERR_REGISTER = -5
+    ERR_CONTROL = -6
+    ERR_PROTOCOL = -7
+    ERR_OUT_OF_RANGE = -8
+    ERR_MISMATCH = -9
+    ERR_TIMEOUT = -10
+    ERR_PEER = -11
+    ERR_TRANSFER = -12
+    ERR_STATE = -13
+    ERR_NOT_FOUND = -14
+    ERR_EXISTS = -15
+    ERR_UNSUPPORTED = -16
+    ERR_ABORTED = -17
+    ERR_LIMIT = -18
+
+
+class Poll(enum.IntEnum):
+    """Request states; same numbers as sglang's KVPoll (Failed=0 .. Success=4),
+    so min() over ranks keeps Failed winning."""
+    FAILED = 0
+    BOOTSTRAPPING = 1
+    WAITING_FOR_INPUT = 2
+    TRANSFERRING = 3
+    SUCCESS = 4
+
+
+class Role(enum.IntEnum):
+    PREFILL = 0
+    DECODE = 1
+
+
+class GroupKind(enum.IntEnum):
+    """kvw_group_kind_t: which request indices address a group's items."""
+    KV = 0     # the request's pages
+    AUX = 1    # the request's aux index
+    STATE = 2  # the request's state indices
+
+
+class LogLevel(enum.IntEnum):
+    ERROR = 0
+    WARN = 1
+    INFO = 2
+    DEBUG = 3
+
+
+# ----------------------------------------------------------------- errors
+
+
+def _s(p: Optional[bytes]) -> str:
+    return p.decode("utf-8", "replace") if p else ""
+
+
+class Error(Exception):
+    """A kvwire call failed. status: the kvw_status_t value (int; compare
+    with Status); name: its C name; reason: why, in words."""
+
+    def __init__(self, status: int, reason: Optional[str] = None, what: Optional[str] = None):
+        self.status = int(status)
+        self.name = _s(_c.kvw_status_name(self.status))
+        self.reason = reason or _s(_c.kvw_strerror(self.status))
+        self.what = what
+        msg = f"{self.reason} ({self.name})"
+        super().__init__(f"{what}: {msg}" if what else msg)
+
+
+class ClosedError(Error):
+    """The object was closed (or its engine was); status KVW_ERR_STATE."""
+
+    def __init__(self, what: str):
+        super().__init__(Status.ERR_STATE, f"{what} is closed", None)
+
+
+def _unsupported(symbol: str, what: str) -> Error:
+    return Error(Status.ERR_UNSUPPORTED,
+                 f"{what} needs {symbol}(), which {_L.path} does not export (an older libkvwire)")
+
+
+# ---------------------------------------------------------------- logging
+#
+# One trampoline is installed for the life of the process. It remembers the
+# last ERROR logged on each thread, so a failed call can say why in its
+# exception, and hands every line to the user's handler or writes it to
+# stderr like the library's default. It runs on library threads too, under
+# the library's log lock: it never calls back into kvwire.
+
+_tls = threading.local()
+_TAGS = ("ERROR", "WARN", "INFO", "DEBUG")
+_user_handler: Optional[Callable[[int, str], None]] = None
+
+
+def _trampoline(_arg: Any, level: int, msg: Optional[bytes]) -> None:
+    try:
+        text = _s(msg)
+        if level == LogLevel.ERROR:
+            _tls.last_error = text
+        h = _user_handler
+        if h is not None:
+            h(level, text)
+        else:
+            os.write(2, f"kvwire {_TAGS[level] if 0 <= level < 4 else level}: {text}\n".encode())
+    except BaseException:  # a callback must not raise into C
+        pass
+
+
+_trampoline_c = _lib.LOG_FN(_trampoline)
+
+
+def _env_level() -> int:
+    names = {"error": 0, "warn": 1, "info": 2, "debug": 3}
+    return names.get(os.environ.get("KVW_LOG_LEVEL", "").lower(), int(LogLevel.WARN))
+
+
+_log_level = _env_level()
+
+
+def set_log_handler(handler: Optional[Callable[[int, str], None]],
+                    level: Optional[int] = None) -> None:
+    """Route libkvwire's log lines to handler(level, message) (None: stderr,
+    the default), delivering levels up to `level` (None: keep the current,
+    initially KVW_LOG_LEVEL or WARN). The handler runs on library threads,
+    possibly concurrently, must be quick, and must not call kvwire; whatever
+    it raises is ignored. Process-wide; thread-safe."""
+    global _user_handler, _log_level
+    _user_handler = handler
+    if level is not None:
+        _log_level = int(LogLevel(level))
+    _c.kvw_set_log_handler(_trampoline_c, None, _log_level)
+
+
+def log_to_python(logger: Any = None, level: Optional[int] = None) -> None:
+    """set_log_handler() into the `logging` module (logger "kvwire" by default)."""
+    import logging
+
+    lg = logger or logging.getLogger("kvwire")
+    to_py = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+    set_log_handler(lambda lvl, msg: lg.log(to_py.get(lvl, logging.INFO), "%s", msg), level)
+
+
+def _restore_default_log() -> None:
+    # Library threads may outlive the interpreter's finalisation; from here
+    # on they log through the C default and never enter Python again.
+    _c.kvw_set_log_handler(_lib.LOG_FN(), None, _log_level)
+
+
+set_log_handler(None)
+atexit.register(_restore_default_log)
+
+
+def _call(fn: Any, what: str, *args: Any) -> None:
+    """Call a status-returning C function; raise Error on failure."""
+    _tls.last_error = None
+    st = fn(*args)
+    if st != 0:
+        raise Error(st, getattr(_tls, "last_error", None), what)

@@ -1,0 +1,584 @@
+"""The objects that own C handles: Bootstrap, Engine, Sender and Receiver,
+and the value types they take and return (Region, Group, Counters,
+ReqMetrics). Internal: re-exported by kvwire/__init__.py."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _lib
+from ._config import Config, _cfg_ptr
+from ._core import (NO_AUX, ClosedError, Error, GroupKind, Poll, Role, _c, _call, _L, _s,
+                    _unsupported)
+from ._indices import as_indices
+
+# --------------------------------------------------------------- handles
+
+
+class _Cell:
+    """One C handle, shared by its Python object and (for requests) its
+    engine, so that whichever closes first frees it exactly once."""
+
+    __slots__ = ("h", "lock", "kind")
+
+    def __init__(self, h: int, kind: str):
+        self.h: Optional[int] = h
+        self.lock = threading.Lock()
+        self.kind = kind
+
+
+class _Handle:
+    _cell: Optional[_Cell] = None
+    _what = "object"
+
+    def _get(self) -> int:
+        cell = self._cell
+        if cell is None or cell.h is None:
+            raise ClosedError(self._what)
+        return cell.h
+
+    @property
+    def closed(self) -> bool:
+        return self._cell is None or self._cell.h is None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+# -------------------------------------------------------------- bootstrap
+
+
+class Bootstrap(_Handle):
+    """A bootstrap (directory) service on its own thread, as
+    kvw_bootstrap_create: bind_addr "ip:port" (port 0: ephemeral), the
+    cluster key from config (None: the KVW_* environment), lease_ms (0: the
+    default). .addr is where it listens. close() stops it; thread-safe."""
+
+    _what = "kvwire.Bootstrap"
+
+    def __init__(self, bind_addr: str, config: Optional[Config] = None, lease_ms: int = 0):
+        p = _lib.kvw_bootstrap_params_t(ctypes.sizeof(_lib.kvw_bootstrap_params_t),
+                                        bind_addr.encode(), _cfg_ptr(config), lease_ms)
+        h = ctypes.c_void_p()
+        _call(_c.kvw_bootstrap_create, f"kvw_bootstrap_create({bind_addr})", ctypes.byref(p),
+              ctypes.byref(h))
+        self._cell = _Cell(h.value, "bootstrap")
+        self._addr = _s(_c.kvw_bootstrap_addr(h.value))
+
+    @property
+    def addr(self) -> str:
+        self._get()
+        return self._addr
+
+    def close(self) -> None:
+        cell = self._cell
+        if cell is None:
+            return
+        with cell.lock:
+            if cell.h is not None:
+                _c.kvw_bootstrap_destroy(cell.h)
+                cell.h = None
+
+    def __repr__(self) -> str:
+        return f"<kvwire.Bootstrap {'closed' if self.closed else self._addr}>"
+
+
+# ---------------------------------------------------------------- memory
+
+
+class Region(NamedTuple):
+    """One registered memory region: addr (int), length (bytes), item_len
+    (bytes per page or aux index; length must be a multiple). owner: an
+    object kept alive as long as the engine (Region.of sets it)."""
+
+    addr: int
+    length: int
+    item_len: int
+    owner: Any = None
+
+    @classmethod
+    def of(cls, buf: Any, item_len: int) -> "Region":
+        """The whole of a C-contiguous buffer: a numpy array (host memory),
+        a bytearray, a writable memoryview, a ctypes array... item_len bytes
+        per index. The Region holds a reference to buf."""
+        ai = getattr(buf, "__array_interface__", None)
+        if isinstance(ai, dict):
+            mv = memoryview(buf)  # raises for non-contiguous numpy arrays only later
+            if not mv.c_contiguous:
+                raise ValueError("kvwire.Region.of: the array must be C-contiguous")
+            return cls(int(ai["data"][0]), mv.nbytes, int(item_len), buf)
+        mv = memoryview(buf)
+        if not mv.c_contiguous:
+            raise ValueError("kvwire.Region.of: the buffer must be C-contiguous")
+        if mv.readonly:
+            raise ValueError("kvwire.Region.of: the buffer must be writable")
+        n = mv.nbytes
+        if n == 0:
+            raise ValueError("kvwire.Region.of: empty buffer")
+        arr = (ctypes.c_char * n).from_buffer(mv.cast("B"))
+        return cls(ctypes.addressof(arr), n, int(item_len), (buf, arr))
+
+
+RegionLike = Union[Region, Tuple[int, int, int]]
+
+
+class Group(NamedTuple):
+    """kvw_group_t: num_layers * regions_per_layer regions, region-major
+    (region j of layer l at regions[j * num_layers + l]; for sglang's MHA
+    kv_data_ptrs, K layers then V layers, that is regions_per_layer=2)."""
+
+    kind: GroupKind
+    num_layers: int
+    regions_per_layer: int
+    regions: Sequence[RegionLike]
+
+
+def _regions(seq: Iterable[RegionLike], keep: List[Any]) -> Tuple[Any, int]:
+    items = [r if isinstance(r, Region) else Region(*r) for r in seq]
+    if not items:
+        return None, 0
+    arr = (_lib.kvw_region_t * len(items))()
+    for i, r in enumerate(items):
+        for v, nm in ((r.addr, "addr"), (r.length, "length"), (r.item_len, "item_len")):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise TypeError(f"kvwire: region {i}: {nm} must be a non-negative int")
+        arr[i].addr, arr[i].len, arr[i].item_len = r.addr, r.length, r.item_len
+        if r.owner is not None:
+            keep.append(r.owner)
+    keep.append(arr)
+    return arr, len(items)
+
+
+# ---------------------------------------------------------------- engine
+
+
+class Counters(NamedTuple):
+    """kvw_counters_t: an engine's monotonic counters."""
+
+    bytes_posted: int
+    wrs_posted: int
+    chains_posted: int
+    completions: int
+    wrs_completed: int
+    wrs_flushed: int
+    errors: int
+    requests_ok: int
+    requests_failed: int
+    cq_sleeps: int
+    caller_passes: int
+
+
+class ReqMetrics(NamedTuple):
+    """kvw_req_metrics_t: one request's bytes, RDMA writes and transfer time;
+    start_ns and end_ns bound it on CLOCK_MONOTONIC (time.monotonic_ns())."""
+
+    bytes: int
+    writes: int
+    transfer_us: int
+    start_ns: int = 0
+    end_ns: int = 0
+
+
+def _role(role: Union[str, int, Role]) -> Role:
+    if isinstance(role, str):
+        try:
+            return Role[role.upper()]
+        except KeyError:
+            raise ValueError(f"kvwire: role must be 'prefill' or 'decode', not {role!r}") from None
+    return Role(role)
+
+
+class Engine(_Handle):
+    """One engine per process and role (kvw_engine_create): opens the RDMA
+    device (by name, or found from local_ip), registers the memory once,
+    starts its control and poller threads and (prefill) registers
+    engine_rank with the bootstrap service at bootstrap_addr.
+
+    Memory, either
+      kv:  2L regions, K layers 0..L-1 then V layers 0..L-1 (num_layers = L,
+           default len(kv) // 2), plus aux: regions indexed by aux index; or
+      groups: a list of Group (needs a library with buffer groups).
+    The memory stays the caller's and must outlive close().
+
+    Raises Error (KVW_ERR_NO_DEVICE, ...) with nothing left allocated.
+    Thread-safe; close() first closes every Sender and Receiver of it."""
+
+    _what = "kvwire.Engine"
+
+    def __init__(self, role: Union[str, int, Role], local_ip: str, *,
+                 kv: Sequence[RegionLike] = (), num_layers: Optional[int] = None,
+                 aux: Sequence[RegionLike] = (), groups: Optional[Sequence[Group]] = None,
+                 device: Optional[str] = None, engine_rank: int = 0,
+                 bootstrap_addr: Optional[str] = None, config: Optional[Config] = None):
+        self._keep: List[Any] = []
+        self._lock = threading.RLock()
+        self._children: Dict[int, _Cell] = {}
+        self.role = _role(role)
+        p = _lib.kvw_engine_params_t()
+        p.struct_size = ctypes.sizeof(_lib.kvw_engine_params_t)
+        p.role = int(self.role)
+        p.engine_rank = engine_rank
+        p.device = device.encode() if device else None
+        p.local_ip = local_ip.encode()
+        p.bootstrap_addr = bootstrap_addr.encode() if bootstrap_addr else None
+        if groups:
+            if kv or aux or num_layers:
+                raise ValueError("kvwire.Engine: give either groups or kv/aux, not both")
+            if not _L.has(_lib.GROUPS_MARKER):
+                raise _unsupported(_lib.GROUPS_MARKER, "kvwire.Engine(groups=...)")
+            garr = (_lib.kvw_group_t * len(groups))()
+            for i, g in enumerate(groups):
+                regs, n = _regions(g.regions, self._keep)
+                if n != g.num_layers * g.regions_per_layer:
+                    raise ValueError(f"kvwire.Engine: group {i} has {n} regions, "
+                                     f"not num_layers*regions_per_layer = "
+                                     f"{g.num_layers * g.regions_per_layer}")
+                garr[i].kind = int(GroupKind(g.kind))
+                garr[i].num_layers = g.num_layers
+                garr[i].regions_per_layer = g.regions_per_layer
+                garr[i].regions = ctypes.cast(regs, ctypes.POINTER(_lib.kvw_region_t))
+            self._keep.append(garr)
+            p.num_groups, p.groups = len(groups), garr
+        else:
+            kvarr, nkv = _regions(kv, self._keep)
+            if num_layers is None:
+                num_layers = nkv // 2
+            p.num_layers = num_layers
+            p.kv_regions = ctypes.cast(kvarr, ctypes.POINTER(_lib.kvw_region_t)) if nkv else None
+            auxarr, naux = _regions(aux, self._keep)
+            p.num_aux = naux
+            p.aux_regions = ctypes.cast(auxarr, ctypes.POINTER(_lib.kvw_region_t)) if naux else None
+        cfgp = _cfg_ptr(config)
+        p.config = cfgp
+        h = ctypes.c_void_p()
+        _call(_c.kvw_engine_create, f"kvw_engine_create({self.role.name.lower()} on {local_ip})",
+              ctypes.byref(p), ctypes.byref(h))
+        self._cell = _Cell(h.value, "engine")
+        self.engine_rank = engine_rank
+
+    # -- properties ------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        with self._lock:
+            return _s(_c.kvw_engine_device_name(self._get()))
+
+    @property
+    def gid_index(self) -> int:
+        with self._lock:
+            return int(_c.kvw_engine_gid_index(self._get()))
+
+    @property
+    def endpoint(self) -> str:
+        """"tcp://ip:port" of the control socket."""
+        with self._lock:
+            return _s(_c.kvw_engine_endpoint(self._get()))
+
+    def counters(self) -> Counters:
+        """Snapshot of the engine's counters (each exact, not taken together)."""
+        c = _lib.kvw_counters_t()
+        with self._lock:
+            _c.kvw_engine_counters(self._get(), ctypes.byref(c))
+        return Counters(*(getattr(c, n) for n, _ in c._fields_))
+
+    # -- requests --------------------------------------------------------
+    def _adopt(self, h: int, kind: str) -> _Cell:
+        cell = _Cell(h, kind)
+        self._children[id(cell)] = cell
+        return cell
+
+    def _forget(self, cell: _Cell) -> None:
+        with self._lock:
+            self._children.pop(id(cell), None)
+
+    def sender(self, room: int) -> "Sender":
+        """Prefill: a Sender for room (kvw_sender_create)."""
+        return Sender(self, room)
+
+    def receiver(self, bootstrap_addr: str, prefill_rank: int, room: int) -> "Receiver":
+        """Decode: a Receiver for room from the prefill engine registered as
+        prefill_rank at bootstrap_addr (kvw_receiver_create)."""
+        return Receiver(self, bootstrap_addr, prefill_rank, room)
+
+    def close(self) -> None:
+        """Close every Sender/Receiver of this engine (receivers wait for
+        their abort barrier), then destroy the engine. Idempotent."""
+        cell = self._cell
+        if cell is None:
+            return
+        with self._lock:
+            for child in list(self._children.values()):
+                with child.lock:
+                    if child.h is not None:
+                        if child.kind == "sender":
+                            _c.kvw_sender_destroy(child.h)
+                        else:
+                            _c.kvw_receiver_destroy(child.h)
+                        child.h = None
+            self._children.clear()
+            with cell.lock:
+                if cell.h is not None:
+                    _c.kvw_engine_destroy(cell.h)
+                    cell.h = None
+            self._keep = []
+
+    def __repr__(self) -> str:
+        return f"<kvwire.Engine {self.role.name.lower()} {'closed' if self.closed else self.endpoint}>"
+
+
+class _Request(_Handle):
+    _engine: Engine
+    room: int
+
+    def _close_with(self, destroy: Any) -> None:
+        cell = self._cell
+        if cell is None:
+            return
+        with cell.lock:
+            if cell.h is not None:
+                destroy(cell.h)
+                cell.h = None
+        self._engine._forget(cell)
+
+    def _failure(self, fn: Any, what: str) -> Optional[Error]:
+        reason = ctypes.c_char_p()
+        with self._cell.lock if self._cell else _nolock:
+            st = fn(self._get(), ctypes.byref(reason))
+            text = _s(reason.value)
+        if st == 0:
+            return None
+        return Error(st, text or None, f"{what} room {self.room}")
+
+    def _metrics(self, name: str) -> ReqMetrics:
+        fn = _L.optional.get(name)
+        if fn is None:
+            raise _unsupported(name, f"{self._what}.metrics()")
+        m = _lib.kvw_req_metrics_t()
+        with self._cell.lock if self._cell else _nolock:
+            _call(fn, name, self._get(), ctypes.byref(m))
+        return ReqMetrics(m.bytes, m.writes, m.transfer_us, m.start_ns, m.end_ns)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+_nolock = _NoLock()
+
+
+def _event(event: Optional[int]) -> Optional[int]:
+    """A producer's CUDA event as the C calls take it: the CUevent handle as
+    an int (torch.cuda.Event().cuda_event, cupy's Event.ptr, a cudaEvent_t
+    from ctypes), or None / 0 for none."""
+    if event is None:
+        return None
+    if isinstance(event, bool) or not hasattr(event, "__index__"):
+        raise TypeError("kvwire: event must be a CUDA event handle (an int) or None")
+    e = event.__index__()
+    if not 0 <= e < 1 << (8 * ctypes.sizeof(ctypes.c_void_p)):
+        raise ValueError(f"kvwire: event handle {e} is not a pointer value")
+    return e or None
+
+
+def _aux(aux_index: Optional[int]) -> int:
+    if aux_index is None:
+        return NO_AUX
+    if isinstance(aux_index, bool) or not hasattr(aux_index, "__index__"):
+        raise TypeError("kvwire: aux_index must be an int or None")
+    a = aux_index.__index__()
+    if not 0 <= a <= NO_AUX:
+        raise ValueError(f"kvwire: aux_index {a} is outside 0..2**32-1")
+    return a
+
+
+class Sender(_Request):
+    """Prefill side of one request (kvw_sender_*). Bootstrapping until
+    decode's request for the room arrives, WaitingForInput, Transferring
+    once pages are handed over, Success when every write completed. Closing
+    a live sender aborts it (it does not wait). One thread at a time."""
+
+    _what = "kvwire.Sender"
+
+    def __init__(self, engine: Engine, room: int):
+        self._engine = engine
+        self.room = int(room)
+        h = ctypes.c_void_p()
+        with engine._lock:
+            _call(_c.kvw_sender_create, f"kvw_sender_create(room {self.room})", engine._get(),
+                  self.room, ctypes.byref(h))
+            self._cell = engine._adopt(h.value, "sender")
+
+    def init(self, num_pages: int, aux_index: Optional[int] = None) -> None:
+        """Declare the request's page count (all chunks together) and its aux
+        index (None: no aux)."""
+        with self._cell.lock:
+            _call(_c.kvw_sender_init, f"kvw_sender_init(room {self.room})", self._get(),
+                  int(num_pages), _aux(aux_index))
+
+    def send(self, pages: Any, event: Optional[int] = None) -> None:
+        """Hand over the next source pages (all layers). May be called once
+        per chunk; the request completes when init's num_pages are all
+        handed over (and the state, if any). pages: see as_indices().
+
+        The pages must be fully written when this is called, or event is a
+        CUDA event (its handle as an int, e.g. torch.cuda.Event().cuda_event)
+        recorded on the producing stream after the writes: kvwire then reads
+        nothing of these pages before it completed, without this call
+        waiting for it (kvw_sender_send_after). Keep the event alive, and do
+        not record it again, until the request ended (poll() says SUCCESS or
+        FAILED, or close() returned). Error(KVW_ERR_UNSUPPORTED) for an
+        event when CUDA is not available."""
+        idx = as_indices(pages)
+        ev = _event(event)
+        if ev is None:
+            with self._cell.lock:
+                _call(_c.kvw_sender_send, f"kvw_sender_send(room {self.room})", self._get(),
+                      idx.ptr, idx.count)
+            return
+        fn = _L.optional.get("kvw_sender_send_after")
+        if fn is None:
+            raise _unsupported("kvw_sender_send_after", "kvwire.Sender.send(event=...)")
+        with self._cell.lock:
+            _call(fn, f"kvw_sender_send_after(room {self.room})", self._get(), idx.ptr,
+                  idx.count, ev)
+
+    def send_part(self, pages: Any, first_page: int, layer_begin: int = 0,
+                  layer_end: int = 0, event: Optional[int] = None) -> None:
+        """Layer-wise: pages for page positions first_page.. of layers
+        [layer_begin, layer_end) (0, 0: all layers). Per layer, parts must
+        cover page positions in order. event: as for send(), e.g. one event
+        per layer recorded right after the layer's kernels
+        (kvw_sender_send_part_after)."""
+        ev = _event(event)
+        name = "kvw_sender_send_part" if ev is None else "kvw_sender_send_part_after"
+        fn = _L.optional.get(name)
+        if fn is None:
+            what = "kvwire.Sender.send_part()" if ev is None else "kvwire.Sender.send_part(event=...)"
+            raise _unsupported(name, what)
+        idx = as_indices(pages)
+        part = _lib.kvw_part_t(idx.ptr, idx.count, int(first_page), int(layer_begin),
+                               int(layer_end))
+        args = (ctypes.byref(part),) if ev is None else (ctypes.byref(part), ev)
+        with self._cell.lock:
+            _call(fn, f"{name}(room {self.room})", self._get(), *args)
+
+    def send_state(self, state: Any) -> None:
+        """The request's state indices (state groups)."""
+        fn = _L.optional.get("kvw_sender_send_state")
+        if fn is None:
+            raise _unsupported("kvw_sender_send_state", "kvwire.Sender.send_state()")
+        idx = as_indices(state)
+        with self._cell.lock:
+            _call(fn, f"kvw_sender_send_state(room {self.room})", self._get(), idx.ptr, idx.count)
+
+    def poll(self) -> Poll:
+        """Current state; never blocks."""
+        self._get()
+        with self._cell.lock:
+            return Poll(_c.kvw_sender_poll(self._get()))
+
+    def failure(self) -> Optional[Error]:
+        """Why the request failed (an Error, not raised), or None."""
+        return self._failure(_c.kvw_sender_failure, "sender")
+
+    def abort(self) -> None:
+        """Fail the request now (KVW_ERR_ABORTED); decode is told once the
+        writes already posted completed. Error(KVW_ERR_STATE) if it ended."""
+        with self._cell.lock:
+            _call(_c.kvw_sender_abort, f"kvw_sender_abort(room {self.room})", self._get())
+
+    def metrics(self) -> ReqMetrics:
+        """Bytes, writes and transfer time of this request so far."""
+        return self._metrics("kvw_sender_metrics")
+
+    def close(self) -> None:
+        """Destroy (aborting a live request first, without waiting). Idempotent."""
+        self._close_with(_c.kvw_sender_destroy)
+
+    def __repr__(self) -> str:
+        st = "closed" if self.closed else self.poll().name
+        return f"<kvwire.Sender room {self.room} {st}>"
+
+
+class Receiver(_Request):
+    """Decode side of one request (kvw_receiver_*). Bootstrapping until the
+    prefill rank is connected, WaitingForInput, Transferring after init(),
+    Success once the request's last write landed here. Once it reports
+    Failed nothing more lands in its pages. close() of a live receiver
+    aborts it and waits for the abort barrier (at most ~peer_timeout_ms).
+    One thread at a time."""
+
+    _what = "kvwire.Receiver"
+
+    def __init__(self, engine: Engine, bootstrap_addr: str, prefill_rank: int, room: int):
+        self._engine = engine
+        self.room = int(room)
+        self.bootstrap_addr = bootstrap_addr
+        self.prefill_rank = int(prefill_rank)
+        h = ctypes.c_void_p()
+        with engine._lock:
+            _call(_c.kvw_receiver_create, f"kvw_receiver_create(room {self.room})",
+                  engine._get(), bootstrap_addr.encode(), self.prefill_rank, self.room,
+                  ctypes.byref(h))
+            self._cell = engine._adopt(h.value, "receiver")
+
+    def init(self, pages: Any, aux_index: Optional[int] = None, state: Any = None) -> None:
+        """Destination pages (see as_indices), aux index (None: none) and
+        state indices (needs kvw_receiver_init_indices). May be called while
+        still Bootstrapping."""
+        p = as_indices(pages)
+        s = as_indices(state)
+        fn = _L.optional.get("kvw_receiver_init_indices")
+        with self._cell.lock:
+            if s.count:
+                if fn is None:
+                    raise _unsupported("kvw_receiver_init_indices", "kvwire.Receiver.init(state=...)")
+                ix = _lib.kvw_indices_t(p.ptr, p.count, _aux(aux_index), s.ptr, s.count)
+                _call(fn, f"kvw_receiver_init_indices(room {self.room})", self._get(),
+                      ctypes.byref(ix))
+            else:
+                _call(_c.kvw_receiver_init, f"kvw_receiver_init(room {self.room})", self._get(),
+                      p.ptr, p.count, _aux(aux_index))
+
+    def poll(self) -> Poll:
+        """Current state; never blocks."""
+        self._get()
+        with self._cell.lock:
+            return Poll(_c.kvw_receiver_poll(self._get()))
+
+    def failure(self) -> Optional[Error]:
+        """Why the request failed (an Error, not raised), or None."""
+        return self._failure(_c.kvw_receiver_failure, "receiver")
+
+    def abort(self) -> None:
+        """Give the request up without blocking (see kvw_receiver_abort)."""
+        with self._cell.lock:
+            _call(_c.kvw_receiver_abort, f"kvw_receiver_abort(room {self.room})", self._get())
+
+    def metrics(self) -> ReqMetrics:
+        return self._metrics("kvw_receiver_metrics")
+
+    def close(self) -> None:
+        """Destroy; a live request is aborted and the barrier awaited. Idempotent."""
+        self._close_with(_c.kvw_receiver_destroy)
+
+    def __repr__(self) -> str:
+        st = "closed" if self.closed else self.poll().name
+        return f"<kvwire.Receiver room {self.room} {st}>"
