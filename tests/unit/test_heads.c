@@ -3,7 +3,9 @@
  * transfer, their counts and entries, and the bytes they move: each test
  * deployment runs its writes on host memory (a write copies its entries,
  * in order, to its remote address, as the NIC does) and checks every byte
- * of every head on every decode rank. */
+ * of every head on every decode rank. The NIC deployments post the same
+ * writes as multi-entry RDMA WRITEs on the fake NIC (tests/support), over
+ * src/verbs QPs, one QP pair per prefill rank and decode rank. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,11 @@
 
 #include "plan/heads.h"
 #include "plan/layout.h"
+#include "support/fake_nic.h"
+#include "verbs/device.h"
+#include "verbs/qp.h"
+
+#include <time.h>
 
 /* ------------------------------------------------------------ helpers */
 
@@ -70,10 +77,111 @@ typedef struct stats {
     uint64_t writes, sges, units;
 } stats_t;
 
+/* The fake NIC deployments: prefill's regions on fake0, decode's on fake1,
+ * a QP pair per (prefill rank, decode rank) that exchanges heads. NULL:
+ * writes are copied on the host. */
+typedef struct nic {
+    kvw_dev_t *dev[2];
+    kvw_config_t cfg;
+    uint32_t max_sge;
+} nic_t;
+
+static nic_t *nic;
+
+/* Register buf on a side's device (0 prefill, 1 decode); NULL without a
+ * NIC. */
+static struct ibv_mr *reg(int side, void *buf, size_t len)
+{
+    if (!nic)
+        return NULL;
+    struct ibv_mr *mr = fake_nic_ops.reg_mr(nic->dev[side]->pd, buf, len,
+                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    assert_non_null(mr);
+    return mr;
+}
+
+/* Wait for one completion on a's CQ: success, of len bytes. */
+static void wait_one(kvw_qp_t *a, uint32_t len)
+{
+    struct ibv_wc wc;
+    int got = 0;
+    for (int spin = 0; !got && spin < 1000000; spin++) {
+        got = fake_nic_ops.poll_cq(a->cq, 1, &wc);
+        if (!got)
+            nanosleep(&(struct timespec){0, 1000}, NULL);
+    }
+    assert_int_equal(got, 1);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.byte_len, len);
+}
+
+enum { CHAIN = 32 };
+
+/* Post every write of p on a fresh QP pair, in chains of CHAIN WRs whose
+ * last is signaled, waiting for each chain's completion. */
+static uint64_t post_all(const kvw_heads_plan_t *p)
+{
+    kvw_qp_t *a, *b;
+    assert_int_equal(
+        kvw__qp_create_sge(nic->dev[0], NULL, NULL, 2 * CHAIN, 4, nic->max_sge, false, &a), KVW_OK);
+    assert_int_equal(kvw__qp_create_sge(nic->dev[1], NULL, NULL, 2 * CHAIN, 4, 1, true, &b),
+                     KVW_OK);
+    assert_int_equal(a->max_send_sge, nic->max_sge);
+    kvw_qp_info_t ia, ib;
+    kvw__qp_local_info(a, &ia);
+    kvw__qp_local_info(b, &ib);
+    assert_int_equal(kvw__qp_connect(a, &ib, &nic->cfg), KVW_OK);
+    assert_int_equal(kvw__qp_connect(b, &ia, &nic->cfg), KVW_OK);
+    kvw_heads_cursor_t c;
+    memset(&c, 0, sizeof(c));
+    static struct ibv_sge sge[CHAIN][KVW_HEADS_MAX_SGE];
+    struct ibv_send_wr wr[CHAIN];
+    kvw_gwrite_t w;
+    uint64_t n = 0;
+    uint32_t k = 0;
+    for (int more = 1; more;) {
+        more = kvw__heads_next(p, &c, &w);
+        if (more) {
+            for (uint32_t i = 0; i < w.num_sge; i++)
+                sge[k][i] = (struct ibv_sge){w.sge[i].addr, w.sge[i].len, p->lkey};
+            wr[k] = (struct ibv_send_wr){.wr_id = n++,
+                                         .sg_list = sge[k],
+                                         .num_sge = (int)w.num_sge,
+                                         .opcode = IBV_WR_RDMA_WRITE,
+                                         .next = NULL};
+            wr[k].wr.rdma.remote_addr = w.remote_addr;
+            wr[k].wr.rdma.rkey = p->rkey;
+            if (k)
+                wr[k - 1].next = &wr[k];
+            k++;
+        }
+        if (k && (k == CHAIN || !more)) {
+            wr[k - 1].send_flags = IBV_SEND_SIGNALED;
+            struct ibv_send_wr *bad = NULL;
+            assert_int_equal(fake_nic_ops.post_send(a->qp, wr, &bad), 0);
+            uint32_t len = 0;
+            for (int i = 0; i < wr[k - 1].num_sge; i++)
+                len += wr[k - 1].sg_list[i].length;
+            wait_one(a, len);
+            k = 0;
+        }
+    }
+    kvw__qp_destroy(a);
+    kvw__qp_destroy(b);
+    return n;
+}
+
 /* Run a plan's writes as the NIC would, checking each against the plan's
  * limits, and that count predicted them. */
 static void execute(const kvw_heads_plan_t *p, stats_t *s)
 {
+    if (nic) {
+        uint64_t n = post_all(p);
+        assert_int_equal(kvw__heads_count(p), n);
+        s->writes += n;
+        s->units += kvw__heads_units(p);
+        return;
+    }
     kvw_heads_cursor_t c;
     memset(&c, 0, sizeof(c));
     kvw_gwrite_t w;
@@ -119,6 +227,7 @@ static stats_t run_deploy(const deploy_t *d)
 {
     stats_t s = {0, 0, 0};
     uint8_t *src[MAX_RANKS];
+    struct ibv_mr *src_mr[MAX_RANKS];
     kvw_heads_t ph[MAX_RANKS];
     for (uint32_t r = 0; r < d->prefill_tp; r++) {
         ph[r] = rank_heads(d->total, d->prefill_tp, r, d->head_bytes, d->page_tokens, d->order);
@@ -128,6 +237,7 @@ static stats_t run_deploy(const deploy_t *d)
         assert_non_null(src[r]);
         memset(src[r], 0xee, d->region_pages * page_bytes(&ph[r]));
         fill_source(src[r], &ph[r], d->src_pages, d->num_pages);
+        src_mr[r] = reg(0, src[r], d->region_pages * page_bytes(&ph[r]));
     }
     kvw_run_t runs[MAX_PAGES];
     size_t num_runs = kvw__plan_runs(d->src_pages, d->dst_pages, d->num_pages, runs);
@@ -138,6 +248,7 @@ static stats_t run_deploy(const deploy_t *d)
         uint8_t *dst = malloc(d->region_pages * pb);
         assert_non_null(dst);
         memset(dst, 0x55, d->region_pages * pb);
+        struct ibv_mr *dst_mr = reg(1, dst, d->region_pages * pb);
         kvw_head_range_t owed[MAX_RANKS];
         char why[200];
         assert_int_equal(kvw__heads_assign(&dh, ph, d->prefill_tp, owed, why, sizeof(why)), 0);
@@ -151,6 +262,8 @@ static stats_t run_deploy(const deploy_t *d)
                                   .remote_addr = (uintptr_t)dst,
                                   .runs = runs,
                                   .num_runs = num_runs,
+                                  .lkey = nic ? src_mr[r]->lkey : 0,
+                                  .rkey = nic ? dst_mr->rkey : 0,
                                   .max_sge = d->max_sge,
                                   .max_msg = d->max_msg};
             assert_int_equal(kvw__heads_geom(&ph[r], &dh, owed[r], &p.geom, why, sizeof(why)), 0);
@@ -165,9 +278,13 @@ static stats_t run_deploy(const deploy_t *d)
             assert_int_equal(kvw__heads_mode(&land), KVW_HEADS_COPY);
             uint8_t *buf = malloc(d->region_pages * page_bytes(&dh));
             assert_non_null(buf);
+            struct ibv_mr *buf_mr = reg(1, buf, d->region_pages * page_bytes(&dh));
             p.geom = land;
             p.remote_addr = (uintptr_t)buf;
+            p.rkey = nic ? buf_mr->rkey : 0;
             execute(&p, &s);
+            if (nic)
+                assert_int_equal(fake_nic_ops.dereg_mr(buf_mr), 0);
             for (size_t i = 0; i < d->num_pages; i++)
                 for (uint64_t u = 0; u < land.units_per_page; u++) {
                     uint64_t k = d->dst_pages[i] * land.units_per_page + u;
@@ -183,10 +300,15 @@ static stats_t run_deploy(const deploy_t *d)
         fill_source(want, &dh, d->dst_pages, d->num_pages);
         assert_memory_equal(dst, want, d->region_pages * pb);
         free(want);
+        if (nic)
+            assert_int_equal(fake_nic_ops.dereg_mr(dst_mr), 0);
         free(dst);
     }
-    for (uint32_t r = 0; r < d->prefill_tp; r++)
+    for (uint32_t r = 0; r < d->prefill_tp; r++) {
+        if (nic)
+            assert_int_equal(fake_nic_ops.dereg_mr(src_mr[r]), 0);
         free(src[r]);
+    }
     return s;
 }
 
@@ -589,6 +711,77 @@ static void test_slice_over_max_msg(void **state)
     assert_int_equal(s.writes, 2 * 3 * 2); /* each 32 KiB slice in 2 writes */
 }
 
+/* ------------------------------------------------------------ fake NIC */
+
+static nic_t nic_state;
+
+static int nic_setup(void **state)
+{
+    (void)state;
+    fake_nic_fini();
+    assert_int_equal(fake_nic_init(NULL), 0);
+    kvw__verbs_set_ops(&fake_nic_ops);
+    memset(&nic_state, 0, sizeof(nic_state));
+    assert_int_equal(kvw_config_init(&nic_state.cfg), KVW_OK);
+    assert_int_equal(kvw__dev_open("fake0", "127.0.0.1", 1, -1, &nic_state.dev[0]), KVW_OK);
+    assert_int_equal(kvw__dev_open("fake1", "127.0.0.1", 1, -1, &nic_state.dev[1]), KVW_OK);
+    nic = &nic_state;
+    return 0;
+}
+
+static int nic_teardown(void **state)
+{
+    (void)state;
+    nic = NULL;
+    kvw__dev_close(nic_state.dev[0]);
+    kvw__dev_close(nic_state.dev[1]);
+    kvw__verbs_set_ops(NULL);
+    fake_nic_stats_t st;
+    fake_nic_stats(&st);
+    assert_int_equal(st.live_mrs + st.live_qps + st.live_cqs + st.live_pds, 0);
+    assert_int_equal(st.wrs_accepted, st.wrs_succeeded);
+    assert_int_equal(st.fatal_errors, 0);
+    fake_nic_fini();
+    return 0;
+}
+
+/* The gather writes as RDMA WRITEs of up to max_sge entries, over src/verbs
+ * QPs on the fake NIC, for every split and both page layouts, with the
+ * QP's max_send_sge at 1, 2 and 30: every head of every decode rank
+ * checked byte for byte, and the WR counts the planner predicts. */
+static void test_nic_splits(void **state)
+{
+    (void)state;
+    const uint32_t sges[] = {1, 2, 30};
+    const uint32_t splits[][2] = {{1, 2}, {2, 1}, {1, 4}, {4, 1}, {8, 2}};
+    for (size_t k = 0; k < 3; k++)
+        for (size_t t = 0; t < sizeof(splits) / sizeof(splits[0]); t++)
+            for (uint32_t order = 0; order <= 1; order++) {
+                nic->max_sge = sges[k];
+                deploy_t d = llama(splits[t][0], splits[t][1], order, 16, sges[k], 5);
+                d.src_pages = fragmented;
+                stats_t s = run_deploy(&d);
+                uint64_t per = order == KVW_HEADS_NHD ? 5 * 16 : 5;
+                if (splits[t][0] < splits[t][1]) /* gather */
+                    assert_int_equal(s.writes, splits[t][1] * div_ceil(per, sges[k]));
+                else /* a write per row, or per page for HND */
+                    assert_int_equal(s.writes, splits[t][0] * per);
+                if (splits[t][0] > splits[t][1]) {
+                    d.landing = 1;
+                    s = run_deploy(&d);
+                    /* One landing write gathers the fragmented source pages. */
+                    assert_int_equal(s.writes, splits[t][0] * div_ceil(5, sges[k]));
+                }
+            }
+    /* GQA: 2 KV heads on prefill TP 8, decode TP 2 and 1. */
+    nic->max_sge = 30;
+    deploy_t d = llama(8, 2, KVW_HEADS_NHD, 16, 30, 4);
+    d.total = 2;
+    assert_int_equal(run_deploy(&d).writes, 2);
+    d.decode_tp = 1;
+    assert_int_equal(run_deploy(&d).writes, 2 * 4 * 16);
+}
+
 /* ------------------------------------------------------------ layouts */
 
 /* A model of 2 layers: K/V group, MLA-like latent group, one aux item,
@@ -674,6 +867,7 @@ int main(void)
         cmocka_unit_test(test_gqa_mla_bytes),
         cmocka_unit_test(test_slice_over_max_msg),
         cmocka_unit_test(test_layout_heads),
+        cmocka_unit_test_setup_teardown(test_nic_splits, nic_setup, nic_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
