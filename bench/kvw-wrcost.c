@@ -111,6 +111,7 @@ static void engine_setup(harness_t *h, const wopts_t *o)
     if (!e || !p || kvw_config_init(&e->cfg))
         die("engine setup failed");
     e->role = KVW_ROLE_PREFILL;
+    e->ops = &kvw__prefill_ops;
     e->control_wake_fd = eventfd(0, EFD_NONBLOCK);
     e->poller_wake_fd = eventfd(0, EFD_NONBLOCK);
     pthread_mutex_init(&e->lock, NULL);

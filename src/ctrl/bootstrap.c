@@ -7,6 +7,7 @@
  * REGISTER or LOOKUP touches the rank. */
 #include "ctrl/bootstrap.h"
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/sized.h"
 
@@ -24,18 +25,6 @@ enum {
     REGISTRAR_HWM = 2, /* REGISTERs queued while the service is away: older ones are moot */
 };
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t ms_ns(uint64_t ms)
-{
-    return ms * 1000000ull;
-}
-
 typedef struct bs_entry {
     char endpoint[KVW_WIRE_ENDPOINT_MAX]; /* "" = free */
     uint64_t owner;                       /* engine id of the registrant */
@@ -51,7 +40,7 @@ struct kvw_bootstrap {
     char addr[KVW_WIRE_ENDPOINT_MAX];
     /* Only the service thread touches these (and destroy, after joining). */
     bs_entry_t *table;
-    uint64_t drops, drops_log_ns;
+    kvw_ratelog_t drop_log;
     char drop_reason[KVW_WIRE_REASON_MAX];
 };
 
@@ -59,21 +48,22 @@ struct kvw_bootstrap {
 
 /* Say how many messages were dropped since the last line, at most once a
  * second (force: now, e.g. at shutdown). */
+static void log_drops(const kvw_bootstrap_t *b, uint64_t drops)
+{
+    if (drops)
+        KVW_WARN("bootstrap: dropped %" PRIu64 " malformed message(s) (latest: %s)", drops,
+                 b->drop_reason);
+}
+
 static void flush_drops(kvw_bootstrap_t *b, uint64_t now, bool force)
 {
-    if (!b->drops || (!force && now - b->drops_log_ns < DROP_LOG_NS))
-        return;
-    KVW_WARN("bootstrap: dropped %" PRIu64 " malformed message(s) (latest: %s)", b->drops,
-             b->drop_reason);
-    b->drops = 0;
-    b->drops_log_ns = now;
+    log_drops(b, kvw__ratelog_flush(&b->drop_log, now, DROP_LOG_NS, force));
 }
 
 static void note_drop(kvw_bootstrap_t *b, uint64_t now, const char *why)
 {
-    b->drops++;
     snprintf(b->drop_reason, sizeof(b->drop_reason), "%s", why);
-    flush_drops(b, now, false);
+    log_drops(b, kvw__ratelog_hit(&b->drop_log, now, DROP_LOG_NS));
 }
 
 static bool lease_live(const bs_entry_t *e, uint64_t now)
@@ -203,7 +193,7 @@ static bool serve_one(kvw_bootstrap_t *b)
         zmq_msg_close(&id);
         return errno != ETERM; /* EINTR: go on */
     }
-    uint64_t now = mono_ns();
+    uint64_t now = kvw__now_ns();
     kvw_msg_t m;
     char why[KVW_WIRE_REASON_MAX];
     if (!recv_body(b, &m, why, sizeof(why))) {
@@ -258,7 +248,7 @@ static kvw_status_t bind_service(kvw_bootstrap_t *b, const char *bind_addr)
 static kvw_status_t start_service(kvw_bootstrap_t *b, const kvw_bootstrap_params_t *p,
                                   const kvw_config_t *cfg)
 {
-    b->lease_ns = ms_ns(p->lease_ms ? p->lease_ms : KVW_BOOTSTRAP_LEASE_MS);
+    b->lease_ns = kvw__ms_ns(p->lease_ms ? p->lease_ms : KVW_BOOTSTRAP_LEASE_MS);
     b->table = calloc(MAX_RANKS, sizeof(*b->table));
     b->zctx = zmq_ctx_new();
     if (!b->table || !b->zctx)
@@ -322,7 +312,7 @@ void kvw_bootstrap_destroy(kvw_bootstrap_t *b)
      * return ETERM now. */
     zmq_ctx_shutdown(b->zctx);
     pthread_join(b->thread, NULL);
-    flush_drops(b, mono_ns(), true);
+    flush_drops(b, kvw__now_ns(), true);
     free_service(b);
 }
 
@@ -350,7 +340,7 @@ kvw_status_t kvw__registrar_create(void *zctx, const kvw_zsecurity_t *sec,
     snprintf(r->endpoint, sizeof(r->endpoint), "%s", endpoint);
     r->rank = rank;
     r->engine_id = engine_id;
-    r->refresh_ns = ms_ns(refresh_ms);
+    r->refresh_ns = kvw__ms_ns(refresh_ms);
     r->last = KVW_ERR_NOT_FOUND;
     char ep[KVW_WIRE_ENDPOINT_MAX];
     kvw__zendpoint(bootstrap_addr, ep, sizeof(ep));
@@ -444,7 +434,7 @@ kvw_status_t kvw__registrar_status(const kvw_registrar_t *r)
 static kvw_status_t wait_ack(kvw_registrar_t *r, uint64_t deadline)
 {
     for (;;) {
-        uint64_t now = mono_ns();
+        uint64_t now = kvw__now_ns();
         if (now >= deadline)
             return KVW_ERR_TIMEOUT;
         zmq_pollitem_t item = {r->sock, 0, ZMQ_POLLIN, 0};
@@ -461,9 +451,9 @@ static kvw_status_t wait_ack(kvw_registrar_t *r, uint64_t deadline)
  * lease could still run out, i.e. if it is a dead predecessor. */
 static kvw_status_t wait_for_lease(kvw_registrar_t *r, uint64_t deadline, uint64_t *give_up)
 {
-    uint64_t now = mono_ns();
+    uint64_t now = kvw__now_ns();
     if (!*give_up) {
-        *give_up = now + ms_ns(KVW_BOOTSTRAP_LEASE_MS) + r->refresh_ns;
+        *give_up = now + kvw__ms_ns(KVW_BOOTSTRAP_LEASE_MS) + r->refresh_ns;
         KVW_INFO("bootstrap %s: rank %u is held by another engine; retrying until its lease "
                  "runs out",
                  r->addr, r->rank);
@@ -478,7 +468,7 @@ static kvw_status_t wait_for_lease(kvw_registrar_t *r, uint64_t deadline, uint64
 
 kvw_status_t kvw__registrar_register(kvw_registrar_t *r, uint32_t timeout_ms)
 {
-    uint64_t deadline = mono_ns() + ms_ns(timeout_ms), give_up = 0;
+    uint64_t deadline = kvw__now_ns() + kvw__ms_ns(timeout_ms), give_up = 0;
     kvw_status_t st;
     for (;;) {
         st = send_bs(r, KVW_MSG_BS_REGISTER);
@@ -488,7 +478,7 @@ kvw_status_t kvw__registrar_register(kvw_registrar_t *r, uint32_t timeout_ms)
             break;
     }
     r->last = st == KVW_ERR_TIMEOUT ? KVW_ERR_NOT_FOUND : st;
-    r->next_ns = mono_ns() + r->refresh_ns;
+    r->next_ns = kvw__now_ns() + r->refresh_ns;
     if (st == KVW_ERR_EXISTS)
         KVW_ERROR("cannot register rank %u with bootstrap %s: another live engine holds it",
                   r->rank, r->addr);

@@ -1,5 +1,6 @@
 #include "ctrl/zsock.h"
 
+#include "common/clock.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -10,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 _Atomic(kvw_zdrop_fn) kvw__zdrop_hook;
@@ -302,27 +302,21 @@ static void zap_send(void *zap, const char *s, int more)
 
 /* Log refusals at most once a second, with a count, so a scanner cannot
  * flood the log. */
-static void zap_note_refusal(kvw_zsecurity_t *sec, const char *address, uint64_t *logged_ns,
-                             uint64_t *unlogged)
+static void zap_note_refusal(kvw_zsecurity_t *sec, const char *address, kvw_ratelog_t *log)
 {
     uint64_t total = atomic_fetch_add(&sec->refused, 1) + 1;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    (*unlogged)++;
-    if (*logged_ns && now - *logged_ns < 1000000000ull)
+    uint64_t unlogged = kvw__ratelog_hit(log, kvw__now_ns(), kvw__ms_ns(1000));
+    if (!unlogged)
         return;
     KVW_WARN("refused %llu control connection(s) without the cluster key (latest from %s; "
              "%llu in all)",
-             (unsigned long long)*unlogged, address, (unsigned long long)total);
-    *logged_ns = now;
-    *unlogged = 0;
+             (unsigned long long)unlogged, address, (unsigned long long)total);
 }
 
 /* One ZAP request (RFC 27): version, request id, domain, address, routing
  * id, mechanism, then the client's public key for CURVE. Admit only the
  * cluster's own key. */
-static void zap_serve_one(kvw_zsecurity_t *sec, uint64_t *logged_ns, uint64_t *unlogged)
+static void zap_serve_one(kvw_zsecurity_t *sec, kvw_ratelog_t *log)
 {
     char frame[6][64] = {{0}};
     uint8_t cred[32];
@@ -349,7 +343,7 @@ static void zap_serve_one(kvw_zsecurity_t *sec, uint64_t *logged_ns, uint64_t *u
     bool ok = n == 7 && strcmp(frame[5], "CURVE") == 0 && cred_len == 32 &&
               memcmp(cred, sec->public_bin, 32) == 0;
     if (!ok)
-        zap_note_refusal(sec, n > 3 ? frame[3] : "?", logged_ns, unlogged);
+        zap_note_refusal(sec, n > 3 ? frame[3] : "?", log);
     zap_send(sec->zap, "1.0", 1);
     zap_send(sec->zap, frame[1], 1);
     zap_send(sec->zap, ok ? "200" : "400", 1);
@@ -361,7 +355,7 @@ static void zap_serve_one(kvw_zsecurity_t *sec, uint64_t *logged_ns, uint64_t *u
 static void *zap_main(void *arg)
 {
     kvw_zsecurity_t *sec = arg;
-    uint64_t logged_ns = 0, unlogged = 0;
+    kvw_ratelog_t log = {0};
     for (;;) {
         zmq_pollitem_t items[2] = {{sec->zap, 0, ZMQ_POLLIN, 0}, {sec->stop_rx, 0, ZMQ_POLLIN, 0}};
         if (zmq_poll(items, 2, -1) < 0) {
@@ -372,7 +366,7 @@ static void *zap_main(void *arg)
         if (items[1].revents)
             break;
         if (items[0].revents)
-            zap_serve_one(sec, &logged_ns, &unlogged);
+            zap_serve_one(sec, &log);
     }
     return NULL;
 }

@@ -1,7 +1,7 @@
 /* The control thread: the engine's only user of ZeroMQ. Prefill serves a
  * ROUTER socket (handshakes, requests, aborts, pings; ctl_prefill.c);
  * decode dials one DEALER per prefill peer after an asynchronous bootstrap
- * lookup (ctl_decode.c). This file is the loop and the framing.
+ * lookup (ctl_decode.c). This file is the loop; ctl_frame.c the framing.
  *
  * Event-driven: the thread sleeps until a socket is readable, another
  * thread queues a request for it (kvw__req_touch_locked), or the earliest
@@ -20,69 +20,10 @@
 #include "ctrl/zsock.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-enum { DROP_LOG_MS = 1000 };
-
-kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_status_t st,
-                           const char *why)
-{
-    kvw_msg_t m = {.type = type, .status = st < 0 ? st : KVW_ERR_PEER};
-    m.u.failed.room = room;
-    m.u.failed.token = token;
-    snprintf(m.u.failed.reason, sizeof(m.u.failed.reason), "%s", why);
-    return m;
-}
-
-/* ============================================================= framing */
-
-void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
-{
-    e->drops++;
-    uint64_t now = kvw__now_ns();
-    if (e->drop_logged_ns && now - e->drop_logged_ns < kvw__ms_ns(DROP_LOG_MS))
-        return;
-    char why[KVW_WIRE_REASON_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof(why), fmt, ap);
-    va_end(ap);
-    KVW_WARN("control: dropped a message: %s (%llu dropped so far)", why,
-             (unsigned long long)e->drops);
-    e->drop_logged_ns = now;
-}
-
-kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,
-                                  kvw_msg_t *m_p)
-{
-    int n = zmq_recv(sock, id, KVW_CTL_MAX_ID, ZMQ_DONTWAIT);
-    if (n < 0)
-        return KVW_ERR_NOT_FOUND;
-    if (!kvw__zmore(sock)) {
-        kvw__ctl_dropped(e, "an identity frame without a body");
-        return KVW_ERR_PROTOCOL;
-    }
-    char why[KVW_WIRE_REASON_MAX] = "";
-    if (kvw__zrecv(sock, m_p, ZMQ_DONTWAIT, why, sizeof(why))) {
-        kvw__ctl_dropped(e, "%s", why[0] ? why : "no body frame");
-        return KVW_ERR_PROTOCOL;
-    }
-    *id_len = (size_t)n;
-    return KVW_OK;
-}
-
-kvw_status_t kvw__ctl_route(kvw_engine_t *e, const uint8_t *id, size_t id_len, const kvw_msg_t *m)
-{
-    kvw_status_t st = kvw__zsend_to(e->router, id, id_len, m);
-    if (st)
-        kvw__ctl_dropped(e, "%s to a peer whose connection is gone (unroutable)",
-                         kvw__wire_type_name(m->type));
-    return st;
-}
 
 /* ================================================================ BYE */
 

@@ -1,5 +1,6 @@
-/* The control thread's pieces: control.c runs the loop (sockets, timers,
- * framing); ctl_prefill.c and ctl_decode.c hold each role's handlers.
+/* The control thread's pieces: control.c runs the loop (sockets, timers),
+ * ctl_frame.c the framing; ctl_prefill.c and ctl_decode.c hold each role's
+ * handlers.
  * Everything here runs on the control thread only, the engine's one user
  * of ZeroMQ; functions marked (lock) need engine->lock held. */
 #ifndef KVW_ENGINE_CONTROL_H
@@ -17,6 +18,7 @@ static inline uint64_t kvw__earliest(uint64_t a, uint64_t b)
     return !a ? b : !b ? a : a < b ? a : b;
 }
 
+/* ctl_frame.c */
 /* REQUEST_FAILED, ABORT or BYE carrying an error status and a reason. */
 kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_status_t st,
                            const char *why);

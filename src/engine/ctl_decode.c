@@ -222,8 +222,8 @@ static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, m->u.failed.room);
     if (r && r->peer == p && r->token == m->u.failed.token) {
-        if (r->aborting)
-            kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
+        if (r->rx.aborting)
+            kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
         else
             kvw__req_fail(r, (kvw_status_t)m->status, "prefill: %s", m->u.failed.reason);
         kvw__req_set_deadline_locked(r, 0);
@@ -407,8 +407,8 @@ static kvw_peer_t *find_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);
-        if (p && p->rank == r->prefill_rank && !atomic_load(&p->killing) &&
-            strcmp(p->bootstrap_addr, r->bootstrap_addr) == 0)
+        if (p && p->rank == r->rx.prefill_rank && !atomic_load(&p->killing) &&
+            strcmp(p->bootstrap_addr, r->rx.bootstrap_addr) == 0)
             return p;
     }
     return NULL;
@@ -438,37 +438,41 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     m.u.request.room = r->room;
     m.u.request.token = r->token;
     /* Staged kinds name slots of the staging pool, not our GPU pages. */
-    m.u.request.aux_index = r->slots ? (uint32_t)r->slots[r->npages + r->nstate] : r->aux;
-    m.u.request.num_pages = (uint32_t)r->npages;
-    m.u.request.num_state = (uint32_t)r->nstate;
-    m.u.request.pages = r->slots ? r->slots : r->pages;
-    r->request_due = false;
+    m.u.request.aux_index =
+        r->stage.slots ? (uint32_t)r->stage.slots[r->rx.npages + r->rx.nstate] : r->rx.aux;
+    m.u.request.num_pages = (uint32_t)r->rx.npages;
+    m.u.request.num_state = (uint32_t)r->rx.nstate;
+    m.u.request.pages = r->stage.slots ? r->stage.slots : r->rx.pages;
+    r->rx.request_due = false;
+    /* Transferring before the REQUEST leaves: prefill's sender turns
+     * WaitingForInput on it, and whoever polls both sides must not then
+     * see this one still waiting (the lock does not cover poll's read). */
+    atomic_store(&r->state, KVW_POLL_TRANSFERRING);
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
         kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",
-                      r->prefill_rank);
-        r->abort_due = true; /* prefill may have it after all */
+                      r->rx.prefill_rank);
+        r->rx.abort_due = true; /* prefill may have it after all */
         return;
     }
-    r->request_sent = true;
-    r->sent_ns = kvw__now_ns();
-    atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+    r->rx.request_sent = true;
+    r->rx.sent_ns = kvw__now_ns();
     kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
 }
 
 static void send_abort_locked(kvw_req_t *r)
 {
-    const char *why = r->aborting ? r->abort_reason : r->fail_reason;
-    kvw_status_t st = r->aborting ? r->abort_status : r->fail_status;
+    const char *why = r->rx.aborting ? r->rx.abort_reason : r->fail_reason;
+    kvw_status_t st = r->rx.aborting ? r->rx.abort_status : r->fail_status;
     kvw_msg_t m = kvw__failure_msg(KVW_MSG_ABORT, r->room, r->token, st, why);
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
-        r->abort_due = false;
+        r->rx.abort_due = false;
     else /* the socket's queue is full: try again shortly */
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(100));
 }
 
 static void receiver_deadline_locked(kvw_engine_t *e, kvw_req_t *r, int s)
 {
-    if (r->aborting) {
+    if (r->rx.aborting) {
         /* No confirmation: only a dead connection guarantees nothing lands. */
         kvw__peer_kill_locked(r->peer, KVW_ERR_TIMEOUT,
                               "room %llu: prefill did not confirm the abort within %u ms",
@@ -479,14 +483,14 @@ static void receiver_deadline_locked(kvw_engine_t *e, kvw_req_t *r, int s)
         kvw__receiver_start_abort_locked(r, KVW_ERR_TIMEOUT, why);
     } else if (s == KVW_POLL_BOOTSTRAPPING) {
         kvw__req_fail(r, KVW_ERR_TIMEOUT, "not connected to prefill rank %u within %u ms",
-                      r->prefill_rank, e->cfg.bootstrap_timeout_ms);
-        r->abort_due = false;
-    } else if (r->stage_waiting) {
+                      r->rx.prefill_rank, e->cfg.bootstrap_timeout_ms);
+        r->rx.abort_due = false;
+    } else if (r->stage.waiting) {
         char why[KVW_WIRE_REASON_MAX];
         snprintf(why, sizeof(why),
                  "no staging slots for its %zu pages within bootstrap_timeout_ms (%u ms): the "
                  "requests before it hold the pool (KVW_STAGING_MIB=%u)",
-                 r->npages, e->cfg.bootstrap_timeout_ms, e->cfg.staging_mib);
+                 r->rx.npages, e->cfg.bootstrap_timeout_ms, e->cfg.staging_mib);
         kvw__receiver_fail_unsent_locked(r, KVW_ERR_TIMEOUT, why);
     }
 }
@@ -498,9 +502,9 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     int s = atomic_load(&r->state);
     bool ended = s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
     bool due = r->deadline_ns && now >= r->deadline_ns;
-    if (r->staging_in)
+    if (r->stage.staging_in)
         return false; /* landed: nothing to do here, its copy to the GPU ends it */
-    if (ended && !r->abort_due)
+    if (ended && !r->rx.abort_due)
         return r->user_gone;
     if (r->user_gone && due && ended)
         return true; /* an ABORT we could not deliver in time */
@@ -515,9 +519,9 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     if (p && atomic_load(&p->state) == PEER_CONNECTED) {
         if (s == KVW_POLL_BOOTSTRAPPING)
             atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
-        if (r->request_due && !ended)
+        if (r->rx.request_due && !ended)
             send_request_locked(e, r);
-        if (r->abort_due)
+        if (r->rx.abort_due)
             send_abort_locked(r);
     }
     /* Destroyed and not ended (receiver_end gave up): its abort's deadline
@@ -535,7 +539,7 @@ static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
 {
     pthread_mutex_lock(&e->lock);
     bool wanted =
-        r->listed && !r->peer && (r->abort_due || atomic_load(&r->state) != KVW_POLL_FAILED);
+        r->listed && !r->peer && (r->rx.abort_due || atomic_load(&r->state) != KVW_POLL_FAILED);
     kvw_peer_t *p = wanted ? find_peer_locked(e, r) : NULL;
     if (p) { /* made for an earlier receiver of this round */
         kvw__req_attach_locked(r, p);
@@ -548,15 +552,15 @@ static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
     kvw_status_t st = kvw__peer_create(e, e->cfg.qps_per_peer, &p);
     pthread_mutex_lock(&e->lock);
     if (!st) {
-        p->rank = r->prefill_rank;
+        p->rank = r->rx.prefill_rank;
         p->serial = e->next_serial++;
-        snprintf(p->bootstrap_addr, sizeof(p->bootstrap_addr), "%s", r->bootstrap_addr);
+        snprintf(p->bootstrap_addr, sizeof(p->bootstrap_addr), "%s", r->rx.bootstrap_addr);
         atomic_store(&p->state, PEER_LOOKUP);
         p->deadline_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms);
         st = kvw__peer_publish_locked(e, p, why, sizeof(why));
     }
     if (st)
-        kvw__req_fail(r, st, "cannot connect to prefill rank %u: %s", r->prefill_rank,
+        kvw__req_fail(r, st, "cannot connect to prefill rank %u: %s", r->rx.prefill_rank,
                       why[0] ? why : kvw_strerror(st));
     else
         kvw__req_attach_locked(r, p);

@@ -157,7 +157,7 @@ static void count_orphan_locked(kvw_req_t *r)
         return;
     r->orphan = true;
     r->peer->orphans++;
-    r->peer->orphan_bytes += r->num_pages * sizeof(uint64_t);
+    r->peer->orphan_bytes += r->tx.num_pages * sizeof(uint64_t);
 }
 
 static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
@@ -166,14 +166,14 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     uint64_t room = m->u.request.room;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
-    if (r && atomic_load(&r->state) == KVW_POLL_FAILED && !r->have_dst) {
+    if (r && atomic_load(&r->state) == KVW_POLL_FAILED && !r->tx.have_dst) {
         /* It failed (bad source pages, abort, destroy, timeout) before
          * decode asked: nothing was posted, answer at once. */
         send_failed(e, p, room, m->u.request.token, r->fail_status, r->fail_reason);
         pthread_mutex_unlock(&e->lock);
         return;
     }
-    if (r && (r->have_dst || (r->peer && r->peer != p))) {
+    if (r && (r->tx.have_dst || (r->peer && r->peer != p))) {
         /* The room belongs to whoever claimed it first. A second claim is
          * refused to that claimer alone (its token): the first request's
          * writes go on. An exact resend of the first claim is dropped. */
@@ -191,7 +191,7 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         return;
     }
     kvw_status_t st = kvw__sender_accept_request_locked(r, p, m, why, sizeof(why));
-    if (st && !r->have_dst) {
+    if (st && !r->tx.have_dst) {
         /* Rejected before any write: fail the sender (a later one adopts the
          * failure) and tell decode now. */
         kvw__req_fail(r, st, "%s", why);
@@ -244,7 +244,7 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     snprintf(why, sizeof(why), "decode gave the room up: %.120s", m->u.failed.reason);
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
-    if (r && ((r->peer && r->peer != p) || (r->have_dst && r->token != m->u.failed.token))) {
+    if (r && ((r->peer && r->peer != p) || (r->tx.have_dst && r->token != m->u.failed.token))) {
         pthread_mutex_unlock(&e->lock);
         KVW_WARN("room %llu: abort from peer %u for a request it does not own ignored",
                  (unsigned long long)room, p->index);
@@ -255,7 +255,7 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         pthread_mutex_unlock(&e->lock);
         return;
     }
-    if (!r->have_dst) { /* else both are set already, and the poller reads them */
+    if (!r->tx.have_dst) { /* else both are set already, and the poller reads them */
         kvw__req_attach_locked(r, p);
         r->token = m->u.failed.token;
     }
@@ -264,8 +264,8 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     kvw__req_fail(r, (kvw_status_t)m->status, "%s", why); /* a parked one: back to the poller */
     /* Decode waits for this answer before reporting Failed, even when the
      * request had already succeeded here. */
-    r->have_dst = true;
-    r->notify_failure = true;
+    r->tx.have_dst = true;
+    r->tx.notify_failure = true;
     kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
     kvw__wake(e->poller_wake_fd); /* stop feeding it */
@@ -455,9 +455,9 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
 /* (lock) Tell decode about a failed sender once its writes have drained. */
 static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
 {
-    if (!r->notify_failure || !r->drained || !r->peer)
+    if (!r->tx.notify_failure || !r->tx.drained || !r->peer)
         return;
-    r->notify_failure = false;
+    r->tx.notify_failure = false;
     if (atomic_load(&r->state) == KVW_POLL_FAILED)
         send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
     else /* succeeded before decode's abort arrived: every write has landed */
@@ -473,10 +473,10 @@ static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
 static void transfer_watchdog_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
 {
     uint64_t limit = kvw__ms_ns(e->cfg.transfer_timeout_ms);
-    uint64_t first = atomic_load_explicit(&r->first_post_ns, memory_order_relaxed);
+    uint64_t first = atomic_load_explicit(&r->tx.first_post_ns, memory_order_relaxed);
     /* first may be newer than now (the poller set it after now was read). */
     bool late = first && first < now && now - first > limit;
-    if (late && r->starved) {
+    if (late && r->tx.starved) {
         char why[KVW_WIRE_REASON_MAX];
         snprintf(why, sizeof(why),
                  "the request's next part was not handed over within %u ms of its first write "
@@ -501,8 +501,8 @@ static void expire_orphan_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
                   e->cfg.orphan_ttl_ms);
     send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
     kvw__req_unorphan_locked(r);
-    free(r->dst_pages); /* nothing will be written: only the failure is kept */
-    r->dst_pages = NULL;
+    free(r->tx.dst_pages); /* nothing will be written: only the failure is kept */
+    r->tx.dst_pages = NULL;
     kvw__req_set_deadline_locked(r, now + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
 }
 
@@ -512,7 +512,7 @@ bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     notify_failure_locked(e, r);
     bool due = r->deadline_ns && now >= r->deadline_ns;
     if (!due) /* a tombstone whose writes drained and whose answer went out goes now */
-        return r->user_gone && r->drained && !r->notify_failure && !r->deadline_ns;
+        return r->user_gone && r->tx.drained && !r->tx.notify_failure && !r->deadline_ns;
     kvw__req_set_deadline_locked(r, 0);
     if (s == KVW_POLL_TRANSFERRING) {
         transfer_watchdog_locked(e, r, now);
@@ -528,7 +528,7 @@ bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
         expire_orphan_locked(e, r, now);
         return false;
     }
-    if (!r->drained || r->notify_failure) {
+    if (!r->tx.drained || r->tx.notify_failure) {
         kvw__req_set_deadline_locked(r, now + kvw__ms_ns(RECHECK_MS)); /* still owed: again */
         return false;
     }

@@ -16,47 +16,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
-
-uint64_t kvw__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void kvw__wake(int fd)
-{
-    uint64_t one = 1;
-    if (write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-        KVW_WARN("eventfd wake failed: %s", strerror(errno));
-}
-
-/* Per thread: a wake-up on the way to a pass this thread runs itself
- * would be a system call and a second thread contending for the pass. */
-static _Thread_local bool wake_deferring, wake_wanted;
-
-void kvw__wake_defer(void)
-{
-    wake_deferring = true;
-    wake_wanted = false;
-}
-
-bool kvw__wake_deferred_end(void)
-{
-    bool wanted = wake_wanted;
-    wake_deferring = wake_wanted = false;
-    return wanted;
-}
-
-void kvw__wake_poller(kvw_engine_t *e)
-{
-    if (wake_deferring)
-        wake_wanted = true;
-    else if (atomic_load(&e->poller_sleeping))
-        kvw__wake(e->poller_wake_fd);
-}
 
 static kvw_status_t check_region(const char *kind, uint32_t i, const kvw_region_t *g)
 {
@@ -249,6 +209,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     if (st || (st = kvw__config_validate(&e->cfg)))
         return st;
     e->role = p->role;
+    e->ops = e->role == KVW_ROLE_PREFILL ? &kvw__prefill_ops : &kvw__decode_ops;
     e->rank = p->engine_rank;
     e->id = random_id();
     snprintf(e->local_ip, sizeof(e->local_ip), "%s", p->local_ip);

@@ -1,8 +1,10 @@
-/* Engine internals shared by engine.c (lifecycle), peer.c (connections),
- * request.c (senders and receivers), reqtab.c (the request table: room
- * hash, deadline heap, work list), control.c with ctl_prefill.c and
- * ctl_decode.c (the ZeroMQ thread) and poller.c (the completion-queue
- * thread).
+/* Engine internals shared by engine.c (lifecycle), wake.c (waking the
+ * threads), peer.c (connections), request.c (a request's life, either
+ * role), reqtab.c (the request table: room hash, deadline heap, work list,
+ * tokens), sender.c and receiver.c (each role's API), control.c with
+ * ctl_frame.c, ctl_prefill.c and ctl_decode.c (the ZeroMQ thread),
+ * poller.c (the completion-queue thread) and the stager (stager.h).
+ * docs/architecture.md maps them.
  *
  * Threads and ownership
  *   engine->lock guards the request list and table, the ready queue, the
@@ -18,6 +20,7 @@
 #ifndef KVW_ENGINE_ENGINE_H
 #define KVW_ENGINE_ENGINE_H
 
+#include "common/clock.h"
 #include "ctrl/wire.h"
 #include "engine/txq.h"
 #include "mem/mem.h"
@@ -124,8 +127,8 @@ struct kvw_peer {
     uint32_t rank;
     uint8_t id[KVW_IDENTITY_LEN]; /* ROUTER identity of the decode side */
     uint64_t last_seen_ns, next_ping_ns, deadline_ns;
-    bool busy;              /* decode: a request depended on it at the last tick */
-    uint64_t busy_since_ns; /* decode: when it last turned busy (pinged at once then) */
+    bool busy;                 /* decode: a request depended on it at the last tick */
+    uint64_t busy_since_ns;    /* decode: when it last turned busy (pinged at once then) */
     uint64_t hello_retry_ns;   /* decode: no HELLO_ACK by then, look the rank up again */
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
@@ -151,6 +154,91 @@ struct kvw_peer {
     uint64_t evwait_due_ns; /* their next look: passes in between leave them be */
 };
 
+/* A sender's side of a request (prefill; kvw_sender_*, sender.c and
+ * ctl_prefill.c). Fields are (lock) unless marked: "poller" ones belong to
+ * whoever runs the poller's pass (engine->pass_lock), atomics are written
+ * by the poller and read by anyone. */
+typedef struct kvw_req_tx {
+    /* (lock): the caller's thread and the control thread */
+    bool inited, have_dst;
+    bool drained;                   /* no write of this request can still be in flight */
+    bool notify_failure;            /* tell decode it failed, once drained */
+    _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
+    _Atomic uint64_t done_ns;       /* its last write completed */
+    size_t num_pages;               /* declared by init */
+    uint32_t aux_index;
+    uint64_t *covered;   /* per KV layer: page positions handed over */
+    uint64_t *src_state; /* given by kvw_sender_send_state */
+    size_t num_src_state;
+    bool have_state, final_given;    /* the part that completes the request exists */
+    uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
+    size_t num_dst_state;
+    uint32_t dst_aux;
+    kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
+    kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
+    bool in_poller;                   /* the poller holds a reference (queued or starved) */
+    bool starved;                     /* the poller posted every part it has; waits for more */
+    /* poller */
+    bool ev_blocked; /* its next part waits on its CUDA event */
+    kvw_seg_t *seg;  /* the part being posted */
+    uint64_t writes_built;
+    uint64_t last_seq[KVW_MAX_LANES]; /* its last write on each lane */
+    uint32_t lane_mask;               /* lanes that carried writes of it */
+    uint32_t imm_lanes;               /* lanes its final immediates go on, fixed at the finish */
+    uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
+    uint32_t final_lane;              /* the lane of its last write */
+    _Atomic uint64_t writes_posted;   /* poller writes, anyone reads */
+} kvw_req_tx_t;
+
+/* A receiver's side of a request (decode; kvw_receiver_*, receiver.c and
+ * ctl_decode.c). Set by init on the caller's thread before the request is
+ * listed, then (lock) where marked; the poller writes landed_ns. */
+typedef struct kvw_req_rx {
+    uint32_t prefill_rank;
+    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
+    bool request_due;  /* (lock) init done, REQUEST not yet sent */
+    bool request_sent; /* (lock) prefill may be writing into our pages */
+    bool abort_due;    /* (lock) ABORT to send to prefill */
+    bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
+    kvw_status_t abort_status;              /* (lock) */
+    char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
+    uint64_t *pages; /* npages destination pages, then nstate state indices */
+    size_t npages, nstate;
+    uint32_t aux;
+    uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
+    _Atomic uint64_t landed_ns; /* the immediate arrived */
+    uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
+} kvw_req_rx_t;
+
+/* A request's staging through host memory (engine/stager.h), on engines
+ * with GPU regions the NIC cannot reach; unused elsewhere. */
+typedef struct kvw_req_stage {
+    kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
+    /* prefill, stager thread: the part being cut into slices, where in it
+     * the next slice starts (stage_send.c), and the connection whose share
+     * of the chunks it takes (peer slot and serial) */
+    kvw_seg_t *staging;
+    int step;
+    uint32_t layer;
+    size_t page;
+    uint32_t slot, serial;
+    kvw_req_t *snext; /* on a stager queue */
+    bool queued;      /* (stager lock) on its job queue */
+    bool parked;      /* (stager lock) prefill: waits for a chunk its connection may take */
+    bool evwait;      /* (stager lock) prefill: its part waits on the producer's CUDA event */
+    uint64_t *slots;  /* decode: a slot per page, per state index, then aux */
+    bool slots_held;  /* (stager lock) */
+    bool waiting;     /* (lock) decode: in the stager's queue for slots */
+    /* Decode: every write landed in the slots and the stager copies them to
+     * the GPU (queued or running); the request ends only when that copy is
+     * over. Written under both the lock and the stager lock, so either
+     * lock reads it. */
+    bool staging_in;
+} kvw_req_stage_t;
+
+/* One request, either role: the head every file shares (the table, the
+ * queues, the state and its failure), then the role's own part. One
+ * allocation (kvw__req_new_locked, inside the user's handle). */
 struct kvw_req {
     kvw_engine_t *engine;
     kvw_role_t role;
@@ -172,75 +260,32 @@ struct kvw_req {
     bool orphan;          /* (lock) prefill: decode asked, no sender claimed it yet */
     bool has_user;        /* (lock) a sender/receiver handle refers to it */
     bool user_gone;       /* (lock) handle destroyed; kept only as a tombstone */
+    /* Decode: its slot in the token table (receiver.c), which its last
+     * writes' immediate names; prefill: decode's token, from the REQUEST. */
+    uint32_t token;
+    /* Prefill: bytes posted (the poller writes, anyone reads); decode: the
+     * bytes its indices ask for, set by init. */
+    _Atomic uint64_t bytes_posted;
 
-    /* sender (all (lock) unless marked poller) */
-    bool inited, have_dst;
-    bool drained;                   /* no write of this request can still be in flight */
-    bool notify_failure;            /* tell decode it failed, once drained */
-    _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
-    _Atomic uint64_t done_ns;       /* its last write completed */
-    size_t num_pages;               /* declared by init */
-    uint32_t aux_index;
-    uint64_t *covered;   /* per KV layer: page positions handed over */
-    uint64_t *src_state; /* given by kvw_sender_send_state */
-    size_t num_src_state;
-    bool have_state, final_given;    /* the part that completes the request exists */
-    uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
-    size_t num_dst_state;
-    uint32_t dst_aux, token;
-    kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
-    kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
-    bool in_poller;                   /* the poller holds a reference (queued or starved) */
-    bool starved;                     /* the poller posted every part it has; waits for more */
-    bool ev_blocked;                  /* poller: its next part waits on its CUDA event */
-    kvw_seg_t *seg;                   /* poller: the part being posted */
-    uint64_t writes_built;            /* poller */
-    uint64_t last_seq[KVW_MAX_LANES]; /* poller: its last write on each lane */
-    uint32_t lane_mask;               /* poller: lanes that carried writes of it */
-    uint32_t imm_lanes;   /* poller: lanes its final immediates go on, fixed at the finish */
-    uint32_t imms_posted; /* poller: lanes whose zero-length immediate is posted */
-    uint32_t final_lane;  /* poller: the lane of its last write */
-    _Atomic uint64_t bytes_posted, writes_posted; /* poller writes, anyone reads */
-
-    /* receiver */
-    uint32_t prefill_rank;
-    char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
-    bool request_due;  /* (lock) init done, REQUEST not yet sent */
-    bool request_sent; /* (lock) prefill may be writing into our pages */
-    bool abort_due;    /* (lock) ABORT to send to prefill */
-    bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
-    kvw_status_t abort_status;              /* (lock) */
-    char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    uint64_t *pages; /* npages destination pages, then nstate state indices */
-    size_t npages, nstate;
-    uint32_t aux;
-    uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
-    _Atomic uint64_t landed_ns; /* the immediate arrived */
-    uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
-
-    /* staging (engine/stager.h) */
-    kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
-    /* prefill, stager thread: the part being cut into slices, where in it
-     * the next slice starts (stager.c), and the connection whose share of
-     * the chunks it takes (peer slot and serial) */
-    kvw_seg_t *staging;
-    int stage_step;
-    uint32_t stage_layer;
-    size_t stage_page;
-    uint32_t stage_slot, stage_serial;
-    kvw_req_t *snext;   /* on a stager queue */
-    bool stage_queued;  /* (stager lock) on its job queue */
-    bool stage_parked;  /* (stager lock) prefill: waits for a chunk its connection may take */
-    bool stage_evwait;  /* (stager lock) prefill: its part waits on the producer's CUDA event */
-    uint64_t *slots;    /* decode: a slot per page, per state index, then aux */
-    bool slots_held;    /* (stager lock) */
-    bool stage_waiting; /* (lock) decode: in the stager's queue for slots */
-    /* Decode: every write landed in the slots and the stager copies them to
-     * the GPU (queued or running); the request ends only when that copy is
-     * over. Written under both the lock and the stager lock, so either
-     * lock reads it. */
-    bool staging_in;
+    kvw_req_tx_t tx;       /* prefill */
+    kvw_req_rx_t rx;       /* decode */
+    kvw_req_stage_t stage; /* staged engines, either role */
 };
+
+/* What the generic request code (request.c) asks of a request's role,
+ * so that it calls no role's file: the engine's table, set at creation
+ * for its role (engine.c). */
+typedef struct kvw_role_ops {
+    /* (lock) r just moved to Failed, or failed again: prefill hands a
+     * sender the poller parked between parts back to it, for it to retire
+     * (kvw__sender_unstarve_locked). NULL: nothing to do. */
+    void (*failed_locked)(kvw_req_t *r);
+    /* r's last reference went: free what its role holds (not r itself). */
+    void (*free)(kvw_req_t *r);
+} kvw_role_ops_t;
+
+extern const kvw_role_ops_t kvw__prefill_ops; /* sender.c */
+extern const kvw_role_ops_t kvw__decode_ops;  /* receiver.c */
 
 typedef struct kvw_engine_counters {
     _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
@@ -254,6 +299,7 @@ typedef struct kvw_engine_counters {
 
 struct kvw_engine {
     kvw_role_t role;
+    const kvw_role_ops_t *ops; /* the role's: kvw__prefill_ops or kvw__decode_ops */
     uint32_t rank;
     uint64_t id;
     kvw_config_t cfg;
@@ -315,7 +361,8 @@ struct kvw_engine {
     kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
     kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
     size_t npending, pending_cap;     /* (lock) */
-    uint64_t drops, drop_logged_ns;   /* control: messages dropped, last logged */
+    uint64_t drops;                   /* control: messages dropped */
+    kvw_ratelog_t drop_log;           /* control: their log lines */
     uint64_t control_due_ns;          /* (lock) when the control thread wakes at the latest */
     _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
@@ -327,12 +374,7 @@ struct kvw_engine {
     kvw_engine_counters_t counters;
 };
 
-/* engine.c */
-uint64_t kvw__now_ns(void);
-static inline uint64_t kvw__ms_ns(uint32_t ms)
-{
-    return (uint64_t)ms * 1000000ull;
-}
+/* wake.c */
 void kvw__wake(int fd);
 /* After publishing work the poller finds on its own (ready_pending): wake
  * it only if it sleeps. A spinning poller sees the work on its next pass,
@@ -352,9 +394,6 @@ void kvw__req_unref(kvw_req_t *r);
 bool kvw__req_ended(const kvw_req_t *r);
 /* KVW_OK, or the failure status with its reason (valid while r lives). */
 kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p);
-/* poll() of either side: r's state, after a pass on the caller's thread
- * when r is Transferring and the poller sleeps (kvw__poller_help). */
-kvw_poll_t kvw__req_poll(const kvw_req_t *r);
 /* (lock) The user's handle is gone: keep r only while the other side may
  * still need an answer about it, else drop it. */
 void kvw__req_release_handle_locked(kvw_req_t *r);
@@ -367,17 +406,18 @@ kvw_status_t kvw__check_count(const kvw_engine_t *e, int kind, size_t n, char *w
 kvw_status_t kvw__check_aux(const kvw_engine_t *e, uint32_t aux_index, char *why, size_t size);
 kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *side,
                                 const uint64_t *idx, size_t n, char *why, size_t size);
-/* sender.c: free a request's parts (when the request is freed). */
-void kvw__sender_free_parts(kvw_req_t *r);
-/* Whether the producer's event of part s of r completed
+/* part.c: a sender's parts. Whether the producer's event of part s of r
+ * completed
  * (kvw_sender_send_part_after): 1 when it did, or s has none (s->event is
  * then cleared and never touched again); 0 while it runs, and also once r
  * ended (the caller may have destroyed the event: it is not touched);
  * -1 when it failed, with why naming the part and the CUDA error. Never
  * blocks. Called by the one thread that holds the part. */
 int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size);
-/* Free one part (and give back its staging chunk). */
+/* Free one part (and give back its staging chunk); a list of them,
+ * linked through next. */
 void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
+void kvw__seg_free_list(kvw_engine_t *e, kvw_seg_t *s);
 /* (lock) Append a part to r, planning it if decode's pages are known (the
  * stager's way in: its parts were checked when they were handed over).
  * Frees s and fails r when it cannot be planned. */
@@ -386,7 +426,7 @@ kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s);
  * ignored) with a reason. Also ignored for a staged receiver whose copy to
  * the GPU runs (staging_in): every byte of it landed, so what the network
  * says now changes nothing, and a Failed before the copy is over would let
- * the copy write its pages after it. The copy's end decides (stager.c).
+ * the copy write its pages after it. The copy's end decides (stage_recv.c).
  * Every failure goes through here, so a sender the poller parked between
  * parts (starved, on none of its queues) is handed back here too: else
  * nothing would ever retire it, its drain would never be noticed and
@@ -430,7 +470,6 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p);
 void kvw__req_unorphan_locked(kvw_req_t *r);
 /* Take r off the engine's request list and drop the list's reference. */
 void kvw__req_drop_locked(kvw_req_t *r);
-kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
 
 /* reqtab.c (all under the lock) */
 kvw_status_t kvw__reqtab_reserve_locked(kvw_engine_t *e);
@@ -446,6 +485,13 @@ void kvw__req_touch_locked(kvw_req_t *r);
 /* The caller owns a reference to what it pops. */
 kvw_req_t *kvw__pop_work_locked(kvw_engine_t *e);
 void kvw__reqtab_fini(kvw_engine_t *e);
+/* Decode's token table: a receiver's slot, named by its last writes'
+ * immediate. Alloc gives r a free slot with a new generation (so a late
+ * immediate for a reused slot misses); lookup finds the receiver a token
+ * names (NULL: none, or an older generation); release frees r's slot. */
+kvw_status_t kvw__token_alloc_locked(kvw_engine_t *e, kvw_req_t *r);
+kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token);
+void kvw__token_release_locked(kvw_engine_t *e, const kvw_req_t *r);
 
 /* peer.c */
 /* Verbs calls: never under the engine lock. */
@@ -498,6 +544,9 @@ static inline kvw_peer_t *kvw__peer_at(kvw_engine_t *e, uint32_t i)
 }
 
 /* control.c / poller.c */
+/* poller.c: poll() of either side: r's state, after a pass on the caller's thread
+ * when r is Transferring and the poller sleeps (kvw__poller_help). */
+kvw_poll_t kvw__req_poll(const kvw_req_t *r);
 void *kvw__control_main(void *arg);
 void *kvw__poller_main(void *arg);
 

@@ -316,13 +316,14 @@ static void finish_kill_locked(kvw_peer_t *p)
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->peer != p)
             continue;
-        hit += !kvw__req_ended(r) && !r->staging_in; /* a landed one ends with its copy */
-        if (r->aborting) /* it was being given up anyway: keep its own reason */
-            kvw__req_fail(r, r->abort_status, "%s (then: %s)", r->abort_reason, p->dead_reason);
+        hit += !kvw__req_ended(r) && !r->stage.staging_in; /* a landed one ends with its copy */
+        if (r->rx.aborting) /* it was being given up anyway: keep its own reason */
+            kvw__req_fail(r, r->rx.abort_status, "%s (then: %s)", r->rx.abort_reason,
+                          p->dead_reason);
         else
             kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
-        r->abort_due = false;
-        r->notify_failure = false; /* the BYE below tells decode about all of them */
+        r->rx.abort_due = false;
+        r->tx.notify_failure = false; /* the BYE below tells decode about all of them */
         /* A parked one was handed back by its failure: with no peer, the
          * poller lets it go at once. */
         if (r->role == KVW_ROLE_DECODE && r->user_gone)

@@ -161,19 +161,19 @@ static int next_write(kvw_seg_t *s, kvw_write_t *w)
  * current is done (the owner appends with a release store). */
 static kvw_seg_t *current_seg(kvw_req_t *r)
 {
-    kvw_seg_t *s = r->seg;
+    kvw_seg_t *s = r->tx.seg;
     while (s->writes_built == seg_total(s) && !s->final) {
         kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_acquire);
         if (!next)
             break;
-        s = r->seg = next;
+        s = r->tx.seg = next;
     }
     return s;
 }
 
 static bool fully_built(const kvw_req_t *r)
 {
-    return r->seg->final && r->seg->writes_built == seg_total(r->seg);
+    return r->tx.seg->final && r->tx.seg->writes_built == seg_total(r->tx.seg);
 }
 
 /* An immediate consumes one receive decode posted on the lane; without a
@@ -192,8 +192,8 @@ static bool imm_room(kvw_peer_t *p, uint32_t lane)
 /* r's latest write on a lane. */
 static void note_lane(kvw_req_t *r, uint32_t lane, uint64_t seq)
 {
-    r->last_seq[lane] = seq;
-    r->lane_mask |= 1u << lane;
+    r->tx.last_seq[lane] = seq;
+    r->tx.lane_mask |= 1u << lane;
 }
 
 /* Plain writes of s that can go in as a span of whole runs (at most room,
@@ -232,14 +232,14 @@ static void seg_posted(kvw_peer_t *p, kvw_seg_t *s)
 static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t *s,
                            uint64_t *bytes)
 {
-    if (!r->imm_lanes) { /* fix the lanes once: the count must not change */
-        r->imm_lanes = r->lane_mask | 1u << lane;
-        r->final_lane = lane;
+    if (!r->tx.imm_lanes) { /* fix the lanes once: the count must not change */
+        r->tx.imm_lanes = r->tx.lane_mask | 1u << lane;
+        r->tx.final_lane = lane;
     }
-    uint32_t count = (uint32_t)__builtin_popcount(r->imm_lanes);
+    uint32_t count = (uint32_t)__builtin_popcount(r->tx.imm_lanes);
     uint32_t imm = r->token | (count - 1) << KVW_WIRE_IMM_COUNT_SHIFT;
     for (uint32_t j = 0; j < p->nlanes; j++) {
-        if (!(r->imm_lanes & 1u << j) || j == r->final_lane || r->imms_posted & 1u << j)
+        if (!(r->tx.imm_lanes & 1u << j) || j == r->tx.final_lane || r->tx.imms_posted & 1u << j)
             continue;
         if (!imm_room(p, j))
             return false;
@@ -247,9 +247,9 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
                             .rkey = s->plan.regions[0].rkey};
         note_lane(r, j, kvw__txq_add(&p->lanes[j].txq, &zero, 1, imm));
         p->lanes[j].imm_posted++;
-        r->imms_posted |= 1u << j;
+        r->tx.imms_posted |= 1u << j;
     }
-    uint32_t f = r->final_lane;
+    uint32_t f = r->tx.final_lane;
     kvw_write_t w;
     if (!imm_room(p, f) || !next_write(s, &w))
         return false;
@@ -281,7 +281,7 @@ static int part_event(kvw_req_t *r, kvw_seg_t *s)
 
 /* Build r's next writes into the lane's open chain; returns how many.
  * Stops before a part whose producer's event has not completed
- * (r->ev_blocked). */
+ * (r->tx.ev_blocked). */
 static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
@@ -299,7 +299,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             continue;
         }
         if (s->event && part_event(r, s) != 1) {
-            r->ev_blocked = true; /* waits (0), or failed (-1): nothing of s goes */
+            r->tx.ev_blocked = true; /* waits (0), or failed (-1): nothing of s goes */
             break;
         }
         uint32_t n = build_span(q, s, room - built, &bytes);
@@ -321,11 +321,11 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
         built++;
         seg_posted(p, s);
     }
-    if (!r->writes_built && built) /* the transfer clock starts at the first post */
-        atomic_store_explicit(&r->first_post_ns, kvw__now_ns(), memory_order_relaxed);
-    r->writes_built += built;
+    if (!r->tx.writes_built && built) /* the transfer clock starts at the first post */
+        atomic_store_explicit(&r->tx.first_post_ns, kvw__now_ns(), memory_order_relaxed);
+    r->tx.writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->writes_posted, built, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->tx.writes_posted, built, memory_order_relaxed);
     return built;
 }
 
@@ -350,7 +350,7 @@ static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
 {
     queue_pop(&p->active_head, &p->active_tail);
-    if (!r->writes_built) {
+    if (!r->tx.writes_built) {
         release(r);
         return;
     }
@@ -429,7 +429,7 @@ static int recheck_events(kvw_engine_t *e, kvw_peer_t *p)
     kvw_req_t *r, *wait_head = NULL, *wait_tail = NULL;
     int moved = 0;
     while ((r = queue_pop(&p->evwait_head, &p->evwait_tail))) {
-        if (atomic_load(&r->state) == KVW_POLL_TRANSFERRING && part_event(r, r->seg) == 0) {
+        if (atomic_load(&r->state) == KVW_POLL_TRANSFERRING && part_event(r, r->tx.seg) == 0) {
             queue_push(&wait_head, &wait_tail, r);
             continue;
         }
@@ -491,8 +491,8 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             drop_failed_active(p, r);
             continue;
         }
-        if (!r->seg)
-            r->seg = r->segs_head; /* set before it was handed over */
+        if (!r->tx.seg)
+            r->tx.seg = r->tx.segs_head; /* set before it was handed over */
         uint32_t n = build_writes(p, p->next_lane, r, room);
         work += (int)n;
         if (bounded)
@@ -501,8 +501,8 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             st = kvw__txq_flush(q);
             p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
         }
-        if (r->ev_blocked) {
-            r->ev_blocked = false;
+        if (r->tx.ev_blocked) {
+            r->tx.ev_blocked = false;
             /* Failed (event error): the head of the queue, dropped next round. */
             if (atomic_load(&r->state) == KVW_POLL_TRANSFERRING)
                 wait_for_event(e, p, r);
@@ -532,9 +532,9 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
 /* Every write of r completed, on every lane it used. */
 static bool req_landed(const kvw_peer_t *p, const kvw_req_t *r)
 {
-    for (uint32_t m = r->lane_mask, j; m; m &= m - 1) {
+    for (uint32_t m = r->tx.lane_mask, j; m; m &= m - 1) {
         j = (uint32_t)__builtin_ctz(m);
-        if (r->last_seq[j] >= p->lanes[j].txq.completed)
+        if (r->tx.last_seq[j] >= p->lanes[j].txq.completed)
             return false;
     }
     return true;
@@ -545,7 +545,7 @@ static void retire_inflight(kvw_peer_t *p)
     kvw_req_t *r;
     while ((r = p->inflight_head) && req_landed(p, r)) {
         queue_pop(&p->inflight_head, &p->inflight_tail);
-        atomic_store_explicit(&r->done_ns, kvw__now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&r->tx.done_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_succeed(r); /* unless it failed meanwhile */
         release(r);
     }
@@ -554,7 +554,7 @@ static void retire_inflight(kvw_peer_t *p)
 static uint64_t room_of_seq(const kvw_peer_t *p, uint32_t lane, uint64_t seq)
 {
     for (const kvw_req_t *r = p->inflight_head; r; r = r->qnext)
-        if (r->lane_mask & 1u << lane && r->last_seq[lane] >= seq)
+        if (r->tx.lane_mask & 1u << lane && r->tx.last_seq[lane] >= seq)
             return r->room;
     return p->active_head ? p->active_head->room : UINT64_MAX;
 }
@@ -605,7 +605,7 @@ static void repost_receive(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, uint64
  * (one per lane that carried part of it). */
 static bool all_immediates_locked(kvw_req_t *r, uint32_t imm)
 {
-    return ++r->imms_landed >= (imm >> KVW_WIRE_IMM_COUNT_SHIFT) + 1;
+    return ++r->rx.imms_landed >= (imm >> KVW_WIRE_IMM_COUNT_SHIFT) + 1;
 }
 
 static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const struct ibv_wc *wc)
@@ -618,24 +618,24 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
         kvw__mem_needs_flush(&e->mem) ? kvw__mem_flush_gpu_writes(&e->mem) : KVW_OK;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__token_lookup_locked(e, token);
-    bool staged = r && r->slots && kvw__stager_on(e);
+    bool staged = r && r->stage.slots && kvw__stager_on(e);
     if (r && r->peer == p && !all_immediates_locked(r, imm))
         ; /* another lane's still to come */
     else if (r && r->peer == p && flushed)
         kvw__req_fail(r, KVW_ERR_TRANSFER, "the data landed but flushing GPU writes failed");
-    else if (r && r->peer == p && r->aborting)
+    else if (r && r->peer == p && r->rx.aborting)
         /* The last write landed, so nothing more can: the abort is done. */
-        kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);
+        kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
     else if (r && r->peer == p && staged && !kvw__req_ended(r)) {
         /* In the staging pool: Success once copied to the GPU (never the
          * copy of a request already ended: its pages may be another's now).
          * The transfer limit measured the landing; the copy is local and
          * the request ends with it, so no deadline fails it meanwhile. */
-        atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0);
         kvw__stager_landed_locked(r);
     } else if (r && r->peer == p && kvw__req_succeed(r)) {
-        atomic_store_explicit(&r->landed_ns, kvw__now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0); /* its transfer limit no longer applies */
     } else
         KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
@@ -704,7 +704,6 @@ static bool lanes_drained(const kvw_peer_t *p)
     }
     return true;
 }
-
 
 static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
 {
@@ -854,6 +853,18 @@ void kvw__poller_help(kvw_engine_t *e)
     }
     if (wake_wanted)
         kvw__wake_poller(e);
+}
+
+kvw_poll_t kvw__req_poll(const kvw_req_t *r)
+{
+    kvw_poll_t state = (kvw_poll_t)atomic_load(&r->state);
+    if (state != KVW_POLL_TRANSFERRING)
+        return state;
+    /* If the poller sleeps, do its pass here (decode: reap the immediate;
+     * prefill: retire the writes): its wake-up would be on the request's
+     * critical path. */
+    kvw__poller_help(r->engine);
+    return (kvw_poll_t)atomic_load(&r->state);
 }
 
 /* The seam (poller.h): the same functions the thread runs, nothing added. */

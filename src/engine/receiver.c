@@ -16,10 +16,10 @@ struct kvw_receiver {
 void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
     kvw__req_fail(r, st, "%s", why);
-    r->request_due = false;
-    r->abort_due = true;
+    r->rx.request_due = false;
+    r->rx.abort_due = true;
     kvw__req_touch_locked(r);
-    if (r->stage_waiting) /* its place in the queue goes to the next */
+    if (r->stage.waiting) /* its place in the queue goes to the next */
         kvw__stager_waiter_left_locked(r);
 }
 
@@ -28,13 +28,13 @@ void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char 
  * send nor confirmation to wait for (and prefill's sender, all of whose
  * writes completed, stays a Success). The copy is not recalled (CUDA
  * copies cannot be, and a page half copied serves nobody): it finishes,
- * then the receiver turns Failed with this reason (stager.c), so that
+ * then the receiver turns Failed with this reason (stage_recv.c), so that
  * nothing is written into its pages after Failed. */
 static void receiver_abort_landed_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
-    r->aborting = true;
-    r->abort_status = st;
-    snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
+    r->rx.aborting = true;
+    r->rx.abort_status = st;
+    snprintf(r->rx.abort_reason, sizeof(r->rx.abort_reason), "%s", why);
     KVW_INFO("room %llu: aborting once its copy to the GPU is over: %s",
              (unsigned long long)r->room, why);
 }
@@ -42,11 +42,11 @@ static void receiver_abort_landed_locked(kvw_req_t *r, kvw_status_t st, const ch
 /* (lock) Give up a receiver that has not ended. */
 static void receiver_abort_locked(kvw_req_t *r, const char *why)
 {
-    if (r->aborting)
+    if (r->rx.aborting)
         return; /* already waiting for prefill's confirmation */
-    if (r->staging_in)
+    if (r->stage.staging_in)
         receiver_abort_landed_locked(r, KVW_ERR_ABORTED, why);
-    else if (r->request_sent)
+    else if (r->rx.request_sent)
         kvw__receiver_start_abort_locked(r, KVW_ERR_ABORTED, why);
     else
         kvw__receiver_fail_unsent_locked(r, KVW_ERR_ABORTED, why);
@@ -77,44 +77,31 @@ static void receiver_end(kvw_req_t *r)
                   (unsigned long long)r->room);
 }
 
+/* Its last reference went: its slots (if it ended, nothing lands in them
+ * any more) and its pages. */
+static void receiver_free(kvw_req_t *r)
+{
+    kvw__stager_unreserve(r);
+    free(r->rx.pages);
+}
+
+const kvw_role_ops_t kvw__decode_ops = {
+    .free = receiver_free,
+};
+
 static void receiver_destroy(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     receiver_end(r);
     kvw__stager_unreserve(r); /* if it ended: nothing lands in its slots any more */
     pthread_mutex_lock(&e->lock);
-    if (e->tokens[r->token & 0xffff] == r)
-        e->tokens[r->token & 0xffff] = NULL;
+    kvw__token_release_locked(e, r);
     kvw__req_release_handle_locked(r);
     pthread_mutex_unlock(&e->lock);
     kvw__req_unref(r); /* the caller's */
 }
 
 /* ------------------------------------------------------------- receiver */
-
-kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token)
-{
-    kvw_req_t *r = e->tokens[token & 0xffff];
-    return r && r->token == token ? r : NULL;
-}
-
-static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
-{
-    uint32_t slots = 1u << KVW_TOKEN_BITS;
-    for (uint32_t i = 0; i < slots; i++) {
-        uint32_t slot = (e->token_hint + i) & (slots - 1);
-        if (!e->tokens[slot]) {
-            /* The generation makes a late immediate for a reused slot miss. */
-            uint32_t gen = ++e->token_gen[slot] & KVW_TOKEN_GEN_MASK;
-            r->token = (gen << 16) | slot; /* within KVW_WIRE_TOKEN_MASK */
-            e->tokens[slot] = r;
-            e->token_hint = slot + 1;
-            return KVW_OK;
-        }
-    }
-    KVW_ERROR("more than %u receivers in flight on one engine", slots);
-    return KVW_ERR_NO_MEMORY;
-}
 
 kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
                                  uint64_t room, kvw_receiver_t **recv_p)
@@ -129,13 +116,13 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, ui
         st = KVW_ERR_EXISTS;
     } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {
         st = KVW_ERR_NO_MEMORY;
-    } else if ((st = token_alloc_locked(e, r))) {
+    } else if ((st = kvw__token_alloc_locked(e, r))) {
         kvw__req_drop_locked(r);
     } else {
         r->has_user = true;
         atomic_fetch_add(&r->refs, 1);
-        r->prefill_rank = prefill_rank;
-        snprintf(r->bootstrap_addr, sizeof(r->bootstrap_addr), "%s", bootstrap_addr);
+        r->rx.prefill_rank = prefill_rank;
+        snprintf(r->rx.bootstrap_addr, sizeof(r->rx.bootstrap_addr), "%s", bootstrap_addr);
         kvw__req_touch_locked(r); /* attach it to a peer */
     }
     pthread_mutex_unlock(&e->lock);
@@ -206,7 +193,7 @@ kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *
     uint64_t *copy = NULL;
     kvw_status_t st = copy_indices(e, x, &copy, why, sizeof(why));
     pthread_mutex_lock(&e->lock);
-    if (r->pages || r->request_due || r->request_sent || kvw__req_ended(r)) {
+    if (r->rx.pages || r->rx.request_due || r->rx.request_sent || kvw__req_ended(r)) {
         free(copy);
         pthread_mutex_unlock(&e->lock);
         return KVW_ERR_STATE;
@@ -215,17 +202,17 @@ kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *
         KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
         kvw__receiver_fail_unsent_locked(r, st, why);
     } else {
-        r->pages = copy;
-        r->npages = x->num_pages;
-        r->nstate = x->num_state;
-        r->aux = x->aux_index;
+        r->rx.pages = copy;
+        r->rx.npages = x->num_pages;
+        r->rx.nstate = x->num_state;
+        r->rx.aux = x->aux_index;
         atomic_store(&r->bytes_posted, expected_bytes(e, x));
         bool ready = true;
         if (kvw__stager_on(e) && (st = kvw__stager_reserve_locked(r, &ready, why, sizeof(why)))) {
             KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
             kvw__receiver_fail_unsent_locked(r, st, why);
         } else {
-            r->request_due = ready; /* else when the stager has slots for it */
+            r->rx.request_due = ready; /* else when the stager has slots for it */
             /* Waiting for slots is bounded like the rest of getting the
              * request to prefill (whose sender gives up as long after its
              * creation): by bootstrap_timeout_ms from the receiver's
@@ -254,7 +241,7 @@ kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m
     const kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
-    uint64_t sent = r->sent_ns, landed = atomic_load(&r->landed_ns);
+    uint64_t sent = r->rx.sent_ns, landed = atomic_load(&r->rx.landed_ns);
     pthread_mutex_unlock(&e->lock);
     *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
                              .transfer_us = sent && landed > sent ? (landed - sent) / 1000 : 0,
@@ -266,10 +253,10 @@ kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m
 void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
     kvw_engine_t *e = r->engine;
-    r->aborting = true;
-    r->abort_status = st;
-    snprintf(r->abort_reason, sizeof(r->abort_reason), "%s", why);
-    r->abort_due = true;
+    r->rx.aborting = true;
+    r->rx.abort_status = st;
+    snprintf(r->rx.abort_reason, sizeof(r->rx.abort_reason), "%s", why);
+    r->rx.abort_due = true;
     kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.peer_timeout_ms));
     KVW_INFO("room %llu: aborting: %s", (unsigned long long)r->room, why);
     kvw__req_touch_locked(r);

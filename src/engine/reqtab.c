@@ -2,8 +2,11 @@
  * (lookups by room are O(1) however many requests are in flight), deadlines
  * in a binary min-heap (the control thread sleeps until the earliest one
  * instead of ticking), and a work list of requests that have something to
- * do now (the control thread serves only those, never the whole table). */
+ * do now (the control thread serves only those, never the whole table);
+ * and decode's token table (slot -> receiver, for the immediates). */
 #include "engine/engine.h"
+
+#include "common/log.h"
 
 #include <stdlib.h>
 
@@ -215,4 +218,36 @@ void kvw__reqtab_fini(kvw_engine_t *e)
     e->heap = NULL;
     e->rooms = NULL;
     e->heap_len = e->heap_cap = 0;
+}
+
+/* ------------------------------------------------------------- tokens */
+
+kvw_req_t *kvw__token_lookup_locked(kvw_engine_t *e, uint32_t token)
+{
+    kvw_req_t *r = e->tokens[token & 0xffff];
+    return r && r->token == token ? r : NULL;
+}
+
+kvw_status_t kvw__token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    uint32_t slots = 1u << KVW_TOKEN_BITS;
+    for (uint32_t i = 0; i < slots; i++) {
+        uint32_t slot = (e->token_hint + i) & (slots - 1);
+        if (!e->tokens[slot]) {
+            /* The generation makes a late immediate for a reused slot miss. */
+            uint32_t gen = ++e->token_gen[slot] & KVW_TOKEN_GEN_MASK;
+            r->token = (gen << 16) | slot; /* within KVW_WIRE_TOKEN_MASK */
+            e->tokens[slot] = r;
+            e->token_hint = slot + 1;
+            return KVW_OK;
+        }
+    }
+    KVW_ERROR("more than %u receivers in flight on one engine", slots);
+    return KVW_ERR_NO_MEMORY;
+}
+
+void kvw__token_release_locked(kvw_engine_t *e, const kvw_req_t *r)
+{
+    if (e->tokens[r->token & 0xffff] == r)
+        e->tokens[r->token & 0xffff] = NULL;
 }

@@ -2,8 +2,6 @@
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */
 #include "engine/engine.h"
-#include "engine/poller.h"
-#include "engine/stager.h"
 
 #include "common/log.h"
 
@@ -26,10 +24,10 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     r->engine = e;
     r->role = role;
     r->room = room;
-    r->aux_index = r->aux = KVW_NO_AUX;
+    r->tx.aux_index = r->rx.aux = KVW_NO_AUX;
     atomic_init(&r->state, KVW_POLL_BOOTSTRAPPING);
     atomic_init(&r->refs, 1); /* the engine list's reference */
-    r->drained = true;        /* nothing posted yet */
+    r->tx.drained = true;     /* nothing posted yet */
     r->listed = true;
     atomic_fetch_add_explicit(&e->counters.created, 1, memory_order_relaxed);
     kvw__room_insert_locked(e, r);
@@ -73,11 +71,8 @@ void kvw__req_unref(kvw_req_t *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    kvw__stager_unreserve(r);
-    kvw__sender_free_parts(r);
-    free(r->dst_pages);
-    free(r->pages);
-    free(r->slots);
+    r->engine->ops->free(r);
+    free(r->stage.slots);
     free(r);
 }
 
@@ -87,7 +82,7 @@ void kvw__req_unorphan_locked(kvw_req_t *r)
         return;
     r->orphan = false;
     r->peer->orphans--;
-    r->peer->orphan_bytes -= r->num_pages * sizeof(uint64_t);
+    r->peer->orphan_bytes -= r->tx.num_pages * sizeof(uint64_t);
 }
 
 void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
@@ -106,7 +101,7 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
 {
     int s = atomic_load(&r->state);
-    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->staging_in)
+    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->stage.staging_in)
         return;
     r->fail_status = st;
     va_list ap;
@@ -129,7 +124,8 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
     }
     /* The poller retires it once none of its writes is in flight (at once
      * when none is), and only then may decode be told. */
-    kvw__sender_unstarve_locked(r);
+    if (r->engine->ops->failed_locked)
+        r->engine->ops->failed_locked(r);
 }
 
 bool kvw__req_succeed(kvw_req_t *r)
@@ -151,22 +147,10 @@ void kvw__req_drained(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
-    r->drained = true;
-    if (r->notify_failure || r->user_gone)
+    r->tx.drained = true;
+    if (r->tx.notify_failure || r->user_gone)
         kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
-}
-
-kvw_poll_t kvw__req_poll(const kvw_req_t *r)
-{
-    kvw_poll_t state = (kvw_poll_t)atomic_load(&r->state);
-    if (state != KVW_POLL_TRANSFERRING)
-        return state;
-    /* If the poller sleeps, do its pass here (decode: reap the immediate;
-     * prefill: retire the writes): its wake-up would be on the request's
-     * critical path. */
-    kvw__poller_help(r->engine);
-    return (kvw_poll_t)atomic_load(&r->state);
 }
 
 kvw_status_t kvw__req_failure(const kvw_req_t *r, const char **reason_p)
@@ -195,7 +179,7 @@ void kvw__req_release_handle_locked(kvw_req_t *r)
         return;
     }
     bool answer_owed =
-        r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->abort_due;
+        r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->rx.abort_due;
     if (answer_owed) {
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
         kvw__req_touch_locked(r);

@@ -20,64 +20,19 @@ struct kvw_sender {
     kvw_req_t req;
 };
 
-/* ------------------------------------------------------------ parts */
-
-void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s)
+static void sender_free(kvw_req_t *r)
 {
-    kvw__stager_put_chunk(e, s->chunk);
-    free(s->src);
-    free(s->runs);
-    free(s->state_runs);
-    free(s->stage_regions);
-    free(s->state_src);
-    free(s);
-}
-
-static void free_list(kvw_engine_t *e, kvw_seg_t *s)
-{
-    while (s) {
-        kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
-        kvw__seg_free(e, s);
-        s = next;
-    }
-}
-
-int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size)
-{
-    if (!s->event)
-        return 1;
-    kvw_engine_t *e = r->engine;
-    const kvw_cuda_ops_t *cu = kvw__cuda_ops();
-    char err[160] = "the CUDA seam cannot query events";
-    int rc = 0;
-    pthread_mutex_lock(&e->event_lock);
-    if (!kvw__req_ended(r)) { /* ended: the caller may have destroyed it */
-        int q = cu->event_query ? cu->event_query(e->event_ctx, s->event, err, sizeof(err)) : -1;
-        rc = q == 0 ? 1 : q == 1 ? 0 : -1;
-        atomic_fetch_add_explicit(&e->counters.event_queries, 1, memory_order_relaxed);
-    }
-    pthread_mutex_unlock(&e->event_lock);
-    if (rc == 1)
-        s->event = NULL; /* completed: never looked at again */
-    else if (rc < 0)
-        snprintf(why, size,
-                 "the producer's CUDA event of the part (layers [%u, %u), pages [%zu, %zu)) "
-                 "failed: %s",
-                 s->lb, s->le, s->first, s->first + s->n, err);
-    return rc;
-}
-
-void kvw__sender_free_parts(kvw_req_t *r)
-{
-    free_list(r->engine, r->segs_head);
-    free_list(r->engine, r->unstaged_head);
-    free_list(r->engine, r->staging); /* the stager stopped midway (the engine stops) */
-    r->staging = NULL;
-    r->segs_head = r->segs_tail = NULL;
-    r->unstaged_head = r->unstaged_tail = NULL;
-    free(r->covered);
-    free(r->src_state);
-    r->covered = r->src_state = NULL;
+    kvw__seg_free_list(r->engine, r->tx.segs_head);
+    kvw__seg_free_list(r->engine, r->stage.unstaged_head);
+    kvw__seg_free_list(r->engine,
+                       r->stage.staging); /* the stager stopped midway (the engine stops) */
+    r->stage.staging = NULL;
+    r->tx.segs_head = r->tx.segs_tail = NULL;
+    r->stage.unstaged_head = r->stage.unstaged_tail = NULL;
+    free(r->tx.covered);
+    free(r->tx.src_state);
+    r->tx.covered = r->tx.src_state = NULL;
+    free(r->tx.dst_pages);
 }
 
 /* (lock) Plan s against decode's pages: runs of (source, destination) pairs
@@ -91,7 +46,7 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
      * allocation: kvw__seg_free frees both. Not zeroed: only the entries the
      * planner fills are read. */
     s->runs = s->n ? malloc(s->n * (sizeof(*s->runs) + sizeof(kvw_wrun_t))) : NULL;
-    size_t ns = s->final ? r->num_dst_state : 0;
+    size_t ns = s->final ? r->tx.num_dst_state : 0;
     s->state_runs = ns ? calloc(ns, sizeof(*s->state_runs)) : NULL;
     if (s->chunk) /* a staged slice: its source is the chunk */
         s->stage_regions = malloc(l->num_regions * sizeof(*s->stage_regions));
@@ -106,21 +61,21 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
                       .layer_end = s->le,
                       .max_msg = r->peer->max_msg_sz};
     p->num_runs =
-        kvw__plan_runs(s->src, r->dst_pages ? r->dst_pages + s->first : NULL, s->n, s->runs);
+        kvw__plan_runs(s->src, r->tx.dst_pages ? r->tx.dst_pages + s->first : NULL, s->n, s->runs);
     p->runs = s->runs;
     if (s->n)
         kvw__plan_wruns(p, (kvw_wrun_t *)(s->runs + s->n));
     if (s->final) {
         p->state_slots = l->state_slots;
         p->num_state = ns ? l->num_state : 0;
-        p->num_state_runs = kvw__plan_runs(s->state_src ? s->state_src : r->src_state, r->dst_state,
-                                           ns, s->state_runs);
+        p->num_state_runs = kvw__plan_runs(s->state_src ? s->state_src : r->tx.src_state,
+                                           r->tx.dst_state, ns, s->state_runs);
         p->state_runs = s->state_runs;
         p->aux_slots = l->aux_slots;
         p->num_aux = l->num_aux;
-        p->has_aux = r->aux_index != KVW_NO_AUX && r->dst_aux != KVW_NO_AUX;
-        p->aux_src = r->aux_index;
-        p->aux_dst = r->dst_aux;
+        p->has_aux = r->tx.aux_index != KVW_NO_AUX && r->tx.dst_aux != KVW_NO_AUX;
+        p->aux_src = r->tx.aux_index;
+        p->aux_dst = r->tx.dst_aux;
     }
     s->writes_total = kvw__plan_count(p);
     return KVW_OK;
@@ -129,8 +84,9 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
 /* (lock) Plan the parts handed over before decode's request was known. */
 static kvw_status_t plan_pending_locked(kvw_req_t *r)
 {
-    for (; r->to_plan; r->to_plan = atomic_load_explicit(&r->to_plan->next, memory_order_relaxed)) {
-        kvw_status_t st = plan_seg_locked(r, r->to_plan);
+    for (; r->tx.to_plan;
+         r->tx.to_plan = atomic_load_explicit(&r->tx.to_plan->next, memory_order_relaxed)) {
+        kvw_status_t st = plan_seg_locked(r, r->tx.to_plan);
         if (st)
             return st;
     }
@@ -141,16 +97,16 @@ static kvw_status_t plan_pending_locked(kvw_req_t *r)
 static void hand_to_poller_locked(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
-    if (!r->in_poller) {
-        r->in_poller = true;
+    if (!r->tx.in_poller) {
+        r->tx.in_poller = true;
         atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
-        r->drained = false;
+        r->tx.drained = false;
         atomic_store(&r->state, KVW_POLL_TRANSFERRING);
         /* A watchdog, not the limit: the transfer clock starts at the
          * first post (first_post_ns), which the control thread checks. */
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
     }
-    r->starved = false;
+    r->tx.starved = false;
     r->qnext = NULL;
     if (e->ready_tail)
         e->ready_tail->qnext = r;
@@ -163,34 +119,39 @@ static void hand_to_poller_locked(kvw_req_t *r)
 
 kvw_status_t kvw__sender_feed_locked(kvw_req_t *r)
 {
-    if (!r->have_dst || !r->segs_head || atomic_load(&r->state) == KVW_POLL_FAILED)
+    if (!r->tx.have_dst || !r->tx.segs_head || atomic_load(&r->state) == KVW_POLL_FAILED)
         return KVW_OK;
     kvw_status_t st = plan_pending_locked(r);
     if (st)
         return kvw__sender_fail_locked(r, st, "no memory to plan the transfer");
-    if (!r->in_poller || r->starved)
+    if (!r->tx.in_poller || r->tx.starved)
         hand_to_poller_locked(r);
     return KVW_OK;
 }
 
 bool kvw__sender_starve_locked(kvw_req_t *r)
 {
-    if (atomic_load_explicit(&r->seg->next, memory_order_relaxed) || r->to_plan)
+    if (atomic_load_explicit(&r->tx.seg->next, memory_order_relaxed) || r->tx.to_plan)
         return false; /* a planned part arrived meanwhile */
     /* Failed while the poller posted its last part: its failure found it
      * on the active queue, not parked, and handed nothing back. Parked now,
      * nothing ever would: the poller drops it instead. */
     if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING)
         return false;
-    r->starved = true;
+    r->tx.starved = true;
     return true;
 }
 
 void kvw__sender_unstarve_locked(kvw_req_t *r)
 {
-    if (r->starved)
+    if (r->tx.starved)
         hand_to_poller_locked(r);
 }
+
+const kvw_role_ops_t kvw__prefill_ops = {
+    .failed_locked = kvw__sender_unstarve_locked,
+    .free = sender_free,
+};
 
 /* ----------------------------------------------------------- accepting */
 
@@ -199,11 +160,11 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
     if (st != KVW_ERR_ABORTED)
         KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
     kvw__req_fail(r, st, "%s", why); /* a parked request goes back to the poller */
-    if (r->have_dst) {
+    if (r->tx.have_dst) {
         /* Decode is waiting: tell it, but only once no write of ours can
          * still land in its pages (drained), so its Failed is final. */
-        r->notify_failure = true;
-        if (r->drained)
+        r->tx.notify_failure = true;
+        if (r->tx.drained)
             kvw__req_touch_locked(r);
     }
     return st;
@@ -236,15 +197,16 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
                  aux, (unsigned long long)peer->remote_max[KVW_LAYOUT_AUX]);
         return KVW_ERR_OUT_OF_RANGE;
     }
-    if (r->inited && (r->num_pages != n || (r->aux_index == KVW_NO_AUX) != (aux == KVW_NO_AUX))) {
+    if (r->tx.inited &&
+        (r->tx.num_pages != n || (r->tx.aux_index == KVW_NO_AUX) != (aux == KVW_NO_AUX))) {
         snprintf(why, size, "decode asks for %u pages%s, prefill sends %zu%s", n,
-                 aux == KVW_NO_AUX ? "" : " + aux", r->num_pages,
-                 r->aux_index == KVW_NO_AUX ? "" : " + aux");
+                 aux == KVW_NO_AUX ? "" : " + aux", r->tx.num_pages,
+                 r->tx.aux_index == KVW_NO_AUX ? "" : " + aux");
         return KVW_ERR_MISMATCH;
     }
-    if (r->have_state && r->num_src_state != ns) {
+    if (r->tx.have_state && r->tx.num_src_state != ns) {
         snprintf(why, size, "decode asks for %u state indices, prefill gave %zu", ns,
-                 r->num_src_state);
+                 r->tx.num_src_state);
         return KVW_ERR_MISMATCH;
     }
     return KVW_OK;
@@ -258,19 +220,19 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
         return st;
     uint32_t n = m->u.request.num_pages, ns = m->u.request.num_state;
     size_t total = (size_t)n + ns;
-    r->dst_pages = total ? malloc(total * sizeof(uint64_t)) : NULL;
-    if (total && !r->dst_pages)
+    r->tx.dst_pages = total ? malloc(total * sizeof(uint64_t)) : NULL;
+    if (total && !r->tx.dst_pages)
         return KVW_ERR_NO_MEMORY;
     if (total)
-        memcpy(r->dst_pages, m->u.request.pages, total * sizeof(uint64_t));
-    r->dst_state = r->dst_pages ? r->dst_pages + n : NULL;
-    r->num_dst_state = ns;
-    r->dst_aux = m->u.request.aux_index;
+        memcpy(r->tx.dst_pages, m->u.request.pages, total * sizeof(uint64_t));
+    r->tx.dst_state = r->tx.dst_pages ? r->tx.dst_pages + n : NULL;
+    r->tx.num_dst_state = ns;
+    r->tx.dst_aux = m->u.request.aux_index;
     r->token = m->u.request.token;
     kvw__req_attach_locked(r, peer);
-    r->have_dst = true;
-    if (!r->inited)
-        r->num_pages = n;
+    r->tx.have_dst = true;
+    if (!r->tx.inited)
+        r->tx.num_pages = n;
     if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING)
         atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
     if (r->has_user)
@@ -289,7 +251,7 @@ kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **se
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
     kvw_status_t st = KVW_OK;
-    if (r && r->user_gone && r->drained && !r->notify_failure) {
+    if (r && r->user_gone && r->tx.drained && !r->tx.notify_failure) {
         kvw__req_drop_locked(r); /* a destroyed sender's tombstone: the room is new */
         r = NULL;
     }
@@ -322,24 +284,24 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
     kvw_status_t st = KVW_OK;
     uint64_t *covered = calloc(e->layout.kv_layers, sizeof(uint64_t));
     pthread_mutex_lock(&e->lock);
-    if (r->inited || atomic_load(&r->state) == KVW_POLL_FAILED) {
+    if (r->tx.inited || atomic_load(&r->state) == KVW_POLL_FAILED) {
         st = KVW_ERR_STATE;
     } else if (!covered) {
         st = kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory for the request");
     } else if ((st = kvw__check_count(e, KVW_LAYOUT_KV, num_pages, why, sizeof(why))) ||
                (st = kvw__check_aux(e, aux_index, why, sizeof(why)))) {
         kvw__sender_fail_locked(r, st, why);
-    } else if (r->have_dst && (r->num_pages != num_pages ||
-                               (aux_index == KVW_NO_AUX) != (r->dst_aux == KVW_NO_AUX))) {
+    } else if (r->tx.have_dst && (r->tx.num_pages != num_pages ||
+                                  (aux_index == KVW_NO_AUX) != (r->tx.dst_aux == KVW_NO_AUX))) {
         snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s", num_pages,
-                 aux_index == KVW_NO_AUX ? "" : " + aux", r->num_pages,
-                 r->dst_aux == KVW_NO_AUX ? "" : " + aux");
+                 aux_index == KVW_NO_AUX ? "" : " + aux", r->tx.num_pages,
+                 r->tx.dst_aux == KVW_NO_AUX ? "" : " + aux");
         st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
     } else {
-        r->inited = true;
-        r->num_pages = num_pages;
-        r->aux_index = aux_index;
-        r->covered = covered;
+        r->tx.inited = true;
+        r->tx.num_pages = num_pages;
+        r->tx.aux_index = aux_index;
+        r->tx.covered = covered;
         covered = NULL;
     }
     pthread_mutex_unlock(&e->lock);
@@ -351,10 +313,10 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
 static bool completes_locked(const kvw_req_t *r, uint32_t lb, uint32_t le, uint64_t upto)
 {
     const kvw_engine_t *e = r->engine;
-    if (e->layout.num_state && !r->have_state)
+    if (e->layout.num_state && !r->tx.have_state)
         return false;
     for (uint32_t l = 0; l < e->layout.kv_layers; l++)
-        if ((l >= lb && l < le ? upto : r->covered[l]) != r->num_pages)
+        if ((l >= lb && l < le ? upto : r->tx.covered[l]) != r->tx.num_pages)
             return false;
     return true;
 }
@@ -368,15 +330,16 @@ static kvw_status_t check_part_locked(const kvw_req_t *r, const kvw_part_t *part
         snprintf(why, size, "layers [%u, %u) outside the %u kv layers", lb, le, layers);
         return KVW_ERR_INVALID;
     }
-    if (part->first_page > r->num_pages || part->num_pages > r->num_pages - part->first_page) {
+    if (part->first_page > r->tx.num_pages ||
+        part->num_pages > r->tx.num_pages - part->first_page) {
         snprintf(why, size, "pages [%zu, %zu) past the %zu init declared", part->first_page,
-                 part->first_page + part->num_pages, r->num_pages);
+                 part->first_page + part->num_pages, r->tx.num_pages);
         return KVW_ERR_INVALID;
     }
     for (uint32_t l = lb; l < le; l++)
-        if (r->covered[l] != part->first_page) {
+        if (r->tx.covered[l] != part->first_page) {
             snprintf(why, size, "layer %u has pages [0, %llu) handed over, the part starts at %zu",
-                     l, (unsigned long long)r->covered[l], part->first_page);
+                     l, (unsigned long long)r->tx.covered[l], part->first_page);
             return KVW_ERR_INVALID;
         }
     return KVW_OK;
@@ -403,21 +366,21 @@ static kvw_seg_t *new_seg(const kvw_part_t *part, uint32_t lb, uint32_t le)
 
 kvw_status_t kvw__sender_append_locked(kvw_req_t *r, kvw_seg_t *s)
 {
-    if (r->have_dst && !r->to_plan) {
+    if (r->tx.have_dst && !r->tx.to_plan) {
         kvw_status_t st = plan_seg_locked(r, s);
         if (st) {
             kvw__seg_free(r->engine, s);
             return kvw__sender_fail_locked(r, st, "no memory to plan the transfer");
         }
-    } else if (!r->to_plan) {
-        r->to_plan = s;
+    } else if (!r->tx.to_plan) {
+        r->tx.to_plan = s;
     }
-    if (r->segs_tail) /* release: the poller follows next without the lock */
-        atomic_store_explicit(&r->segs_tail->next, s, memory_order_release);
+    if (r->tx.segs_tail) /* release: the poller follows next without the lock */
+        atomic_store_explicit(&r->tx.segs_tail->next, s, memory_order_release);
     else
-        r->segs_head = s;
-    r->segs_tail = s;
-    r->final_given |= s->final;
+        r->tx.segs_head = s;
+    r->tx.segs_tail = s;
+    r->tx.final_given |= s->final;
     return kvw__sender_feed_locked(r);
 }
 
@@ -427,7 +390,7 @@ static kvw_status_t hand_over_locked(kvw_req_t *r, kvw_seg_t *s)
 {
     if (!kvw__stager_on(r->engine))
         return kvw__sender_append_locked(r, s);
-    r->final_given |= s->final;
+    r->tx.final_given |= s->final;
     kvw__stager_take_part_locked(r, s);
     return KVW_OK;
 }
@@ -436,7 +399,7 @@ static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part, void 
 {
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
-    if (!r->inited || r->final_given || kvw__req_ended(r))
+    if (!r->tx.inited || r->tx.final_given || kvw__req_ended(r))
         return KVW_ERR_STATE;
     kvw_part_t p = *part;
     if (!p.layer_begin && !p.layer_end)
@@ -456,7 +419,7 @@ static kvw_status_t send_part_locked(kvw_req_t *r, const kvw_part_t *part, void 
     s->event = event;
     s->final = completes_locked(r, p.layer_begin, p.layer_end, upto);
     for (uint32_t l = p.layer_begin; l < p.layer_end; l++)
-        r->covered[l] = upto;
+        r->tx.covered[l] = upto;
     return hand_over_locked(r, s);
 }
 
@@ -514,7 +477,7 @@ kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *pages, 
     pthread_mutex_lock(&r->engine->lock);
     /* Chunks cover every layer alike: continue from layer 0's count. */
     kvw_part_t part = {.pages = pages, .num_pages = n};
-    part.first_page = r->covered && r->engine->layout.kv_layers ? r->covered[0] : 0;
+    part.first_page = r->tx.covered && r->engine->layout.kv_layers ? r->tx.covered[0] : 0;
     st = send_part_locked(r, &part, cuda_event);
     pthread_mutex_unlock(&r->engine->lock);
     kvw__poller_help(r->engine);
@@ -541,24 +504,24 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
     kvw__wake_defer();
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
-    if (!r->inited || r->have_state || r->final_given || kvw__req_ended(r)) {
+    if (!r->tx.inited || r->tx.have_state || r->tx.final_given || kvw__req_ended(r)) {
         st = KVW_ERR_STATE;
     } else if (!e->layout.num_state) {
         st = KVW_ERR_INVALID; /* no state group to write */
     } else if ((st =
                     kvw__check_indices(e, KVW_LAYOUT_STATE, "source", copy, n, why, sizeof(why)))) {
         kvw__sender_fail_locked(r, st, why);
-    } else if (r->have_dst && r->num_dst_state != n) {
+    } else if (r->tx.have_dst && r->tx.num_dst_state != n) {
         snprintf(why, sizeof(why), "prefill gives %zu state indices, decode asked for %zu", n,
-                 r->num_dst_state);
+                 r->tx.num_dst_state);
         st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
     } else {
-        r->src_state = copy;
-        r->num_src_state = n;
-        r->have_state = true;
+        r->tx.src_state = copy;
+        r->tx.num_src_state = n;
+        r->tx.have_state = true;
         copy = NULL;
         if (completes_locked(r, 0, 0, 0)) { /* every page already handed over */
-            kvw_part_t none = {.first_page = r->num_pages};
+            kvw_part_t none = {.first_page = r->tx.num_pages};
             kvw_seg_t *s = new_seg(&none, 0, 0);
             if (!s)
                 st = kvw__sender_fail_locked(r, KVW_ERR_NO_MEMORY, "no memory");
@@ -589,9 +552,9 @@ kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
     if (!s || !m)
         return KVW_ERR_INVALID;
     const kvw_req_t *r = &s->req;
-    uint64_t first = atomic_load(&r->first_post_ns), done = atomic_load(&r->done_ns);
+    uint64_t first = atomic_load(&r->tx.first_post_ns), done = atomic_load(&r->tx.done_ns);
     *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
-                             .writes = atomic_load(&r->writes_posted),
+                             .writes = atomic_load(&r->tx.writes_posted),
                              .transfer_us = first && done > first ? (done - first) / 1000 : 0,
                              .start_ns = first,
                              .end_ns = done};

@@ -94,7 +94,7 @@ void kvw__stager_chunks_completed(kvw_peer_t *p, bool all);
 /* ---- decode ---- */
 /* (lock) A receiver's indices are known: take slots for them. KVW_OK with
  * *ready true (send the request now) or false (it waits for slots, in
- * order, and is sent when they come; r->stage_waiting meanwhile);
+ * order, and is sent when they come; r->stage.waiting meanwhile);
  * KVW_ERR_LIMIT with why when it can never fit. */
 kvw_status_t kvw__stager_reserve_locked(kvw_req_t *r, bool *ready, char *why, size_t size);
 /* (lock) A receiver waiting for slots ended (timeout, abort): the ones

@@ -816,7 +816,7 @@ static void step(run_t *x, uint32_t i, uint64_t el)
         if (rr->pr.r) {
             rr->d = kvw_receiver_poll(rr->pr.r);
             kvw_req_t *req = (kvw_req_t *)rr->pr.r;
-            bool landed = atomic_load(&req->landed_ns) || rr->d == KVW_POLL_SUCCESS;
+            bool landed = atomic_load(&req->rx.landed_ns) || rr->d == KVW_POLL_SUCCESS;
             if (landed && !rr->landed_seen_ms)
                 rr->landed_seen_ms = el + 1;
             if (ended(rr->d) && !atomic_load(&rr->dec_ended)) {

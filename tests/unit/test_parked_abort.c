@@ -82,7 +82,7 @@ static bool parked(const pair_room_t *pr)
 {
     kvw_req_t *r = (kvw_req_t *)pr->s;
     pthread_mutex_lock(&pair.prefill->lock);
-    bool starved = r->starved;
+    bool starved = r->tx.starved;
     pthread_mutex_unlock(&pair.prefill->lock);
     return starved;
 }
@@ -289,7 +289,7 @@ static void test_failed_request_never_parked(void **state)
     assert_int_equal(kvw_sender_abort(a.s), KVW_OK);
     pthread_mutex_lock(&e->lock);
     bool parked_again = kvw__sender_starve_locked(r);
-    bool starved = r->starved;
+    bool starved = r->tx.starved;
     pthread_mutex_unlock(&e->lock);
     pthread_mutex_unlock(&e->pass_lock);
     assert_false(parked_again);

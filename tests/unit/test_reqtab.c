@@ -21,6 +21,7 @@ static kvw_engine_t *bare_engine(void)
     assert_non_null(e);
     kvw_config_init(&e->cfg);
     e->role = KVW_ROLE_PREFILL;
+    e->ops = &kvw__prefill_ops;
     e->control_wake_fd = eventfd(0, EFD_NONBLOCK);
     assert_true(e->control_wake_fd >= 0);
     pthread_mutex_init(&e->lock, NULL);

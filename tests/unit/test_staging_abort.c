@@ -547,7 +547,7 @@ static void test_destroy_give_up_keeps_slots(void **state)
     a.r = NULL;
     for (;;) { /* from the moment its abort began, nothing can end it */
         pthread_mutex_lock(&rig.decode->lock);
-        if (r->aborting)
+        if (r->rx.aborting)
             break;
         pthread_mutex_unlock(&rig.decode->lock);
         pair_sleep_ms(1);
