@@ -112,10 +112,19 @@ struct kvw_peer {
     uint64_t orphan_bytes;   /* (lock) their page lists */
     kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
     kvw_lane_t lanes[KVW_MAX_LANES];
-    uint32_t nlanes;                       /* created, fixed before the peer is published */
-    kvw_plan_region_t *regions;            /* every region, local paired with remote */
-    uint64_t remote_max[3];                /* items every remote region of each kind holds */
-    uint32_t max_msg_sz;                   /* the smaller of the two ports' limits */
+    uint32_t nlanes;            /* created, fixed before the peer is published */
+    kvw_plan_region_t *regions; /* every region, local paired with remote */
+    uint64_t remote_max[3];     /* items every remote region of each kind holds */
+    uint32_t max_msg_sz;        /* the smaller of the two ports' limits */
+    /* Head slicing, fixed by the handshake (kvw__peer_accept_layout): the
+     * two sides' head ranges differ. Prefill: KV slot j's writes follow
+     * kv_geom[j] (kv_per_layer entries) with up to max_sge entries each;
+     * slice_bad when decode wants heads this rank lacks (slice_why says
+     * which): its requests fail. */
+    bool sliced, slice_bad;
+    kvw_heads_geom_t *kv_geom;
+    uint32_t max_sge;
+    char slice_why[KVW_WIRE_REASON_MAX];
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
@@ -307,6 +316,7 @@ struct kvw_engine {
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
     kvw_dev_t *dev;
     kvw_layout_t layout;
+    bool layout_heads;     /* some KV group describes its heads (head slicing) */
     kvw_region_t *regions; /* layout.num_regions, group by group */
     kvw_mr_t *mrs;
     kvw_mem_ctx_t mem;         /* how each region was registered; read-only once threads run */

@@ -365,7 +365,8 @@ static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
         if (l->txq_ready)
             continue;
         if (kvw__txq_init(&l->txq, e->dev->ops, l->qp->qp, e->cfg.sq_depth, e->cfg.chain_max,
-                          e->cfg.signal_every)) {
+                          e->cfg.signal_every) ||
+            (p->sliced && kvw__txq_enable_gather(&l->txq, p->max_sge))) {
             kvw__peer_kill(p, KVW_ERR_NO_MEMORY, "no memory for the send queue");
             return false;
         }
