@@ -80,7 +80,13 @@ typedef struct kvw_seg {
     kvw_run_t *runs;       /* planned: n entries */
     kvw_run_t *state_runs; /* final part: one per state index */
     kvw_plan_t plan;
-    kvw_plan_cursor_t cursor;            /* poller */
+    kvw_plan_cursor_t cursor; /* poller */
+    /* Head slicing (the peer is sliced): the KV writes are gather writes
+     * of kvw__heads_next, slot by slot over layers [lb, le), before the
+     * plan's state and aux writes (its KV part is left empty). Poller. */
+    bool sliced, slices_done;
+    uint32_t hslot;
+    kvw_heads_cursor_t hcursor;
     uint64_t writes_total, writes_built; /* poller (total: set when planned) */
     /* A staged slice (engine/stager.h): its source is a staging chunk. */
     uint32_t chunk;                   /* chunk + 1; 0: none, or the poller took it */
@@ -427,6 +433,11 @@ int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size);
 /* Free one part (and give back its staging chunk); a list of them,
  * linked through next. */
 void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
+/* Head slicing: the plan of s's KV slot `slot` (an index into the layout's
+ * kv_slots) towards peer p: its region pair, p's geometry for the slot's
+ * place in a layer, s's runs, p's entries and message limits. */
+void kvw__seg_slice_plan(const kvw_peer_t *p, const kvw_layout_t *l, const kvw_seg_t *s,
+                         size_t slot, kvw_heads_plan_t *hp);
 void kvw__seg_free_list(kvw_engine_t *e, kvw_seg_t *s);
 /* (lock) Append a part to r, planning it if decode's pages are known (the
  * stager's way in: its parts were checked when they were handed over).
