@@ -407,9 +407,10 @@ static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
         kvw_lane_t *l = &p->lanes[i];
         if (l->txq_ready)
             continue;
+        /* Prefill's side of a sliced connection (kv_geom) also gets gather slots. */
         if (kvw__txq_init(&l->txq, e->dev->ops, l->qp->qp, e->cfg.sq_depth, e->cfg.chain_max,
                           e->cfg.signal_every) ||
-            (p->sliced && kvw__txq_enable_gather(&l->txq, p->max_sge))) {
+            (p->kv_geom && kvw__txq_enable_gather(&l->txq, p->max_sge))) {
             kvw__peer_kill(p, KVW_ERR_NO_MEMORY, "no memory for the send queue");
             return false;
         }
