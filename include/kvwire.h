@@ -382,8 +382,9 @@ typedef struct kvw_region {
  *                    sliding-window state): the request's state indices,
  *                    written with its final part.
  * Both sides of a connection must have the same groups, region for region
- * and item length for item length; the handshake says exactly what
- * differs. */
+ * and item length for item length (except KV groups that describe their
+ * heads, whose item lengths follow each side's head range: see
+ * kvw_group_heads_t); the handshake says exactly what differs. */
 typedef enum {
     KVW_GROUP_KV = 0,
     KVW_GROUP_AUX = 1,
