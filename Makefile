@@ -36,16 +36,16 @@ TSAN      := -fsanitize=thread -fno-omit-frame-pointer
 # The threaded tests: the engine on the fake NIC, its chaos schedules, the
 # soak (connection slots reclaimed while the poller runs), the NIC itself,
 # staging under faults, requests parked between parts, liveness, the
-# device's events and producer events.
+# device's events, producer events and head slicing's gather writes.
 TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic staging_abort \
-              parked_abort liveness device_events producer_event)
+              parked_abort liveness device_events producer_event heads_engine)
 
 # Tools by audience. tools/: the operator tools, which make install
 # installs (the programs, and the script kvw-rxe). tests/tools/: the test
 # drivers and the test bed (kvw-xfer, kvw-gpucheck, gpu-check, demo.sh,
 # kvw-testbed); bench/: the benchmark harnesses (bench.sh, kvw-wrcost,
-# kvw-rawlat). Those two are built into $(BUILD) like the operator tools
-# but run from the tree only. tools/kvw-tools.h is shared by all three.
+# kvw-rawlat, kvw-heads). Those two are built into $(BUILD) like the
+# operator tools but run from the tree only. tools/kvw-tools.h is shared by all three.
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 TOOL_SCRIPTS := tools/kvw-rxe
 TEST_TOOLS := $(patsubst tests/tools/%.c,$(BUILD)/%,$(wildcard tests/tools/*.c))
@@ -208,6 +208,7 @@ demo: deps all
 bench: deps all
 	-$(BUILD)/kvw-wrcost --rate >$(BUILD)/nullrate.txt
 	-$(BUILD)/kvw-wrcost >$(BUILD)/wrcost.txt 2>&1
+	-$(BUILD)/kvw-heads --contig 4
 	tests/tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- \
 	    bench/bench.sh $(BUILD)
 

@@ -383,8 +383,9 @@ typedef struct kvw_region {
  *                    sliding-window state): the request's state indices,
  *                    written with its final part.
  * Both sides of a connection must have the same groups, region for region
- * and item length for item length; the handshake says exactly what
- * differs. */
+ * and item length for item length (except KV groups that describe their
+ * heads, whose item lengths follow each side's head range: see
+ * kvw_group_heads_t); the handshake says exactly what differs. */
 typedef enum {
     KVW_GROUP_KV = 0,
     KVW_GROUP_AUX = 1,
@@ -400,6 +401,33 @@ typedef struct kvw_group {
      * the V layers). Each region has its own item length. */
     const kvw_region_t *regions;
 } kvw_group_t;
+
+/* Head slicing (docs/head-slicing.md): prefill and decode may run with
+ * different tensor parallelism, each rank's KV regions holding a range of
+ * the model's attention heads. A KV group describes its regions' pages:
+ * page_tokens tokens of num_heads heads of head_bytes each (so each
+ * region's item_len must be page_tokens * num_heads * head_bytes), laid
+ * out token-major (KVW_PAGE_NHD, [token][head][dim]) or head-major per
+ * page (KVW_PAGE_HND, [head][token][dim]). Both sides must agree on
+ * total_heads, head_bytes, page_tokens and page_order; the head ranges may
+ * differ. A decode rank holding a subset of a prefill rank's heads
+ * receives them from it with gather writes (several token or page slices
+ * per RDMA write, no write per token). Supported now: a decode receiver
+ * takes all its heads from the one prefill rank it names (decode TP >=
+ * prefill TP; with GQA or MLA replication, name one rank holding them); a
+ * request for heads the rank does not hold fails with the ranges in its
+ * reason. Not yet: decode receiving from several prefill ranks, staged GPU
+ * memory (KVW_GPU_PATH=staging) on a sliced connection. */
+typedef enum { KVW_PAGE_NHD = 0, KVW_PAGE_HND = 1 } kvw_page_order_t;
+
+typedef struct kvw_group_heads {
+    uint32_t total_heads; /* the model's KV heads over all ranks (MLA: 1); 0: not described */
+    uint32_t first_head;  /* this rank holds [first_head, first_head + num_heads) */
+    uint32_t num_heads;
+    uint32_t head_bytes;  /* one head of one token: head_dim * element size */
+    uint32_t page_tokens; /* tokens per page */
+    uint32_t page_order;  /* kvw_page_order_t */
+} kvw_group_heads_t;
 
 /* New fields only at the end (sized structs, above). */
 typedef struct kvw_engine_params {
@@ -426,6 +454,10 @@ typedef struct kvw_engine_params {
     /* Any layout (copied): at least one KV group, at most 64 groups. */
     uint32_t num_groups;
     const kvw_group_t *groups;
+    /* Head slicing (kvw_group_heads_t, copied): NULL, or one entry per
+     * group (num_groups of them; 1 for the classic layout, its K/V group).
+     * Only KV groups may describe heads. */
+    const kvw_group_heads_t *group_heads;
 } kvw_engine_params_t;
 
 /* Zero every field and set struct_size (inline: the caller's sizeof). */

@@ -11,10 +11,17 @@
  *                [--layers L] [--kv-heads H] [--head-dim D] [--dtype-bytes B]
  *                [--page-tokens T] [--item BYTES] [--tokens N]
  *                [--requests N] [--warmup N] [--inflight N] [--seed S]
- *                [--verify N|all] [--poll-us US] [--json] [--quiet]
+ *                [--verify N|all] [--poll-us US] [--json] [--quiet] [--decode-tp D]
  *
  * Item (bytes per page per layer, K or V) = kv_heads*head_dim*dtype_bytes*
  * page_tokens unless --item; pages per request = ceil(tokens/page_tokens).
+ *
+ * Head slicing (--decode-tp D, 1 by default): prefill runs TP 1 and holds
+ * all kv_heads heads, decode is rank 0 of TP D and holds heads [0,
+ * kv_heads / D): both describe their heads (token-major pages), decode's
+ * item is 1/D of prefill's, and each write gathers token slices. The
+ * figures (bytes, GB/s) are decode's bytes; compare with --decode-tp 1 and
+ * --kv-heads kv_heads / D, the same bytes at equal TP.
  * contiguous: each request's pages are one run on both sides (one WR per
  * K/V layer). fragmented: runs of 1..2C-1 pages (mean C) placed in random
  * order on each side (one WR per run per K/V layer).
@@ -66,6 +73,7 @@ typedef struct opts {
     const char *dev0, *ip0, *dev1, *ip1;
     bool fragmented, json, quiet;
     uint64_t layers, kv_heads, head_dim, dtype, page_tokens, item, tokens, contig;
+    uint64_t decode_tp, src_item; /* head slicing: decode's share; prefill's item */
     uint64_t requests, warmup, inflight, seed, verify, poll_us, max_pool_mb, layer_ms;
     /* derived */
     uint64_t pages, total, dst_windows, src_windows, pool;
@@ -177,7 +185,8 @@ static void alloc_memory(const opts_t *o, memory_t *m, bool prefill)
     m->n = 2 * o->layers;
     m->kv = calloc(m->n, sizeof(kvw_region_t));
     uint64_t pages = prefill ? o->src_windows * o->pages : o->dst_windows * o->pages;
-    uint64_t len = pages * o->item;
+    uint64_t item = prefill ? o->src_item : o->item;
+    uint64_t len = pages * item;
     for (uint64_t r = 0; r < m->n; r++) {
         void *p = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
         if (!p)
@@ -185,12 +194,12 @@ static void alloc_memory(const opts_t *o, memory_t *m, bool prefill)
         if (prefill) {
             uint64_t *w = p;
             for (uint64_t pg = 0; pg < pages; pg++)
-                for (uint64_t i = 0; i < o->item / 8; i++)
-                    w[pg * (o->item / 8) + i] = content(o->seed, r, pg, i);
+                for (uint64_t i = 0; i < item / 8; i++)
+                    w[pg * (item / 8) + i] = content(o->seed, r, pg, i);
         } else {
             memset(p, 0, len);
         }
-        m->kv[r] = (kvw_region_t){p, len, o->item};
+        m->kv[r] = (kvw_region_t){p, len, item};
     }
 }
 
@@ -204,8 +213,16 @@ static void free_memory(memory_t *m)
 static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, bool prefill,
                                  const char *bootstrap)
 {
+    /* Head slicing: prefill holds every head, decode the first 1/D. */
+    kvw_group_heads_t heads = {(uint32_t)o->kv_heads,
+                               0,
+                               (uint32_t)(prefill ? o->kv_heads : o->kv_heads / o->decode_tp),
+                               (uint32_t)(o->head_dim * o->dtype),
+                               (uint32_t)o->page_tokens,
+                               KVW_PAGE_NHD};
     kvw_engine_params_t p = {
         .struct_size = sizeof(kvw_engine_params_t),
+        .group_heads = o->decode_tp > 1 ? &heads : NULL,
         .role = prefill ? KVW_ROLE_PREFILL : KVW_ROLE_DECODE,
         .engine_rank = 0,
         .device = prefill ? o->dev0 : o->dev1,
@@ -221,6 +238,17 @@ static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, bool prefil
     return e;
 }
 
+/* Prefill's word of decode's word j in a page: the same word unless heads
+ * are sliced, then the same bytes of the same token's row, which is
+ * decode_tp times longer at prefill. */
+static uint64_t src_word(const opts_t *o, uint64_t j)
+{
+    if (o->decode_tp == 1)
+        return j;
+    uint64_t row = o->item / o->page_tokens, off = j * 8;
+    return (off / row * row * o->decode_tp + off % row) / 8;
+}
+
 /* Bytes wrong in request rp's destination pages. */
 static uint64_t verify_req(const opts_t *o, const memory_t *m, const req_plan_t *rp)
 {
@@ -230,7 +258,7 @@ static uint64_t verify_req(const opts_t *o, const memory_t *m, const req_plan_t 
             const uint64_t *w =
                 (const uint64_t *)((const uint8_t *)m->kv[r].addr + rp->dst[i] * o->item);
             for (uint64_t j = 0; j < words; j++)
-                bad += w[j] != content(o->seed, r, rp->src[i], j);
+                bad += w[j] != content(o->seed, r, rp->src[i], src_word(o, j));
         }
     return bad * 8;
 }
@@ -496,7 +524,9 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
         runs += rp.runs;
         free_req(&rp);
     }
-    uint64_t want_wrs = 2 * o->layers * runs;
+    /* Sliced: gather writes, as many as the device's entries allow: the
+     * plan's count is what was posted. */
+    uint64_t want_wrs = o->decode_tp > 1 ? pr.wrs_total : 2 * o->layers * runs;
     double all_bytes =
         (double)o->total * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
     double bytes =
@@ -570,7 +600,8 @@ static void usage(void)
             "  run:      --requests N (16) --warmup N (2) --inflight N (4) --seed S (1)\n"
             "            --verify N|all (all) --poll-us US (50; 0 = yield) --max-pool-mb MB (512)\n"
             "  output:   --json (one JSON line) --quiet (no table, no progress)\n"
-            "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer)\n");
+            "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer)\n"
+            "  head slicing: --decode-tp D (1): prefill TP 1, decode rank 0 of TP D\n");
     exit(2);
 }
 
@@ -588,33 +619,22 @@ static void parse(int argc, char **argv, opts_t *o)
                   .inflight = 4,
                   .seed = 1,
                   .verify = UINT64_MAX,
+                  .decode_tp = 1,
                   .poll_us = 50,
                   .max_pool_mb = 512};
-    static const struct option lo[] = {{"dev0", 1, 0, 'd'},
-                                       {"ip0", 1, 0, 'i'},
-                                       {"dev1", 1, 0, 'D'},
-                                       {"ip1", 1, 0, 'I'},
-                                       {"workload", 1, 0, 'w'},
-                                       {"contig", 1, 0, 'c'},
-                                       {"layers", 1, 0, 'L'},
-                                       {"kv-heads", 1, 0, 'H'},
-                                       {"head-dim", 1, 0, 'h'},
-                                       {"dtype-bytes", 1, 0, 'b'},
-                                       {"page-tokens", 1, 0, 'T'},
-                                       {"item", 1, 0, 'S'},
-                                       {"tokens", 1, 0, 't'},
-                                       {"requests", 1, 0, 'n'},
-                                       {"warmup", 1, 0, 'W'},
-                                       {"inflight", 1, 0, 'f'},
-                                       {"seed", 1, 0, 's'},
-                                       {"verify", 1, 0, 'v'},
-                                       {"poll-us", 1, 0, 'p'},
-                                       {"max-pool-mb", 1, 0, 'M'},
-                                       {"json", 0, 0, 'j'},
-                                       {"quiet", 0, 0, 'q'},
-                                       {"help", 0, 0, '?'},
-                                       {"layer-ms", 1, 0, 'Y'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},
+                                       {"dev1", 1, 0, 'D'},        {"ip1", 1, 0, 'I'},
+                                       {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
+                                       {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},
+                                       {"head-dim", 1, 0, 'h'},    {"dtype-bytes", 1, 0, 'b'},
+                                       {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
+                                       {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'W'},      {"inflight", 1, 0, 'f'},
+                                       {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
+                                       {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
+                                       {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
+                                       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
+                                       {"decode-tp", 1, 0, 'X'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
@@ -691,6 +711,9 @@ static void parse(int argc, char **argv, opts_t *o)
         case 'Y':
             o->layer_ms = v;
             break;
+        case 'X':
+            o->decode_tp = v;
+            break;
         default:
             usage();
         }
@@ -702,8 +725,13 @@ static void parse(int argc, char **argv, opts_t *o)
         o->ip1 = o->ip0;
     if (!o->dev1)
         o->dev1 = o->dev0;
+    if (!o->decode_tp || o->kv_heads % o->decode_tp || (o->decode_tp > 1 && o->item)) {
+        fprintf(stderr, "kvwire-bench: --decode-tp must divide --kv-heads (and needs no --item)\n");
+        exit(2);
+    }
     if (!o->item)
-        o->item = o->kv_heads * o->head_dim * o->dtype * o->page_tokens;
+        o->item = o->kv_heads / o->decode_tp * o->head_dim * o->dtype * o->page_tokens;
+    o->src_item = o->item * o->decode_tp;
     if (!o->item || o->item % 8) {
         fprintf(stderr, "kvwire-bench: item size %" PRIu64 " must be a positive multiple of 8\n",
                 o->item);

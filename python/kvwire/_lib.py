@@ -94,6 +94,20 @@ class kvw_group_t(Structure):
     ]
 
 
+class kvw_group_heads_t(Structure):
+    _fields_ = [
+        (name, c_uint32)
+        for name in (
+            "total_heads",
+            "first_head",
+            "num_heads",
+            "head_bytes",
+            "page_tokens",
+            "page_order",
+        )
+    ]
+
+
 class kvw_engine_params_t(Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -109,6 +123,7 @@ class kvw_engine_params_t(Structure):
         ("config", POINTER(kvw_config_t)),
         ("num_groups", c_uint32),
         ("groups", POINTER(kvw_group_t)),
+        ("group_heads", POINTER(kvw_group_heads_t)),
     ]
 
 
@@ -174,6 +189,7 @@ STRUCTS = {
     "kvw_config_t": kvw_config_t,
     "kvw_region_t": kvw_region_t,
     "kvw_group_t": kvw_group_t,
+    "kvw_group_heads_t": kvw_group_heads_t,
     "kvw_engine_params_t": kvw_engine_params_t,
     "kvw_counters_t": kvw_counters_t,
     "kvw_bootstrap_params_t": kvw_bootstrap_params_t,

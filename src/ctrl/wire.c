@@ -121,7 +121,7 @@ static size_t hello_regions(const kvw_msg_t *m)
     return (size_t)kvw__wire_hello_regions(m);
 }
 
-enum { GROUP_LEN = 1 + 4 + 4 };
+enum { GROUP_LEN = 1 + 4 + 4 + 6 * 4 };
 
 size_t kvw__wire_size(const kvw_msg_t *m)
 {
@@ -200,6 +200,11 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
             put_le(w, m->u.hello.groups[i].kind, 1);
             put_le(w, m->u.hello.groups[i].num_layers, 4);
             put_le(w, m->u.hello.groups[i].per_layer, 4);
+            const kvw_wire_group_t *g = &m->u.hello.groups[i];
+            const uint32_t heads[6] = {g->total_heads, g->first_head,  g->num_heads,
+                                       g->head_bytes,  g->page_tokens, g->page_order};
+            for (int k = 0; k < 6; k++)
+                put_le(w, heads[k], 4);
         }
         put_le(w, m->u.hello.recv_credits, 4);
         put_le(w, m->u.hello.max_msg_sz, 4);
@@ -302,6 +307,13 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
         g->kind = (uint8_t)get_le(r, 1);
         g->num_layers = (uint32_t)get_le(r, 4);
         g->per_layer = (uint32_t)get_le(r, 4);
+        uint32_t *heads[6] = {&g->total_heads, &g->first_head,  &g->num_heads,
+                              &g->head_bytes,  &g->page_tokens, &g->page_order};
+        for (int k = 0; k < 6; k++)
+            *heads[k] = (uint32_t)get_le(r, 4);
+        if (g->page_order > 1)
+            return fail(reason, rsize, "%s: group %u: page order %u", kvw__wire_type_name(m->type),
+                        i, g->page_order);
     }
     m->u.hello.recv_credits = (uint32_t)get_le(r, 4);
     m->u.hello.max_msg_sz = (uint32_t)get_le(r, 4);

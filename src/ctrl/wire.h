@@ -9,7 +9,7 @@
 #include "verbs/qp.h"
 
 #define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
-#define KVW_WIRE_VERSION 4
+#define KVW_WIRE_VERSION 5         /* 5: HELLO's groups carry their heads (head slicing) */
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -48,10 +48,12 @@ typedef enum {
     KVW_MSG_BYE = 33,    /* either way: status, reason; the connection is dead */
 } kvw_msg_type_t;
 
-/* One buffer group (kvw_group_t) as a peer sees it. */
+/* One buffer group (kvw_group_t) as a peer sees it, with its heads
+ * (kvw_group_heads_t; total_heads 0: not described). */
 typedef struct kvw_wire_group {
     uint8_t kind;
     uint32_t num_layers, per_layer;
+    uint32_t total_heads, first_head, num_heads, head_bytes, page_tokens, page_order;
 } kvw_wire_group_t;
 
 /* One registered region as a peer sees it. */

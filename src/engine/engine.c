@@ -70,7 +70,11 @@ static uint64_t random_id(void)
     return v;
 }
 
-static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t n)
+_Static_assert((int)KVW_PAGE_NHD == (int)KVW_HEADS_NHD && (int)KVW_PAGE_HND == (int)KVW_HEADS_HND,
+               "public and planner page orders agree");
+
+static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t n,
+                                 const kvw_group_heads_t *heads, uint32_t num_heads)
 {
     kvw_layout_group_t lg[KVW_LAYOUT_MAX_GROUPS];
     for (uint32_t i = 0; i < n; i++) {
@@ -80,6 +84,10 @@ static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t
         }
         lg[i] =
             (kvw_layout_group_t){(uint32_t)g[i].kind, g[i].num_layers, g[i].regions_per_layer, 0};
+        if (heads && i < num_heads) /* the same fields, in the same order (plan/heads.h) */
+            lg[i].heads =
+                (kvw_heads_t){heads[i].total_heads, heads[i].first_head,  heads[i].num_heads,
+                              heads[i].head_bytes,  heads[i].page_tokens, heads[i].page_order};
     }
     char why[160];
     int rc = kvw__layout_build(&e->layout, lg, n, KVW_WIRE_MAX_REGIONS, why, sizeof(why));
@@ -93,7 +101,8 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
 {
     kvw_group_t g[KVW_LAYOUT_MAX_GROUPS];
     uint32_t n = params_groups(p, g);
-    kvw_status_t st = build_layout(e, g, n);
+    /* The classic layout's one entry is its K/V group's. */
+    kvw_status_t st = build_layout(e, g, n, p->group_heads, p->num_groups ? n : 1);
     if (st)
         return st;
     uint32_t total = e->layout.num_regions;
@@ -116,6 +125,15 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
         items[r] = e->regions[r].len / e->regions[r].item_len;
     if (!st)
         kvw__layout_limits(&e->layout, items, e->local_max);
+    for (uint32_t r = 0; r < total && !st; r++)
+        items[r] = e->regions[r].item_len; /* now the item lengths, for the heads' check */
+    for (uint32_t i = 0; i < n; i++)
+        e->layout_heads |= e->layout.groups[i].heads.total != 0;
+    char why[200];
+    if (!st && kvw__layout_check_heads(&e->layout, items, why, sizeof(why))) {
+        KVW_ERROR("engine params: %s", why);
+        st = KVW_ERR_INVALID;
+    }
     free(items);
     return st;
 }

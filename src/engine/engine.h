@@ -81,7 +81,13 @@ typedef struct kvw_seg {
     kvw_run_t *runs;       /* planned: n entries */
     kvw_run_t *state_runs; /* final part: one per state index */
     kvw_plan_t plan;
-    kvw_plan_cursor_t cursor;            /* poller */
+    kvw_plan_cursor_t cursor; /* poller */
+    /* Head slicing (the peer is sliced): the KV writes are gather writes
+     * of kvw__heads_next, slot by slot over layers [lb, le), before the
+     * plan's state and aux writes (its KV part is left empty). Poller. */
+    bool sliced, slices_done;
+    uint32_t hslot;
+    kvw_heads_cursor_t hcursor;
     uint64_t writes_total, writes_built; /* poller (total: set when planned) */
     /* A staged slice (engine/stager.h): its source is a staging chunk. */
     uint32_t chunk;                   /* chunk + 1; 0: none, or the poller took it */
@@ -113,10 +119,19 @@ struct kvw_peer {
     uint64_t orphan_bytes;   /* (lock) their page lists */
     kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
     kvw_lane_t lanes[KVW_MAX_LANES];
-    uint32_t nlanes;                       /* created, fixed before the peer is published */
-    kvw_plan_region_t *regions;            /* every region, local paired with remote */
-    uint64_t remote_max[3];                /* items every remote region of each kind holds */
-    uint32_t max_msg_sz;                   /* the smaller of the two ports' limits */
+    uint32_t nlanes;            /* created, fixed before the peer is published */
+    kvw_plan_region_t *regions; /* every region, local paired with remote */
+    uint64_t remote_max[3];     /* items every remote region of each kind holds */
+    uint32_t max_msg_sz;        /* the smaller of the two ports' limits */
+    /* Head slicing, fixed by the handshake (kvw__peer_accept_layout): the
+     * two sides' head ranges differ. Prefill: KV slot j's writes follow
+     * kv_geom[j] (kv_per_layer entries) with up to max_sge entries each;
+     * slice_bad when decode wants heads this rank lacks (slice_why says
+     * which): its requests fail. */
+    bool sliced, slice_bad;
+    kvw_heads_geom_t *kv_geom;
+    uint32_t max_sge;
+    char slice_why[KVW_WIRE_REASON_MAX];
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
@@ -309,6 +324,7 @@ struct kvw_engine {
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
     kvw_dev_t *dev;
     kvw_layout_t layout;
+    bool layout_heads;     /* some KV group describes its heads (head slicing) */
     kvw_region_t *regions; /* layout.num_regions, group by group */
     kvw_mr_t *mrs;
     kvw_mem_ctx_t mem;         /* how each region was registered; read-only once threads run */
@@ -419,6 +435,11 @@ int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size);
 /* Free one part (and give back its staging chunk); a list of them,
  * linked through next. */
 void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s);
+/* Head slicing: the plan of s's KV slot `slot` (an index into the layout's
+ * kv_slots) towards peer p: its region pair, p's geometry for the slot's
+ * place in a layer, s's runs, p's entries and message limits. */
+void kvw__seg_slice_plan(const kvw_peer_t *p, const kvw_layout_t *l, const kvw_seg_t *s,
+                         size_t slot, kvw_heads_plan_t *hp);
 void kvw__seg_free_list(kvw_engine_t *e, kvw_seg_t *s);
 /* (lock) Append a part to r, planning it if decode's pages are known (the
  * stager's way in: its parts were checked when they were handed over).

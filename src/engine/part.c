@@ -52,3 +52,18 @@ int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size)
                  s->lb, s->le, s->first, s->first + s->n, err);
     return rc;
 }
+
+void kvw__seg_slice_plan(const kvw_peer_t *p, const kvw_layout_t *l, const kvw_seg_t *s,
+                         size_t slot, kvw_heads_plan_t *hp)
+{
+    const kvw_plan_region_t *g = &p->regions[l->kv_slots[slot]];
+    *hp = (kvw_heads_plan_t){.geom = p->kv_geom[slot % l->kv_per_layer],
+                             .local_addr = g->local_addr,
+                             .remote_addr = g->remote_addr,
+                             .lkey = g->lkey,
+                             .rkey = g->rkey,
+                             .runs = s->runs,
+                             .num_runs = s->plan.num_runs,
+                             .max_sge = p->max_sge,
+                             .max_msg = p->max_msg_sz};
+}

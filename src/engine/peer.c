@@ -22,8 +22,11 @@ static kvw_status_t lane_create(kvw_peer_t *p, kvw_lane_t *l)
     bool decode = e->role == KVW_ROLE_DECODE;
     if (decode && !(l->rwrs = calloc(e->cfg.rq_depth, sizeof(*l->rwrs))))
         return KVW_ERR_NO_MEMORY;
-    return kvw__qp_create(e->dev, e->channel, p, e->cfg.sq_depth, decode ? e->cfg.rq_depth : 1,
-                          decode, &l->qp);
+    /* Gather writes when this engine describes heads: a prefill rank may
+     * then send a decode rank a slice of its heads (head slicing). */
+    uint32_t sge = !decode && e->layout_heads ? KVW_HEADS_MAX_SGE : 1;
+    return kvw__qp_create_sge(e->dev, e->channel, p, e->cfg.sq_depth, decode ? e->cfg.rq_depth : 1,
+                              sge, decode, &l->qp);
 }
 
 kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, kvw_peer_t **peer_p)
@@ -160,6 +163,7 @@ void kvw__peer_destroy(kvw_peer_t *p)
         free(p->lanes[i].rwrs);
     }
     free(p->regions);
+    free(p->kv_geom);
     free(p);
 }
 
@@ -183,9 +187,13 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     if (!m->u.hello.regions)
         return; /* no groups: encodes, and the peer rejects it */
     m->u.hello.num_groups = l->num_groups;
-    for (uint32_t i = 0; i < l->num_groups; i++)
-        m->u.hello.groups[i] = (kvw_wire_group_t){(uint8_t)l->groups[i].kind,
-                                                  l->groups[i].num_layers, l->groups[i].per_layer};
+    for (uint32_t i = 0; i < l->num_groups; i++) {
+        const kvw_layout_group_t *g = &l->groups[i];
+        m->u.hello.groups[i] =
+            (kvw_wire_group_t){(uint8_t)g->kind,    g->num_layers,        g->per_layer,
+                               g->heads.total,      g->heads.first,       g->heads.count,
+                               g->heads.head_bytes, g->heads.page_tokens, g->heads.order};
+    }
     /* Only decode's memory is a write target: prefill sends its layout
      * (lengths) but no address or rkey, and registered none for remote use. */
     bool target = e->role == KVW_ROLE_DECODE;
@@ -196,70 +204,86 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
                                 e->regions[i].item_len, target ? e->mrs[i].rkey : 0};
 }
 
-/* The peer's groups must match ours exactly. */
-static kvw_status_t accept_groups(const kvw_engine_t *e, const kvw_msg_t *h, char *why, size_t size)
+/* Prefill, head slicing: for each KV slot (the same group in every
+ * layer), the geometry that sends decode all of its heads of that group
+ * from ours, or why it cannot (decode wants heads this rank lacks). */
+static kvw_status_t plan_slices(kvw_peer_t *p, const kvw_layout_group_t *peer)
 {
-    const kvw_layout_t *l = &e->layout;
-    if (h->u.hello.num_groups != l->num_groups) {
-        snprintf(why, size, "peer has %u buffer groups, we have %u", h->u.hello.num_groups,
-                 l->num_groups);
-        return KVW_ERR_MISMATCH;
-    }
-    for (uint32_t i = 0; i < l->num_groups; i++) {
-        const kvw_wire_group_t *b = &h->u.hello.groups[i];
-        const kvw_layout_group_t *a = &l->groups[i];
-        if (b->kind != a->kind || b->num_layers != a->num_layers || b->per_layer != a->per_layer) {
-            snprintf(why, size,
-                     "group %u: peer has %s, %u layers x %u regions; we have %s, %u x %u", i,
-                     kvw__layout_kind_name(b->kind), b->num_layers, b->per_layer,
-                     kvw__layout_kind_name(a->kind), a->num_layers, a->per_layer);
-            return KVW_ERR_MISMATCH;
-        }
+    const kvw_layout_t *l = &p->engine->layout;
+    p->kv_geom = calloc(l->kv_per_layer, sizeof(*p->kv_geom));
+    if (!p->kv_geom)
+        return KVW_ERR_NO_MEMORY;
+    p->max_sge = KVW_HEADS_MAX_SGE;
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        if (p->lanes[i].qp->max_send_sge < p->max_sge)
+            p->max_sge = p->lanes[i].qp->max_send_sge;
+    for (uint32_t j = 0; j < l->kv_per_layer; j++) {
+        uint32_t r = l->kv_slots[j], g = 0;
+        while (g + 1 < l->num_groups && r >= l->groups[g + 1].first)
+            g++;
+        const kvw_heads_t *ours = &l->groups[g].heads, *theirs = &peer[g].heads;
+        kvw_head_range_t want = {theirs->first, theirs->count};
+        if (!ours->total) /* not described: the whole page, as one slice */
+            p->kv_geom[j] = (kvw_heads_geom_t){
+                p->regions[r].item_len, p->regions[r].item_len, 0, 0, p->regions[r].item_len, 1};
+        else if (kvw__heads_geom(ours, theirs, want, &p->kv_geom[j], p->slice_why,
+                                 sizeof(p->slice_why)))
+            p->slice_bad = true;
     }
     return KVW_OK;
 }
 
-/* Which group, layer and region of it region r is, for messages. */
-static void describe_region(const kvw_layout_t *l, uint32_t r, char *buf, size_t size)
-{
-    for (uint32_t i = 0; i < l->num_groups; i++) {
-        const kvw_layout_group_t *g = &l->groups[i];
-        uint32_t n = g->num_layers * g->per_layer;
-        if (r >= g->first && r < g->first + n) {
-            uint32_t k = r - g->first;
-            snprintf(buf, size, "%s group %u, layer %u, region %u", kvw__layout_kind_name(g->kind),
-                     i, k % g->num_layers, k / g->num_layers);
-            return;
-        }
-    }
-    snprintf(buf, size, "region %u", r);
-}
-
-/* The peer's table must match ours region for region: same groups and the
- * same item length, or pages would land misaligned. */
+/* The peer's layout must pair with ours (kvw__layout_compare): the same
+ * groups, heads described alike, and the same item length region for
+ * region where heads are not described, or pages would land misaligned.
+ * Different head ranges make the connection sliced. */
 kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *why, size_t size)
 {
     const kvw_engine_t *e = p->engine;
-    kvw_status_t st = accept_groups(e, h, why, size);
-    if (st)
-        return st;
-    uint32_t n = e->layout.num_regions;
+    const kvw_layout_t *l = &e->layout;
+    uint32_t n = l->num_regions;
     /* rxe takes 8 MiB per message, mlx5 1 GiB: plan with the smaller. */
     p->max_msg_sz =
         h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz : e->dev->max_msg_sz;
-    uint64_t *items = calloc(n, sizeof(*items));
+    kvw_layout_group_t peer[KVW_LAYOUT_MAX_GROUPS];
+    uint32_t ng = h->u.hello.num_groups < KVW_LAYOUT_MAX_GROUPS ? h->u.hello.num_groups
+                                                                : KVW_LAYOUT_MAX_GROUPS;
+    for (uint32_t i = 0; i < ng; i++) {
+        const kvw_wire_group_t *b = &h->u.hello.groups[i];
+        peer[i] = (kvw_layout_group_t){b->kind,
+                                       b->num_layers,
+                                       b->per_layer,
+                                       0,
+                                       {b->total_heads, b->first_head, b->num_heads, b->head_bytes,
+                                        b->page_tokens, b->page_order}};
+    }
+    /* The groups first: only matching groups promise a region table of
+     * our length. */
+    if (kvw__layout_compare(l, NULL, peer, h->u.hello.num_groups, NULL, why, size))
+        return KVW_ERR_MISMATCH;
+    uint64_t *items = calloc(2 * (size_t)n, sizeof(*items));
     if (!items)
         return KVW_ERR_NO_MEMORY;
+    uint64_t *ours = items + n;
+    for (uint32_t i = 0; i < n; i++) {
+        items[i] = h->u.hello.regions[i].item_len;
+        ours[i] = e->regions[i].item_len;
+    }
+    kvw_status_t st = KVW_OK;
+    char what[200];
+    if (kvw__layout_compare(l, ours, peer, h->u.hello.num_groups, items, why, size)) {
+        st = KVW_ERR_MISMATCH;
+    } else {
+        /* The groups match ours: the peer's region table has our shape. */
+        kvw_layout_t pl = *l;
+        memcpy(pl.groups, peer, ng * sizeof(*peer));
+        if (kvw__layout_check_heads(&pl, items, what, sizeof(what))) {
+            snprintf(why, size, "peer's %s", what);
+            st = KVW_ERR_MISMATCH;
+        }
+    }
     for (uint32_t i = 0; i < n && !st; i++) {
         const kvw_wire_region_t *r = &h->u.hello.regions[i];
-        if (r->item_len != e->regions[i].item_len) {
-            char where[96];
-            describe_region(&e->layout, i, where, sizeof(where));
-            snprintf(why, size, "%s: peer item length %llu, ours %zu", where,
-                     (unsigned long long)r->item_len, e->regions[i].item_len);
-            st = KVW_ERR_MISMATCH;
-            break;
-        }
         items[i] = r->len / r->item_len;
         p->regions[i] = (kvw_plan_region_t){.local_addr = e->mrs[i].addr,
                                             .remote_addr = r->addr,
@@ -270,6 +294,9 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     if (!st)
         kvw__layout_limits(&e->layout, items, p->remote_max);
     free(items);
+    p->sliced = !st && kvw__layout_sliced(l, peer, ng);
+    if (p->sliced && e->role == KVW_ROLE_PREFILL)
+        st = plan_slices(p, peer);
     return st;
 }
 

@@ -158,6 +158,43 @@ static int next_write(kvw_seg_t *s, kvw_write_t *w)
     return 1;
 }
 
+/* Head slicing: the next gather write of a sliced part's KV slots, with
+ * its plan (for the keys); 0 once they are all out. */
+static int next_slice(const kvw_peer_t *p, kvw_seg_t *s, kvw_heads_plan_t *hp, kvw_gwrite_t *w)
+{
+    const kvw_layout_t *l = &p->engine->layout;
+    size_t slots = (size_t)(s->le - s->lb) * l->kv_per_layer;
+    for (; s->hslot < slots; s->hslot++, s->hcursor = (kvw_heads_cursor_t){0, 0, 0}) {
+        kvw__seg_slice_plan(p, l, s, (size_t)s->lb * l->kv_per_layer + s->hslot, hp);
+        if (kvw__heads_next(hp, &s->hcursor, w))
+            return 1;
+    }
+    return 0;
+}
+
+/* Append s's next write to q, plain or with an immediate: a sliced part's
+ * gather writes first, then the plan's. 0 when s has none left. */
+static int add_next(const kvw_peer_t *p, kvw_txq_t *q, kvw_seg_t *s, int with_imm, uint32_t imm,
+                    uint64_t *seq, uint64_t *bytes)
+{
+    if (s->sliced && !s->slices_done) {
+        kvw_heads_plan_t hp;
+        kvw_gwrite_t g;
+        if (next_slice(p, s, &hp, &g)) {
+            *seq = kvw__txq_add_gather(q, &g, hp.lkey, hp.rkey, with_imm, imm);
+            *bytes += g.len;
+            return 1;
+        }
+        s->slices_done = true;
+    }
+    kvw_write_t w;
+    if (!next_write(s, &w))
+        return 0;
+    *seq = kvw__txq_add(q, &w, with_imm, imm);
+    *bytes += w.len;
+    return 1;
+}
+
 /* The part to post from: the current one, or the next planned one once the
  * current is done (the owner appends with a release store). */
 static kvw_seg_t *current_seg(kvw_req_t *r)
@@ -251,13 +288,12 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
         r->tx.imms_posted |= 1u << j;
     }
     uint32_t f = r->tx.final_lane;
-    kvw_write_t w;
-    if (!imm_room(p, f) || !next_write(s, &w))
+    uint64_t seq;
+    if (!imm_room(p, f) || !add_next(p, &p->lanes[f].txq, s, 1, imm, &seq, bytes))
         return false;
-    note_lane(r, f, kvw__txq_add(&p->lanes[f].txq, &w, 1, imm));
+    note_lane(r, f, seq);
     p->lanes[f].imm_posted++;
     s->writes_built++;
-    *bytes += w.len;
     seg_posted(p, s);
     return true;
 }
@@ -314,11 +350,18 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             built += finish_request(p, lane, r, s, &bytes);
             break;
         }
-        if (!next_write(s, &w))
-            break;
-        note_lane(r, lane, kvw__txq_add(q, &w, 0, 0));
+        if (s->sliced) { /* head slicing: gather writes */
+            uint64_t seq;
+            if (!add_next(p, q, s, 0, 0, &seq, &bytes))
+                break;
+            note_lane(r, lane, seq);
+        } else {
+            if (!next_write(s, &w))
+                break;
+            note_lane(r, lane, kvw__txq_add(q, &w, 0, 0));
+            bytes += w.len;
+        }
         s->writes_built++;
-        bytes += w.len;
         built++;
         seg_posted(p, s);
     }
@@ -365,8 +408,10 @@ static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
         kvw_lane_t *l = &p->lanes[i];
         if (l->txq_ready)
             continue;
+        /* Prefill's side of a sliced connection (kv_geom) also gets gather slots. */
         if (kvw__txq_init(&l->txq, e->dev->ops, l->qp->qp, e->cfg.sq_depth, e->cfg.chain_max,
-                          e->cfg.signal_every)) {
+                          e->cfg.signal_every) ||
+            (p->kv_geom && kvw__txq_enable_gather(&l->txq, p->max_sge))) {
             kvw__peer_kill(p, KVW_ERR_NO_MEMORY, "no memory for the send queue");
             return false;
         }

@@ -38,6 +38,21 @@ static void sender_free(kvw_req_t *r)
 
 /* (lock) Plan s against decode's pages: runs of (source, destination) pairs
  * contiguous on both sides, and for the final part the aux item and state. */
+/* Head slicing: the gather writes of s's KV slots (each slot's geometry
+ * is the same in every layer, so one count per slot). */
+static uint64_t slice_count(const kvw_req_t *r, const kvw_seg_t *s)
+{
+    const kvw_peer_t *p = r->peer;
+    const kvw_layout_t *l = &r->engine->layout;
+    uint64_t total = 0;
+    for (uint32_t j = 0; s->le > s->lb && j < l->kv_per_layer; j++) {
+        kvw_heads_plan_t hp;
+        kvw__seg_slice_plan(p, l, s, (size_t)s->lb * l->kv_per_layer + j, &hp);
+        total += kvw__heads_count(&hp) * (s->le - s->lb);
+    }
+    return total;
+}
+
 static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
 {
     const kvw_engine_t *e = r->engine;
@@ -64,7 +79,10 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
     p->num_runs =
         kvw__plan_runs(s->src, r->tx.dst_pages ? r->tx.dst_pages + s->first : NULL, s->n, s->runs);
     p->runs = s->runs;
-    if (s->n)
+    s->sliced = r->peer->sliced;
+    if (s->sliced)
+        p->layer_end = p->layer_begin; /* the KV writes are the head slices' */
+    else if (s->n)
         kvw__plan_wruns(p, (kvw_wrun_t *)(s->runs + s->n));
     if (s->final) {
         p->state_slots = l->state_slots;
@@ -78,7 +96,7 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
         p->aux_src = r->tx.aux_index;
         p->aux_dst = r->tx.dst_aux;
     }
-    s->writes_total = kvw__plan_count(p);
+    s->writes_total = kvw__plan_count(p) + (s->sliced ? slice_count(r, s) : 0);
     return KVW_OK;
 }
 
@@ -122,6 +140,12 @@ kvw_status_t kvw__sender_feed_locked(kvw_req_t *r)
 {
     if (!r->tx.have_dst || !r->tx.segs_head || atomic_load(&r->state) == KVW_POLL_FAILED)
         return KVW_OK;
+    if (r->peer->sliced && r->peer->slice_bad)
+        return kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, r->peer->slice_why);
+    if (r->peer->sliced && kvw__stager_on(r->engine))
+        return kvw__sender_fail_locked(r, KVW_ERR_UNSUPPORTED,
+                                       "head slicing needs directly registered memory, not "
+                                       "staged GPU memory");
     kvw_status_t st = plan_pending_locked(r);
     if (st)
         return kvw__sender_fail_locked(r, st, "no memory to plan the transfer");

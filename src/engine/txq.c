@@ -45,6 +45,48 @@ void kvw__txq_fini(kvw_txq_t *q)
     q->special = NULL;
 }
 
+kvw_status_t kvw__txq_enable_gather(kvw_txq_t *q, uint32_t max_sge)
+{
+    if (!max_sge || max_sge > KVW_HEADS_MAX_SGE)
+        return KVW_ERR_INVALID;
+    if (q->max_sge)
+        return max_sge <= q->max_sge ? KVW_OK : KVW_ERR_INVALID;
+    if (q->pending)
+        return KVW_ERR_STATE; /* the chain's slots point into sges */
+    struct ibv_sge *sges = calloc((size_t)q->chain_max * (1 + max_sge), sizeof(*sges));
+    if (!sges)
+        return KVW_ERR_NO_MEMORY;
+    free(q->sges);
+    q->sges = sges;
+    for (uint32_t i = 0; i < q->chain_max; i++)
+        q->wrs[i].sg_list = &q->sges[i];
+    q->max_sge = max_sge;
+    return KVW_OK;
+}
+
+uint64_t kvw__txq_add_gather(kvw_txq_t *q, const kvw_gwrite_t *w, uint32_t lkey, uint32_t rkey,
+                             int with_imm, uint32_t imm)
+{
+    uint32_t i = q->pending++;
+    uint64_t seq = q->posted + i;
+    struct ibv_sge *sge = q->sges + q->chain_max + (size_t)i * q->max_sge;
+    struct ibv_send_wr *wr = &q->wrs[i];
+    for (uint32_t k = 0; k < w->num_sge; k++)
+        sge[k] = (struct ibv_sge){.addr = w->sge[k].addr, .length = w->sge[k].len, .lkey = lkey};
+    wr->sg_list = sge;
+    wr->num_sge = (int)w->num_sge;
+    wr->wr_id = seq;
+    wr->wr.rdma.remote_addr = w->remote_addr;
+    wr->wr.rdma.rkey = rkey;
+    if (with_imm) {
+        wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr->imm_data = htonl(imm);
+    }
+    q->pending_bytes += w->len;
+    q->special[q->nspecial++] = i;
+    return seq;
+}
+
 uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t imm)
 {
     uint32_t i = q->pending++;
@@ -84,6 +126,7 @@ static void restore_special(kvw_txq_t *q)
 {
     for (uint32_t k = 0; k < q->nspecial; k++) {
         q->wrs[q->special[k]].num_sge = 1;
+        q->wrs[q->special[k]].sg_list = &q->sges[q->special[k]];
         q->wrs[q->special[k]].opcode = IBV_WR_RDMA_WRITE;
     }
     q->nspecial = 0;
@@ -112,17 +155,18 @@ kvw_status_t kvw__txq_flush(kvw_txq_t *q)
     int rc = q->ops->post_send(q->qp, q->wrs, &bad);
     q->wrs[n - 1].next = after;
     set_signaled(q, n, 0);
-    restore_special(q);
     uint32_t taken = n;
     if (rc) {
         taken = accepted_before(q, bad, n);
         q->post_failed = true;
         KVW_ERROR("ibv_post_send of a %u-WR chain failed at WR %u: %s", n, taken,
                   strerror(rc > 0 ? rc : errno));
-        bytes = 0; /* only what was taken counts as posted */
+        bytes = 0; /* only what was taken counts as posted (every entry of a gather) */
         for (uint32_t i = 0; i < taken; i++)
-            bytes += q->sges[i].length;
+            for (int k = 0; k < q->wrs[i].num_sge; k++)
+                bytes += q->wrs[i].sg_list[k].length;
     }
+    restore_special(q);
     q->posted += taken;
     q->chains += taken > 0;
     q->wrs_posted += taken;

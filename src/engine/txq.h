@@ -16,6 +16,7 @@
 #define KVW_ENGINE_TXQ_H
 
 #include "kvwire.h"
+#include "plan/heads.h"
 #include "plan/plan.h"
 #include "verbs/ops.h"
 
@@ -25,6 +26,11 @@ typedef struct kvw_txq {
     const kvw_verbs_ops_t *ops;
     struct ibv_qp *qp;
     uint32_t depth, chain_max, signal_every;
+    /* Gather writes (head slicing), 0 until kvw__txq_enable_gather: then
+     * sges holds chain_max more slots of max_sge entries each after the
+     * chain's own, used by kvw__txq_add_gather only. (Here, in padding: a
+     * larger txq costs the posting loop instructions.) */
+    uint32_t max_sge;
     uint64_t posted;        /* sequence number of the next WR to post */
     uint64_t completed;     /* every WR with a smaller sequence number has landed */
     bool post_failed;       /* a post failed: the QP is being failed, post nothing more */
@@ -55,6 +61,15 @@ static inline uint32_t kvw__txq_room(const kvw_txq_t *q)
 /* Append one write (room must be > 0); with_imm makes it an RDMA WRITE with
  * immediate (imm in host order). Returns the WR's sequence number. */
 uint64_t kvw__txq_add(kvw_txq_t *q, const kvw_write_t *w, int with_imm, uint32_t imm);
+/* Let this txq post writes of up to max_sge entries (at most
+ * KVW_HEADS_MAX_SGE, and what the QP was created with). */
+kvw_status_t kvw__txq_enable_gather(kvw_txq_t *q, uint32_t max_sge);
+/* Append one gather write (room must be > 0, w->num_sge <= q->max_sge, and
+ * kvw__txq_enable_gather called): w's entries with lkey, gathered into
+ * w->remote_addr with rkey; with_imm as kvw__txq_add. Returns the WR's
+ * sequence number. */
+uint64_t kvw__txq_add_gather(kvw_txq_t *q, const kvw_gwrite_t *w, uint32_t lkey, uint32_t rkey,
+                             int with_imm, uint32_t imm);
 /* Append n plain writes (room must be >= n, n > 0): runs r[0, n) of region
  * g, each one write (kvw__plan_span). Only the fields that differ between
  * writes are set. Returns their bytes; the last one's sequence number is

@@ -39,6 +39,19 @@ static int check_groups(const kvw_layout_group_t *g, uint32_t n, uint32_t max_re
                      g[i].num_layers);
             return -1;
         }
+        if (g[i].heads.total && g[i].kind != KVW_LAYOUT_KV) {
+            snprintf(why, size, "%s group %u describes heads: only kv groups do",
+                     kvw__layout_kind_name(g[i].kind), i);
+            return -1;
+        }
+        char what[160];
+        if (g[i].heads.total && kvw__heads_check(&g[i].heads,
+                                                 (uint64_t)g[i].heads.page_tokens *
+                                                     g[i].heads.count * g[i].heads.head_bytes,
+                                                 what, sizeof(what))) {
+            snprintf(why, size, "kv group %u: %s", i, what);
+            return -1;
+        }
         if (g[i].kind == KVW_LAYOUT_KV && kv_layers && g[i].num_layers != kv_layers) {
             snprintf(why, size, "kv group %u has %u layers, an earlier kv group %u", i,
                      g[i].num_layers, kv_layers);
@@ -138,4 +151,87 @@ void kvw__layout_limits(const kvw_layout_t *l, const uint64_t *items, uint64_t m
                 seen[g->kind] = true;
             }
     }
+}
+
+void kvw__layout_describe(const kvw_layout_t *l, uint32_t r, char *buf, size_t size)
+{
+    for (uint32_t i = 0; i < l->num_groups; i++) {
+        const kvw_layout_group_t *g = &l->groups[i];
+        uint32_t n = g->num_layers * g->per_layer;
+        if (r >= g->first && r < g->first + n) {
+            uint32_t k = r - g->first;
+            snprintf(buf, size, "%s group %u, layer %u, region %u", kvw__layout_kind_name(g->kind),
+                     i, k % g->num_layers, k / g->num_layers);
+            return;
+        }
+    }
+    snprintf(buf, size, "region %u", r);
+}
+
+int kvw__layout_check_heads(const kvw_layout_t *l, const uint64_t *item_len, char *why,
+                            size_t why_size)
+{
+    for (uint32_t i = 0; i < l->num_groups; i++) {
+        const kvw_layout_group_t *g = &l->groups[i];
+        for (uint32_t r = g->first; g->heads.total && r < g->first + g->num_layers * g->per_layer;
+             r++) {
+            char what[160], where[96];
+            if (kvw__heads_check(&g->heads, item_len[r], what, sizeof(what))) {
+                kvw__layout_describe(l, r, where, sizeof(where));
+                snprintf(why, why_size, "%s: %s", where, what);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+int kvw__layout_compare(const kvw_layout_t *ours, const uint64_t *our_items,
+                        const kvw_layout_group_t *peer, uint32_t peer_groups,
+                        const uint64_t *peer_items, char *why, size_t why_size)
+{
+    if (peer_groups != ours->num_groups) {
+        snprintf(why, why_size, "peer has %u buffer groups, we have %u", peer_groups,
+                 ours->num_groups);
+        return -1;
+    }
+    for (uint32_t i = 0; i < ours->num_groups; i++) {
+        const kvw_layout_group_t *a = &ours->groups[i], *b = &peer[i];
+        if (b->kind != a->kind || b->num_layers != a->num_layers || b->per_layer != a->per_layer) {
+            snprintf(why, why_size,
+                     "group %u: peer has %s, %u layers x %u regions; we have %s, %u x %u", i,
+                     kvw__layout_kind_name(b->kind), b->num_layers, b->per_layer,
+                     kvw__layout_kind_name(a->kind), a->num_layers, a->per_layer);
+            return -1;
+        }
+        char what[160];
+        if (kvw__heads_compare(&a->heads, &b->heads, what, sizeof(what))) {
+            snprintf(why, why_size, "%s group %u: %s", kvw__layout_kind_name(a->kind), i, what);
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; peer_items && i < ours->num_groups; i++) {
+        const kvw_layout_group_t *g = &ours->groups[i];
+        for (uint32_t r = g->first; !g->heads.total && r < g->first + g->num_layers * g->per_layer;
+             r++)
+            if (peer_items[r] != our_items[r]) {
+                char where[96];
+                kvw__layout_describe(ours, r, where, sizeof(where));
+                snprintf(why, why_size, "%s: peer item length %llu, ours %llu", where,
+                         (unsigned long long)peer_items[r], (unsigned long long)our_items[r]);
+                return -1;
+            }
+    }
+    return 0;
+}
+
+int kvw__layout_sliced(const kvw_layout_t *ours, const kvw_layout_group_t *peer,
+                       uint32_t peer_groups)
+{
+    for (uint32_t i = 0; i < ours->num_groups && i < peer_groups; i++) {
+        const kvw_heads_t *a = &ours->groups[i].heads, *b = &peer[i].heads;
+        if (a->total && (a->first != b->first || a->count != b->count))
+            return 1;
+    }
+    return 0;
 }

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "plan/heads.h"
+
 enum {
     KVW_LAYOUT_MAX_GROUPS = 64,
     KVW_LAYOUT_KV = 0, /* the values of kvw_group_kind_t */
@@ -18,6 +20,9 @@ enum {
 typedef struct kvw_layout_group {
     uint32_t kind, num_layers, per_layer;
     uint32_t first; /* index of its first region among all regions */
+    /* KV groups: the heads each of its regions holds (plan/heads.h);
+     * heads.total 0: not described, every region moves whole. */
+    kvw_heads_t heads;
 } kvw_layout_group_t;
 
 typedef struct kvw_layout {
@@ -37,10 +42,12 @@ static inline uint32_t kvw__layout_region(const kvw_layout_group_t *g, uint32_t 
     return g->first + j * g->num_layers + layer;
 }
 
-/* Build from groups' kind, num_layers and per_layer (first is computed).
- * Checks: 1..KVW_LAYOUT_MAX_GROUPS groups, at least one KV group, every
- * KV group with the same layer count, aux groups of one layer, at most
- * max_regions regions. -1 with the reason in why, -2 out of memory, 0. */
+/* Build from groups' kind, num_layers, per_layer and heads (first is
+ * computed). Checks: 1..KVW_LAYOUT_MAX_GROUPS groups, at least one KV
+ * group, every KV group with the same layer count, aux groups of one
+ * layer, heads described for KV groups only (NHD or HND, a range inside
+ * the model's), at most max_regions regions. -1 with the reason in why, -2
+ * out of memory, 0. */
 int kvw__layout_build(kvw_layout_t *l, const kvw_layout_group_t *groups, uint32_t num_groups,
                       uint32_t max_regions, char *why, size_t why_size);
 void kvw__layout_free(kvw_layout_t *l);
@@ -52,5 +59,28 @@ const char *kvw__layout_kind_name(uint32_t kind);
  * kind; 0 for a kind with no region), from each region's item count:
  * max[KVW_LAYOUT_KV] pages, max[KVW_LAYOUT_AUX], max[KVW_LAYOUT_STATE]. */
 void kvw__layout_limits(const kvw_layout_t *l, const uint64_t *items, uint64_t max[3]);
+
+/* Which group, layer and region of it region r is ("kv group 0, layer 3,
+ * region 1"), for messages. */
+void kvw__layout_describe(const kvw_layout_t *l, uint32_t r, char *buf, size_t size);
+/* Each described group's regions hold exactly its heads: item_len (by
+ * region index) is page_tokens * heads * head_bytes. 0, or -1 with why. */
+int kvw__layout_check_heads(const kvw_layout_t *l, const uint64_t *item_len, char *why,
+                            size_t why_size);
+/* Can two sides exchange pages: the same groups (kind, layers, regions per
+ * layer), heads described alike (kvw__heads_compare: the model's heads,
+ * head bytes, page size and page layout; the ranges may differ), and, per
+ * region, the same item length where the heads are not described (where
+ * they are, each side's item length follows from its own range and was
+ * checked by kvw__layout_check_heads). peer_items: the peer's item length
+ * by region index, NULL to skip that check. 0, or -1 with exactly what
+ * differs in why ("peer ..., ours ..."). */
+int kvw__layout_compare(const kvw_layout_t *ours, const uint64_t *our_items,
+                        const kvw_layout_group_t *peer, uint32_t peer_groups,
+                        const uint64_t *peer_items, char *why, size_t why_size);
+/* Whether any KV group's head range differs from the peer's (the transfer
+ * then needs the head planner instead of whole pages). */
+int kvw__layout_sliced(const kvw_layout_t *ours, const kvw_layout_group_t *peer,
+                       uint32_t peer_groups);
 
 #endif

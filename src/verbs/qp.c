@@ -20,6 +20,13 @@ kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, vo
                             uint32_t sq_depth, uint32_t rq_depth, bool remote_write,
                             kvw_qp_t **qp_p)
 {
+    return kvw__qp_create_sge(dev, channel, cq_ctx, sq_depth, rq_depth, 1, remote_write, qp_p);
+}
+
+kvw_status_t kvw__qp_create_sge(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
+                                uint32_t sq_depth, uint32_t rq_depth, uint32_t max_send_sge,
+                                bool remote_write, kvw_qp_t **qp_p)
+{
     const kvw_verbs_ops_t *ops = dev->ops;
     kvw_qp_t *q = calloc(1, sizeof(*q));
     if (!q)
@@ -35,6 +42,8 @@ kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, vo
                   strerror(errno));
         goto fail;
     }
+    if (max_send_sge > (uint32_t)dev->max_sge)
+        max_send_sge = (uint32_t)dev->max_sge;
     struct ibv_qp_init_attr init = {
         .send_cq = q->cq,
         .recv_cq = q->cq,
@@ -42,15 +51,19 @@ kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, vo
         .sq_sig_all = 0,
         .cap = {.max_send_wr = sq_depth,
                 .max_recv_wr = rq_depth,
-                .max_send_sge = 1,
+                .max_send_sge = max_send_sge ? max_send_sge : 1,
                 .max_recv_sge = 1},
     };
+    q->max_send_sge = init.cap.max_send_sge;
     q->qp = ops->create_qp(dev->pd, &init);
     if (!q->qp) {
-        KVW_ERROR("%s: ibv_create_qp(sq %u, rq %u) failed: %s", dev->name, sq_depth, rq_depth,
-                  strerror(errno));
+        KVW_ERROR("%s: ibv_create_qp(sq %u, rq %u, %u entries a WR) failed: %s", dev->name,
+                  sq_depth, rq_depth, q->max_send_sge, strerror(errno));
         goto fail;
     }
+    /* The provider may round the entries up: it says so in init.cap. */
+    if (init.cap.max_send_sge > q->max_send_sge)
+        q->max_send_sge = init.cap.max_send_sge;
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_INIT,
         .pkey_index = 0,

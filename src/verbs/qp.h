@@ -24,6 +24,7 @@ typedef struct kvw_qp {
     struct ibv_qp *qp;
     uint32_t psn;
     uint32_t sq_depth, rq_depth;
+    uint32_t max_send_sge; /* scatter/gather entries a send WR may carry */
     /* The path as set at RTR, for the bring-up log. */
     enum ibv_mtu path_mtu;
     struct ibv_ah_attr ah;
@@ -38,6 +39,12 @@ typedef struct kvw_qp {
 kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
                             uint32_t sq_depth, uint32_t rq_depth, bool remote_write,
                             kvw_qp_t **qp_p);
+/* kvw__qp_create with send WRs of up to max_send_sge entries (head
+ * slicing's gather writes), capped at the device's max_sge; qp->max_send_sge
+ * says what the QP took. kvw__qp_create asks for 1. */
+kvw_status_t kvw__qp_create_sge(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
+                                uint32_t sq_depth, uint32_t rq_depth, uint32_t max_send_sge,
+                                bool remote_write, kvw_qp_t **qp_p);
 void kvw__qp_local_info(const kvw_qp_t *qp, kvw_qp_info_t *info_p);
 /* INIT -> RTR -> RTS towards remote, with cfg's fabric settings; logs the
  * path at info level once connected. */

@@ -117,8 +117,10 @@ typedef struct nic_swr {
     uint64_t wr_id;
     enum ibv_wr_opcode opcode;
     bool signaled, solicited;
-    uint64_t local_addr, remote_addr;
-    uint32_t len, lkey, rkey;
+    uint64_t local_addr, remote_addr; /* local_addr, lkey: the first entry's */
+    uint32_t len, lkey, rkey;         /* len: every entry's together */
+    uint32_t num_sge;                 /* gathered in order into remote_addr */
+    struct ibv_sge sge[NIC_MAX_SGE];
     uint32_t imm_data;    /* network order, as in the WR */
     uint64_t due_ns;      /* post time + injected delay */
     uint64_t retry_at_ns; /* next RNR / unreachable retry, 0 if none */
@@ -144,6 +146,7 @@ struct nic_qp {
      * released by a polled completion, [sq_head, sq_tail) outstanding. */
     nic_swr_t *sq;
     uint32_t sq_cap;
+    uint32_t max_send_sge; /* a WR with more entries is refused, as verbs do */
     uint64_t sq_freed, sq_head, sq_tail;
     uint64_t *rq; /* receive wr_ids, [rq_head, rq_tail) posted */
     uint32_t rq_cap;
@@ -1045,6 +1048,7 @@ static nic_qp_t *qp_alloc(const struct ibv_qp_cap *cap)
     if (!qp)
         return NULL;
     qp->sq_cap = cap->max_send_wr;
+    qp->max_send_sge = cap->max_send_sge;
     qp->rq_cap = cap->max_recv_wr;
     qp->sq = calloc(ring_len(qp->sq_cap), sizeof(*qp->sq));
     qp->rq = calloc(ring_len(qp->rq_cap), sizeof(*qp->rq));
@@ -1211,7 +1215,7 @@ static int check_send_wr(const nic_qp_t *qp, const struct ibv_send_wr *w)
         return EINVAL;
     if (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
         return EINVAL;
-    if (w->num_sge < 0 || w->num_sge > 1 || (w->num_sge == 1 && !w->sg_list))
+    if (w->num_sge < 0 || (uint32_t)w->num_sge > qp->max_send_sge || (w->num_sge && !w->sg_list))
         return EINVAL;
     if (w->send_flags & ~flags)
         return EINVAL; /* inline and the rest are not modelled */
@@ -1239,10 +1243,14 @@ static void sq_push(nic_qp_t *qp, const struct ibv_send_wr *w, uint64_t now)
                      .rkey = w->wr.rdma.rkey,
                      .imm_data = w->imm_data,
                      .due_ns = now + injected_delay_ns()};
-    if (w->num_sge == 1) {
+    if (w->num_sge >= 1) {
         s->local_addr = w->sg_list[0].addr;
-        s->len = w->sg_list[0].length;
         s->lkey = w->sg_list[0].lkey;
+    }
+    s->num_sge = (uint32_t)w->num_sge;
+    for (int i = 0; i < w->num_sge; i++) {
+        s->sge[i] = w->sg_list[i];
+        s->len += w->sg_list[i].length;
     }
     nic.stats.wrs_accepted++;
 }
@@ -1384,8 +1392,10 @@ static enum ibv_wc_status check_local(const nic_qp_t *qp, const nic_swr_t *w)
 {
     if (w->len > nic.max_msg_sz)
         return IBV_WC_LOC_LEN_ERR;
-    if (w->len && !find_mr(qp->pd, w->lkey, false, w->local_addr, w->len, 0))
-        return IBV_WC_LOC_PROT_ERR;
+    for (uint32_t i = 0; i < w->num_sge; i++)
+        if (w->sge[i].length &&
+            !find_mr(qp->pd, w->sge[i].lkey, false, w->sge[i].addr, w->sge[i].length, 0))
+            return IBV_WC_LOC_PROT_ERR;
     return IBV_WC_SUCCESS;
 }
 
@@ -1449,8 +1459,13 @@ static void consume_recv(nic_qp_t *r, const nic_qp_t *from, const nic_swr_t *w)
 /* Success: place the bytes, then the receive's and our own completions. */
 static void deliver(nic_qp_t *qp, nic_qp_t *r, nic_swr_t *w)
 {
-    if (w->len)
-        memmove((void *)(uintptr_t)w->remote_addr, (const void *)(uintptr_t)w->local_addr, w->len);
+    uint64_t at = w->remote_addr; /* the entries, gathered in order */
+    for (uint32_t i = 0; i < w->num_sge; i++) {
+        if (w->sge[i].length)
+            memmove((void *)(uintptr_t)at, (const void *)(uintptr_t)w->sge[i].addr,
+                    w->sge[i].length);
+        at += w->sge[i].length;
+    }
     nic.stats.bytes_written += w->len;
     uint32_t n = packets(qp, w->len);
     qp->sq_psn = (qp->sq_psn + n) & NIC_PSN_MASK;

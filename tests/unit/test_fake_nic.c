@@ -48,7 +48,8 @@ typedef struct pair {
 
 static pair_t pair;
 static int cq_entries = SQ_DEPTH + RQ_DEPTH; /* per CQ; the overrun test shrinks it */
-static uint64_t expected_fatal;              /* fatal errors a test provokes on purpose */
+static uint32_t send_sge = 1;   /* max_send_sge of the QPs; the gather test raises it */
+static uint64_t expected_fatal; /* fatal errors a test provokes on purpose */
 
 /* ---- helpers --------------------------------------------------------- */
 
@@ -93,7 +94,7 @@ static void open_side(side_t *s, const char *dev, uint32_t psn)
         .qp_type = IBV_QPT_RC,
         .cap = {.max_send_wr = SQ_DEPTH,
                 .max_recv_wr = RQ_DEPTH,
-                .max_send_sge = 1,
+                .max_send_sge = send_sge,
                 .max_recv_sge = 1},
     };
     s->qp = OPS->create_qp(s->pd, &init);
@@ -181,6 +182,14 @@ static int setup_small_cq(void **state)
     cq_entries = 2;
     int rc = setup(state);
     cq_entries = SQ_DEPTH + RQ_DEPTH;
+    return rc;
+}
+
+static int setup_gather(void **state)
+{
+    send_sge = 4;
+    int rc = setup(state);
+    send_sge = 1;
     return rc;
 }
 
@@ -1101,6 +1110,57 @@ static void test_fini_frees_leftovers(void **state)
     }
 }
 
+/* A write with several entries gathers them, in order, into contiguous
+ * remote bytes (head slicing's gather writes); more entries than the QP's
+ * max_send_sge are refused, and an entry outside its MR fails the write
+ * without landing any of it. */
+static void test_gather_write(void **state)
+{
+    pair_t *p = *state;
+    connect_pair(p, 7);
+    post_recvs(&p->b, 1, 1);
+    struct ibv_sge sges[5];
+    for (int i = 0; i < 5; i++) /* 100 bytes from every other chunk, last first */
+        sges[i] = (struct ibv_sge){.addr = (uintptr_t)p->a.buf + (uint64_t)(8 - 2 * i) * CHUNK,
+                                   .length = 100,
+                                   .lkey = p->a.mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = 9,
+                             .sg_list = sges,
+                             .num_sge = 5,
+                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .imm_data = htonl(3),
+                             .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = (uintptr_t)p->b.buf + 20 * CHUNK;
+    wr.wr.rdma.rkey = p->b.mr->rkey;
+    assert_int_equal(post(&p->a, &wr), EINVAL); /* 5 entries, max_send_sge 4 */
+    wr.num_sge = 4;
+    assert_int_equal(post(&p->a, &wr), 0);
+    struct ibv_wc wc;
+    assert_int_equal(wait_cqes(p->b.cq, 1, &wc), 1);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.byte_len, 400);
+    for (int i = 0; i < 4; i++)
+        assert_memory_equal(p->b.buf + 20 * CHUNK + i * 100, p->a.buf + (8 - 2 * i) * CHUNK, 100);
+    assert_int_equal(p->b.buf[20 * CHUNK + 400], 0);
+    assert_int_equal(wait_cqes(p->a.cq, 1, &wc), 1);
+    expect_send_cqe(&wc, 9, IBV_WC_SUCCESS, &p->a);
+    assert_int_equal(wc.byte_len, 400);
+    fake_nic_stats_t st;
+    fake_nic_stats(&st);
+    assert_int_equal(st.bytes_written, 400);
+
+    /* The second entry outside the MR: a local protection error, nothing
+     * of the first entry lands. */
+    sges[1].lkey = p->a.mr->lkey + 1000;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.num_sge = 2;
+    wr.wr.rdma.remote_addr = (uintptr_t)p->b.buf + 30 * CHUNK;
+    assert_int_equal(post(&p->a, &wr), 0);
+    assert_int_equal(wait_cqes(p->a.cq, 1, &wc), 1);
+    assert_int_equal(wc.status, IBV_WC_LOC_PROT_ERR);
+    assert_true(chunk_untouched(p, 30));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1108,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_custom_config),
         cmocka_unit_test_setup_teardown(test_qp_state_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_lands, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_write, setup_gather, teardown),
         cmocka_unit_test_setup_teardown(test_write_with_imm_consumes_receive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsignaled_then_signaled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_slots_freed_by_polled_cqe, setup, teardown),

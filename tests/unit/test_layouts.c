@@ -36,7 +36,9 @@ typedef struct side {
     uint8_t *mem[MAX_REGIONS];
     bool gpu[MAX_REGIONS]; /* fake CUDA memory (support/fake_cuda.h) */
     uint32_t num_groups, num_regions;
-    bool next_gpu; /* add_group allocates "GPU" memory */
+    bool next_gpu;                       /* add_group allocates "GPU" memory */
+    kvw_group_heads_t heads[MAX_GROUPS]; /* head slicing: passed when has_heads */
+    bool has_heads;
 } side_t;
 
 typedef struct lpair {
@@ -133,14 +135,16 @@ static kvw_status_t open_engines(void)
                               .bootstrap_addr = st ? NULL : kvw_bootstrap_addr(lp.bs),
                               .config = &lp.cfg,
                               .num_groups = lp.src.num_groups,
-                              .groups = lp.src.groups};
+                              .groups = lp.src.groups,
+                              .group_heads = lp.src.has_heads ? lp.src.heads : NULL};
     kvw_engine_params_t dp = {.struct_size = sizeof(kvw_engine_params_t),
                               .role = KVW_ROLE_DECODE,
                               .device = d1.name,
                               .local_ip = d1.ip,
                               .config = &dcfg,
                               .num_groups = lp.dst.num_groups,
-                              .groups = lp.dst.groups};
+                              .groups = lp.dst.groups,
+                              .group_heads = lp.dst.has_heads ? lp.dst.heads : NULL};
     if (!st)
         st = kvw_engine_create(&pp, &lp.prefill);
     if (!st)
@@ -314,6 +318,74 @@ static void test_mla_no_wasted_bytes(void **state)
     assert_int_equal(kvw_receiver_metrics(r, &dm), KVW_OK);
     assert_int_equal(dm.bytes, m.bytes);
     finish(&q, s, r);
+}
+
+/* Head slicing, prefill TP 1 -> decode TP 2: prefill holds all 8 KV heads
+ * (64 bytes each, 16-token pages), this decode engine heads [4, 8), the
+ * other decode rank's half being the same transfer. NHD and HND, chunked,
+ * fragmented pages: every head of every token checked against prefill's,
+ * the canary elsewhere; the writes are gathers (no write per token). */
+static void heads_tp1_to_tp2(uint32_t order)
+{
+    enum { H = 8, HB = 64, T = 16, PAGES = 32, LAYERS_H = 4 };
+    size_t src_item = (size_t)T * H * HB, dst_item = src_item / 2, aux = 64;
+    add_group(&lp.src, KVW_GROUP_KV, LAYERS_H, 2, (size_t[]){src_item, src_item}, PAGES, true);
+    add_group(&lp.dst, KVW_GROUP_KV, LAYERS_H, 2, (size_t[]){dst_item, dst_item}, PAGES, false);
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
+    lp.src.heads[0] = (kvw_group_heads_t){H, 0, H, HB, T, order};
+    lp.dst.heads[0] = (kvw_group_heads_t){H, H / 2, H / 2, HB, T, order};
+    lp.src.has_heads = lp.dst.has_heads = true;
+    assert_int_equal(open_engines(), KVW_OK);
+    uint64_t src[] = {3, 4, 5, 9, 20, 21, 30, 1}, dst[] = {0, 1, 2, 3, 7, 8, 9, 31};
+    req_spec_t q = {
+        .room = 1, .n = 8, .src_pages = src, .dst_pages = dst, .aux_src = 2, .aux_dst = 1};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, src, 3), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, src + 3, 5), KVW_OK);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    kvw_req_metrics_t m;
+    assert_int_equal(kvw_sender_metrics(s, &m), KVW_OK);
+    assert_int_equal(m.bytes, 8ull * 2 * LAYERS_H * dst_item + aux);
+    print_message("heads TP 1 -> 2 (%s): %llu bytes in %llu writes (%u token rows a region)\n",
+                  order ? "HND" : "NHD", (unsigned long long)m.bytes, (unsigned long long)m.writes,
+                  8 * T);
+    assert_true(m.writes < 2ull * LAYERS_H * 8 * T / 4);
+    size_t wrong = 0;
+    for (uint32_t reg = 0; reg < 2 * LAYERS_H; reg++)
+        for (uint64_t p = 0; p < PAGES; p++) {
+            size_t i = 8;
+            for (size_t k = 0; k < 8; k++)
+                i = dst[k] == p ? k : i;
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t k = 0; k < H / 2; k++)
+                    for (uint32_t b = 0; b < HB; b++) {
+                        size_t at = order == KVW_PAGE_NHD ? ((size_t)t * (H / 2) + k) * HB + b
+                                                          : ((size_t)k * T + t) * HB + b;
+                        size_t from = order == KVW_PAGE_NHD
+                                          ? ((size_t)t * H + H / 2 + k) * HB + b
+                                          : ((size_t)(H / 2 + k) * T + t) * HB + b;
+                        uint8_t want = i < 8 ? pattern(reg, src[i], from) : (uint8_t)CANARY;
+                        wrong += peek(&lp.dst.mem[reg][p * dst_item + at]) != want;
+                    }
+        }
+    assert_int_equal(wrong, 0);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+}
+
+static void test_heads_tp1_to_tp2_nhd(void **state)
+{
+    (void)state;
+    heads_tp1_to_tp2(KVW_PAGE_NHD);
+}
+
+static void test_heads_tp1_to_tp2_hnd(void **state)
+{
+    (void)state;
+    heads_tp1_to_tp2(KVW_PAGE_HND);
 }
 
 /* K/V with different item lengths per region, two aux groups, and a state
@@ -920,6 +992,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_mla_no_wasted_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_two_aux_and_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heads_tp1_to_tp2_nhd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heads_tp1_to_tp2_hnd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunked_sends, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layerwise_from_another_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunks_times_layers, setup, teardown),

@@ -232,6 +232,59 @@ static void test_with_imm_and_zero_length(void **state)
     kvw__txq_fini(&q);
 }
 
+/* Gather writes: a slot takes the write's entries, then goes back to the
+ * shared one-entry form after the post; the chain's bytes are every
+ * entry's; a failed post counts every entry of what it took. */
+static void test_gather(void **state)
+{
+    (void)state;
+    kvw_txq_t q;
+    assert_int_equal(kvw__txq_init(&q, &fake_verbs_ops, fake_verbs_qp(), 64, 8, 32), KVW_OK);
+    assert_int_equal(kvw__txq_enable_gather(&q, 0), KVW_ERR_INVALID);
+    assert_int_equal(kvw__txq_enable_gather(&q, KVW_HEADS_MAX_SGE + 1), KVW_ERR_INVALID);
+    assert_int_equal(kvw__txq_enable_gather(&q, 4), KVW_OK);
+    assert_int_equal(kvw__txq_enable_gather(&q, 4), KVW_OK); /* again: no change */
+    assert_int_equal(kvw__txq_enable_gather(&q, 5), KVW_ERR_INVALID);
+    kvw_gwrite_t g = {.remote_addr = 0x900000, .len = 300, .num_sge = 3};
+    for (uint32_t k = 0; k < 3; k++)
+        g.sge[k] = (kvw_sge_t){0x100000 + k * 0x400, 100};
+    kvw_write_t w = write_n(1);
+    assert_int_equal(kvw__txq_add(&q, &w, 0, 0), 0);
+    assert_int_equal(kvw__txq_add_gather(&q, &g, 0x11, 0x22, 0, 0), 1);
+    assert_int_equal(q.wrs[1].num_sge, 3);
+    assert_int_equal(q.wrs[1].sg_list[2].addr, 0x100800);
+    assert_int_equal(q.wrs[1].sg_list[2].lkey, 0x11);
+    assert_int_equal(kvw__txq_add_gather(&q, &g, 0x11, 0x22, 1, 7), 2);
+    assert_int_equal(kvw__txq_flush(&q), KVW_OK);
+    const fake_wr_t *f = fake_verbs.wrs;
+    assert_int_equal(f[1].num_sge, 3);
+    assert_int_equal(f[1].sge_addr, 0x100000);
+    assert_int_equal(f[1].remote_addr, 0x900000);
+    assert_int_equal(f[1].rkey, 0x22);
+    assert_int_equal(f[1].opcode, IBV_WR_RDMA_WRITE);
+    assert_int_equal(f[2].opcode, IBV_WR_RDMA_WRITE_WITH_IMM);
+    assert_int_equal(f[2].imm_data, htonl(7));
+    assert_int_equal(q.bytes_posted, w.len + 600);
+    /* Back to the shared form. */
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_ptr_equal(q.wrs[i].sg_list, &q.sges[i]);
+        assert_int_equal(q.wrs[i].num_sge, 1);
+        assert_int_equal(q.wrs[i].opcode, IBV_WR_RDMA_WRITE);
+    }
+    /* A post failing at its third WR took two: a plain one and a gather. */
+    kvw_set_log_handler(count_log, NULL, KVW_LOG_WARN);
+    fake_verbs_fail_post_at(1, EIO, 2);
+    uint64_t before = q.bytes_posted;
+    kvw__txq_add(&q, &w, 0, 0);
+    kvw__txq_add_gather(&q, &g, 0x11, 0x22, 0, 0);
+    kvw__txq_add_gather(&q, &g, 0x11, 0x22, 0, 0);
+    assert_int_equal(kvw__txq_flush(&q), KVW_ERR_VERBS);
+    kvw_set_log_handler(NULL, NULL, KVW_LOG_WARN);
+    assert_int_equal(q.bytes_posted - before, w.len + 300);
+    assert_ptr_equal(q.wrs[2].sg_list, &q.sges[2]);
+    kvw__txq_fini(&q);
+}
+
 static void test_failed_post(void **state)
 {
     (void)state;
@@ -355,6 +408,7 @@ int main(void)
         cmocka_unit_test_setup(test_signaling, setup),
         cmocka_unit_test_setup(test_credits, setup),
         cmocka_unit_test_setup(test_with_imm_and_zero_length, setup),
+        cmocka_unit_test_setup(test_gather, setup),
         cmocka_unit_test_setup(test_failed_post, setup),
         cmocka_unit_test_setup(test_failed_post_mid_chain, setup),
         cmocka_unit_test_setup(test_error_completion_boundary, setup),

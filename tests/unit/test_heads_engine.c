@@ -1,0 +1,318 @@
+/* Head slicing on the engine (docs/head-slicing.md), on the fake NIC (not
+ * RDMA): one prefill engine holding all 8 KV heads, decode engines holding
+ * a slice each (decode TP > prefill TP), K and V regions over 2 layers
+ * plus an aux buffer, NHD and HND pages. Every byte of every decode
+ * engine's memory is checked: each head of each landed token against
+ * prefill's, the canary everywhere else. Also: what is refused, and how. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "support/engine_pair.h"
+#include "support/fake_nic.h"
+
+enum {
+    LAYERS = 2,
+    HEADS = 8,
+    HEAD_BYTES = 32,
+    POOL = 24, /* pages per region */
+    AUX_ITEM = 64,
+    MAX_DECODE = 4,
+    CANARY = 0xee,
+    WAIT_MS = 20000,
+};
+
+/* One engine's memory: K layers, V layers, one aux region. */
+typedef struct mem {
+    kvw_group_heads_t heads[2];
+    kvw_region_t regions[2 * LAYERS + 1];
+    uint8_t *buf[2 * LAYERS + 1];
+    kvw_group_t groups[2];
+    kvw_engine_t *engine;
+} mem_t;
+
+static kvw_bootstrap_t *bs;
+static kvw_config_t cfg;
+static mem_t prefill, decode[MAX_DECODE];
+static uint32_t page_tokens, order;
+
+static uint64_t page_len(const kvw_group_heads_t *h)
+{
+    return (uint64_t)h->page_tokens * h->num_heads * h->head_bytes;
+}
+
+static uint64_t in_page(const kvw_group_heads_t *h, uint32_t t, uint32_t k, uint32_t b)
+{
+    if (h->page_order == KVW_PAGE_NHD)
+        return ((uint64_t)t * h->num_heads + k) * h->head_bytes + b;
+    return ((uint64_t)k * h->page_tokens + t) * h->head_bytes + b;
+}
+
+/* Prefill's byte b of head `head` of token t of page p in region r. */
+static uint8_t value(uint32_t r, uint64_t p, uint32_t t, uint32_t head, uint32_t b)
+{
+    return (uint8_t)(r * 31u + p * 17u + t * 7u + head * 5u + b * 3u + 1u);
+}
+
+static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, uint32_t hb)
+{
+    memset(m, 0, sizeof(*m));
+    m->heads[0] = (kvw_group_heads_t){HEADS, first, count, hb, page_tokens, order};
+    uint64_t pl = page_len(&m->heads[0]);
+    for (uint32_t r = 0; r < 2 * LAYERS; r++) {
+        m->buf[r] = malloc(pl * POOL);
+        assert_non_null(m->buf[r]);
+        memset(m->buf[r], CANARY, pl * POOL);
+        if (role == KVW_ROLE_PREFILL)
+            for (uint64_t p = 0; p < POOL; p++)
+                for (uint32_t t = 0; t < page_tokens; t++)
+                    for (uint32_t k = 0; k < count; k++)
+                        for (uint32_t b = 0; b < hb; b++)
+                            m->buf[r][p * pl + in_page(&m->heads[0], t, k, b)] =
+                                value(r, p, t, first + k, b);
+        m->regions[r] = (kvw_region_t){m->buf[r], pl * POOL, pl};
+    }
+    uint32_t a = 2 * LAYERS;
+    m->buf[a] = malloc(AUX_ITEM * 4);
+    assert_non_null(m->buf[a]);
+    for (uint32_t b = 0; b < AUX_ITEM * 4; b++)
+        m->buf[a][b] = role == KVW_ROLE_PREFILL ? (uint8_t)(b * 11 + 5) : CANARY;
+    m->regions[a] = (kvw_region_t){m->buf[a], AUX_ITEM * 4, AUX_ITEM};
+    m->groups[0] = (kvw_group_t){KVW_GROUP_KV, LAYERS, 2, m->regions};
+    m->groups[1] = (kvw_group_t){KVW_GROUP_AUX, 1, 1, &m->regions[a]};
+    kvw_engine_params_t p = {.struct_size = sizeof(kvw_engine_params_t),
+                             .role = role,
+                             .device = role == KVW_ROLE_PREFILL ? "fake0" : "fake1",
+                             .local_ip = "127.0.0.1",
+                             .bootstrap_addr =
+                                 role == KVW_ROLE_PREFILL ? kvw_bootstrap_addr(bs) : NULL,
+                             .config = &cfg,
+                             .num_groups = 2,
+                             .groups = m->groups,
+                             .group_heads = m->heads};
+    assert_int_equal(kvw_engine_create(&p, &m->engine), KVW_OK);
+}
+
+static void mem_close(mem_t *m)
+{
+    kvw_engine_destroy(m->engine);
+    for (uint32_t r = 0; r < 2 * LAYERS + 1; r++)
+        free(m->buf[r]);
+    memset(m, 0, sizeof(*m));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    assert_int_equal(fake_nic_init(NULL), 0);
+    kvw__verbs_set_ops(&fake_nic_ops);
+    pair_config(&cfg);
+    kvw_bootstrap_params_t bp = {
+        .struct_size = sizeof(kvw_bootstrap_params_t), .bind_addr = "127.0.0.1:0", .config = &cfg};
+    assert_int_equal(kvw_bootstrap_create(&bp, &bs), KVW_OK);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int q = 0; q < MAX_DECODE; q++)
+        if (decode[q].engine)
+            mem_close(&decode[q]);
+    if (prefill.engine)
+        mem_close(&prefill);
+    kvw_bootstrap_destroy(bs);
+    bs = NULL;
+    fake_nic_stats_t st;
+    fake_nic_stats(&st);
+    kvw__verbs_set_ops(NULL);
+    fake_nic_fini();
+    assert_int_equal(st.fatal_errors, 0);
+    kvw_set_log_handler(NULL, NULL, KVW_LOG_WARN);
+    return 0;
+}
+
+static kvw_poll_t wait_sender(kvw_sender_t *s)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    kvw_poll_t st;
+    while ((st = kvw_sender_poll(s)) != KVW_POLL_SUCCESS && st != KVW_POLL_FAILED &&
+           pair_now_ms() < end)
+        pair_sleep_ms(1);
+    return st;
+}
+
+static kvw_poll_t wait_receiver(kvw_receiver_t *r)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    kvw_poll_t st;
+    while ((st = kvw_receiver_poll(r)) != KVW_POLL_SUCCESS && st != KVW_POLL_FAILED &&
+           pair_now_ms() < end)
+        pair_sleep_ms(1);
+    return st;
+}
+
+/* Decode engine m's bytes that differ from what the request of n pages
+ * (src[i] -> dst[i], aux item 1 -> 2) should have left. */
+static size_t wrong_bytes(const mem_t *m, const uint64_t *src, const uint64_t *dst, size_t n)
+{
+    const kvw_group_heads_t *h = &m->heads[0];
+    uint64_t pl = page_len(h);
+    size_t wrong = 0;
+    for (uint32_t r = 0; r < 2 * LAYERS; r++)
+        for (uint64_t p = 0; p < POOL; p++) {
+            size_t i = n;
+            for (size_t k = 0; k < n; k++)
+                i = dst[k] == p ? k : i;
+            for (uint32_t t = 0; t < h->page_tokens; t++)
+                for (uint32_t k = 0; k < h->num_heads; k++)
+                    for (uint32_t b = 0; b < h->head_bytes; b++) {
+                        uint8_t want = i < n ? value(r, src[i], t, h->first_head + k, b) : CANARY;
+                        wrong += m->buf[r][p * pl + in_page(h, t, k, b)] != want;
+                    }
+        }
+    for (uint32_t b = 0; b < AUX_ITEM * 4; b++) {
+        uint8_t want = b / AUX_ITEM == 2 ? (uint8_t)((AUX_ITEM + b % AUX_ITEM) * 11 + 5) : CANARY;
+        wrong += m->buf[2 * LAYERS][b] != want;
+    }
+    return wrong;
+}
+
+/* Prefill holds all 8 heads; decode_tp decode engines hold 8 / decode_tp
+ * each; one request per decode engine moves n pages. */
+static void run_split(uint32_t decode_tp, const uint64_t *src, const uint64_t *dst, size_t n)
+{
+    uint32_t per = HEADS / decode_tp;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    for (uint32_t q = 0; q < decode_tp; q++)
+        mem_open(&decode[q], KVW_ROLE_DECODE, q * per, per, HEAD_BYTES);
+    kvw_sender_t *s[MAX_DECODE];
+    kvw_receiver_t *r[MAX_DECODE];
+    for (uint32_t q = 0; q < decode_tp; q++) {
+        assert_int_equal(kvw_sender_create(prefill.engine, 100 + q, &s[q]), KVW_OK);
+        assert_int_equal(
+            kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, 100 + q, &r[q]),
+            KVW_OK);
+        assert_int_equal(kvw_receiver_init(r[q], dst, n, 2), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[q], n, 1), KVW_OK);
+        /* In two parts: chunked sends work as without slicing. */
+        assert_int_equal(kvw_sender_send(s[q], src, n / 2), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[q], src + n / 2, n - n / 2), KVW_OK);
+    }
+    for (uint32_t q = 0; q < decode_tp; q++) {
+        assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
+        assert_int_equal(wait_sender(s[q]), KVW_POLL_SUCCESS);
+        assert_int_equal(wrong_bytes(&decode[q], src, dst, n), 0);
+        kvw_req_metrics_t mt;
+        assert_int_equal(kvw_sender_metrics(s[q], &mt), KVW_OK);
+        /* Each decode engine got its share of every page, and the aux item. */
+        assert_int_equal(mt.bytes, 2 * LAYERS * n * page_len(&decode[q].heads[0]) + AUX_ITEM);
+        kvw_sender_destroy(s[q]);
+        kvw_receiver_destroy(r[q]);
+    }
+    for (uint32_t q = 0; q < decode_tp; q++)
+        mem_close(&decode[q]);
+    mem_close(&prefill);
+}
+
+static const uint64_t contiguous[8] = {3, 4, 5, 6, 7, 8, 9, 10};
+static const uint64_t fragmented[8] = {20, 1, 14, 7, 3, 18, 11, 22};
+
+/* 1:2 and 1:4, NHD and HND, pages contiguous or fragmented on either side:
+ * the gather writes put every head where it belongs. */
+static void test_decode_fewer_heads(void **state)
+{
+    (void)state;
+    for (order = KVW_PAGE_NHD; order <= KVW_PAGE_HND; order++)
+        for (page_tokens = 4; page_tokens <= 16; page_tokens *= 4) {
+            run_split(2, fragmented, contiguous, 8);
+            run_split(4, contiguous, fragmented, 8);
+            run_split(2, contiguous, contiguous, 8);
+        }
+}
+
+/* The gather writes count: 1:2 NHD, 16-token pages, contiguous on both
+ * sides: each K or V region of each layer is one run of 8 pages, 128
+ * token slices, gathered 32 a write (the fake NIC's max_sge), so 4 writes
+ * a region, 16 in all plus the aux item's. */
+static void test_gather_write_count(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 16;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    mem_open(&decode[0], KVW_ROLE_DECODE, 4, 4, HEAD_BYTES);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_sender_create(prefill.engine, 7, &s), KVW_OK);
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), 0, 7, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 8, 2), KVW_OK);
+    assert_int_equal(kvw_sender_init(s, 8, 1), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, contiguous, 8), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
+    kvw_req_metrics_t mt;
+    assert_int_equal(kvw_sender_metrics(s, &mt), KVW_OK);
+    assert_int_equal(mt.writes, 2 * LAYERS * 4 + 1);
+    assert_int_equal(wrong_bytes(&decode[0], contiguous, contiguous, 8), 0);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+}
+
+/* Decode asking for heads this prefill rank lacks fails the request on
+ * both sides, saying which; a model mismatch is refused at the handshake,
+ * saying what differs. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, 4, HEAD_BYTES); /* a rank of TP 2 */
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    const char *why = NULL;
+    assert_int_equal(kvw_sender_create(prefill.engine, 9, &s), KVW_OK);
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), 0, 9, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(kvw_sender_init(s, 4, KVW_NO_AUX), KVW_OK);
+    kvw_sender_send(s, contiguous, 4);
+    assert_int_equal(wait_sender(s), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(s, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "heads [0, 8): prefill holds [0, 4), decode [0, 8)"));
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "prefill holds [0, 4)"));
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    mem_close(&decode[0]);
+    /* Another head size: the handshake says so. */
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, 2, 2 * HEAD_BYTES);
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), 0, 10, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    kvw_receiver_failure(r, &why);
+    assert_non_null(strstr(why, "bytes per head"));
+    kvw_receiver_destroy(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_decode_fewer_heads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_write_count, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
