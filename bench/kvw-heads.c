@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvw-heads: what head slicing costs in writes, on the host, no RDMA
  * needed. For a Llama-like layout (8 KV heads of 128 bytes, K and V
  * regions per layer) and page sizes 16 and 64 it plans one request per

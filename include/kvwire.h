@@ -108,7 +108,7 @@ extern "C" {
  * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
  * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 1
-#define KVW_VERSION_MINOR 0
+#define KVW_VERSION_MINOR 1
 #define KVW_VERSION_PATCH 0
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Head slicing: prefill and decode run with different tensor parallelism,
  * so each rank's KV region holds a different range of the model's
  * attention heads. This file describes which heads a region holds and how

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for src/plan/heads.c: head descriptions, who sends which
  * heads (GQA and MLA replication), and the gather writes of a head-sliced
  * transfer, their counts and entries, and the bytes they move: each test

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Head slicing on the engine (docs/head-slicing.md), on the fake NIC (not
  * RDMA): one prefill engine holding all 8 KV heads, decode engines holding
  * a slice each (decode TP > prefill TP), K and V regions over 2 layers
