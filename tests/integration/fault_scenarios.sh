@@ -362,7 +362,7 @@ abort_prefill() {
     # shellcheck disable=SC2086
     pair "prefill aborts a request mid-transfer, decode told after its writes drained" \
         "$dev1" "$ip1" $ABORT_WORK --abort-room 1 --abort-side prefill --abort-after-ms 30 \
-        --abort-sync "$work/sync" --expect-failed 1 --canary-ms 2000
+        --abort-sync "$work/sync" --hold-rest "$work/sync" --expect-failed 1 --canary-ms 2000
     status_is "$work/p.log" 1 KVW_ERR_ABORTED "prefill's room 1 is not KVW_ERR_ABORTED"
     mid_transfer "$work/d.log" 1
     grep -q '^room 1: FAILED after [0-9]* ms: [A-Z_]*: prefill: ' "$work/d.log" ||
@@ -399,7 +399,8 @@ bystander_2() {
     # shellcheck disable=SC2086
     pair "bystanders survive prefill's abort and decode's out-of-range destination page" \
         "$dev0" "$ip0" $BYSTANDER_WORK --abort-room 1 --abort-side prefill --abort-after-ms 50 \
-        --abort-sync "$work/sync" --bad-room 2 --bad-side decode --expect-failed 1,2 \
+        --abort-sync "$work/sync" --hold-rest "$work/sync" --bad-room 2 --bad-side decode \
+        --expect-failed 1,2 \
         --canary-ms 500
     status_is "$work/d.log" 2 KVW_ERR_OUT_OF_RANGE "decode's room 2 is not KVW_ERR_OUT_OF_RANGE"
     mid_transfer "$work/d.log" 1

@@ -664,8 +664,9 @@ static kvw_sender_t *start_sender(const opts_t *o, kvw_engine_t *e, room_state_t
     }
     rs->t_handed = now_s();
     rs->started = true;
-    /* --hold-rest: the first half now, the rest once decode aborted, so the
-     * abort always meets a transfer prefill has not finished. */
+    /* --hold-rest: the first half now, the rest once the room was aborted
+     * (by decode, which writes the file, or by prefill itself), so the
+     * abort always meets a transfer that has not finished. */
     bool hold = o->f.hold_rest && (int64_t)rp->room == o->f.abort_room && !bad;
     rs->held = hold ? o->pages - o->pages / 2 : 0;
     st = kvw_sender_send(s, src, o->pages - rs->held);
@@ -711,21 +712,24 @@ static void prefill_abort_hook(const opts_t *o, kvw_sender_t *s, room_state_t *r
                kvw_status_name(st));
 }
 
-/* --hold-rest: hand over the held pages once decode wrote the file (the
+/* --hold-rest: hand over the held pages once the room was aborted: decode
+ * wrote the file, or (--abort-side prefill) this process aborted it. The
  * request has Failed by then, or does so at once: the call's status is
- * only reported). */
+ * only reported. */
 static void release_held(const opts_t *o, kvw_sender_t *s, room_state_t *rs)
 {
     double now = now_s();
     if (!rs->held || now < rs->t_next_look)
         return;
-    rs->t_next_look = now + 0.005;
-    if (access(o->f.hold_rest, F_OK) != 0)
+    bool aborted =
+        o->f.abort_side == SIDE_PREFILL ? rs->t_fault != 0 : access(o->f.hold_rest, F_OK) == 0;
+    if (!aborted)
         return;
+    rs->t_next_look = now + 0.005;
     size_t first = o->pages - rs->held;
     kvw_status_t st = kvw_sender_send(s, rs->plan.src + first, rs->held);
     rs->held = 0;
-    printf("room %" PRIu64 ": the held %zu page(s) handed over after decode's abort: %s\n",
+    printf("room %" PRIu64 ": the held %zu page(s) handed over after the abort: %s\n",
            rs->plan.room, o->pages - first, kvw_status_name(st));
 }
 
@@ -1412,8 +1416,9 @@ static void usage(void)
             "        if it has not ended. Decode: its first bytes landed. Prefill: it turned\n"
             "        Transferring, or with --abort-sync (same host), decode wrote FILE on\n"
             "        seeing its first bytes land (prefill may serve other rooms first)\n"
-            "    --hold-rest FILE (with --abort-side decode; same host): prefill sends room\n"
-            "        K's first half of pages, the rest once decode wrote FILE after its abort\n"
+            "    --hold-rest FILE: prefill sends room K's first half of pages, the rest once\n"
+            "        the room was aborted: by decode, which writes FILE then (same host), or\n"
+            "        with --abort-side prefill by prefill itself (FILE unused)\n"
             "    --bad-room K [--bad-side prefill|decode (decode)]\n"
             "        that side hands room K an out-of-range page (receiver_init / sender_send)\n"
             "    --expect-failed LIST   these rooms must end Failed, all others Success\n"
