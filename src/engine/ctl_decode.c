@@ -38,8 +38,21 @@ static void send_lookup(kvw_peer_t *p)
     kvw__zsend(p->bs_sock, &m, ZMQ_DONTWAIT);
 }
 
+/* A peer made by kvw_receiver_create_at: its "bootstrap address" is the
+ * prefill engine's own control endpoint, dialled without a lookup. */
+static bool direct(const kvw_peer_t *p)
+{
+    return strncmp(p->bootstrap_addr, "tcp://", 6) == 0;
+}
+
+static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint);
+
 static void open_lookup(kvw_engine_t *e, kvw_peer_t *p, bool ask_now)
 {
+    if (direct(p)) {
+        peer_start_hello(e, p, p->bootstrap_addr);
+        return;
+    }
     char ep[KVW_WIRE_ENDPOINT_MAX];
     kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
     p->bs_sock = dealer(e);
@@ -59,6 +72,10 @@ static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
     close_monitor(p);
     zmq_close(p->sock);
     p->sock = NULL;
+    if (direct(p)) { /* no service to ask: the same endpoint again, until the deadline */
+        p->next_ping_ns = kvw__now_ns() + kvw__ms_ns(LOOKUP_RETRY_MS);
+        return;
+    }
     /* Not at once: until its successor registers, the service keeps
      * answering with the same stale endpoint. */
     open_lookup(e, p, false);
@@ -305,7 +322,10 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
     }
     if (s == PEER_LOOKUP && p->next_ping_ns && now > p->next_ping_ns) {
         p->next_ping_ns = 0;
-        send_lookup(p);
+        if (direct(p))
+            peer_start_hello(e, p, p->bootstrap_addr);
+        else
+            send_lookup(p);
     } else if (s == PEER_HELLO && now > p->hello_retry_ns) {
         restart_lookup(e, p, "no answer to the handshake");
     }
