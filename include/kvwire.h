@@ -639,7 +639,10 @@ KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
  * each prefill rank's kvw_engine_endpoint()): kvw_receiver_create for a
  * prefill engine whose control endpoint ("tcp://ip:port") is already known,
  * with no bootstrap lookup. prefill_rank only names the peer in logs and
- * reasons; receivers naming the same endpoint share one connection. A
+ * reasons; receivers naming the same endpoint share one connection. One
+ * engine may hold receivers for the same room from different endpoints
+ * (sglang contacts every prefill TP rank of a request); KVW_ERR_EXISTS for
+ * the same room and endpoint twice. A
  * handshake that is refused or unanswered is retried on the same endpoint
  * until bootstrap_timeout_ms, then the receiver fails. Such a prefill engine
  * may be created with bootstrap_addr NULL (it then registers nowhere).

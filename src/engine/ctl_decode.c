@@ -238,6 +238,11 @@ static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m
 {
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, m->u.failed.room);
+    if (r && r->peer != p) /* receivers made by kvw_receiver_create_at share rooms across peers */
+        for (r = e->reqs; r && !(r->role == KVW_ROLE_DECODE && r->peer == p &&
+                                 r->room == m->u.failed.room && r->token == m->u.failed.token);
+             r = r->next)
+            ;
     if (r && r->peer == p && r->token == m->u.failed.token) {
         if (r->aborting)
             kvw__req_fail(r, r->abort_status, "%s", r->abort_reason);

@@ -123,9 +123,15 @@ static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t 
                                     uint64_t room, kvw_receiver_t **recv_p)
 {
     const char *bootstrap_addr = addr;
+    bool direct = strncmp(addr, "tcp://", 6) == 0;
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, room);
+    if (r && direct) /* one receiver per room and prefill endpoint: another endpoint may share it */
+        for (r = e->reqs; r && !(r->role == KVW_ROLE_DECODE && r->room == room &&
+                                 strcmp(r->bootstrap_addr, addr) == 0);
+             r = r->next)
+            ;
     if (r) {
         st = KVW_ERR_EXISTS;
     } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {

@@ -1226,6 +1226,15 @@ static void test_receiver_for_known_endpoint(void **state)
                                                 pr->room, &pr->r),
                          KVW_OK);
         assert_int_equal(kvw_receiver_init(pr->r, pr->dst, pr->n, pr->aux_dst), KVW_OK);
+        /* The same room from the same endpoint again: refused; from another
+         * endpoint (another prefill TP rank of the request): allowed. */
+        kvw_receiver_t *twin = NULL;
+        assert_int_equal(kvw_receiver_create_at(pair.decode, kvw_engine_endpoint(pair.prefill), 3,
+                                                pr->room, &twin),
+                         KVW_ERR_EXISTS);
+        assert_int_equal(
+            kvw_receiver_create_at(pair.decode, "tcp://127.0.0.1:9", 4, pr->room, &twin), KVW_OK);
+        kvw_receiver_destroy(twin); /* never connected: aborted at once */
         assert_int_equal(pair_wait_sender_ready(pr, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
         assert_int_equal(kvw_sender_requested(pr->s, &n, &aux), KVW_OK);
         assert_int_equal(n, pr->n);
