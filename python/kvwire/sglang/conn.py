@@ -279,8 +279,16 @@ class KVWireKVManager(CommonKVManager):
         if device and "," in device:
             devs = [d.strip() for d in device.split(",") if d.strip()]
             device = devs[int(getattr(args, "gpu_id", 0) or 0) % len(devs)]
+        cfg = kvwire.Config()
+        if role == "prefill" and "KVW_BOOTSTRAP_TIMEOUT_MS" not in os.environ:
+            # A sender waits for decode's request as long as sglang lets it
+            # (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s), not kvwire's 30 s.
+            from sglang.srt.environ import envs
+
+            sg_ms = int(float(envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()) * 1000)
+            cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
         return kvwire.Engine(role, self.kvwire_ip, groups=groups, device=device,
-                             engine_rank=int(getattr(args, "engine_rank", 0) or 0))
+                             engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg)
 
     # ------------------------------------------------------ registration
 
@@ -326,6 +334,11 @@ class KVWireKVManager(CommonKVManager):
     def where(self) -> str:
         return (f"{self.disaggregation_mode.value} attn tp rank {self.attn_tp_rank}/"
                 f"{self.attn_tp_size}, dp rank {self.attn_dp_rank}/{self.attn_dp_size}")
+
+
+def KVPoll_name(v: int) -> str:  # noqa: N802
+    return {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring",
+            4: "Success"}.get(int(v), str(v))
 
 
 def _reason(err: Optional[Error]) -> str:
@@ -413,6 +426,8 @@ class KVWireKVSender(CommonKVSender):
         if self.kv_mgr.request_status.get(self.bootstrap_room) == KVPoll.Failed:
             self._fail(self.kv_mgr.failure_records.get(self.bootstrap_room, "failed"))
             return KVPoll.Failed
+        if self.sender.closed:  # cleared before it ended
+            return KVPoll.Failed
         s = self.sender.poll()
         if s == Poll.FAILED:
             self.kv_mgr.record_failure(self.bootstrap_room, _reason(self.sender.failure()))
@@ -431,9 +446,11 @@ class KVWireKVSender(CommonKVSender):
         with self.kv_mgr.failure_lock:
             reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
         if reason is None and self.sender is not None and not self.sender.closed:
-            reason = _reason(self.sender.failure())
-        raise KVTransferError(self.bootstrap_room,
-                              f"kvwire {self.kv_mgr.where()}: {reason or 'failed'}")
+            if self.sender.poll() == Poll.FAILED:
+                reason = _reason(self.sender.failure())
+        if reason is None:
+            reason = f"failed on another rank (this one: {KVPoll_name(self.poll())})"
+        raise KVTransferError(self.bootstrap_room, f"kvwire {self.kv_mgr.where()}: {reason}")
 
     def get_transfer_metric(self) -> KVTransferMetric:
         m = super().get_transfer_metric()
@@ -581,8 +598,12 @@ class KVWireKVReceiver(CommonKVReceiver):
     def failure_exception(self) -> None:
         with self.kv_mgr.failure_lock:
             reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
-        raise KVTransferError(self.bootstrap_room,
-                              f"kvwire {self.kv_mgr.where()}: {reason or 'failed'}")
+        if reason is None:
+            errs = [f"prefill at {r.bootstrap_addr}: {_reason(r.failure())}"
+                    for r, _ in self.recvs if not r.closed and r.poll() == Poll.FAILED]
+            reason = "; ".join(errs) or (
+                f"failed on another rank (this one: {KVPoll_name(self.poll())})")
+        raise KVTransferError(self.bootstrap_room, f"kvwire {self.kv_mgr.where()}: {reason}")
 
     def get_transfer_metric(self) -> KVTransferMetric:
         m = KVTransferMetric()
