@@ -164,3 +164,16 @@ def test_creation_failures_are_reported_by_poll_not_raised():
     assert ei.value.error.status == kvwire.Status.ERR_NOT_FOUND
     r.abort()
     r.clear()
+
+
+def test_uninstall_restores_the_environment(fake_sglang, monkeypatch):
+    """install() exports KVWIRE_SGLANG_BACKEND for spawned schedulers;
+    uninstall() puts the environment back (a test process must not leak
+    the name into the processes it starts later)."""
+    import os
+
+    monkeypatch.delenv("KVWIRE_SGLANG_BACKEND", raising=False)
+    ks.install("nixl")
+    assert os.environ["KVWIRE_SGLANG_BACKEND"] == "nixl"
+    ks.uninstall()
+    assert "KVWIRE_SGLANG_BACKEND" not in os.environ

@@ -205,17 +205,26 @@ def install(replace: Optional[str] = None) -> None:
     it forks."""
     replace = (replace or os.environ.get("KVWIRE_SGLANG_BACKEND") or BACKEND).lower()
     with _lock:
+        if _state["replace"] is None:
+            _state["env"] = os.environ.get("KVWIRE_SGLANG_BACKEND")
         _state["replace"] = replace
-        os.environ["KVWIRE_SGLANG_BACKEND"] = replace
+        os.environ["KVWIRE_SGLANG_BACKEND"] = replace  # for spawned schedulers
         _patch_loaded(replace)
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
 
 
 def uninstall() -> None:
-    """Undo install()'s get_kv_class patch in this process (the added
-    choice and enum member stay: harmless without the patch)."""
+    """Undo install()'s get_kv_class patch and its KVWIRE_SGLANG_BACKEND in
+    this process (the added choice and enum member stay: harmless without
+    the patch)."""
     with _lock:
+        if _state["replace"] is not None:  # the environment as before install()
+            env = _state.get("env")
+            if env is None:
+                os.environ.pop("KVWIRE_SGLANG_BACKEND", None)
+            else:
+                os.environ["KVWIRE_SGLANG_BACKEND"] = env
         _state["replace"] = None
         if _finder in sys.meta_path:
             sys.meta_path.remove(_finder)

@@ -55,7 +55,7 @@ logging.getLogger("kvwire.sglang").setLevel(logging.INFO)
 sglang_ref.enter()
 import kvwire.sglang as ks  # noqa: E402
 
-ks.install()
+ks.install("kvwire")  # not $KVWIRE_SGLANG_BACKEND: this tests the name
 from sglang.srt.disaggregation.base.conn import KVPoll, StateType  # noqa: E402
 from sglang.srt.disaggregation.utils import (DisaggregationMode, KVClassType,  # noqa: E402
                                              TransferBackend, get_kv_class)

@@ -39,7 +39,7 @@ def _report(text, tag):
     if report:
         with open(report, "a") as f:
             for line in text.splitlines():
-                if ": as expected:" in line or line.startswith("decode kill: Failed"):
+                if "as expected:" in line or line.startswith("decode kill: Failed"):
                     f.write(f"sglang common ({tag}) {line}\n")
 
 
