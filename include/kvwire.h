@@ -644,9 +644,10 @@ KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
  * (sglang contacts every prefill TP rank of a request); KVW_ERR_EXISTS for
  * the same room and endpoint twice. A handshake that is refused or
  * unanswered is retried on the same endpoint until bootstrap_timeout_ms,
- * then the receiver fails. Such a prefill engine may be created with
- * bootstrap_addr NULL (it then registers nowhere). KVW_ERR_INVALID for an
- * endpoint that is not tcp://. */
+ * then the receiver fails; logs name the peer "@" and its endpoint. Such a
+ * prefill engine may be created with bootstrap_addr NULL (it then
+ * registers nowhere). KVW_ERR_INVALID for an endpoint that is not tcp://
+ * (and, for kvw_receiver_create, for a bootstrap address starting "@"). */
 KVW_API kvw_status_t kvw_receiver_create_at(kvw_engine_t *engine, const char *endpoint,
                                             uint32_t prefill_rank, uint64_t room,
                                             kvw_receiver_t **receiver_p);

@@ -38,11 +38,11 @@ static void send_lookup(kvw_peer_t *p)
     kvw__zsend(p->bs_sock, &m, ZMQ_DONTWAIT);
 }
 
-/* A peer made by kvw_receiver_create_at: its "bootstrap address" is the
- * prefill engine's own control endpoint, dialled without a lookup. */
+/* A peer made by kvw_receiver_create_at: its "bootstrap address" is '@'
+ * and the prefill engine's own control endpoint, dialled without a lookup. */
 static bool direct(const kvw_peer_t *p)
 {
-    return strncmp(p->bootstrap_addr, "tcp://", 6) == 0;
+    return p->bootstrap_addr[0] == '@';
 }
 
 static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint);
@@ -50,7 +50,7 @@ static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoin
 static void open_lookup(kvw_engine_t *e, kvw_peer_t *p, bool ask_now)
 {
     if (direct(p)) {
-        peer_start_hello(e, p, p->bootstrap_addr);
+        peer_start_hello(e, p, p->bootstrap_addr + 1);
         return;
     }
     char ep[KVW_WIRE_ENDPOINT_MAX];
@@ -328,7 +328,7 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
     if (s == PEER_LOOKUP && p->next_ping_ns && now > p->next_ping_ns) {
         p->next_ping_ns = 0;
         if (direct(p))
-            peer_start_hello(e, p, p->bootstrap_addr);
+            peer_start_hello(e, p, p->bootstrap_addr + 1);
         else
             send_lookup(p);
     } else if (s == PEER_HELLO && now > p->hello_retry_ns) {

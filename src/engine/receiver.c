@@ -116,14 +116,14 @@ static kvw_status_t token_alloc_locked(kvw_engine_t *e, kvw_req_t *r)
     return KVW_ERR_NO_MEMORY;
 }
 
-/* addr: a bootstrap service's "host:port", or (kvw_receiver_create_at) a
- * prefill engine's "tcp://ip:port", which the control thread dials
- * directly (ctl_decode.c). */
+/* addr: a bootstrap service's address, or (kvw_receiver_create_at) '@'
+ * and a prefill engine's "tcp://ip:port", which the control thread dials
+ * directly (ctl_decode.c); no bootstrap address starts with '@'. */
 static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
                                     uint64_t room, kvw_receiver_t **recv_p)
 {
     const char *bootstrap_addr = addr;
-    bool direct = strncmp(addr, "tcp://", 6) == 0;
+    bool direct = addr[0] == '@';
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, room);
@@ -155,8 +155,7 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, ui
                                  uint64_t room, kvw_receiver_t **recv_p)
 {
     if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
-        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6 ||
-        strncmp(bootstrap_addr, "tcp://", 6) == 0)
+        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6 || bootstrap_addr[0] == '@')
         return KVW_ERR_INVALID;
     return receiver_create(e, bootstrap_addr, prefill_rank, room, recv_p);
 }
@@ -166,9 +165,11 @@ kvw_status_t kvw_receiver_create_at(kvw_engine_t *e, const char *endpoint, uint3
 {
     if (!e || !recv_p || !endpoint || e->role != KVW_ROLE_DECODE ||
         strncmp(endpoint, "tcp://", 6) != 0 || !endpoint[6] ||
-        strlen(endpoint) >= KVW_WIRE_ENDPOINT_MAX)
+        strlen(endpoint) >= KVW_WIRE_ENDPOINT_MAX - 1)
         return KVW_ERR_INVALID;
-    return receiver_create(e, endpoint, prefill_rank, room, recv_p);
+    char addr[KVW_WIRE_ENDPOINT_MAX];
+    snprintf(addr, sizeof(addr), "@%s", endpoint);
+    return receiver_create(e, addr, prefill_rank, room, recv_p);
 }
 
 /* Check and copy a request's indices (pages, then state) for the wire. */
