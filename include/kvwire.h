@@ -769,6 +769,31 @@ KVW_API kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *receiver,
  * receiver's pages must not be reused before that. */
 KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 
+/* Engines that bring their own discovery (sglang's bootstrap server carries
+ * each prefill rank's kvw_engine_endpoint()): kvw_receiver_create for a
+ * prefill engine whose control endpoint ("tcp://ip:port") is already known,
+ * with no bootstrap lookup. prefill_rank only names the peer in logs and
+ * reasons; receivers naming the same endpoint share one connection. One
+ * engine may hold receivers for the same room from different endpoints
+ * (sglang contacts every prefill TP rank of a request); KVW_ERR_EXISTS for
+ * the same room and endpoint twice. A handshake that is refused or
+ * unanswered is retried on the same endpoint until bootstrap_timeout_ms,
+ * then the receiver fails; logs name the peer "@" and its endpoint. Such a
+ * prefill engine may be created with bootstrap_addr NULL (it then
+ * registers nowhere). KVW_ERR_INVALID for an endpoint that is not tcp://
+ * (and, for kvw_receiver_create, for a bootstrap address starting "@"). */
+KVW_API kvw_status_t kvw_receiver_create_at(kvw_engine_t *engine, const char *endpoint,
+                                            uint32_t prefill_rank, uint64_t room,
+                                            kvw_receiver_t **receiver_p);
+/* Prefill side: what decode asked for in the request for this sender's
+ * room, once it has arrived: its page count and whether it wants the aux
+ * item (*aux_p: KVW_NO_AUX or 0). KVW_ERR_STATE while still Bootstrapping
+ * (no request yet). Lets a caller recognise a decode rank that reads
+ * nothing from this prefill rank (0 pages, no aux: MLA with prefill TP >
+ * decode TP, where one prefill rank sends and the others only finish). */
+KVW_API kvw_status_t kvw_sender_requested(const kvw_sender_t *sender, size_t *num_pages_p,
+                                          uint32_t *aux_p);
+
 /* ------------------------------------------------------------- bootstrap */
 
 typedef struct kvw_bootstrap kvw_bootstrap_t;

@@ -26,6 +26,9 @@ BUILD_PKGS=(
     valgrind
     # the Python binding's tests (make python-test, python_scenarios.sh)
     python3 python3-pytest python3-numpy
+    # the sglang backend's tests run sglang's own connection code (the
+    # pinned reference snapshot): torch (CPU), ZeroMQ, requests, aiohttp
+    python3-torch python3-zmq python3-requests python3-aiohttp
 )
 # Fuzzing (make fuzz, make fuzz-short in make check): clang and libFuzzer.
 # The runtime clang links with -fsanitize=fuzzer (libclang_rt.fuzzer) is

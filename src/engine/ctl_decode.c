@@ -39,8 +39,21 @@ static void send_lookup(kvw_peer_t *p)
     kvw__zsend(p->bs_sock, &m, ZMQ_DONTWAIT);
 }
 
+/* A peer made by kvw_receiver_create_at: its "bootstrap address" is '@'
+ * and the prefill engine's own control endpoint, dialled without a lookup. */
+static bool direct(const kvw_peer_t *p)
+{
+    return p->bootstrap_addr[0] == '@';
+}
+
+static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint);
+
 static void open_lookup(kvw_engine_t *e, kvw_peer_t *p, bool ask_now)
 {
+    if (direct(p)) {
+        peer_start_hello(e, p, p->bootstrap_addr + 1);
+        return;
+    }
     char ep[KVW_WIRE_ENDPOINT_MAX];
     kvw__zendpoint(p->bootstrap_addr, ep, sizeof(ep));
     p->bs_sock = dealer(e);
@@ -60,6 +73,10 @@ static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
     close_monitor(p);
     zmq_close(p->sock);
     p->sock = NULL;
+    if (direct(p)) { /* no service to ask: the same endpoint again, until the deadline */
+        p->next_ping_ns = kvw__now_ns() + kvw__ms_ns(LOOKUP_RETRY_MS);
+        return;
+    }
     /* Not at once: until its successor registers, the service keeps
      * answering with the same stale endpoint. */
     open_lookup(e, p, false);
@@ -222,6 +239,11 @@ static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m
 {
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, m->u.failed.room);
+    if (r && r->peer != p) /* receivers made by kvw_receiver_create_at share rooms across peers */
+        for (r = e->reqs; r && !(r->role == KVW_ROLE_DECODE && r->peer == p &&
+                                 r->room == m->u.failed.room && r->token == m->u.failed.token);
+             r = r->next)
+            ;
     if (r && r->peer == p && r->token == m->u.failed.token) {
         if (r->rx.aborting)
             kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
@@ -308,7 +330,10 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
     }
     if (s == PEER_LOOKUP && p->next_ping_ns && now > p->next_ping_ns) {
         p->next_ping_ns = 0;
-        send_lookup(p);
+        if (direct(p))
+            peer_start_hello(e, p, p->bootstrap_addr + 1);
+        else
+            send_lookup(p);
     } else if (s == PEER_HELLO && now > p->hello_retry_ns) {
         restart_lookup(e, p, "no answer to the handshake");
     }

@@ -104,15 +104,22 @@ static void receiver_destroy(kvw_req_t *r)
 
 /* ------------------------------------------------------------- receiver */
 
-kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
-                                 uint64_t room, kvw_receiver_t **recv_p)
+/* addr: a bootstrap service's address, or (kvw_receiver_create_at) '@'
+ * and a prefill engine's "tcp://ip:port", which the control thread dials
+ * directly (ctl_decode.c); no bootstrap address starts with '@'. */
+static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
+                                    uint64_t room, kvw_receiver_t **recv_p)
 {
-    if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
-        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6)
-        return KVW_ERR_INVALID;
+    const char *bootstrap_addr = addr;
+    bool direct = addr[0] == '@';
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, room);
+    if (r && direct) /* one receiver per room and prefill endpoint: another endpoint may share it */
+        for (r = e->reqs; r && !(r->role == KVW_ROLE_DECODE && r->room == room &&
+                                 strcmp(r->rx.bootstrap_addr, addr) == 0);
+             r = r->next)
+            ;
     if (r) {
         st = KVW_ERR_EXISTS;
     } else if (!(r = kvw__req_new_locked(e, KVW_ROLE_DECODE, room))) {
@@ -130,6 +137,27 @@ kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, ui
     if (!st)
         *recv_p = (kvw_receiver_t *)r;
     return st;
+}
+
+kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
+                                 uint64_t room, kvw_receiver_t **recv_p)
+{
+    if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
+        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6 || bootstrap_addr[0] == '@')
+        return KVW_ERR_INVALID;
+    return receiver_create(e, bootstrap_addr, prefill_rank, room, recv_p);
+}
+
+kvw_status_t kvw_receiver_create_at(kvw_engine_t *e, const char *endpoint, uint32_t prefill_rank,
+                                    uint64_t room, kvw_receiver_t **recv_p)
+{
+    if (!e || !recv_p || !endpoint || e->role != KVW_ROLE_DECODE ||
+        strncmp(endpoint, "tcp://", 6) != 0 || !endpoint[6] ||
+        strlen(endpoint) >= KVW_WIRE_ENDPOINT_MAX - 1)
+        return KVW_ERR_INVALID;
+    char addr[KVW_WIRE_ENDPOINT_MAX];
+    snprintf(addr, sizeof(addr), "@%s", endpoint);
+    return receiver_create(e, addr, prefill_rank, room, recv_p);
 }
 
 /* Check and copy a request's indices (pages, then state) for the wire. */

@@ -572,6 +572,27 @@ kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
     return kvw__req_failure(&s->req, reason_p);
 }
 
+kvw_status_t kvw_sender_requested(const kvw_sender_t *s, size_t *num_pages_p, uint32_t *aux_p)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    const kvw_req_t *r = &s->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    /* Decode's count: prefill's own, once inited, equals it or failed the request. */
+    bool known = r->tx.have_dst;
+    size_t n = r->tx.num_pages;
+    uint32_t aux = r->tx.dst_aux == KVW_NO_AUX ? KVW_NO_AUX : 0;
+    pthread_mutex_unlock(&e->lock);
+    if (!known)
+        return KVW_ERR_STATE;
+    if (num_pages_p)
+        *num_pages_p = n;
+    if (aux_p)
+        *aux_p = aux;
+    return KVW_OK;
+}
+
 kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
 {
     if (!s || !m)

@@ -2,10 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # The Python binding and the sglang backend on real rxe, inside the test bed:
 # pytest over python/tests (the host tests again, plus python/tests/guest:
-# transfers through the binding, and the sglang harness with separate
-# prefill and decode processes, two TP ranks each), then the README's
-# example (python/examples/transfer.py). Debian's python3 with
-# python3-pytest and python3-numpy. Usage: python_scenarios.sh BUILD_DIR
+# transfers through the binding, the sglang backend on sglang's own
+# connection code (test_sglang_on_rxe.py: separate prefill and decode
+# processes, five layouts and a killed prefill), and the older standalone
+# sglang harness), then the README's example (python/examples/transfer.py).
+# Debian's python3 with python3-pytest and python3-numpy (and, for the
+# sglang tests, python3-torch, -zmq, -requests, -aiohttp and the sglang
+# reference snapshot). Usage: python_scenarios.sh BUILD_DIR
 set -u
 . "$(dirname "$0")/common.sh"
 py=${PYTHON:-/usr/bin/python3}
@@ -20,7 +23,7 @@ if ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
     exit 1
 fi
 
-echo "[ RUN      ] pytest python/tests (binding, sglang backend harness)"
+echo "[ RUN      ] pytest python/tests (binding, sglang backend on sglang's code, harness)"
 KVWIRE_TEST_REPORT="$work/report" "$py" -m pytest -q -p no:cacheprovider -rfEs python/tests \
     >"$work/pytest.log" 2>&1
 rc=$?

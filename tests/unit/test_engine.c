@@ -1267,6 +1267,107 @@ static void test_teardown_prefill_first_is_quiet(void **state)
     teardown_quietly(false);
 }
 
+/* kvw_receiver_create_at: decode dials prefill's control endpoint, known
+ * from another discovery (sglang's bootstrap server), with no kvwire
+ * bootstrap lookup; bad addresses of either kind are refused. */
+static void test_receiver_for_known_endpoint(void **state)
+{
+    (void)state;
+    kvw_receiver_t *bad = NULL;
+    const char *bs = kvw_bootstrap_addr(pair.bootstrap);
+    assert_int_equal(kvw_receiver_create_at(pair.decode, bs, 0, 9, &bad), KVW_ERR_INVALID);
+    assert_int_equal(kvw_receiver_create_at(pair.decode, "tcp://", 0, 9, &bad), KVW_ERR_INVALID);
+    assert_int_equal(kvw_receiver_create(pair.decode, "@tcp://127.0.0.1:9", 0, 9, &bad),
+                     KVW_ERR_INVALID);
+    assert_int_equal(
+        kvw_receiver_create_at(pair.prefill, kvw_engine_endpoint(pair.prefill), 0, 9, &bad),
+        KVW_ERR_INVALID);
+    pair_room_t rooms[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        pair_room_t *pr = &rooms[i];
+        pair_pick(pr, 40 + i, 10, 40 + i, i);
+        assert_int_equal(kvw_sender_create(pair.prefill, pr->room, &pr->s), KVW_OK);
+        size_t n = 1;
+        uint32_t aux = 1;
+        assert_int_equal(kvw_sender_requested(pr->s, &n, &aux), KVW_ERR_STATE);
+        assert_int_equal(kvw_receiver_create_at(pair.decode, kvw_engine_endpoint(pair.prefill), 3,
+                                                pr->room, &pr->r),
+                         KVW_OK);
+        assert_int_equal(kvw_receiver_init(pr->r, pr->dst, pr->n, pr->aux_dst), KVW_OK);
+        /* The same room from the same endpoint again: refused; from another
+         * endpoint (another prefill TP rank of the request): allowed. */
+        kvw_receiver_t *twin = NULL;
+        assert_int_equal(kvw_receiver_create_at(pair.decode, kvw_engine_endpoint(pair.prefill), 3,
+                                                pr->room, &twin),
+                         KVW_ERR_EXISTS);
+        assert_int_equal(
+            kvw_receiver_create_at(pair.decode, "tcp://127.0.0.1:9", 4, pr->room, &twin), KVW_OK);
+        kvw_receiver_destroy(twin); /* never connected: aborted at once */
+        assert_int_equal(pair_wait_sender_ready(pr, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+        assert_int_equal(kvw_sender_requested(pr->s, &n, &aux), KVW_OK);
+        assert_int_equal(n, pr->n);
+        assert_int_equal(aux, pr->aux_dst == KVW_NO_AUX ? KVW_NO_AUX : 0);
+        assert_int_equal(kvw_sender_init(pr->s, pr->n, pr->aux_src), KVW_OK);
+        send_now(pr);
+    }
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_landed(&rooms[i]);
+        pair_destroy_room(&rooms[i]);
+    }
+}
+
+/* A decode rank that reads nothing from a prefill rank (MLA, prefill TP >
+ * decode TP: sglang's "dummy" ranks) asks for 0 pages and no aux; prefill
+ * sees that in kvw_sender_requested and finishes with an empty final
+ * part: both sides reach Success, nothing is written. */
+static void test_empty_request_succeeds(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    pair_pick(&a, 50, 6, 50, 0);
+    uint8_t *snap = malloc(pair_snapshot_size(&a));
+    assert_non_null(snap);
+    pair_snapshot(&pair, &a, snap);
+    assert_int_equal(kvw_sender_create(pair.prefill, a.room, &a.s), KVW_OK);
+    assert_int_equal(
+        kvw_receiver_create_at(pair.decode, kvw_engine_endpoint(pair.prefill), 0, a.room, &a.r),
+        KVW_OK);
+    assert_int_equal(kvw_receiver_init(a.r, NULL, 0, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    size_t n = 99;
+    uint32_t aux = 0;
+    assert_int_equal(kvw_sender_requested(a.s, &n, &aux), KVW_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(aux, KVW_NO_AUX);
+    assert_int_equal(kvw_sender_init(a.s, 0, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(kvw_sender_send(a.s, NULL, 0), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wait_sender(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    fake_nic_quiesce(WAIT_MS);
+    assert_true(pair_snapshot_equal(&pair, &a, snap));
+    free(snap);
+    pair_destroy_room(&a);
+}
+
+/* A known endpoint where nothing listens: retried, then Failed with a
+ * reason naming its rank, within bootstrap_timeout_ms (3 s here) and a little. */
+static void test_dead_endpoint_fails(void **state)
+{
+    (void)state;
+    kvw_receiver_t *r = NULL;
+    uint64_t t0 = pair_now_ms();
+    assert_int_equal(kvw_receiver_create_at(pair.decode, "tcp://127.0.0.1:9", 5, 1, &r), KVW_OK);
+    uint64_t end = t0 + 10000;
+    while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(5);
+    const char *why = NULL;
+    assert_int_not_equal(kvw_receiver_failure(r, &why), KVW_OK);
+    print_message("after %llu ms: %s\n", (unsigned long long)(pair_now_ms() - t0), why);
+    assert_non_null(strstr(why, "prefill rank 5"));
+    assert_true(pair_now_ms() - t0 < 6000);
+    kvw_receiver_destroy(r);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -1318,6 +1419,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_unknown_rank_fails_fast, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
                                         close_pair),
+        cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_empty_request_succeeds, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_dead_endpoint_fails, open_pair, close_pair),
     };
     return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
 }

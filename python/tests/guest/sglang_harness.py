@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kvwire  # noqa: E402
-from kvwire.sglang import (KVWireKVBootstrapServer, KVWireKVManager, KVWireKVReceiver,  # noqa: E402
-                           KVWireKVSender)
+from kvwire.sglang.standalone import (KVWireKVBootstrapServer, KVWireKVManager,  # noqa: E402
+                                      KVWireKVReceiver, KVWireKVSender)
 
 # ---- minimal stand-ins for sglang's types (test harness only) ----
 

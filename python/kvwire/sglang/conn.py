@@ -1,0 +1,638 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvwire as an sglang transfer backend, built on sglang's own connection
+classes (sglang/srt/disaggregation/common/conn.py), as sglang's mooncake
+and nixl backends are. Imports sglang: load it through install() or
+get_kv_class(), not on its own.
+
+What is sglang's and what is kvwire's:
+
+  sglang (inherited unchanged)   the HTTP bootstrap server (PUT/GET /route,
+        /register_dp_rank, /query_dp_ranks, /health), prefill registration,
+        decode's try_ensure_parallel_info / prefill_info_table and its rank
+        mapping (TP, DP attention, CP, PP), the heartbeat that fails the
+        rooms of a prefill that stopped answering, request_status,
+        failure_records, conclude_state, abort bookkeeping, the bootstrap
+        and waiting timeouts.
+  kvwire                         the QP handshake and the data: each rank's
+        manager owns one kvwire engine; what a prefill rank registers with
+        sglang's bootstrap server as (rank_ip, rank_port) is its kvwire
+        engine's control endpoint, which decode dials directly
+        (kvw_receiver_create_at). There is no kvwire bootstrap service.
+
+Layouts: TP equal on both sides, DP attention on either side (sglang's
+mapping), MLA with prefill TP > decode TP (decode reads one prefill rank;
+the others are asked for nothing and finish with an empty final part, as
+mooncake's dummy ranks do). Refused with a reason: MHA/GQA with different
+TP sizes (needs head slicing), MLA with decode TP > prefill TP, prefill
+PP > 1, context parallelism, decode-context parallelism (sglang's own
+guard), more than one kind of state buffer, decode prefix reuse
+(decode_prefix_len > 0), token_position_offset != 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any, List, Optional, Tuple
+
+from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll, KVTransferMetric, StateType
+from sglang.srt.disaggregation.common.conn import (
+    CommonKVBootstrapServer,
+    CommonKVManager,
+    CommonKVReceiver,
+    CommonKVSender,
+    KVTransferError,
+)
+from sglang.srt.disaggregation.utils import DisaggregationMode
+
+import kvwire
+from kvwire import _sglang_lib
+from kvwire import Error, Poll
+
+logger = logging.getLogger("kvwire.sglang")
+
+__all__ = ["KVArgs", "KVWireKVBootstrapServer", "KVWireKVManager", "KVWireKVReceiver",
+           "KVWireKVSender", "KVTransferError"]
+
+_log_routed = False
+_log_lock = threading.Lock()
+
+
+def _route_logs() -> None:
+    """libkvwire's log lines go to the logging logger "kvwire" (once per
+    process), unless KVWIRE_SGLANG_LOG=stderr keeps the library's default."""
+    global _log_routed
+    with _log_lock:
+        if _log_routed or os.environ.get("KVWIRE_SGLANG_LOG", "").lower() == "stderr":
+            return
+        kvwire.log_to_python(logging.getLogger("kvwire"))
+        _log_routed = True
+
+
+def _rdma_ip(server_args: Any) -> str:
+    """This host's address on the RDMA network: $KVWIRE_LOCAL_IP, else
+    sglang's own choice (get_local_ip_auto(), which honours
+    SGLANG_HOST_IP / SGLANG_LOCAL_IP_NIC)."""
+    ip = os.environ.get("KVWIRE_LOCAL_IP")
+    if ip:
+        return ip
+    from sglang.srt.utils.network import get_local_ip_auto
+
+    return get_local_ip_auto()
+
+
+def _regions(ptrs: Any, lens: Any, items: Any) -> List[kvwire.Region]:
+    ptrs, lens, items = list(ptrs or []), list(lens or []), list(items or [])
+    if not (len(ptrs) == len(lens) == len(items)):
+        raise ValueError("kvwire: data_ptrs, data_lens and item_lens differ in length")
+    return [kvwire.Region(int(p), int(n), int(i)) for p, n, i in zip(ptrs, lens, items)]
+
+
+def _state_kind(st: Any) -> str:
+    return str(getattr(st, "value", st))
+
+
+def _flat_indices(x: Any) -> List[int]:
+    """One state component's indices: a numpy array or list of page
+    indices (SWA, DSA), or [array([i])] (Mamba's single index)."""
+    out: List[int] = []
+    if x is None:
+        return out
+    for v in x:
+        if hasattr(v, "__len__") and not isinstance(v, (str, bytes)):
+            out.extend(int(i) for i in v)
+        else:
+            out.append(int(v))
+    return out
+
+
+def _state_component(state_indices: Optional[List], slot: Optional[int]) -> Optional[List[int]]:
+    """The indices of the one state component kvwire carries (slot into
+    sglang's per-StateType list; None entries are skipped)."""
+    if slot is None or not state_indices or slot >= len(state_indices):
+        return None
+    comp = state_indices[slot]
+    return None if comp is None else _flat_indices(comp)
+
+
+def _endpoint(info: dict) -> str:
+    ip = str(info["rank_ip"])
+    if ":" in ip and not ip.startswith("["):
+        ip = f"[{ip}]"
+    return f"tcp://{ip}:{int(info['rank_port'])}"
+
+
+class _Closer:
+    """Destroys kvwire receivers off the scheduler thread: a receiver that
+    has not ended waits for its abort barrier (at most about
+    peer_timeout_ms) in kvw_receiver_destroy, which clear() must not do on
+    the scheduler thread. One daemon thread per manager, started lazily."""
+
+    def __init__(self) -> None:
+        self.q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.thread: Optional[threading.Thread] = None
+        self.lock = threading.Lock()
+
+    def close(self, req: Any, deliver: bool = False) -> None:
+        """deliver: first let a Bootstrapping receiver's request reach
+        prefill (bounded), so that prefill hears of it (a refused layout)."""
+        if req.closed:
+            return
+        try:
+            ended = req.poll() in (Poll.SUCCESS, Poll.FAILED)
+        except Error:
+            ended = True
+        if ended:
+            req.close()  # nothing to wait for
+            return
+        req._kvwire_deliver = deliver
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="kvwire-closer",
+                                               daemon=True)
+                self.thread.start()
+        self.q.put(req)
+
+    def _run(self) -> None:
+        while True:
+            req = self.q.get()
+            if req is None:
+                return
+            try:
+                end = time.monotonic() + 30.0
+                while (getattr(req, "_kvwire_deliver", False) and not req.closed
+                       and req.poll() == Poll.BOOTSTRAPPING and time.monotonic() < end):
+                    time.sleep(0.02)
+                req.close()
+            except Exception:  # pragma: no cover - close() of a closed engine
+                logger.exception("kvwire: closing a receiver failed")
+
+    def drain(self) -> None:
+        with self.lock:
+            t = self.thread
+            self.thread = None
+        if t is not None:
+            self.q.put(None)
+            t.join()
+
+
+class KVWireKVManager(CommonKVManager):
+    """CommonKVManager with one kvwire engine for this rank's KV, aux and
+    state buffers. Refuses (raises) the layouts it cannot carry, before
+    registering anything."""
+
+    # kvwire has no DCP-aware remap: CommonKVManager._check_dcp_compat then
+    # refuses dcp_size > 1 at creation (fail closed).
+    supports_dcp_transfer = False
+
+    def __init__(self, args: KVArgs, disaggregation_mode: DisaggregationMode, server_args: Any,
+                 is_mla_backend: Optional[bool] = False):
+        missing = _sglang_lib.has()
+        if missing:
+            raise RuntimeError(f"kvwire: {kvwire.library_path()} lacks {missing}; "
+                               "the sglang backend needs a newer libkvwire")
+        _route_logs()
+        self.engine: Optional[kvwire.Engine] = None
+        self._closer = _Closer()
+        self._refuse_layout(args, server_args)
+        # The engine exists before CommonKVManager.__init__ registers this
+        # rank: its endpoint is what gets registered.
+        self.kvwire_ip = _rdma_ip(server_args)
+        self._kvwire_args = (args, disaggregation_mode, bool(is_mla_backend))
+        self.engine = self._make_engine()
+        try:
+            super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        except BaseException:
+            self.engine.close()
+            raise
+        # CommonKVManager binds a ZMQ PULL socket for backends that talk to
+        # prefill over it; kvwire's control plane is its own: close it.
+        try:
+            self.server_socket.close(linger=0)
+        except Exception:  # pragma: no cover
+            pass
+        if self.disaggregation_mode == DisaggregationMode.DECODE:
+            self._start_heartbeat_checker_thread()
+        logger.info("kvwire %s rank: attn tp %d/%d dp %d/%d pp %d/%d, engine %s on %s",
+                    self.disaggregation_mode.value, self.attn_tp_rank, self.attn_tp_size,
+                    self.attn_dp_rank, self.attn_dp_size, self.pp_rank, self.pp_size,
+                    self.engine.endpoint, self.engine.device_name)
+
+    # ------------------------------------------------------------ layout
+
+    def _refuse_layout(self, args: KVArgs, server_args: Any) -> None:
+        dcp = getattr(args, "dcp_size", 1) or 1
+        if dcp > 1:
+            raise RuntimeError(
+                f"KVWireKVManager does not implement DCP-aware KV transfer, but the engine is "
+                f"configured with dcp_size={dcp}: the transfer would silently corrupt the KV "
+                "cache. Use --dcp-size 1 on the disaggregated engine.")
+        pp = int(getattr(server_args, "pp_size", 1) or 1)
+        if pp > 1:
+            raise RuntimeError(
+                f"kvwire: pipeline-parallel engines (pp_size={pp}) are not supported: each "
+                "stage would need its own layer range on the wire. Use --pp-size 1.")
+        from sglang.srt.runtime_context import get_parallel
+
+        cp = get_parallel().attn_cp_size
+        if cp > 1:
+            raise RuntimeError(f"kvwire: attention context parallelism (attn_cp_size={cp}) "
+                               "is not supported")
+        kinds = []
+        for st, ptrs in zip(getattr(args, "state_types", None) or [],
+                            getattr(args, "state_data_ptrs", None) or []):
+            if ptrs:
+                kinds.append(_state_kind(st))
+        if len(kinds) > 1:
+            raise RuntimeError(
+                f"kvwire: {len(kinds)} kinds of state buffers ({', '.join(kinds)}) each need "
+                "their own index space; this libkvwire carries one state index space per "
+                "request. Supported: at most one of them (Mamba, SWA, DSA...).")
+
+    def _make_engine(self) -> kvwire.Engine:
+        args, mode, is_mla = self._kvwire_args
+        role = "prefill" if mode == DisaggregationMode.PREFILL else "decode"
+        kv = _regions(args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens)
+        if not kv:
+            raise ValueError("kvwire: kv_args.kv_data_ptrs is empty")
+        aux = _regions(getattr(args, "aux_data_ptrs", None), getattr(args, "aux_data_lens", None),
+                       getattr(args, "aux_item_lens", None))
+        # MHA: K layers then V layers (2 regions per layer); MLA: 1 per layer.
+        per_layer = 1 if is_mla or len(kv) % 2 else 2
+        groups = [kvwire.Group(kvwire.GroupKind.KV, len(kv) // per_layer, per_layer, kv)]
+        if aux:
+            groups.append(kvwire.Group(kvwire.GroupKind.AUX, 1, len(aux), aux))
+        self.state_slot: Optional[int] = None
+        self.state_kind: Optional[str] = None
+        types = list(getattr(args, "state_types", None) or [])
+        for i, ptrs in enumerate(getattr(args, "state_data_ptrs", None) or []):
+            if not ptrs:
+                continue
+            regs = _regions(ptrs, args.state_data_lens[i], args.state_item_lens[i])
+            groups.append(kvwire.Group(kvwire.GroupKind.STATE, 1, len(regs), regs))
+            self.state_slot = i
+            self.state_kind = _state_kind(types[i]) if i < len(types) else str(i)
+        device = getattr(args, "ib_device", None) or None
+        if device and "," in device:
+            devs = [d.strip() for d in device.split(",") if d.strip()]
+            device = devs[int(getattr(args, "gpu_id", 0) or 0) % len(devs)]
+        cfg = kvwire.Config()
+        if role == "prefill" and "KVW_BOOTSTRAP_TIMEOUT_MS" not in os.environ:
+            # A sender waits for decode's request as long as sglang lets it
+            # (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s), not kvwire's 30 s.
+            from sglang.srt.environ import envs
+
+            sg_ms = int(float(envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()) * 1000)
+            cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
+        return kvwire.Engine(role, self.kvwire_ip, groups=groups, device=device,
+                             engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg)
+
+    # ------------------------------------------------------ registration
+
+    def register_to_bootstrap(self) -> None:
+        """sglang's registration (HTTP PUT /route), with this rank's kvwire
+        control endpoint as (rank_ip, rank_port)."""
+        host, port = self.engine.endpoint[len("tcp://"):].rsplit(":", 1)
+        saved = (self.local_ip, self.rank_port)
+        self.local_ip, self.rank_port = host.strip("[]"), int(port)
+        try:
+            super().register_to_bootstrap()
+        finally:
+            self.local_ip, self.rank_port = saved
+
+    # ------------------------------------------------- memory release (RL)
+
+    def deregister_buffer_to_engine(self) -> None:
+        """Decode releasing its KV memory (sglang's release_memory_occupation,
+        queues already cleared): the kvwire engine is destroyed, which
+        deregisters the memory and fails whatever is still in flight."""
+        if self.disaggregation_mode != DisaggregationMode.DECODE:
+            raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported "
+                               "(its endpoint is registered with the bootstrap server)")
+        self._closer.drain()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def register_buffer_to_engine(self) -> None:
+        """Decode resuming (resume_memory_occupation): a new kvwire engine
+        over the same kv_args."""
+        if self.disaggregation_mode != DisaggregationMode.DECODE:
+            raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported")
+        if self.engine is None:
+            self.engine = self._make_engine()
+
+    def close(self) -> None:
+        self._closer.drain()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def where(self) -> str:
+        return (f"{self.disaggregation_mode.value} attn tp rank {self.attn_tp_rank}/"
+                f"{self.attn_tp_size}, dp rank {self.attn_dp_rank}/{self.attn_dp_size}")
+
+
+def KVPoll_name(v: int) -> str:  # noqa: N802
+    return {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring",
+            4: "Success"}.get(int(v), str(v))
+
+
+def _reason(err: Optional[Error]) -> str:
+    if err is None:
+        return "unknown"
+    return str(err)
+
+
+class KVWireKVSender(CommonKVSender):
+    """One request on one prefill rank: a kvwire sender for the room."""
+
+    def __init__(self, mgr: KVWireKVManager, bootstrap_addr: str, bootstrap_room: int,
+                 dest_tp_ranks: Optional[List[int]] = None, pp_rank: int = 0,
+                 req_has_disagg_prefill_dp_rank: bool = False):
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks or [], pp_rank,
+                         req_has_disagg_prefill_dp_rank)
+        self.kv_mgr: KVWireKVManager = mgr
+        self.init_time = time.time()
+        self.dummy = False
+        self.sender: Optional[kvwire.Sender] = None
+        self._t_first: Optional[float] = None
+        try:
+            self.sender = mgr.engine.sender(int(bootstrap_room))
+        except Error as e:
+            self._fail(f"cannot create the kvwire sender: {e}")
+
+    def _fail(self, reason: str) -> None:
+        self.kv_mgr.record_failure(self.bootstrap_room, reason)
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+        if self.sender is not None and not self.sender.closed:
+            try:
+                self.sender.abort()
+            except Error:
+                pass
+
+    def init(self, num_kv_indices: int, aux_index: Optional[int] = None) -> None:
+        super().init(num_kv_indices, aux_index)
+        if self.sender is None or self.conclude_state == KVPoll.Failed:
+            return
+        asked = _sglang_lib.requested(self.sender)
+        if asked is not None and asked[0] == 0 and not asked[1] and num_kv_indices > 0:
+            if not self.kv_mgr.is_mla_backend:
+                self._fail(
+                    f"decode asked nothing of this MHA/GQA prefill rank (attn tp "
+                    f"{self.kv_mgr.attn_tp_size}): decode refused the layout (different TP "
+                    "sizes need head slicing); decode's failure names both sizes")
+                return
+            self.dummy = True  # MLA: another prefill rank sends this decode rank's copy
+            num_kv_indices, aux_index = 0, None
+        try:
+            self.sender.init(num_kv_indices, aux_index)
+        except Error as e:
+            self._fail(f"kvwire sender init: {e}")
+
+    def send(self, kv_indices: Any, state_indices: Optional[List] = None,
+             token_position_offset: int = 0) -> None:
+        if self.conclude_state == KVPoll.Failed or self.sender is None:
+            return
+        if token_position_offset:
+            self._fail("kvwire: token_position_offset != 0 is not supported")
+            return
+        kv_indices, _slice, is_last, skip = self._prepare_send_indices(kv_indices, state_indices)
+        if skip:
+            return
+        self._record_transfer_indices(kv_indices, state_indices)
+        if self._t_first is None:
+            self._t_first = time.monotonic()
+        try:
+            if self.dummy:
+                if is_last:
+                    self.sender.send([])
+                return
+            state = _state_component(state_indices, self.kv_mgr.state_slot)
+            if is_last and state:
+                self.sender.send_state(state)
+            self.sender.send(kv_indices)
+        except Error as e:
+            if self.sender.poll() != Poll.FAILED:
+                self._fail(f"kvwire send: {e}")
+
+    def poll(self) -> int:
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if self.kv_mgr.request_status.get(self.bootstrap_room) == KVPoll.Failed:
+            self._fail(self.kv_mgr.failure_records.get(self.bootstrap_room, "failed"))
+            return KVPoll.Failed
+        if self.sender.closed:  # cleared before it ended
+            return KVPoll.Failed
+        s = self.sender.poll()
+        if s == Poll.FAILED:
+            self.kv_mgr.record_failure(self.bootstrap_room, _reason(self.sender.failure()))
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+            self.conclude_state = KVPoll.Failed
+            return KVPoll.Failed
+        if s == Poll.BOOTSTRAPPING and self._check_bootstrap_timeout() == KVPoll.Failed:
+            self._fail(self.kv_mgr.failure_records.get(self.bootstrap_room, "bootstrap timeout"))
+            return KVPoll.Failed
+        if s == Poll.SUCCESS:
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
+            self.conclude_state = KVPoll.Success
+        return int(s)
+
+    def failure_exception(self) -> None:
+        with self.kv_mgr.failure_lock:
+            reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
+        if reason is None and self.sender is not None and not self.sender.closed:
+            if self.sender.poll() == Poll.FAILED:
+                reason = _reason(self.sender.failure())
+        if reason is None:
+            reason = f"failed on another rank (this one: {KVPoll_name(self.poll())})"
+        raise KVTransferError(self.bootstrap_room, f"kvwire {self.kv_mgr.where()}: {reason}")
+
+    def get_transfer_metric(self) -> KVTransferMetric:
+        m = super().get_transfer_metric()
+        if self.sender is not None and not self.sender.closed:
+            try:
+                km = self.sender.metrics()
+                if km.transfer_us:
+                    m.transfer_latency_s = km.transfer_us / 1e6
+                if km.bytes:
+                    m.transfer_total_bytes = km.bytes
+            except Error:
+                pass
+        return m
+
+    def abort(self) -> None:
+        super().abort()
+        if self.sender is not None and not self.sender.closed:
+            try:
+                self.sender.abort()
+            except Error:
+                pass  # already ended
+
+    def clear(self) -> None:
+        super().clear()
+        if self.sender is not None:
+            self.sender.close()  # never waits
+
+
+class KVWireKVReceiver(CommonKVReceiver):
+    """One request on one decode rank: sglang resolves the prefill ranks
+    (init), kvwire receives from each of them."""
+
+    def __init__(self, mgr: KVWireKVManager, bootstrap_addr: str,
+                 bootstrap_room: Optional[int] = None):
+        self.recvs: List[Tuple[kvwire.Receiver, bool]] = []
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
+        self.kv_mgr: KVWireKVManager = mgr
+        self.abort_notified = True  # kvwire tells prefill itself (kvw_receiver_abort)
+        self._deliver = False
+        self._t_meta: Optional[float] = None
+
+    def _fail(self, reason: str, abort: bool = True) -> None:
+        self.kv_mgr.record_failure(self.bootstrap_room, reason)
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+        if abort:
+            self._abort_recvs()
+        else:
+            self._deliver = True
+
+    def _abort_recvs(self) -> None:
+        for r, _ in self.recvs:
+            if not r.closed:
+                try:
+                    r.abort()  # never blocks
+                except Error:
+                    pass  # already ended
+
+    def init(self, prefill_dp_rank: int) -> None:
+        if self.conclude_state == KVPoll.Failed:
+            return  # aborted before init
+        super().init(prefill_dp_rank)
+        if self.conclude_state == KVPoll.Failed:
+            return
+        info = self.prefill_info
+        mgr = self.kv_mgr
+        mla = bool(mgr.is_mla_backend)
+        refuse = None
+        if not mla and info.attn_tp_size != mgr.attn_tp_size:
+            refuse = (f"prefill attn TP size {info.attn_tp_size} != decode attn TP size "
+                      f"{mgr.attn_tp_size} for an MHA/GQA model: kvwire does not slice heads "
+                      "yet; use equal TP sizes")
+        elif mla and mgr.attn_tp_size > info.attn_tp_size:
+            refuse = (f"MLA with decode attn TP size {mgr.attn_tp_size} > prefill attn TP size "
+                      f"{info.attn_tp_size}: one prefill rank would serve several decode ranks, "
+                      "which kvwire does not do yet")
+        for bi in self.bootstrap_infos or []:
+            dummy = bool(bi.get("is_dummy")) or refuse is not None
+            try:
+                r = _sglang_lib.EndpointReceiver(mgr.engine, _endpoint(bi),
+                                                 int(self.target_tp_rank or 0),
+                                                 int(self.bootstrap_room))
+            except Error as e:
+                self._fail(f"kvwire receiver for prefill at {_endpoint(bi)}: {e}")
+                return
+            self.recvs.append((r, dummy))
+            if dummy:
+                # Asked for nothing: an MLA prefill rank whose copy another
+                # one sends finishes empty; a refused layout fails there.
+                try:
+                    r.init([], None)
+                except Error as e:
+                    self._fail(f"kvwire receiver init: {e}")
+                    return
+        if refuse is not None:
+            # Not aborted: the empty requests go out, and prefill, asked for
+            # nothing by an MHA/GQA decode rank, fails its side at once.
+            self._fail(f"kvwire refuses room {self.bootstrap_room} ({mgr.where()}): {refuse}",
+                       abort=False)
+
+    def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
+                      state_indices: Optional[List] = None,
+                      decode_prefix_len: Optional[int] = None) -> None:
+        if self.conclude_state is not None:
+            return
+        if decode_prefix_len:
+            self._fail("kvwire: decode prefix reuse (decode_prefix_len > 0) is not supported")
+            return
+        state = _state_component(state_indices, self.kv_mgr.state_slot)
+        self._t_meta = time.monotonic()
+        for r, dummy in self.recvs:
+            if dummy:
+                continue
+            try:
+                r.init(kv_indices, aux_index, state or None)
+            except Error as e:
+                if r.poll() != Poll.FAILED:
+                    self._fail(f"kvwire receiver init: {e}")
+                    return
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Transferring)
+
+    def poll(self) -> int:
+        if self.conclude_state is not None:
+            return self.conclude_state
+        common = self.kv_mgr.request_status.get(self.bootstrap_room, KVPoll.Failed)
+        if common == KVPoll.Failed:  # heartbeat, abort, timeout: sglang's verdict
+            self.conclude_state = KVPoll.Failed
+            self._abort_recvs()
+            return KVPoll.Failed
+        if not self.recvs:
+            return common
+        low = Poll.SUCCESS
+        for r, _ in self.recvs:
+            s = r.poll()
+            if s == Poll.FAILED:
+                err = r.failure()
+                self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
+                return KVPoll.Failed
+            low = min(low, s)
+        if low == Poll.SUCCESS:
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
+            self.conclude_state = KVPoll.Success
+        return int(low)
+
+    def failure_exception(self) -> None:
+        with self.kv_mgr.failure_lock:
+            reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
+        if reason is None:
+            errs = [f"prefill at {r.bootstrap_addr}: {_reason(r.failure())}"
+                    for r, _ in self.recvs if not r.closed and r.poll() == Poll.FAILED]
+            reason = "; ".join(errs) or (
+                f"failed on another rank (this one: {KVPoll_name(self.poll())})")
+        raise KVTransferError(self.bootstrap_room, f"kvwire {self.kv_mgr.where()}: {reason}")
+
+    def get_transfer_metric(self) -> KVTransferMetric:
+        m = KVTransferMetric()
+        for r, dummy in self.recvs:
+            if dummy or r.closed:
+                continue
+            try:
+                km = r.metrics()
+                if km.transfer_us:
+                    m.transfer_latency_s = max(m.transfer_latency_s or 0.0, km.transfer_us / 1e6)
+                if km.bytes:
+                    m.transfer_total_bytes = (m.transfer_total_bytes or 0) + km.bytes
+            except Error:
+                pass
+        return m
+
+    def abort(self) -> None:
+        super().abort()  # Failed at once, also before init
+        self._abort_recvs()
+
+    def clear(self) -> None:
+        """Never blocks: a receiver that has not ended is destroyed on the
+        manager's closer thread, which waits for its abort barrier there."""
+        super().clear()
+        recvs, self.recvs = self.recvs, []
+        for r, _ in recvs:
+            self.kv_mgr._closer.close(r, deliver=self._deliver)
+
+
+class KVWireKVBootstrapServer(CommonKVBootstrapServer):
+    """sglang's HTTP bootstrap server, unchanged: kvwire runs none of its own."""

@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvwire.sglang on sglang's own code (host, no RDMA): the pinned
+snapshot's disaggregation package with stubs for the rest of sglang
+(python/tests/sglang_stubs). Selection by name, the class hierarchy, the
+HTTP bootstrap server, and the layouts refused at manager creation, which
+fail before any RDMA device is opened. Transfers: python/tests/guest."""
+import dataclasses
+import sys
+
+import pytest
+
+import sglang_ref
+
+pytestmark = pytest.mark.skipif(bool(sglang_ref.missing()), reason=sglang_ref.missing() or "-")
+
+
+@pytest.fixture
+def sg():
+    import kvwire.sglang as ks
+
+    sglang_ref.enter()
+    ks.install()
+    from sglang.srt.disaggregation import utils
+
+    yield ks, utils
+    ks.uninstall()
+    sglang_ref.leave_modules()
+    for p in (sglang_ref.reference(), sglang_ref.STUBS):
+        while p in sys.path:
+            sys.path.remove(p)
+
+
+def test_backend_kvwire_is_sglangs_common_classes(sg):
+    ks, utils = sg
+    from sglang.srt import server_args
+    from sglang.srt.disaggregation.base.conn import KVArgs
+    from sglang.srt.disaggregation.common import conn as common
+
+    assert "kvwire" in server_args.DISAGG_TRANSFER_BACKEND_CHOICES
+    T, K = utils.TransferBackend, utils.KVClassType
+    b = T("kvwire")
+    assert utils.get_kv_class(b, K.KVARGS) is KVArgs
+    bases = {K.MANAGER: common.CommonKVManager, K.SENDER: common.CommonKVSender,
+             K.RECEIVER: common.CommonKVReceiver,
+             K.BOOTSTRAP_SERVER: common.CommonKVBootstrapServer}
+    for k, base in bases.items():
+        assert issubclass(utils.get_kv_class(b, k), base), k
+    assert not [n for n in sys.modules if "mooncake" in n or "nixl" in n]
+
+
+def test_bootstrap_server_is_sglangs_http(sg):
+    ks, utils = sg
+    import requests
+
+    srv = utils.get_kv_class(utils.TransferBackend.KVWIRE, utils.KVClassType.BOOTSTRAP_SERVER)(
+        host="127.0.0.1", port=_free_port())
+    try:
+        url = f"http://127.0.0.1:{srv.port}"
+        for _ in range(100):
+            try:
+                r = requests.get(url + "/health", timeout=2)
+                break
+            except requests.ConnectionError:
+                import time
+
+                time.sleep(0.05)
+        assert r.status_code == 200 and r.text == "OK"
+        # Nothing registered yet: sglang's own 503 for the parallel info.
+        r = requests.get(url + "/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
+                         "&target_tp_rank=-1&target_pp_rank=-1", timeout=2)
+        assert r.status_code == 503
+        assert requests.post(url + "/query_dp_ranks", json={"bootstrap_rooms": [1]},
+                             timeout=2).json() == {}
+    finally:
+        srv.close()
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _args(**kw):
+    from sglang.srt.disaggregation.base.conn import KVArgs
+
+    a = KVArgs()
+    a.engine_rank, a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens = 0, [4096], [4096], [64]
+    a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens = [], [], []
+    a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
+    a.ib_device, a.gpu_id, a.page_size, a.system_dp_rank, a.pp_rank = None, 0, 1, 0, 0
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def _make(sg, args, **server):
+    ks, utils = sg
+    from sglang.srt.server_args import ServerArgs
+
+    mgr = utils.get_kv_class(utils.TransferBackend.KVWIRE, utils.KVClassType.MANAGER)
+    sa = dataclasses.replace(ServerArgs(disaggregation_transfer_backend="kvwire"), **server)
+    return mgr(args, utils.DisaggregationMode.DECODE, sa, False)
+
+
+def test_dcp_refused_at_creation(sg):
+    with pytest.raises(RuntimeError, match="dcp_size=2.*silently corrupt"):
+        _make(sg, _args(dcp_size=2, dcp_rank=1))
+
+
+def test_pp_refused_at_creation(sg):
+    with pytest.raises(RuntimeError, match="pipeline-parallel.*pp_size=2"):
+        _make(sg, _args(), pp_size=2)
+
+
+def test_two_state_kinds_refused_naming_them(sg):
+    from sglang.srt.disaggregation.base.conn import StateType
+
+    a = _args(state_types=[StateType.MAMBA, StateType.SWA], state_data_ptrs=[[1], [2]],
+              state_data_lens=[[64], [64]], state_item_lens=[[64], [64]])
+    with pytest.raises(RuntimeError, match="2 kinds of state buffers \\(mamba, swa\\)"):
+        _make(sg, a)
