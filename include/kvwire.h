@@ -434,8 +434,11 @@ typedef struct kvw_engine_params {
     size_t struct_size; /* sizeof(kvw_engine_params_t): kvw_engine_params_init() sets it */
     kvw_role_t role;
     uint32_t engine_rank; /* prefill: rank it registers under; decode: informational */
-    /* RDMA device by name ("rxe0", "mlx5_0"), or NULL to find it from
-     * local_ip with librdmacm. */
+    /* RDMA device by name ("rxe0", "mlx5_0"), or NULL: the device nearest
+     * (PCIe switch, root complex, NUMA node) the GPU that owns the KV
+     * regions, or the caller's NUMA node for host memory, among those up
+     * on local_ip's network (docs/topology.md); when the topology cannot
+     * tell them apart, the one that owns local_ip (librdmacm). */
     const char *device;
     /* IP address of this host on the RDMA network; the control endpoint
      * binds here (ephemeral port) and the device is found from it when
