@@ -108,7 +108,7 @@ extern "C" {
  * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
  * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 1
-#define KVW_VERSION_MINOR 1
+#define KVW_VERSION_MINOR 2
 #define KVW_VERSION_PATCH 0
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
@@ -335,6 +335,16 @@ typedef struct kvw_config {
      * in the process (README "Benchmarks"); turn it on (e.g. 1000) where
      * cores are spare and small requests' latency matters. */
     uint32_t poll_busy_us;
+    /* KVW_MAX_HANDSHAKES, 16 (1..65536): prefill sets up at most this many
+     * connections (QPs created and connected, HELLO_ACK sent) per pass of
+     * its control loop; the HELLOs beyond wait in arrival order, and between
+     * two batches the loop serves the connected peers (requests, PINGs,
+     * aborts). A decode engine left waiting is told (a PONG), and again
+     * every heartbeat_ms, that its HELLO is queued, so it waits (up to
+     * bootstrap_timeout_ms) instead of resending it: many decode engines
+     * connecting at once are served in turn, never into timeouts
+     * (docs/topology.md, "Many peers at once"). */
+    uint32_t max_handshakes;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set

@@ -343,6 +343,10 @@ struct kvw_engine {
      * and whose DISCONNECTED has not come yet: those closings concern no
      * peer and start no probe (kvw__prefill_on_monitor). */
     uint64_t unhandshaken_closes;
+    /* control (prefill): HELLOs received and not yet served, in arrival
+     * order from hellos[hello_head] (ctl_prefill.c, max_handshakes). */
+    struct kvw_pending_hello *hellos;
+    uint32_t hello_head, hello_count, hello_cap;
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
