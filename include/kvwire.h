@@ -337,7 +337,8 @@ typedef struct kvw_config {
     uint32_t poll_busy_us;
     /* KVW_MAX_HANDSHAKES, 16 (1..65536): prefill sets up at most this many
      * connections (QPs created and connected, HELLO_ACK sent) per pass of
-     * its control loop; the HELLOs beyond wait in arrival order, and between
+     * its control loop (a batch also ends after heartbeat_ms / 2); the
+     * HELLOs beyond wait in arrival order, and between
      * two batches the loop serves the connected peers (requests, PINGs,
      * aborts). A decode engine left waiting is told (a PONG), and again
      * every heartbeat_ms, that its HELLO is queued, so it waits (up to

@@ -56,9 +56,29 @@ static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, co
     kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &m);
 }
 
+/* The same HELLO again (same identity, same QPs): decode resent it before
+ * our HELLO_ACK reached it, and may act on either copy of the answer. Both
+ * must describe the one connection: answer again with it. Replacing it
+ * would leave decode's QPs connected to QPs we destroyed. */
+static bool hello_resent(kvw_engine_t *e, kvw_peer_t *old, const kvw_msg_t *m)
+{
+    if (!old || !m->u.hello.num_qps || old->hello_qpn != m->u.hello.qps[0].qpn ||
+        atomic_load(&old->state) != PEER_CONNECTED)
+        return false;
+    kvw_msg_t ack;
+    kvw__peer_hello(old, KVW_MSG_HELLO_ACK, &ack);
+    kvw__ctl_route(e, old->id, sizeof(old->id), &ack);
+    kvw__wire_free(&ack);
+    KVW_INFO("decode engine %016llx resent its handshake: answered again as peer %u",
+             (unsigned long long)m->u.hello.engine_id, old->index);
+    return true;
+}
+
 static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
 {
     kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
+    if (hello_resent(e, old, m))
+        return;
     if (old)
         kvw__peer_kill(old, KVW_ERR_PEER, "decode engine reconnected");
     kvw_peer_t *p = NULL;
@@ -74,6 +94,7 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
         st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
     if (!st) {
         memcpy(p->id, id, KVW_IDENTITY_LEN);
+        p->hello_qpn = m->u.hello.num_qps ? m->u.hello.qps[0].qpn : 0;
         p->serial = e->next_serial++;
         p->last_seen_ns = kvw__now_ns();
         for (uint32_t i = 0; i < lanes; i++)
@@ -108,12 +129,14 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
  * decode engines that heard nothing within peer_timeout_ms resent their
  * HELLO, which prefill then served twice (the second killing the first's
  * connection). So HELLOs are queued in arrival order, at most
- * max_handshakes are served per loop pass, and each decode engine a batch
+ * max_handshakes are served per loop pass (and for at most heartbeat_ms / 2),
+ * and each decode engine a batch
  * leaves waiting gets a PONG then and every heartbeat_ms: it then keeps
  * waiting (up to its bootstrap_timeout_ms) instead of resending. Without a
  * storm every HELLO is served in the pass that read it, and nothing
  * changes on the wire. A resent HELLO replaces
- * the queued one of the same identity; a BYE withdraws it. */
+ * the queued one of the same identity; a BYE withdraws it; one that comes
+ * after its original was served is answered with the same connection.  */
 
 struct kvw_pending_hello {
     uint8_t id[KVW_IDENTITY_LEN];
@@ -198,7 +221,11 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m);
  * Returns when to run again: now while any is left. */
 static uint64_t serve_handshakes(kvw_engine_t *e, uint64_t now)
 {
-    for (uint32_t n = 0; n < e->cfg.max_handshakes && e->hello_count; n++) {
+    /* Also bounded in time: where a connection costs long (slow verbs), a
+     * batch must still end well before waiting decode engines give up. */
+    uint64_t stop = now + kvw__ms_ns(e->cfg.heartbeat_ms) / 2;
+    for (uint32_t n = 0;
+         n < e->cfg.max_handshakes && e->hello_count && (!n || kvw__now_ns() < stop); n++) {
         struct kvw_pending_hello h = e->hellos[e->hello_head++];
         e->hello_count--;
         on_hello(e, h.id, &h.m);
@@ -208,6 +235,7 @@ static uint64_t serve_handshakes(kvw_engine_t *e, uint64_t now)
         e->hello_head = 0;
         return 0;
     }
+    now = kvw__now_ns();
     uint64_t every = kvw__ms_ns(e->cfg.heartbeat_ms);
     for (uint32_t i = 0; i < e->hello_count; i++) {
         struct kvw_pending_hello *h = &e->hellos[e->hello_head + i];

@@ -147,6 +147,7 @@ struct kvw_peer {
     bool busy;                 /* decode: a request depended on it at the last tick */
     uint64_t busy_since_ns;    /* decode: when it last turned busy (pinged at once then) */
     uint64_t hello_retry_ns;   /* decode: no HELLO_ACK by then, look the rank up again */
+    uint32_t hello_qpn;        /* prefill: decode's first QPN in its HELLO (a resend names it) */
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
     /* Liveness seen on the data path: the last pass that reaped a
