@@ -58,10 +58,12 @@ python/tests/sglang_stubs holds the module-level stubs for the rest of sglang):
 Cases (CASES; chunked prefill everywhere: CHUNK tokens per forward, so
 several send() per request): tp11, tp22 (MHA, a gloo group of 2), abort22
 (aborts on either side, see aborts()), dpattn (tp 2, attn_tp 1, dp 2 on both
-sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 (refused), kill22
-(prefill SIGKILLed by the test while decode's requests sit in the transfer
-queue; decode's heartbeat is set to 2 s x 2 for it, through the environ
-stub). Every KV byte of every request, the first output token and
+sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 and mla12 (refused),
+freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
+in the transfer queue: its bootstrap server stops answering, kvwire's own
+peer timers are set to 60 s, so only sglang's heartbeat can fail them;
+then SIGCONT), kill22 (prefill SIGKILLed there). For the last two, decode's
+heartbeat is set to 2 s x 2 through the environ stub. Every KV byte of every request, the first output token and
 cached-token count (metadata buffers) and the bootstrap_room that sglang's
 transfer queue checks are verified; every page, metadata slot and request
 slot must be back in its free list at the end.
@@ -112,7 +114,9 @@ CASES = {
     "dpattn": (False, (1, 2), (1, 2)),  # tp 2, attn_tp 1, dp 2 on both sides
     "mla21": (True, (2, 1), (1, 1)),
     "mha21": (False, (2, 1), (1, 1)),  # refused: kvwire does not slice heads yet
-    "kill22": (False, (2, 1), (2, 1)),
+    "mla12": (True, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
+    "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
+    "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
 }
 PAGE, TOKEN_BYTES, LAYERS, POOL_PAGES = 4, 64, 2, 96
 HEADS = 2  # KV heads per rank (TOKEN_BYTES = HEADS x head_dim x dtype)
@@ -147,7 +151,13 @@ def aborts(case):
 
 
 def expect_success(case, room):
-    return case != "mha21" and room not in aborts(case).values()
+    return case not in ("mha21", "mla12", "freeze22") and room not in aborts(case).values()
+
+
+REFUSALS = {  # what decode's reason must say for a refused layout
+    "mha21": "prefill attn TP size 2 != decode attn TP size 1",
+    "mla12": "MLA with decode attn TP size 2 > prefill attn TP size 1",
+}
 
 
 def layout(case, role, rank):
@@ -484,12 +494,21 @@ def prefill_case(o, case, groups, world_group):
             if prefill_dp(room, dp) == dp_rank]
     bq.extend(reqs, HEADS)
     running, done, sends = [], {}, {}
+    frozen = False
     end = time.monotonic() + 180
     while len(done) < len(reqs) and time.monotonic() < end:
         for r in bq.pop_bootstrapped():
             running.append(r)
         if case == "kill22" and not bq.queue:
             return hang(o, s)
+        if case == "freeze22" and not bq.queue and not frozen:
+            # A forward pass that stalls (the test SIGSTOPs this process),
+            # then goes on: every rank waits for the same file, no collective.
+            say(f"prefill freeze22 rank {o.rank}: all bootstrapped, stalling in the forward pass")
+            publish(os.path.join(o.rendezvous, f"freeze22.prefill{o.rank}"), "")
+            wait_file(os.path.join(o.rendezvous, "freeze22.release"), 300)
+            frozen = True
+            end = time.monotonic() + 180
         for r in list(running):  # one chunk of each running request per forward
             n = len(r.origin_input_ids)
             stop = min(len(r.fill_ids) + CHUNK, n)
@@ -518,6 +537,8 @@ def prefill_case(o, case, groups, world_group):
     for r in reqs:
         why = done.get(r.rid, "stuck")
         good = why != "stuck" and failed(why) != expect_success(case, r.bootstrap_room)
+        if case == "mla12":  # decode refused; prefill, asked for nothing (MLA), may end either way
+            good = why != "stuck"
         got = r.time_stats.metric_bytes
         if good and not failed(why):  # sglang's count: pages sent x item bytes; 0 if asked none
             full = -(-len(r.origin_input_ids) // PAGE) * sum(s.pool.get_contiguous_buf_infos()[2])
@@ -532,7 +553,8 @@ def prefill_case(o, case, groups, world_group):
              MD_SLOTS - s.req_to_metadata_buffer_idx_allocator.available_size())
     ok &= leaks == (0, 0)
     multi = sum(1 for v in sends.values() if v > 1)
-    if case not in ("abort22", "mha21"):  # every request longer than a chunk was chunked
+    if all(expect_success(case, r.bootstrap_room) for r in reqs):  # every request longer
+        # than a chunk was chunked
         ok &= multi == sum(1 for r in reqs if len(r.origin_input_ids) > CHUNK)
     say(f"prefill {case} rank {o.rank}: {multi} requests chunked, pages/metadata slots "
         f"still held {leaks}, as expected: {ok}")
@@ -559,10 +581,16 @@ def decode_case(o, case, groups, world_group):
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]
-    if case == "kill22":  # sglang's heartbeat at its minimum, read when the manager is made
+    saved = dict(os.environ)
+    if case in ("freeze22", "kill22"):  # read when the manager (and its engine) is made
+        # sglang's heartbeat at its minimum
         os.environ.update(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL="2",
                           SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE="2")
+    if case == "freeze22":  # kvwire would notice a silent peer in 2 s: let sglang's heartbeat
+        os.environ.update(KVW_PEER_TIMEOUT_MS="60000", KVW_IDLE_HEARTBEAT_MS="60000")
     s = DecodeSched(o, lay, port, group, groups[(o.rank,)])
+    os.environ.clear()
+    os.environ.update(saved)
     pq, tq = s.prealloc_queue, s.transfer_queue
     reqs = [FakeReq(room, n, host, port) for room, n in requests(case)
             if decode_dp(room, dp) == dp_rank]
@@ -573,8 +601,8 @@ def decode_case(o, case, groups, world_group):
         pq.add(r)
         if r.bootstrap_room == ab.get("decode_prealloc_queue"):
             pq.queue[-1].kv_receiver.abort()  # abort_request on the prealloc queue
-    if case == "kill22":
-        return decode_kill(o, s, reqs, world_group)
+    if case in ("freeze22", "kill22"):
+        return decode_lost(o, case, s, reqs, world_group)
     out, wrong_total = {}, 0
     end = time.monotonic() + 180
     while (pq.queue or tq.queue) and time.monotonic() < end:
@@ -596,8 +624,8 @@ def decode_case(o, case, groups, world_group):
     for r in reqs:
         got = out.get(r.rid, "stuck")
         good = got.startswith("Success" if expect_success(case, r.bootstrap_room) else "Failed")
-        if case == "mha21":  # refused at once, naming both TP sizes
-            good &= "prefill attn TP size 2 != decode attn TP size 1" in got
+        if case in REFUSALS:  # refused at once, naming both TP sizes
+            good &= REFUSALS[case] in got
         ok &= good
         say(f"decode {case} rank {o.rank}| room {r.bootstrap_room}: {got}"
             f"{'' if good else '  <-- unexpected'}")
@@ -617,16 +645,20 @@ def hang(o, s):
     """kill22 on prefill: every request bootstrapped, then the forward pass
     never returns (the test SIGKILLs this process)."""
     say(f"prefill kill22 rank {o.rank}: all bootstrapped, hanging in the forward pass")
+    publish(os.path.join(o.rendezvous, f"kill22.prefill{o.rank}"), "")
     while True:
         time.sleep(1)
 
 
-def decode_kill(o, s, reqs, world_group):
-    """kill22 on decode: wait until every request is in the transfer queue
-    (send_metadata done), tell the test, which SIGKILLs every prefill rank;
-    then sglang's transfer queue must fail them all within the heartbeat
-    bound (interval x max failures, + 10 s of slack for a TCG guest), by
-    the heartbeat or by kvwire's own peer loss, whichever comes first."""
+def decode_lost(o, case, s, reqs, world_group):
+    """freeze22 / kill22 on decode: wait until every request is in the
+    transfer queue (send_metadata done), tell the test (CASE.ready), which
+    SIGSTOPs / SIGKILLs every prefill rank (CASE.stopped); then sglang's
+    transfer queue must fail them all within sglang's heartbeat bound + 10 s
+    of slack for a TCG guest: kill22 by the heartbeat or kvwire's own peer
+    loss, whichever comes first; freeze22 by the heartbeat (its reason),
+    where each GET to the frozen bootstrap server also waits out sglang's
+    (2 s connect, 3 s read) timeouts."""
     pq, tq = s.prealloc_queue, s.transfer_queue
     end = time.monotonic() + 180
     while pq.queue and time.monotonic() < end:
@@ -636,24 +668,41 @@ def decode_kill(o, s, reqs, world_group):
         time.sleep(0.01)
     dist.barrier(group=world_group)
     if o.rank == 0:
-        publish(os.path.join(o.rendezvous, "kill.ready"), "")
-    wait_file(os.path.join(o.rendezvous, "kill.killed"))
+        publish(os.path.join(o.rendezvous, f"{case}.ready"), "")
+    wait_file(os.path.join(o.rendezvous, f"{case}.stopped"))
     t0 = time.monotonic()
     while tq.queue and time.monotonic() - t0 < 90:
-        assert not tq.pop_transferred(), "a request succeeded with prefill killed"
+        assert not tq.pop_transferred(), f"a request succeeded with prefill stopped ({case})"
         time.sleep(0.02)
     took = time.monotonic() - t0
     mgr = pq.kv_manager
-    bound = mgr.heartbeat_interval * mgr.max_failures + 10
+    per_try = mgr.heartbeat_interval + (5 if case == "freeze22" else 0)
+    bound = per_try * mgr.max_failures + 10
     whys = [why.message for _, why in s.streamed if failed(why)]
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size())
     ok = not tq.queue and len(whys) == len(reqs) and took < bound and leaks == (0, 0)
-    say(f"decode kill22 rank {o.rank}: {len(whys)}/{len(reqs)} requests Failed {took:.1f} s "
-        f"after prefill was killed (bound {bound:.0f} s: heartbeat {mgr.heartbeat_interval:g} s "
+    # sglang's heartbeat on this rank, or the all-reduce from a rank whose heartbeat fired
+    hb = sum("Lost connection with prefill instance" in w for w in whys)
+    if case == "freeze22":
+        ok &= all("Lost connection with prefill instance" in w or "failed on another rank" in w
+                  for w in whys)
+    what = "killed" if case == "kill22" else "stopped"
+    say(f"decode {case} rank {o.rank}: {hb} by this rank's heartbeat, the rest by the "
+        "all-reduce or kvwire")
+    say(f"decode {case} rank {o.rank}: {len(whys)}/{len(reqs)} requests Failed {took:.1f} s "
+        f"after prefill was {what} (bound {bound:.0f} s: heartbeat {mgr.heartbeat_interval:g} s "
         f"x {mgr.max_failures}), pages/metadata slots still held {leaks}; first reason: "
         f"{whys[0] if whys else '-'}")
-    say(f"decode kill22 rank {o.rank}: as expected: {ok}")
+    say(f"decode {case} rank {o.rank}: as expected: {ok}")
+    if case == "freeze22":  # the test resumes prefill (before close: acks of the aborts)
+        dist.barrier(group=world_group)
+        if o.rank == 0:
+            publish(os.path.join(o.rendezvous, "freeze22.failed"), "")
     mgr.close()
+    if case == "freeze22":  # prefill then ends its requests and its case
+        dist.barrier(group=world_group)
+        if o.rank == 0:
+            publish(os.path.join(o.rendezvous, "freeze22.done"), "")
     return ok
 
 
@@ -726,7 +775,7 @@ def launch(o):
     alone costs a minute in a TCG guest; nothing has run that a fork could
     break: no thread, no socket, no torch op). Each rank writes ROLE RANK.log
     and, once ended, ROLE RANK.rc in the rendezvous directory; pids lists
-    them (the test SIGKILLs prefill's for kill22)."""
+    them (the test SIGSTOPs / SIGKILLs prefill's for freeze22 / kill22)."""
     say(f"launcher: imports took {time.monotonic() - T0:.1f} s")
     ranks = [("prefill", r, o.ip0, o.dev0) for r in range(o.world)]
     ranks += [("decode", r, o.ip1, o.dev1) for r in range(o.world)]
