@@ -4,8 +4,11 @@
 # pytest over python/tests (the host tests again, plus python/tests/guest:
 # transfers through the binding, the sglang backend on sglang's own
 # connection code (test_sglang_on_rxe.py: separate prefill and decode
-# processes, five layouts and a killed prefill), and the older standalone
-# sglang harness), then the README's example (python/examples/transfer.py).
+# processes, five layouts and a killed prefill; test_sglang_queues.py:
+# sglang's own PrefillBootstrapQueue / inflight queue / DecodePreallocQueue /
+# DecodeTransferQueue, one process per rank, gloo all-reduces), and the older
+# standalone sglang harness), then the README's example
+# (python/examples/transfer.py).
 # Debian's python3 with python3-pytest and python3-numpy (and, for the
 # sglang tests, python3-torch, -zmq, -requests, -aiohttp and the sglang
 # reference snapshot). Usage: python_scenarios.sh BUILD_DIR

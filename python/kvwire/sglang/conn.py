@@ -223,6 +223,11 @@ class KVWireKVManager(CommonKVManager):
             self.server_socket.close(linger=0)
         except Exception:  # pragma: no cover
             pass
+        # One prefill rank's copy never fans out to several decode ranks here
+        # (MLA with decode TP > prefill TP is refused), so sglang's transfer
+        # metrics use a factor of 1; mooncake resolves it from its own
+        # handshake, which kvwire does not run.
+        self._kv_replica_factor = 1
         if self.disaggregation_mode == DisaggregationMode.DECODE:
             self._start_heartbeat_checker_thread()
         logger.info("kvwire %s rank: attn tp %d/%d dp %d/%d pp %d/%d, engine %s on %s",
@@ -459,6 +464,9 @@ class KVWireKVSender(CommonKVSender):
 
     def get_transfer_metric(self) -> KVTransferMetric:
         m = super().get_transfer_metric()
+        if self.dummy:  # MLA, asked for nothing: another prefill rank sent decode's copy
+            m.transfer_total_bytes = 0
+            return m
         if self.sender is not None and not self.sender.closed:
             try:
                 km = self.sender.metrics()

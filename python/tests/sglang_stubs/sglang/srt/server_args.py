@@ -24,3 +24,6 @@ class ServerArgs:
     kv_cache_dtype: str = "auto"
     load_balance_method: str = "follow_bootstrap_room"
     enable_dsa_cache_layer_split: bool = False
+    # read by the scheduler queues (decode.py)
+    disable_radix_cache: bool = True
+    disaggregation_decode_enable_radix_cache: bool = False

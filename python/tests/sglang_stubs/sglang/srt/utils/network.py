@@ -27,6 +27,9 @@ class NetworkAddress:
     def to_url(self):
         return f"http://{self._h()}:{self.port}"
 
+    def to_host_port_str(self):
+        return f"{self._h()}:{self.port}"
+
     def resolved(self):
         try:
             return NetworkAddress(socket.gethostbyname(self.host), self.port)

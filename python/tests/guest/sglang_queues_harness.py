@@ -1,0 +1,827 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prefill and decode engines running sglang's REAL scheduler queues on
+kvwire, one process per rank and side (run by test_sglang_queues.py).
+
+    sglang_queues_harness.py --world 2 --ip0 IP --dev0 DEV --ip1 IP --dev1 DEV
+                             --rendezvous DIR [--cases tp11,tp22,...]
+
+The launcher imports everything once, then forks the 2 x world rank
+processes (prefill ranks on ip0/dev0, decode ranks on ip1/dev1); they meet
+only through sglang's bootstrap server, kvwire and, within a side, gloo.
+
+Real (sglang's pinned snapshot, never copied):
+  - prefill: PrefillBootstrapQueue (add, pop_bootstrapped, its KV manager
+    set-up from the pool), SchedulerDisaggregationPrefillMixin.send_kv_chunk
+    (chunked: page-aligned partial sends, then the last chunk with the
+    metadata buffers) and .process_disagg_prefill_inflight_queue;
+  - decode: DecodePreallocQueue (add, _resolve_pending_reqs with
+    try_ensure_parallel_info / prefill_info_table, _update_handshake_waiters,
+    pop_preallocated with its token budget, _pre_alloc,
+    alloc_for_decode_prealloc, send_metadata), DecodeTransferQueue
+    (pop_transferred with the metadata gate and the bootstrap_room check,
+    _commit_transfer_to_req), DecodeReqToTokenPool;
+  - MetadataBuffers, ReqToMetadataIdxAllocator, poll_and_all_reduce and
+    poll_and_all_reduce_attn_cp_tp_group over gloo process groups (one
+    process per rank; the TP group of a case is a torch.distributed group);
+  - CommonKVManager/Sender/Receiver/BootstrapServer under kvwire's classes
+    (install("kvwire"), get_kv_class), the HTTP bootstrap server;
+  - kvwire on real rxe (the test bed's devices).
+
+Stand-ins (each where sglang would run a model, an allocator or a scheduler;
+python/tests/sglang_stubs holds the module-level stubs for the rest of sglang):
+  - FakeReq: sglang's Req carries tokenizer, sampling and batch state the
+    queues do not read; FakeReq has the fields they read (rid, bootstrap
+    host/port/room, origin_input_ids, fill_ids, output_ids, req_pool_idx,
+    metadata_buffer_index, cached-token counts, finished_reason ...), and a
+    time_stats that accepts any call (tracing only).
+  - CpuKVPool (a KVCache / MLATokenToKVPool subclass of the stub classes):
+    the model's KV pool on the GPU; here numpy host buffers, one per layer
+    for K then V (MHA) or one per layer (MLA), page_size tokens per item,
+    get_contiguous_buf_infos() as sglang's pools report them.
+  - PagedAllocator: sglang's paged token-to-KV allocator (GPU kernels);
+    here a free list of pages with alloc_extend() for a fresh request.
+  - PrefillReqToTokenPool: sglang's ReqToTokenPool (a GPU tensor); here a
+    CPU int32 tensor of the same shape.
+  - FakeTreeCache: the radix cache (off, as --disable-radix-cache); it only
+    frees a finished or failed request's pages and slot, counting them.
+  - PrefillSched / DecodeSched: the Scheduler object; they carry the
+    attributes the queue code reads (server_args, ps, model_config,
+    tp_worker, the gloo groups, running_batch, the inflight queue ...) and
+    record what the queues stream out (stream_output), since there is no
+    tokenizer to stream to. The scheduler's loop itself (batches, the
+    forward pass) is replaced by the loops below, which call the queue
+    methods in the order sglang's event loops do: prefill
+    pop_bootstrapped -> (forward: write the chunk's KV) -> send_kv_chunk ...
+    -> last chunk (output token, metadata) -> process_disagg_prefill_inflight_queue;
+    decode pop_preallocated -> transfer_queue.extend -> pop_transferred.
+
+Cases (CASES; chunked prefill everywhere: CHUNK tokens per forward, so
+several send() per request): tp11, tp22 (MHA, a gloo group of 2), abort22
+(aborts on either side, see aborts()), dpattn (tp 2, attn_tp 1, dp 2 on both
+sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 and mla12 (refused),
+freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
+in the transfer queue: its bootstrap server stops answering, kvwire's own
+peer timers are set to 60 s, so only sglang's heartbeat can fail them;
+then SIGCONT), kill22 (prefill SIGKILLed there). For the last two, decode's
+heartbeat is set to 2 s x 2 through the environ stub. Every KV byte of every request, the first output token and
+cached-token count (metadata buffers) and the bootstrap_room that sglang's
+transfer queue checks are verified; every page, metadata slot and request
+slot must be back in its free list at the end.
+"""
+import time
+
+T0 = time.monotonic()  # noqa: E402 (imports below cost seconds in a TCG guest)
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # python/tests
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # python/
+import sglang_ref  # noqa: E402
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
+sglang_ref.enter()
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import kvwire.sglang as ks  # noqa: E402
+
+ks.install("kvwire")
+from sglang.srt.disaggregation.decode import (DecodePreallocQueue,  # noqa: E402
+                                              DecodeReqToTokenPool, DecodeTransferQueue)
+from sglang.srt.disaggregation.prefill import (PrefillBootstrapQueue,  # noqa: E402
+                                               SchedulerDisaggregationPrefillMixin)
+from sglang.srt.disaggregation.utils import (MetadataBuffers,  # noqa: E402
+                                             ReqToMetadataIdxAllocator, TransferBackend,
+                                             KVClassType, get_kv_class)
+from sglang.srt.managers.schedule_batch import FINISH_ABORT  # noqa: E402
+from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import KVCache, MLATokenToKVPool  # noqa: E402
+from sglang.srt.runtime_context import set_rank  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+BACKEND = TransferBackend("kvwire")
+# name: (MLA, prefill (attn TP, DP), decode (attn TP, DP)); one process per rank
+CASES = {
+    "tp11": (False, (1, 1), (1, 1)),
+    "tp22": (False, (2, 1), (2, 1)),
+    "abort22": (False, (2, 1), (2, 1)),
+    "dpattn": (False, (1, 2), (1, 2)),  # tp 2, attn_tp 1, dp 2 on both sides
+    "mla21": (True, (2, 1), (1, 1)),
+    "mha21": (False, (2, 1), (1, 1)),  # refused: kvwire does not slice heads yet
+    "mla12": (True, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
+    "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
+    "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
+}
+PAGE, TOKEN_BYTES, LAYERS, POOL_PAGES = 4, 64, 2, 96
+HEADS = 2  # KV heads per rank (TOKEN_BYTES = HEADS x head_dim x dtype)
+MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
+BASE = {c: 1000 * (i + 1) for i, c in enumerate(CASES)}
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def requests(case):
+    """(room, prompt length) of a case's requests (both sides): lengths that
+    are and are not multiples of the page, one shorter than a chunk."""
+    b = BASE[case]
+    if case == "abort22":  # 3 that succeed, then the aborted ones (aborts())
+        return [(b + 1, 17), (b + 2, 24), (b + 3, 13), (b + 4, 31), (b + 5, 31)]
+    return [(b + 1, 17), (b + 2, 24), (b + 3, 5), (b + 4, 31), (b + 5, 13)]
+
+
+def aborts(case):
+    """abort22's aborted rooms: prefill aborts one after its first chunk
+    (sglang's abort_request: the sender's abort()), decode aborts one in
+    its transfer queue (after send_metadata) and one in its prealloc queue
+    that prefill never receives (a client that gave up before prefill got
+    it)."""
+    b = BASE[case]
+    if case != "abort22":
+        return {}
+    return {"prefill_mid_chunks": b + 4, "decode_transfer_queue": b + 5,
+            "decode_prealloc_queue": b + 6}
+
+
+def expect_success(case, room):
+    return case not in ("mha21", "mla12", "freeze22") and room not in aborts(case).values()
+
+
+REFUSALS = {  # what decode's reason must say for a refused layout
+    "mha21": "prefill attn TP size 2 != decode attn TP size 1",
+    "mla12": "MLA with decode attn TP size 2 > prefill attn TP size 1",
+}
+
+
+def layout(case, role, rank):
+    """This rank's (attn TP size, DP size, attn TP rank, DP rank, MLA), or
+    None when the case uses fewer ranks on this side."""
+    mla, p, d = CASES[case]
+    tp, dp = p if role == "prefill" else d
+    if rank >= tp * dp:
+        return None
+    return tp, dp, rank % tp, rank // tp, mla
+
+
+def prefill_dp(room, dp):
+    return room % dp  # sglang's follow_bootstrap_room (what decode resolves)
+
+
+def decode_dp(room, dp):
+    return (room // 7) % dp  # the router's choice of decode DP rank: any
+
+
+def src_key(case, room, decode_attn_tp_rank):
+    """Which prefill rank's content a decode rank receives for a room: MLA
+    ranks hold the same (replicated) KV, MHA ranks their own heads."""
+    mla, (ptp, pdp), _ = CASES[case]
+    return 0 if mla else prefill_dp(room, pdp) * ptp + decode_attn_tp_rank
+
+
+def kv_content(room, tp_rank, buf, n):
+    """What prefill's forward pass writes for a request's n tokens in KV
+    buffer buf (rank-specific: MHA ranks hold different heads)."""
+    rng = np.random.default_rng([room, tp_rank, buf])
+    return rng.integers(0, 256, (n, TOKEN_BYTES), dtype=np.uint8)
+
+
+def first_token(room):
+    return room * 7 + 3
+
+
+def cached_tokens(room):
+    return room % 5
+
+
+class _Any:
+    """Accepts any call (sglang's per-request time_stats / trace context)."""
+
+    def __getattr__(self, name):
+        return _Any()
+
+    def __call__(self, *a, **k):
+        return None
+
+
+class _TimeStats(_Any):
+    """time_stats, noting the transfer metric sglang's inflight queue
+    observes for a finished request (the sender's get_transfer_metric())."""
+
+    metric_bytes = None
+
+    def compute_and_observe_kv_transfer_metrics(self, metric):
+        self.metric_bytes = metric.transfer_total_bytes
+        return None
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class FakeReq:
+    def __init__(self, room, n, host, port):
+        self.rid = f"req-{room}"
+        self.bootstrap_host, self.bootstrap_port, self.bootstrap_room = host, port, room
+        self.disagg_prefill_dp_rank = None
+        self.origin_input_ids = [(room + i) % 32000 for i in range(n)]
+        self.fill_ids = []
+        self.output_ids = []
+        self.sampling_params = _Obj(max_new_tokens=8)
+        self.return_logprob = False
+        self.return_sampling_mask = False
+        self.time_stats = _TimeStats()
+        self.finished_reason = None
+        self.metadata_buffer_index = -1
+        self.start_send_idx = 0
+        self.req_pool_idx = None
+        self.kv = None
+        self.kv_committed_len = 0
+        self.inflight_middle_chunks = 0
+        self.priority = None
+        self.cached_tokens = 0
+        self.cached_tokens_device = self.cached_tokens_host = self.cached_tokens_storage = 0
+        self.multimodal_inputs = None
+        self.hidden_states_tensor = None
+        self.disagg_kv_sender = None
+        self.extend_range = None
+        self.kv_len = n  # tokens whose slots the tree cache frees
+
+    def set_extend_range(self, start, end):
+        self.extend_range = _Obj(start=start, end=end)
+
+
+class CpuKVPool(KVCache):
+    def __init__(self, mla=False):
+        self.page_size, self.head_num, self.start_layer, self.end_layer = PAGE, HEADS, 0, LAYERS
+        self.size = POOL_PAGES * PAGE
+        nbuf = LAYERS if mla else 2 * LAYERS
+        # + one page: sglang's pools keep slot 0 (page 0) as padding.
+        self.bufs = [np.zeros((self.size + PAGE, TOKEN_BYTES), dtype=np.uint8)
+                     for _ in range(nbuf)]
+
+    def get_contiguous_buf_infos(self):
+        return ([b.ctypes.data for b in self.bufs], [b.nbytes for b in self.bufs],
+                [TOKEN_BYTES * PAGE] * len(self.bufs))
+
+
+class CpuMLAPool(CpuKVPool, MLATokenToKVPool):
+    def __init__(self, mla=True):
+        CpuKVPool.__init__(self, mla=True)
+
+
+def kv_pool(mla):
+    return CpuMLAPool() if mla else CpuKVPool()
+
+
+class PagedAllocator(BaseTokenToKVPoolAllocator):
+    def __init__(self, pool):
+        self.pool, self.page_size, self.device = pool, PAGE, "cpu"
+        self.free_pages = list(range(1, POOL_PAGES + 1))
+
+    def get_kvcache(self):
+        return self.pool
+
+    def available_size(self):
+        return len(self.free_pages) * PAGE
+
+    def alloc_tokens(self, n):
+        pages = -(-n // PAGE)
+        if pages > len(self.free_pages):
+            return None
+        got, self.free_pages = self.free_pages[:pages], self.free_pages[pages:]
+        return torch.tensor([p * PAGE + i for p in got for i in range(PAGE)][:n],
+                            dtype=torch.int64)
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                     extend_num_tokens):
+        assert int(prefix_lens_cpu[0]) == 0, "no prefix reuse in these tests"
+        return self.alloc_tokens(int(extend_num_tokens))
+
+    def free_tokens(self, locs):
+        self.free_pages.extend(sorted({int(x) // PAGE for x in locs}))
+
+
+class PrefillReqToTokenPool:
+    def __init__(self):
+        self.req_to_token = torch.zeros((MD_SLOTS * 2 + 1, MAX_CTX), dtype=torch.int32)
+        self.free_slots = list(range(1, MD_SLOTS * 2 + 1))
+
+    def alloc_req(self, req):
+        req.req_pool_idx = self.free_slots.pop(0)
+
+    def free(self, req):
+        self.free_slots.append(req.req_pool_idx)
+        req.req_pool_idx = None
+
+
+class FakeTreeCache:
+    def __init__(self, allocator, req_to_token_pool):
+        self.allocator, self.req_to_token_pool = allocator, req_to_token_pool
+        self.released = 0
+
+    def supports_mamba(self):
+        return False
+
+    def evictable_size(self):
+        return 0
+
+    def protected_size(self):
+        return 0
+
+    def dec_lock_ref(self, *a, **k):
+        pass
+
+    def release_aborted_request(self, rid):
+        pass
+
+    def cache_finished_req(self, req, is_insert=True):
+        if req.req_pool_idx is None:
+            return
+        n = req.kv_len
+        self.allocator.free_tokens(self.req_to_token_pool.req_to_token[req.req_pool_idx, :n])
+        self.req_to_token_pool.free(req)
+        self.released += 1
+
+
+class RecordingMetadataBuffers(MetadataBuffers):
+    """sglang's MetadataBuffers; get_buf also notes the bootstrap_room it
+    read (the transfer queue resets the slot after committing)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.rooms_read = {}
+
+    def get_buf(self, idx):
+        out = super().get_buf(idx)
+        self.rooms_read.setdefault(idx, []).append(int(out[-1][0]))
+        return out
+
+
+def metadata_buffers():
+    return RecordingMetadataBuffers(MD_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32)
+
+
+def server_args(ip, port, tp, dp, dev):
+    return ServerArgs(host=ip, port=30000, disaggregation_bootstrap_port=port,
+                      disaggregation_transfer_backend="kvwire", disaggregation_ib_device=dev,
+                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1)
+
+
+class _Sched:
+    """What both schedulers share: the attributes the queue code reads."""
+
+    def __init__(self, o, lay, port, group, cp_group):
+        tp, dp, _, dp_rank, mla = lay
+        self.mla = mla
+        self.server_args = server_args(o.ip, port, tp, dp, o.dev)
+        self.ps = _Obj(tp_rank=o.rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=0)
+        self.model_config = _Obj(num_hidden_layers=LAYERS,
+                                 get_total_num_kv_heads=lambda: HEADS * tp)
+        self.tp_worker = _Obj(is_hybrid_swa=False)
+        self.metrics_reporter = _Obj(enable_metrics=False)
+        self.attn_tp_cpu_group, self.attn_cp_cpu_group = group, cp_group
+        self.streamed = []  # (rid, finished_reason) of what would go to the client
+
+    def stream_output(self, reqs, return_logprob=False, *a, **k):
+        self.streamed.extend((r.rid, r.finished_reason) for r in reqs)
+
+
+class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
+    def __init__(self, o, lay, port, group, cp_group):
+        super().__init__(o, lay, port, group, cp_group)
+        tp, dp = lay[0], lay[1]
+        self.enable_hicache_storage = False
+        self.pool = kv_pool(self.mla)
+        self.token_to_kv_pool_allocator = PagedAllocator(self.pool)
+        self.req_to_token_pool = PrefillReqToTokenPool()
+        self.tree_cache = FakeTreeCache(self.token_to_kv_pool_allocator, self.req_to_token_pool)
+        self.disagg_metadata_buffers = metadata_buffers()
+        self.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(MD_SLOTS)
+        self.disagg_prefill_inflight_queue = []
+        self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue(
+            token_to_kv_pool=self.pool, draft_token_to_kv_pool=None,
+            req_to_metadata_buffer_idx_allocator=self.req_to_metadata_buffer_idx_allocator,
+            metadata_buffers=self.disagg_metadata_buffers, tp_rank=o.rank, tp_size=tp * dp,
+            gpu_id=o.rank, bootstrap_port=port, gloo_group=group,
+            max_total_num_tokens=POOL_PAGES * PAGE, scheduler=self, pp_rank=0, pp_size=1,
+            transfer_backend=BACKEND)
+
+    def forward(self, req, end):
+        """The model's forward pass over tokens [len(fill_ids), end): the
+        KV of those tokens lands in the pool at the request's slots."""
+        start = len(req.fill_ids)
+        if req.req_pool_idx is None:
+            self.req_to_token_pool.alloc_req(req)
+            n = len(req.origin_input_ids)
+            locs = self.token_to_kv_pool_allocator.alloc_tokens(n)
+            assert locs is not None, "prefill pool full"
+            self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = locs
+        locs = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].numpy()
+        key = 0 if self.mla else self.ps.tp_rank
+        for b, buf in enumerate(self.pool.bufs):
+            buf[locs] = kv_content(req.bootstrap_room, key, b,
+                                   len(req.origin_input_ids))[start:end]
+        req.fill_ids = req.origin_input_ids[:end]
+
+
+class DecodeSched(_Sched):
+    def __init__(self, o, lay, port, group, cp_group):
+        super().__init__(o, lay, port, group, cp_group)
+        tp, dp = lay[0], lay[1]
+        self.running_batch = _Obj(reqs=[], batch_is_full=False)
+        self.waiting_queue, self.last_batch = [], None
+        self.enable_priority_scheduling = self.enable_hisparse = False
+        self.enable_decode_hicache = False
+        self.spec_algorithm = _Obj(is_none=lambda: True)
+        self.sliding_window_size = None
+        self.output_streamer = self
+        self.pool = kv_pool(self.mla)
+        self.allocator = PagedAllocator(self.pool)
+        self.req_to_token_pool = DecodeReqToTokenPool(size=MD_SLOTS, max_context_len=MAX_CTX,
+                                                      device="cpu", enable_memory_saver=False,
+                                                      pre_alloc_size=MD_SLOTS)
+        self.tree_cache = FakeTreeCache(self.allocator, self.req_to_token_pool)
+        self.md = metadata_buffers()
+        self.md_alloc = ReqToMetadataIdxAllocator(MD_SLOTS)
+        self.transfer_queue = DecodeTransferQueue(
+            gloo_group=group, req_to_metadata_buffer_idx_allocator=self.md_alloc,
+            tp_rank=o.rank, metadata_buffers=self.md, scheduler=self, tree_cache=self.tree_cache)
+        self.prealloc_queue = DecodePreallocQueue(
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
+            draft_token_to_kv_pool=None, req_to_metadata_buffer_idx_allocator=self.md_alloc,
+            metadata_buffers=self.md, scheduler=self, transfer_queue=self.transfer_queue,
+            tree_cache=self.tree_cache, gloo_group=group, tp_rank=o.rank, tp_size=tp * dp,
+            dp_size=dp, gpu_id=o.rank, bootstrap_port=port,
+            max_total_num_tokens=POOL_PAGES * PAGE, pp_rank=0, num_reserved_decode_tokens=4,
+            transfer_backend=BACKEND)
+
+
+def failed(reason):
+    return isinstance(reason, FINISH_ABORT)
+
+
+# ---------------------------------------------------------------- prefill
+
+
+def prefill_case(o, case, groups, world_group):
+    lay = layout(case, "prefill", o.rank)
+    port = [None]
+    if o.rank == 0:
+        port = [free_port(o.ip)]
+        server = get_kv_class(BACKEND, KVClassType.BOOTSTRAP_SERVER)(host=o.ip, port=port[0])
+    dist.broadcast_object_list(port, src=0, group=world_group)
+    port = port[0]
+    if lay is None:
+        dist.barrier(group=world_group)
+        return True
+    tp, dp, tp_rank, dp_rank, _ = lay
+    set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
+    group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
+    s = PrefillSched(o, lay, port, group, groups[(o.rank,)])
+    if o.rank == 0:
+        publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
+    bq = s.disagg_prefill_bootstrap_queue
+    # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
+    reqs = [FakeReq(room, n, o.ip, port) for room, n in requests(case)
+            if prefill_dp(room, dp) == dp_rank]
+    bq.extend(reqs, HEADS)
+    running, done, sends = [], {}, {}
+    frozen = False
+    end = time.monotonic() + 180
+    while len(done) < len(reqs) and time.monotonic() < end:
+        for r in bq.pop_bootstrapped():
+            running.append(r)
+        if case == "kill22" and not bq.queue:
+            return hang(o, s)
+        if case == "freeze22" and not bq.queue and not frozen:
+            # A forward pass that stalls (the test SIGSTOPs this process),
+            # then goes on: every rank waits for the same file, no collective.
+            say(f"prefill freeze22 rank {o.rank}: all bootstrapped, stalling in the forward pass")
+            publish(os.path.join(o.rendezvous, f"freeze22.prefill{o.rank}"), "")
+            wait_file(os.path.join(o.rendezvous, "freeze22.release"), 300)
+            frozen = True
+            end = time.monotonic() + 180
+        for r in list(running):  # one chunk of each running request per forward
+            n = len(r.origin_input_ids)
+            stop = min(len(r.fill_ids) + CHUNK, n)
+            s.forward(r, stop)
+            if stop < n:
+                before = r.start_send_idx
+                s.send_kv_chunk(r)  # process_prefill_chunk: a middle chunk
+                sends[r.rid] = sends.get(r.rid, 0) + (r.start_send_idx != before)
+                if r.bootstrap_room == aborts(case).get("prefill_mid_chunks"):
+                    r.disagg_kv_sender.abort()  # abort_request: AbortReq on every TP rank
+                continue
+            # process_batch_result_disagg_prefill: the sampled token, then the last chunk
+            r.output_ids = [first_token(r.bootstrap_room)]
+            r.cached_tokens = cached_tokens(r.bootstrap_room)
+            s.disagg_prefill_inflight_queue.append(r)
+            s.send_kv_chunk(r, last_chunk=True)
+            sends[r.rid] = sends.get(r.rid, 0) + 1
+            running.remove(r)
+        for r in s.process_disagg_prefill_inflight_queue():
+            done[r.rid] = r.finished_reason
+        for rid, why in s.streamed:
+            if failed(why):
+                done.setdefault(rid, why)
+        time.sleep(0.002)
+    ok = True
+    for r in reqs:
+        why = done.get(r.rid, "stuck")
+        good = why != "stuck" and failed(why) != expect_success(case, r.bootstrap_room)
+        if case == "mla12":  # decode refused; prefill, asked for nothing (MLA), may end either way
+            good = why != "stuck"
+        got = r.time_stats.metric_bytes
+        if good and not failed(why):  # sglang's count: pages sent x item bytes; 0 if asked none
+            full = -(-len(r.origin_input_ids) // PAGE) * sum(s.pool.get_contiguous_buf_infos()[2])
+            good &= got == full or (s.mla and got == 0)
+        ok &= good
+        msg = getattr(why, "message", why)
+        say(f"prefill {case} rank {o.rank}| room {r.bootstrap_room}: {type(why).__name__} "
+            f"{msg + ', ' if failed(why) else ''}{len(r.origin_input_ids)} tokens in "
+            f"{sends.get(r.rid, 0)} send()s, sglang's metric {got} bytes"
+            f"{'' if good else '  <-- unexpected'}")
+    leaks = (POOL_PAGES - len(s.token_to_kv_pool_allocator.free_pages),
+             MD_SLOTS - s.req_to_metadata_buffer_idx_allocator.available_size())
+    ok &= leaks == (0, 0)
+    multi = sum(1 for v in sends.values() if v > 1)
+    if all(expect_success(case, r.bootstrap_room) for r in reqs):  # every request longer
+        # than a chunk was chunked
+        ok &= multi == sum(1 for r in reqs if len(r.origin_input_ids) > CHUNK)
+    say(f"prefill {case} rank {o.rank}: {multi} requests chunked, pages/metadata slots "
+        f"still held {leaks}, as expected: {ok}")
+    wait_file(os.path.join(o.rendezvous, f"{case}.done"))
+    bq.kv_manager.close()
+    dist.barrier(group=world_group)
+    if o.rank == 0:
+        server.close()
+    return ok
+
+
+# ----------------------------------------------------------------- decode
+
+
+def decode_case(o, case, groups, world_group):
+    lay = layout(case, "decode", o.rank)
+    path = os.path.join(o.rendezvous, f"{case}.bootstrap")
+    wait_file(path)
+    host, port = open(path).read().strip().rsplit(":", 1)
+    port = int(port)
+    if lay is None:
+        dist.barrier(group=world_group)
+        return True
+    tp, dp, tp_rank, dp_rank, _ = lay
+    set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
+    group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]
+    saved = dict(os.environ)
+    if case in ("freeze22", "kill22"):  # read when the manager (and its engine) is made
+        # sglang's heartbeat at its minimum
+        os.environ.update(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL="2",
+                          SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE="2")
+    if case == "freeze22":  # kvwire would notice a silent peer in 2 s: let sglang's heartbeat
+        os.environ.update(KVW_PEER_TIMEOUT_MS="60000", KVW_IDLE_HEARTBEAT_MS="60000")
+    s = DecodeSched(o, lay, port, group, groups[(o.rank,)])
+    os.environ.clear()
+    os.environ.update(saved)
+    pq, tq = s.prealloc_queue, s.transfer_queue
+    reqs = [FakeReq(room, n, host, port) for room, n in requests(case)
+            if decode_dp(room, dp) == dp_rank]
+    ab = aborts(case)
+    if "decode_prealloc_queue" in ab:
+        reqs.append(FakeReq(ab["decode_prealloc_queue"], 9, host, port))
+    for r in reqs:
+        pq.add(r)
+        if r.bootstrap_room == ab.get("decode_prealloc_queue"):
+            pq.queue[-1].kv_receiver.abort()  # abort_request on the prealloc queue
+    if case in ("freeze22", "kill22"):
+        return decode_lost(o, case, s, reqs, world_group)
+    out, wrong_total = {}, 0
+    end = time.monotonic() + 180
+    while (pq.queue or tq.queue) and time.monotonic() < end:
+        pre, _failed = pq.pop_preallocated()
+        for d in pre:
+            if d.req.bootstrap_room == ab.get("decode_transfer_queue"):
+                d.kv_receiver.abort()  # abort_request on the transfer queue
+        tq.extend(pre)
+        for r in tq.pop_transferred():  # Success: every byte, then free as decode would
+            wrong = verify(s, r, src_key(case, r.bootstrap_room, tp_rank))
+            wrong_total += wrong
+            out[r.rid] = f"Success, {wrong} bytes wrong"
+            s.tree_cache.cache_finished_req(r)
+        time.sleep(0.002)
+    for rid, why in s.streamed:
+        if failed(why):
+            out.setdefault(rid, f"Failed: {why.message}")
+    ok = wrong_total == 0
+    for r in reqs:
+        got = out.get(r.rid, "stuck")
+        good = got.startswith("Success" if expect_success(case, r.bootstrap_room) else "Failed")
+        if case in REFUSALS:  # refused at once, naming both TP sizes
+            good &= REFUSALS[case] in got
+        ok &= good
+        say(f"decode {case} rank {o.rank}| room {r.bootstrap_room}: {got}"
+            f"{'' if good else '  <-- unexpected'}")
+    leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size(),
+             MD_SLOTS * 2 - s.req_to_token_pool.available_size())
+    ok &= leaks == (0, 0, 0)
+    say(f"decode {case} rank {o.rank}: {wrong_total} bytes wrong, pages/metadata slots/req "
+        f"slots still held {leaks}, as expected: {ok}")
+    s.prealloc_queue.kv_manager.close()
+    dist.barrier(group=world_group)
+    if o.rank == 0:
+        publish(os.path.join(o.rendezvous, f"{case}.done"), "")
+    return ok
+
+
+def hang(o, s):
+    """kill22 on prefill: every request bootstrapped, then the forward pass
+    never returns (the test SIGKILLs this process)."""
+    say(f"prefill kill22 rank {o.rank}: all bootstrapped, hanging in the forward pass")
+    publish(os.path.join(o.rendezvous, f"kill22.prefill{o.rank}"), "")
+    while True:
+        time.sleep(1)
+
+
+def decode_lost(o, case, s, reqs, world_group):
+    """freeze22 / kill22 on decode: wait until every request is in the
+    transfer queue (send_metadata done), tell the test (CASE.ready), which
+    SIGSTOPs / SIGKILLs every prefill rank (CASE.stopped); then sglang's
+    transfer queue must fail them all within sglang's heartbeat bound + 10 s
+    of slack for a TCG guest: kill22 by the heartbeat or kvwire's own peer
+    loss, whichever comes first; freeze22 by the heartbeat (its reason),
+    where each GET to the frozen bootstrap server also waits out sglang's
+    (2 s connect, 3 s read) timeouts."""
+    pq, tq = s.prealloc_queue, s.transfer_queue
+    end = time.monotonic() + 180
+    while pq.queue and time.monotonic() < end:
+        pre, _ = pq.pop_preallocated()
+        tq.extend(pre)
+        tq.pop_transferred()
+        time.sleep(0.01)
+    dist.barrier(group=world_group)
+    if o.rank == 0:
+        publish(os.path.join(o.rendezvous, f"{case}.ready"), "")
+    wait_file(os.path.join(o.rendezvous, f"{case}.stopped"))
+    t0 = time.monotonic()
+    while tq.queue and time.monotonic() - t0 < 90:
+        assert not tq.pop_transferred(), f"a request succeeded with prefill stopped ({case})"
+        time.sleep(0.02)
+    took = time.monotonic() - t0
+    mgr = pq.kv_manager
+    per_try = mgr.heartbeat_interval + (5 if case == "freeze22" else 0)
+    bound = per_try * mgr.max_failures + 10
+    whys = [why.message for _, why in s.streamed if failed(why)]
+    leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size())
+    ok = not tq.queue and len(whys) == len(reqs) and took < bound and leaks == (0, 0)
+    # sglang's heartbeat on this rank, or the all-reduce from a rank whose heartbeat fired
+    hb = sum("Lost connection with prefill instance" in w for w in whys)
+    if case == "freeze22":
+        ok &= all("Lost connection with prefill instance" in w or "failed on another rank" in w
+                  for w in whys)
+    what = "killed" if case == "kill22" else "stopped"
+    say(f"decode {case} rank {o.rank}: {hb} by this rank's heartbeat, the rest by the "
+        "all-reduce or kvwire")
+    say(f"decode {case} rank {o.rank}: {len(whys)}/{len(reqs)} requests Failed {took:.1f} s "
+        f"after prefill was {what} (bound {bound:.0f} s: heartbeat {mgr.heartbeat_interval:g} s "
+        f"x {mgr.max_failures}), pages/metadata slots still held {leaks}; first reason: "
+        f"{whys[0] if whys else '-'}")
+    say(f"decode {case} rank {o.rank}: as expected: {ok}")
+    if case == "freeze22":  # the test resumes prefill (before close: acks of the aborts)
+        dist.barrier(group=world_group)
+        if o.rank == 0:
+            publish(os.path.join(o.rendezvous, "freeze22.failed"), "")
+    mgr.close()
+    if case == "freeze22":  # prefill then ends its requests and its case
+        dist.barrier(group=world_group)
+        if o.rank == 0:
+            publish(os.path.join(o.rendezvous, "freeze22.done"), "")
+    return ok
+
+
+def verify(s, req, key):
+    """Every byte of the request's KV in decode's pool, the first token and
+    cached-token count from the metadata buffers, and the bootstrap_room
+    sglang's transfer queue read for it."""
+    n = len(req.origin_input_ids)
+    locs = s.req_to_token_pool.req_to_token[req.req_pool_idx, :n].numpy()
+    wrong = 0
+    for b, buf in enumerate(s.pool.bufs):
+        want = kv_content(req.bootstrap_room, key, b, n)
+        wrong += int((buf[locs] != want).sum())
+    room = req.bootstrap_room
+    wrong += int(req.finished_reason is not None)
+    wrong += int(req.output_ids != [first_token(room)])
+    wrong += int(req.cached_tokens != cached_tokens(room))
+    wrong += int(room not in [x for v in s.md.rooms_read.values() for x in v])
+    return wrong
+
+
+# ------------------------------------------------------------------ common
+
+
+def free_port(ip):
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind((ip, 0))
+        return sk.getsockname()[1]
+
+
+def wait_file(path, secs=240):
+    end = time.monotonic() + secs
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"no {os.path.basename(path)}")
+        time.sleep(0.05)
+
+
+def publish(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
+def run_rank(o):
+    """One rank's scheduler: a gloo world per side (its ranks), every case
+    in turn."""
+    dist.init_process_group("gloo", init_method=f"file://{o.rendezvous}/{o.role}.gloo",
+                            rank=o.rank, world_size=o.world)
+    world = dist.new_group(list(range(o.world)))
+    # every rank creates every group, in the same order; a rank's own single
+    # group is its attention-CP group (cp 1) and, with DP attention, its TP group
+    singles = [dist.new_group([r]) for r in range(o.world)]
+    groups = {(r,): g for r, g in enumerate(singles)}
+    groups[tuple(range(o.world))] = world
+    ok = True
+    t0 = time.monotonic()
+    for c in o.cases.split(","):
+        run = prefill_case if o.role == "prefill" else decode_case
+        ok &= run(o, c, groups, world)
+    say(f"{o.role} rank {o.rank}: all cases done in {time.monotonic() - t0:.1f} s, ok: {ok}")
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def launch(o):
+    """Fork one process per rank and side after the imports (torch's import
+    alone costs a minute in a TCG guest; nothing has run that a fork could
+    break: no thread, no socket, no torch op). Each rank writes ROLE RANK.log
+    and, once ended, ROLE RANK.rc in the rendezvous directory; pids lists
+    them (the test SIGSTOPs / SIGKILLs prefill's for freeze22 / kill22)."""
+    say(f"launcher: imports took {time.monotonic() - T0:.1f} s")
+    ranks = [("prefill", r, o.ip0, o.dev0) for r in range(o.world)]
+    ranks += [("decode", r, o.ip1, o.dev1) for r in range(o.world)]
+    pids = {}
+    for role, r, ip, dev in ranks:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                fd = os.open(os.path.join(o.rendezvous, f"{role}{r}.log"),
+                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.environ.update(KVWIRE_LOCAL_IP=ip, SGLANG_HOST_IP=ip)
+                code = run_rank(argparse.Namespace(role=role, rank=r, world=o.world, ip=ip,
+                                                   dev=dev, rendezvous=o.rendezvous,
+                                                   cases=o.cases))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = (role, r)
+    publish(os.path.join(o.rendezvous, "pids"),
+            "".join(f"{role} {r} {pid}\n" for pid, (role, r) in pids.items()))
+    while pids:
+        pid, status = os.wait()
+        role, r = pids.pop(pid)
+        rc = os.waitstatus_to_exitcode(status)
+        publish(os.path.join(o.rendezvous, f"{role}{r}.rc"), str(rc))
+        say(f"launcher: {role} rank {r} ended ({rc}) {time.monotonic() - T0:.1f} s after start")
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--ip0", required=True, help="prefill's RDMA address")
+    ap.add_argument("--dev0")
+    ap.add_argument("--ip1", required=True, help="decode's RDMA address")
+    ap.add_argument("--dev1")
+    ap.add_argument("--rendezvous", required=True)
+    ap.add_argument("--cases", default=",".join(CASES))
+    sys.exit(launch(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
