@@ -149,6 +149,9 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.request.aux_index, b->u.request.aux_index);
         assert_int_equal(a->u.request.num_pages, b->u.request.num_pages);
         assert_int_equal(a->u.request.num_state, b->u.request.num_state);
+        assert_int_equal(a->u.request.heads_flags, b->u.request.heads_flags);
+        assert_int_equal(a->u.request.head_first, b->u.request.head_first);
+        assert_int_equal(a->u.request.head_count, b->u.request.head_count);
         for (uint32_t i = 0; i < a->u.request.num_pages + a->u.request.num_state; i++)
             assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
         break;
@@ -323,7 +326,15 @@ static void test_roundtrip_request(void **state)
     (void)state;
     kvw_msg_t m = sample_request();
     roundtrip(&m);
-    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + 4 * 8);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + KVW_WIRE_HEADS_LEN + 4 * 8);
+    /* A head range (decode over several prefill ranks), and one owing nothing. */
+    m.u.request.heads_flags = KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_NO_REST;
+    m.u.request.head_first = 4;
+    m.u.request.head_count = 4;
+    roundtrip(&m);
+    m.u.request.head_count = 0;
+    roundtrip(&m);
+    m.u.request.heads_flags = m.u.request.head_first = 0;
     /* Pages, then state indices, in one array. */
     m.u.request.num_pages = 3;
     m.u.request.num_state = 1;
@@ -529,10 +540,12 @@ static void test_reject_bad_header(void **state)
     }
 }
 
-/* A REQUEST header + body claiming num_pages with `present` pages. */
-static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
+/* A REQUEST header + body claiming num_pages with `present` pages and
+ * the head block flags, first, count. */
+static size_t forge_request_heads(uint8_t *buf, uint32_t num_pages, uint32_t present,
+                                  uint32_t flags, uint32_t first, uint32_t count)
 {
-    size_t body = 24 + 8 * (size_t)present;
+    size_t body = 24 + KVW_WIRE_HEADS_LEN + 8 * (size_t)present;
     put32(buf, KVW_WIRE_MAGIC);
     put16(buf + 4, KVW_WIRE_VERSION);
     put16(buf + 6, KVW_MSG_REQUEST);
@@ -542,9 +555,17 @@ static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
     put32(buf + 24, KVW_NO_AUX); /* aux */
     put32(buf + 28, num_pages);
     put32(buf + 32, 0); /* state indices */
+    put32(buf + 36, flags);
+    put32(buf + 40, first);
+    put32(buf + 44, count);
     for (uint32_t i = 0; i < present; i++)
-        put64(buf + 36 + 8 * i, i);
+        put64(buf + 48 + 8 * i, i);
     return KVW_WIRE_HEADER_LEN + body;
+}
+
+static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
+{
+    return forge_request_heads(buf, num_pages, present, 0, 0, 0);
 }
 
 static void test_reject_request_page_count(void **state)
@@ -566,6 +587,15 @@ static void test_reject_request_page_count(void **state)
     expect_reject(buf, forge_request(buf, 4, 3));
     expect_reject(buf, forge_request(buf, 2, 3));
     expect_reject(buf, forge_request(buf, 1, 0));
+    /* The head block: known flags only, a range only with its flag, no
+     * overflow. */
+    decode_ok(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE, 4, 4), &out);
+    assert_int_equal(out.u.request.head_first, 4);
+    assert_int_equal(out.u.request.head_count, 4);
+    kvw__wire_free(&out);
+    expect_reject(buf, forge_request_heads(buf, 3, 3, 4, 0, 0));
+    expect_reject(buf, forge_request_heads(buf, 3, 3, 0, 1, 2));
+    expect_reject(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE, 0xffffffffu, 2));
 }
 
 /* A HELLO whose one group claims layers x per_layer regions, with
