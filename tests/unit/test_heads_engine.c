@@ -463,9 +463,12 @@ static uint8_t *snapshot(const mem_t *m)
     uint64_t pl = page_len(&m->heads[0]);
     uint8_t *c = malloc(2 * LAYERS * pl * POOL + AUX_ITEM * 4);
     assert_non_null(c);
+    /* Through the fake NIC's lock: its thread may still be writing. */
     for (uint32_t r = 0; r < 2 * LAYERS; r++)
-        memcpy(c + r * pl * POOL, m->buf[r], pl * POOL);
-    memcpy(c + 2 * LAYERS * pl * POOL, m->buf[2 * LAYERS], AUX_ITEM * 4);
+        for (uint64_t b = 0; b < pl * POOL; b++)
+            c[r * pl * POOL + b] = fake_nic_peek(&m->buf[r][b]);
+    for (uint64_t b = 0; b < AUX_ITEM * 4; b++)
+        c[2 * LAYERS * pl * POOL + b] = fake_nic_peek(&m->buf[2 * LAYERS][b]);
     return c;
 }
 
@@ -525,6 +528,61 @@ static void test_rank_dies(void **state)
     kvw_receiver_destroy(r);
 }
 
+/* A receiver over ranks named by their endpoints (no bootstrap lookup),
+ * aborted by the caller while both ranks are mid-request: every rank's
+ * sender fails, the receiver turns Failed (KVW_ERR_ABORTED) once both
+ * confirmed, and nothing lands after. */
+static void test_set_endpoints_abort(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_HND;
+    page_tokens = 4;
+    for (uint32_t k = 0; k < 2; k++) {
+        engine_rank = k;
+        mem_open(&prefills[k], KVW_ROLE_PREFILL, k * 4, 4, HEAD_BYTES);
+    }
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    kvw_prefill_rank_t ranks[2] = {{NULL, kvw_engine_endpoint(prefills[0].engine), 0},
+                                   {NULL, kvw_engine_endpoint(prefills[1].engine), 1}};
+    kvw_receiver_params_t rp = {
+        .struct_size = sizeof(rp), .room = 500, .num_ranks = 2, .ranks = ranks};
+    kvw_receiver_t *r = NULL;
+    assert_int_equal(kvw_receiver_create_ranks(decode[0].engine, &rp, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, fragmented, 8, 2), KVW_OK);
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(prefills[k].engine, 500, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], 8, 1), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], contiguous, 4), KVW_OK);
+    }
+    /* Both ranks' first halves landed. */
+    uint64_t half = 2 * LAYERS * 4 * page_len(&prefills[0].heads[0]), end = pair_now_ms() + WAIT_MS;
+    kvw_req_metrics_t m0 = {0}, m1 = {0};
+    while (pair_now_ms() < end && (kvw_sender_metrics(s[0], &m0), kvw_sender_metrics(s[1], &m1),
+                                   m0.bytes < half || m1.bytes < half))
+        pair_sleep_ms(1);
+    assert_int_equal(m0.bytes, half);
+    assert_int_equal(m1.bytes, half);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    assert_int_equal(kvw_receiver_abort(r), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    for (uint32_t k = 0; k < 2; k++) /* both told, both confirmed */
+        assert_int_equal(kvw_sender_poll(s[k]), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_ABORTED);
+    assert_non_null(strstr(why, "aborted by the caller"));
+    assert_int_equal(kvw_receiver_abort(r), KVW_ERR_STATE);
+    uint8_t *before = snapshot(&decode[0]);
+    for (uint32_t k = 0; k < 2; k++)
+        assert_int_not_equal(kvw_sender_send(s[k], contiguous + 4, 4), KVW_OK);
+    pair_sleep_ms(50);
+    assert_true(same(&decode[0], before));
+    free(before);
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+}
+
 /* What a receiver over several ranks refuses: an empty or repeated list,
  * and heads no rank holds (failing every member, saying which head). */
 static void test_set_refusals(void **state)
@@ -562,6 +620,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_decode_more_heads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gqa_replicas, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_endpoints_abort, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_refusals, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
