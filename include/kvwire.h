@@ -818,7 +818,9 @@ typedef struct kvw_receiver_params {
  * rank that failed. Every KV group must describe its heads (group_heads),
  * and the engine must register its memory directly (not staged):
  * KVW_ERR_UNSUPPORTED otherwise; KVW_ERR_INVALID for a bad list (none,
- * too many, the same rank twice). metrics' bytes are the sum over ranks. */
+ * too many, the same rank twice). metrics' bytes are the sum over ranks.
+ * Each rank fills a slice of decode's rows: one RDMA write per token row
+ * (NHD) or per page (HND), as docs/head-slicing.md measures. */
 KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
                                                const kvw_receiver_params_t *params,
                                                kvw_receiver_t **receiver_p);
