@@ -659,11 +659,41 @@ KVW_API kvw_status_t kvw_sender_send_part_after(kvw_sender_t *sender, const kvw_
 /* kvw_sender_send() with a producer's event (see above). */
 KVW_API kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *page_indices,
                                            size_t num_pages, void *cuda_event);
+/* Hybrid models: each state group its own index list. A request carries,
+ * per KVW_GROUP_STATE group, the indices of that group's items: Mamba's
+ * recurrent state one slot per request, a sliding-window (SWA) or sparse
+ * (DSA) KV pool its own page list, usually shorter than the KV page list.
+ * group is the group's index in kvw_engine_params_t.groups; count 0 skips
+ * the group for this request (nothing of it is written). A state group
+ * given no list takes the request's shared state indices (kvw_indices_t
+ * .state, or send_state's), which is what kvw_receiver_init_indices() and
+ * kvw_sender_send_state() give every state group. Each list is checked
+ * against its own group's regions (every index below the items of each of
+ * them) before anything is sent or posted. Prefill's and decode's counts
+ * must agree group by group: a request where they differ fails on both
+ * sides (KVW_ERR_MISMATCH, naming the group and both counts). */
+typedef struct kvw_state_list {
+    uint32_t group;    /* index of a KVW_GROUP_STATE group in the engine's groups */
+    uint32_t reserved; /* 0 */
+    const uint64_t *indices;
+    size_t count; /* 0: the group is skipped */
+} kvw_state_list_t;
+
 /* Source indices of the state groups (as many as decode asked for). They
  * are written with the final part; a request whose decode side asked for
  * state completes only once they are given. */
 KVW_API kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state_indices,
                                            size_t num_state);
+/* kvw_sender_send_state() with an index list for some state groups
+ * (kvw_state_list_t above): the groups not listed take state_indices. The
+ * source side of kvw_receiver_init_lists(), with the same checks:
+ * KVW_ERR_INVALID (nothing changes) for a list naming no state group or a
+ * group twice, KVW_ERR_OUT_OF_RANGE (and Failed, decode told) for an index
+ * outside its group's regions, KVW_ERR_MISMATCH (and Failed) when decode
+ * asked for another count in some group. Since 1.2. */
+KVW_API kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender,
+                                                 const uint64_t *state_indices, size_t num_state,
+                                                 const kvw_state_list_t *lists, size_t num_lists);
 /* The request's state. Not a pure read: while the request is Transferring
  * and the poller thread sleeps, it runs the poller's pass itself (retires
  * completions, posts queued writes; see "Thread safety"). */
@@ -717,6 +747,15 @@ typedef struct kvw_indices {
 /* kvw_receiver_init with state indices. */
 KVW_API kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *receiver,
                                                const kvw_indices_t *indices);
+
+/* kvw_receiver_init_indices() with an index list for some state groups
+ * (num_lists entries, each group at most once; the others take
+ * indices->state). As with init's other checks the receiver then turns
+ * Failed, with the reason: KVW_ERR_INVALID for a list naming no state
+ * group or a group twice, KVW_ERR_OUT_OF_RANGE for an index outside its
+ * group's regions. Since 1.2. */
+KVW_API kvw_status_t kvw_receiver_init_lists(kvw_receiver_t *receiver, const kvw_indices_t *indices,
+                                             const kvw_state_list_t *lists, size_t num_lists);
 /* As kvw_sender_poll(): Transferring, it may reap the completion queue. */
 KVW_API kvw_poll_t kvw_receiver_poll(kvw_receiver_t *receiver);
 /* Why a Failed receiver failed (as kvw_sender_failure). KVW_ERR_ABORTED

@@ -60,6 +60,7 @@ from ._engine import (
     Counters,
     Engine,
     Group,
+    GroupHeads,
     Receiver,
     Region,
     ReqMetrics,
@@ -69,7 +70,7 @@ from ._engine import (
 from ._indices import Indices, as_indices
 
 __all__ = [
-    "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupKind",
+    "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupHeads", "GroupKind",
     "LogLevel", "NO_AUX", "Poll", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
     "as_indices", "features", "library_path", "set_log_handler", "version", "version_info",
 ]

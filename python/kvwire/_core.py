@@ -39,7 +39,9 @@ def features() -> Dict[str, bool]:
     """Which newer C calls the loaded library has: groups (buffer groups in
     Engine), init_indices (Receiver.init with state), send_part, send_state,
     metrics, send_after (the event= argument of Sender.send and
-    Sender.send_part). A missing one makes only the method that needs it
+    Sender.send_part), state_lists (an index list per state group:
+    Receiver.init(state_lists=...), Sender.send_state(lists=...)). A
+    missing one makes only the method that needs it
     raise Error(KVW_ERR_UNSUPPORTED)."""
     return {
         "groups": _L.has(_lib.GROUPS_MARKER),
@@ -48,6 +50,7 @@ def features() -> Dict[str, bool]:
         "send_state": _L.has("kvw_sender_send_state"),
         "metrics": _L.has("kvw_sender_metrics") and _L.has("kvw_receiver_metrics"),
         "send_after": _L.has("kvw_sender_send_after") and _L.has("kvw_sender_send_part_after"),
+        "state_lists": _L.has("kvw_receiver_init_lists") and _L.has("kvw_sender_send_state_lists"),
     }
 
 

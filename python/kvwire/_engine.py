@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The objects that own C handles: Bootstrap, Engine, Sender and Receiver,
-and the value types they take and return (Region, Group, Counters,
-ReqMetrics). Internal: re-exported by kvwire/__init__.py."""
+and the value types they take and return (Region, Group, GroupHeads,
+Counters, ReqMetrics). Internal: re-exported by kvwire/__init__.py."""
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 from . import _lib
 from ._config import Config, _cfg_ptr
@@ -148,6 +149,64 @@ class Group(NamedTuple):
     regions: Sequence[RegionLike]
 
 
+class GroupHeads(NamedTuple):
+    """kvw_group_heads_t (head slicing, docs/head-slicing.md): a KV group's
+    pages hold page_tokens tokens of num_heads heads of head_bytes each,
+    heads [first_head, first_head + num_heads) of the model's total_heads;
+    page_order "NHD" (token-major, sglang's MHA pools) or "HND" (head-major
+    per page), or 0 / 1."""
+
+    total_heads: int
+    first_head: int
+    num_heads: int
+    head_bytes: int
+    page_tokens: int
+    page_order: Union[int, str] = 0
+
+
+_PAGE_ORDERS = {"NHD": 0, "HND": 1, 0: 0, 1: 1}
+
+
+def _group_heads(heads: Sequence[Optional[GroupHeads]], want: int, keep: List[Any]) -> Any:
+    """The kvw_group_heads_t array: one entry per group (None: not described)."""
+    if len(heads) != want:
+        raise ValueError(f"kvwire.Engine: group_heads has {len(heads)} entries, one per group "
+                         f"({want}) is needed")
+    arr = (_lib.kvw_group_heads_t * want)()
+    for i, h in enumerate(heads):
+        if h is None:
+            continue
+        h = h if isinstance(h, GroupHeads) else GroupHeads(*h)
+        if h.page_order not in _PAGE_ORDERS:
+            raise ValueError(f"kvwire.Engine: group {i}: page_order {h.page_order!r} is not "
+                             "NHD or HND")
+        for nm in ("total_heads", "first_head", "num_heads", "head_bytes", "page_tokens"):
+            v = getattr(h, nm)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 32:
+                raise TypeError(f"kvwire.Engine: group {i}: {nm} must be a uint32")
+            setattr(arr[i], nm, v)
+        arr[i].page_order = _PAGE_ORDERS[h.page_order]
+    keep.append(arr)
+    return arr
+
+
+def _state_lists(lists: Optional[Mapping[int, Any]], what: str) -> Tuple[Any, int, List[Any]]:
+    """kvw_state_list_t entries from {group index: indices}; None or an
+    empty list skips the group for this request (sglang's None)."""
+    keep: List[Any] = []
+    if not lists:
+        return None, 0, keep
+    arr = (_lib.kvw_state_list_t * len(lists))()
+    for i, (g, idx) in enumerate(lists.items()):
+        if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 2 ** 32:
+            raise TypeError(f"{what}: state list keys are group indices (int), got {g!r}")
+        ix = as_indices(idx)
+        keep.append(ix)
+        arr[i].group, arr[i].indices, arr[i].count = g, ix.ptr, ix.count
+    keep.append(arr)
+    return arr, len(lists), keep
+
+
 def _regions(seq: Iterable[RegionLike], keep: List[Any]) -> Tuple[Any, int]:
     items = [r if isinstance(r, Region) else Region(*r) for r in seq]
     if not items:
@@ -213,6 +272,8 @@ class Engine(_Handle):
       kv:  2L regions, K layers 0..L-1 then V layers 0..L-1 (num_layers = L,
            default len(kv) // 2), plus aux: regions indexed by aux index; or
       groups: a list of Group (needs a library with buffer groups).
+    group_heads: head slicing (docs/head-slicing.md), one GroupHeads or None
+    per group (one for kv=, its K/V group); only KV groups describe heads.
     The memory stays the caller's and must outlive close().
 
     Raises Error (KVW_ERR_NO_DEVICE, ...) with nothing left allocated.
@@ -224,7 +285,8 @@ class Engine(_Handle):
                  kv: Sequence[RegionLike] = (), num_layers: Optional[int] = None,
                  aux: Sequence[RegionLike] = (), groups: Optional[Sequence[Group]] = None,
                  device: Optional[str] = None, engine_rank: int = 0,
-                 bootstrap_addr: Optional[str] = None, config: Optional[Config] = None):
+                 bootstrap_addr: Optional[str] = None, config: Optional[Config] = None,
+                 group_heads: Optional[Sequence[Optional[GroupHeads]]] = None):
         self._keep: List[Any] = []
         self._lock = threading.RLock()
         self._children: Dict[int, _Cell] = {}
@@ -263,6 +325,9 @@ class Engine(_Handle):
             auxarr, naux = _regions(aux, self._keep)
             p.num_aux = naux
             p.aux_regions = ctypes.cast(auxarr, ctypes.POINTER(_lib.kvw_region_t)) if naux else None
+        if group_heads is not None:
+            harr = _group_heads(group_heads, len(groups) if groups else 1, self._keep)
+            p.group_heads = ctypes.cast(harr, ctypes.POINTER(_lib.kvw_group_heads_t))
         cfgp = _cfg_ptr(config)
         p.config = cfgp
         h = ctypes.c_void_p()
@@ -480,12 +545,28 @@ class Sender(_Request):
         with self._cell.lock:
             _call(fn, f"{name}(room {self.room})", self._get(), *args)
 
-    def send_state(self, state: Any) -> None:
-        """The request's state indices (state groups)."""
+    def send_state(self, state: Any = None,
+                   lists: Optional[Mapping[int, Any]] = None) -> None:
+        """The request's state indices: state for every state group, or
+        (hybrid models) lists={group index: indices} giving a state group
+        its own list (Mamba: its slot; SWA/DSA: their page lists; None or
+        [] skips the group), the groups not listed taking state. Decode's
+        counts must match group by group (Error(KVW_ERR_MISMATCH))."""
+        idx = as_indices(state)
+        if lists:
+            fn = _L.optional.get("kvw_sender_send_state_lists")
+            if fn is None:
+                raise _unsupported("kvw_sender_send_state_lists",
+                                   "kvwire.Sender.send_state(lists=...)")
+            arr, n, keep = _state_lists(lists, "kvwire.Sender.send_state")
+            with self._cell.lock:
+                _call(fn, f"kvw_sender_send_state_lists(room {self.room})", self._get(), idx.ptr,
+                      idx.count, arr, n)
+            del keep
+            return
         fn = _L.optional.get("kvw_sender_send_state")
         if fn is None:
             raise _unsupported("kvw_sender_send_state", "kvwire.Sender.send_state()")
-        idx = as_indices(state)
         with self._cell.lock:
             _call(fn, f"kvw_sender_send_state(room {self.room})", self._get(), idx.ptr, idx.count)
 
@@ -540,12 +621,27 @@ class Receiver(_Request):
                   ctypes.byref(h))
             self._cell = engine._adopt(h.value, "receiver")
 
-    def init(self, pages: Any, aux_index: Optional[int] = None, state: Any = None) -> None:
+    def init(self, pages: Any, aux_index: Optional[int] = None, state: Any = None,
+             state_lists: Optional[Mapping[int, Any]] = None) -> None:
         """Destination pages (see as_indices), aux index (None: none) and
-        state indices (needs kvw_receiver_init_indices). May be called while
-        still Bootstrapping."""
+        state indices (needs kvw_receiver_init_indices) for every state
+        group; state_lists={group index: indices} gives a state group its
+        own list (hybrid models: Mamba's slot, an SWA/DSA page list; None or
+        [] skips the group). May be called while still Bootstrapping."""
         p = as_indices(pages)
         s = as_indices(state)
+        if state_lists:
+            fl = _L.optional.get("kvw_receiver_init_lists")
+            if fl is None:
+                raise _unsupported("kvw_receiver_init_lists",
+                                   "kvwire.Receiver.init(state_lists=...)")
+            arr, n, keep = _state_lists(state_lists, "kvwire.Receiver.init")
+            ix = _lib.kvw_indices_t(p.ptr, p.count, _aux(aux_index), s.ptr, s.count)
+            with self._cell.lock:
+                _call(fl, f"kvw_receiver_init_lists(room {self.room})", self._get(),
+                      ctypes.byref(ix), arr, n)
+            del keep
+            return
         fn = _L.optional.get("kvw_receiver_init_indices")
         with self._cell.lock:
             if s.count:

@@ -165,6 +165,15 @@ class kvw_indices_t(Structure):
     ]
 
 
+class kvw_state_list_t(Structure):
+    _fields_ = [
+        ("group", c_uint32),
+        ("reserved", c_uint32),
+        ("indices", POINTER(c_uint64)),
+        ("count", c_size_t),
+    ]
+
+
 class kvw_part_t(Structure):
     _fields_ = [
         ("pages", POINTER(c_uint64)),
@@ -211,6 +220,7 @@ STRUCTS = {
     "kvw_counters_t": kvw_counters_t,
     "kvw_bootstrap_params_t": kvw_bootstrap_params_t,
     "kvw_indices_t": kvw_indices_t,
+    "kvw_state_list_t": kvw_state_list_t,
     "kvw_part_t": kvw_part_t,
     "kvw_req_metrics_t": kvw_req_metrics_t,
     "kvw_prefill_rank_t": kvw_prefill_rank_t,
@@ -267,6 +277,11 @@ OPTIONAL = {
     # The producer's CUDA event (a CUevent / cudaEvent_t, passed as a pointer).
     "kvw_sender_send_after": (c_int, [c_void_p, _u64p, c_size_t, c_void_p]),
     "kvw_sender_send_part_after": (c_int, [c_void_p, POINTER(kvw_part_t), c_void_p]),
+    # Hybrid models: an index list per state group (1.2).
+    "kvw_receiver_init_lists": (c_int, [c_void_p, POINTER(kvw_indices_t),
+                                        POINTER(kvw_state_list_t), c_size_t]),
+    "kvw_sender_send_state_lists": (c_int, [c_void_p, _u64p, c_size_t,
+                                            POINTER(kvw_state_list_t), c_size_t]),
 }
 # Buffer groups change kvw_engine_params_t, which no symbol names: a library
 # that has the calls introduced with them is taken to understand groups.

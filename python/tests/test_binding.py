@@ -15,7 +15,8 @@ def test_import_and_library():
     assert os.path.exists(kvwire.library_path()) or kvwire.library_path().startswith("lib")
     feats = kvwire.features()
     assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
-                          "send_after"}
+                          "send_after", "state_lists"}
+    assert feats["state_lists"]
 
 
 def test_status_and_poll_names_match_the_library():
@@ -208,3 +209,99 @@ def test_package_version_is_the_library_version():
     assert line.split('"')[1] == kvwire.version()
     assert kvwire.version_info()[0] == _lib.ABI_MAJOR
     assert _lib.SONAME == "libkvwire.so.%d" % _lib.ABI_MAJOR
+
+
+def _live(cls, **attrs):
+    """A Sender or Receiver whose calls reach the (monkeypatched) C
+    functions without an engine: its handle is a dummy never dereferenced."""
+    obj = cls.__new__(cls)
+    obj._cell = kvwire._Cell(1, "request")
+    for k, v in attrs.items():
+        setattr(obj, k, v)
+    return obj
+
+
+def _lists(arr, n):
+    return {arr[i].group: [arr[i].indices[j] for j in range(arr[i].count)] for i in range(n)}
+
+
+def test_state_lists_reach_c_per_group(monkeypatch):
+    """Receiver.init(state_lists=) and Sender.send_state(lists=) hand each
+    state group its own list (kvw_state_list_t): Mamba's one slot, an SWA
+    page list, None skipping a group; the shared list stays beside them."""
+    import numpy as np
+
+    seen = {}
+
+    def init_lists(h, ix, arr, n):
+        x = ix._obj
+        seen["init"] = ([x.pages[i] for i in range(x.num_pages)], x.aux_index,
+                        [x.state[i] for i in range(x.num_state)], _lists(arr, n))
+        return 0
+
+    def send_lists(h, state, ns, arr, n):
+        seen["send"] = ([state[i] for i in range(ns)], _lists(arr, n))
+        return 0
+
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_init_lists", init_lists)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_send_state_lists", send_lists)
+    r = _live(kvwire.Receiver, room=5)
+    r.init([4, 5, 6], 2, state=[9], state_lists={2: [3], 3: np.array([0, 1, 11], dtype=np.int64),
+                                                  4: None})
+    assert seen["init"] == ([4, 5, 6], 2, [9], {2: [3], 3: [0, 1, 11], 4: []})
+    s = _live(kvwire.Sender, room=5)
+    s.send_state(lists={2: np.array([1], dtype=np.uint64), 3: (4, 5, 9), 4: []})
+    assert seen["send"] == ([], {2: [1], 3: [4, 5, 9], 4: []})
+    with pytest.raises(TypeError):
+        r.init([1], state_lists={"swa": [1]})
+    with pytest.raises(TypeError):
+        s.send_state(lists={-1: [1]})
+    r._cell = s._cell = None
+
+
+def test_state_lists_refusal_comes_back_as_error(monkeypatch):
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_send_state_lists",
+                        lambda *a: int(kvwire.Status.ERR_MISMATCH))
+    s = _live(kvwire.Sender, room=6)
+    with pytest.raises(kvwire.Error) as ei:
+        s.send_state([1], lists={3: [1, 2]})
+    assert ei.value.status == kvwire.Status.ERR_MISMATCH
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_init_lists", None)
+    r = _live(kvwire.Receiver, room=6)
+    with pytest.raises(kvwire.Error) as ei:
+        r.init([1], state_lists={3: [1]})
+    assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+    assert "kvw_receiver_init_lists" in ei.value.reason
+    s._cell = r._cell = None
+
+
+def test_group_heads_reach_engine_params(monkeypatch):
+    """Engine(group_heads=) fills kvw_engine_params_t.group_heads, one
+    entry per group (None: not described), NHD/HND by name."""
+    seen = {}
+
+    def create(pp, hp):
+        p = pp._obj
+        seen["n"] = p.num_groups
+        seen["heads"] = [tuple(getattr(p.group_heads[i], f) for f, _ in
+                               kvwire._lib.kvw_group_heads_t._fields_)
+                         for i in range(max(p.num_groups, 1))]
+        return int(kvwire.Status.ERR_NO_DEVICE)
+
+    monkeypatch.setattr(kvwire._c, "kvw_engine_create", create)
+    mem = [bytearray(4 * 2 * 8 * 128) for _ in range(4)]
+    kv = kvwire.Group(kvwire.GroupKind.KV, 2, 2, [kvwire.Region.of(m, 2 * 8 * 128) for m in mem])
+    st = kvwire.Group(kvwire.GroupKind.STATE, 1, 1, [kvwire.Region.of(bytearray(64), 16)])
+    with pytest.raises(kvwire.Error):
+        kvwire.Engine("decode", "127.0.0.1", groups=[kv, st],
+                      group_heads=[kvwire.GroupHeads(4, 2, 2, 128, 8, "HND"), None])
+    assert seen["n"] == 2 and seen["heads"] == [(4, 2, 2, 128, 8, 1), (0, 0, 0, 0, 0, 0)]
+    with pytest.raises(kvwire.Error):  # the classic layout: one entry, its K/V group
+        kvwire.Engine("decode", "127.0.0.1", kv=kv.regions,
+                      group_heads=[(4, 0, 2, 128, 8)])
+    assert seen["heads"] == [(4, 0, 2, 128, 8, 0)]
+    with pytest.raises(ValueError):
+        kvwire.Engine("decode", "127.0.0.1", groups=[kv, st], group_heads=[None])
+    with pytest.raises(ValueError):
+        kvwire.Engine("decode", "127.0.0.1", groups=[kv, st],
+                      group_heads=[kvwire.GroupHeads(4, 0, 2, 128, 8, "XYZ"), None])

@@ -115,10 +115,42 @@ def test_pp_refused_at_creation(sg):
         _make(sg, _args(), pp_size=2)
 
 
-def test_two_state_kinds_refused_naming_them(sg):
+def test_hybrid_state_types_each_their_own_group(sg, monkeypatch):
+    """A hybrid model: each StateType with buffers becomes its own kvwire
+    state group (its own index space); one without buffers none."""
+    import kvwire
+    from kvwire.sglang import conn
     from sglang.srt.disaggregation.base.conn import StateType
 
-    a = _args(state_types=[StateType.MAMBA, StateType.SWA], state_data_ptrs=[[1], [2]],
-              state_data_lens=[[64], [64]], state_item_lens=[[64], [64]])
-    with pytest.raises(RuntimeError, match="2 kinds of state buffers \\(mamba, swa\\)"):
+    seen = {}
+
+    def engine(role, ip, groups=None, **kw):
+        seen["groups"] = [(g.kind, g.num_layers, g.regions_per_layer,
+                           [(r.length, r.item_len) for r in g.regions]) for g in groups]
+        raise RuntimeError("engine captured")
+
+    monkeypatch.setattr(conn.kvwire, "Engine", engine)
+    a = _args(state_types=[StateType.MAMBA, StateType.C128_STATE, StateType.SWA],
+              state_data_ptrs=[[1, 2], [], [3, 4]], state_data_lens=[[384, 640], [], [4096] * 2],
+              state_item_lens=[[96, 160], [], [256] * 2])
+    with pytest.raises(RuntimeError, match="engine captured"):
         _make(sg, a)
+    K, S = kvwire.GroupKind.KV, kvwire.GroupKind.STATE
+    assert seen["groups"] == [(K, 1, 1, [(4096, 64)]),
+                              (S, 1, 2, [(384, 96), (640, 160)]),
+                              (S, 1, 2, [(4096, 256), (4096, 256)])]
+
+
+def test_state_indices_map_to_their_own_lists(sg):
+    """sglang's per-StateType state_indices as kvwire state lists: Mamba's
+    [array([slot])] its one slot, an SWA page array its list, None (or a
+    component past the end) nothing for that group."""
+    import numpy as np
+
+    from kvwire.sglang.conn import _state_lists
+
+    groups = {0: 1, 2: 2, 3: 3}  # component -> kvwire group (component 1: no buffers)
+    got = _state_lists([[np.array([5])], None, np.array([7, 8, 9]), None], groups)
+    assert got == {1: [5], 2: [7, 8, 9], 3: []}
+    assert _state_lists(None, groups) == {1: [], 2: [], 3: []}
+    assert _state_lists([[np.array([5])]], groups) == {1: [5], 2: [], 3: []}

@@ -148,7 +148,8 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 4 + KVW_WIRE_HEADS_LEN +
-               8 * ((size_t)m->u.request.num_pages + m->u.request.num_state);
+               8 * ((size_t)m->u.request.num_pages + m->u.request.num_state) + 4 +
+               4 * (size_t)m->u.request.num_state_lists;
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -224,12 +225,16 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.request.aux_index, 4);
         put_le(w, m->u.request.num_pages, 4);
         put_le(w, m->u.request.num_state, 4);
-        /* head range (wire 6) */
+        /* head range (wire 7) */
         put_le(w, m->u.request.heads_flags, 4);
         put_le(w, m->u.request.head_first, 4);
         put_le(w, m->u.request.head_count, 4);
         for (size_t i = 0; i < (size_t)m->u.request.num_pages + m->u.request.num_state; i++)
             put_le(w, m->u.request.pages[i], 8);
+        /* Wire 6: the state lists. */
+        put_le(w, m->u.request.num_state_lists, 4);
+        for (uint32_t i = 0; i < m->u.request.num_state_lists; i++)
+            put_le(w, m->u.request.state_counts[i], 4);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -251,6 +256,8 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
     }
 }
 
+static int state_lists_bad(const kvw_msg_t *m, char *reason, size_t rsize);
+
 kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size_t *len_p)
 {
     if (!type_known(m->type))
@@ -262,7 +269,8 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
     if (m->type == KVW_MSG_CREDIT && m->u.credit.num_qps > KVW_WIRE_MAX_QPS)
         return KVW_ERR_INVALID;
     if (m->type == KVW_MSG_REQUEST &&
-        (uint64_t)m->u.request.num_pages + m->u.request.num_state > KVW_WIRE_MAX_PAGES)
+        ((uint64_t)m->u.request.num_pages + m->u.request.num_state > KVW_WIRE_MAX_PAGES ||
+         state_lists_bad(m, NULL, 0)))
         return KVW_ERR_INVALID;
     size_t size = kvw__wire_size(m);
     if (size > cap || size > KVW_WIRE_MAX_MSG)
@@ -368,6 +376,39 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     return KVW_OK;
 }
 
+/* Wire 6: REQUEST's state lists, at most one per group, their counts
+ * summing to num_state. 0, or -1 with why. */
+static int state_lists_bad(const kvw_msg_t *m, char *reason, size_t rsize)
+{
+    uint32_t n = m->u.request.num_state_lists;
+    if (n > KVW_WIRE_MAX_GROUPS) {
+        fail(reason, rsize, "REQUEST: %u state lists, at most %u", n, KVW_WIRE_MAX_GROUPS);
+        return -1;
+    }
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += m->u.request.state_counts[i];
+    if (sum != m->u.request.num_state) {
+        fail(reason, rsize, "REQUEST: state lists of %llu indices, %u state indices",
+             (unsigned long long)sum, m->u.request.num_state);
+        return -1;
+    }
+    return 0;
+}
+
+/* Wire 6: the state lists after the indices. */
+static kvw_status_t decode_state_lists(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
+{
+    m->u.request.num_state_lists = (uint32_t)get_le(r, 4);
+    if (r->short_read || m->u.request.num_state_lists > KVW_WIRE_MAX_GROUPS ||
+        remaining(r) != 4 * (size_t)m->u.request.num_state_lists)
+        return fail(reason, rsize, "REQUEST: state lists do not match %zu body bytes",
+                    remaining(r));
+    for (uint32_t i = 0; i < m->u.request.num_state_lists; i++)
+        m->u.request.state_counts[i] = (uint32_t)get_le(r, 4);
+    return state_lists_bad(m, reason, rsize) ? KVW_ERR_PROTOCOL : KVW_OK;
+}
+
 static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
 {
     m->u.request.room = get_le(r, 8);
@@ -375,7 +416,7 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     m->u.request.aux_index = (uint32_t)get_le(r, 4);
     m->u.request.num_pages = (uint32_t)get_le(r, 4);
     m->u.request.num_state = (uint32_t)get_le(r, 4);
-    /* head range (wire 6) */
+    /* head range (wire 7) */
     m->u.request.heads_flags = (uint32_t)get_le(r, 4);
     m->u.request.head_first = (uint32_t)get_le(r, 4);
     m->u.request.head_count = (uint32_t)get_le(r, 4);
@@ -392,7 +433,7 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     if (m->u.request.token & ~KVW_WIRE_TOKEN_MASK)
         return fail(reason, rsize, "REQUEST: token 0x%x has more than 28 bits", m->u.request.token);
     uint64_t n = (uint64_t)m->u.request.num_pages + m->u.request.num_state;
-    if (n > KVW_WIRE_MAX_PAGES || n * 8 != remaining(r))
+    if (n > KVW_WIRE_MAX_PAGES || n * 8 + 4 > remaining(r))
         return fail(reason, rsize, "REQUEST: %u pages + %u state do not match %zu body bytes",
                     m->u.request.num_pages, m->u.request.num_state, remaining(r));
     m->u.request.pages = n ? malloc((size_t)n * 8) : NULL;
@@ -400,7 +441,12 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
         return KVW_ERR_NO_MEMORY;
     for (uint64_t i = 0; i < n; i++)
         m->u.request.pages[i] = get_le(r, 8);
-    return KVW_OK;
+    kvw_status_t st = decode_state_lists(r, m, reason, rsize);
+    if (st) {
+        free(m->u.request.pages);
+        m->u.request.pages = NULL;
+    }
+    return st;
 }
 
 static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)

@@ -477,6 +477,10 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
         m.u.request.head_first = r->rx.heads.first;
         m.u.request.head_count = r->rx.heads.count;
     }
+    /* Wire 6: each state group's own list (the indices are in group order). */
+    m.u.request.num_state_lists = r->engine->layout.num_state_groups;
+    for (uint32_t i = 0; i < m.u.request.num_state_lists; i++)
+        m.u.request.state_counts[i] = r->rx.state_n[i];
     r->rx.request_due = false;
     /* Transferring before the REQUEST leaves: prefill's sender turns
      * WaitingForInput on it, and whoever polls both sides must not then

@@ -506,6 +506,8 @@ static void expire_orphan_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     kvw__req_unorphan_locked(r);
     free(r->tx.dst_pages); /* nothing will be written: only the failure is kept */
     r->tx.dst_pages = NULL;
+    free(r->tx.dst_state_n);
+    r->tx.dst_state_n = NULL;
     kvw__req_set_deadline_locked(r, now + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
 }
 

@@ -123,8 +123,10 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
     }
     for (uint32_t r = 0; r < total && !st; r++)
         items[r] = e->regions[r].len / e->regions[r].item_len;
-    if (!st)
+    if (!st) {
         kvw__layout_limits(&e->layout, items, e->local_max);
+        kvw__layout_state_limits(&e->layout, items, e->state_max);
+    }
     for (uint32_t r = 0; r < total && !st; r++)
         items[r] = e->regions[r].item_len; /* now the item lengths, for the heads' check */
     for (uint32_t i = 0; i < n; i++)

@@ -74,12 +74,13 @@ typedef struct kvw_lane {
  * appends under the lock; the poller follows `next` without it. */
 typedef struct kvw_seg {
     struct kvw_seg *_Atomic next;
-    size_t first, n;       /* request page positions [first, first + n) */
-    uint32_t lb, le;       /* KV layers [lb, le) */
-    bool final;            /* also aux and state; its last write carries the immediate */
-    uint64_t *src;         /* n source pages */
-    kvw_run_t *runs;       /* planned: n entries */
-    kvw_run_t *state_runs; /* final part: one per state index */
+    size_t first, n;            /* request page positions [first, first + n) */
+    uint32_t lb, le;            /* KV layers [lb, le) */
+    bool final;                 /* also aux and state; its last write carries the immediate */
+    uint64_t *src;              /* n source pages */
+    kvw_run_t *runs;            /* planned: n entries */
+    kvw_run_t *state_runs;      /* final part: one per state index */
+    kvw_plan_set_t *state_sets; /* final part: one per state group */
     kvw_plan_t plan;
     kvw_plan_cursor_t cursor; /* poller */
     /* Head slicing (the peer is sliced): the KV writes are gather writes
@@ -123,7 +124,9 @@ struct kvw_peer {
     uint32_t nlanes;            /* created, fixed before the peer is published */
     kvw_plan_region_t *regions; /* every region, local paired with remote */
     uint64_t remote_max[3];     /* items every remote region of each kind holds */
-    uint32_t max_msg_sz;        /* the smaller of the two ports' limits */
+    /* items every remote region of each state group holds */
+    uint64_t remote_state_max[KVW_LAYOUT_MAX_GROUPS];
+    uint32_t max_msg_sz; /* the smaller of the two ports' limits */
     /* Head slicing, fixed by the handshake (kvw__peer_accept_layout): the
      * two sides' head ranges differ. Prefill: KV slot j's writes follow
      * kv_geom[j] (kv_per_layer entries) with up to max_sge entries each;
@@ -189,12 +192,16 @@ typedef struct kvw_req_tx {
     _Atomic uint64_t done_ns;       /* its last write completed */
     size_t num_pages;               /* declared by init */
     uint32_t aux_index;
-    uint64_t *covered;   /* per KV layer: page positions handed over */
-    uint64_t *src_state; /* given by kvw_sender_send_state */
+    uint64_t *covered; /* per KV layer: page positions handed over */
+    /* given by kvw_sender_send_state(_lists): every state group's list in
+     * group order, num_src_state in all, src_state_n[s] of state group s */
+    uint64_t *src_state;
     size_t num_src_state;
+    uint32_t *src_state_n;
     bool have_state, final_given;    /* the part that completes the request exists */
     uint64_t *dst_pages, *dst_state; /* decode's request: pages, then state indices */
     size_t num_dst_state;
+    uint32_t *dst_state_n; /* decode's count per state group */
     uint32_t dst_aux;
     kvw_seg_t *segs_head, *segs_tail; /* parts in the order handed over */
     kvw_seg_t *to_plan;               /* first part not planned yet (decode's request unknown) */
@@ -231,8 +238,11 @@ typedef struct kvw_req_rx {
     bool aborting;     /* (lock) ABORT sent; Failed once prefill confirms its writes drained */
     kvw_status_t abort_status;              /* (lock) */
     char abort_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    uint64_t *pages; /* npages destination pages, then nstate state indices */
+    /* npages destination pages, then nstate state indices: every state
+     * group's list in group order, state_n[s] of state group s */
+    uint64_t *pages;
     size_t npages, nstate;
+    uint32_t *state_n;
     uint32_t aux;
     uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
@@ -350,6 +360,7 @@ struct kvw_engine {
     kvw_mem_ctx_t mem;         /* how each region was registered; read-only once threads run */
     struct kvw_stager *stager; /* GPU regions copied through host memory; NULL: none */
     uint64_t local_max[3];     /* items every local region of each kind holds (KVW_LAYOUT_*) */
+    uint64_t state_max[KVW_LAYOUT_MAX_GROUPS]; /* the same per state group */
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
     void *zctx, *router;
@@ -444,6 +455,22 @@ kvw_status_t kvw__check_count(const kvw_engine_t *e, int kind, size_t n, char *w
 kvw_status_t kvw__check_aux(const kvw_engine_t *e, uint32_t aux_index, char *why, size_t size);
 kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *side,
                                 const uint64_t *idx, size_t n, char *why, size_t size);
+/* A request's state lists (hybrid models: each state group its own index
+ * space, kvw_state_list_t): listed groups take their own list, the others
+ * the shared one. Each index is checked against its own group's local
+ * regions (side as above). *out_p gets prefix free entries (the caller's
+ * pages), then every state group's indices in group order (*total_p of
+ * them); *counts_p one count per state group (NULL when the layout has
+ * none). KVW_ERR_INVALID (a list naming no state group, or one twice;
+ * shared indices without a state group) or KVW_ERR_OUT_OF_RANGE, with why;
+ * nothing allocated then. */
+kvw_status_t kvw__state_lists(const kvw_engine_t *e, const char *side, const uint64_t *shared,
+                              size_t num_shared, const kvw_state_list_t *lists, size_t num_lists,
+                              size_t prefix, uint64_t **out_p, uint32_t **counts_p, size_t *total_p,
+                              char *why, size_t size);
+/* Where state group s's indices start in a concatenated list (counts as
+ * above). */
+size_t kvw__state_off(const uint32_t *counts, uint32_t s);
 /* part.c: a sender's parts. Whether the producer's event of part s of r
  * completed
  * (kvw_sender_send_part_after): 1 when it did, or s has none (s->event is
@@ -492,14 +519,16 @@ void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char 
  * over ranks), init, abort under the lock, and destroy. */
 kvw_status_t kvw__receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
                                   uint64_t room, bool member, kvw_req_t **r_p);
-kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x);
+kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
+                                    const kvw_state_list_t *lists, size_t num_lists);
 void kvw__receiver_abort_locked(kvw_req_t *r, const char *why);
 void kvw__receiver_end(kvw_req_t *r);
 void kvw__receiver_destroy_one(kvw_req_t *r);
 /* rxset.c: a receiver over several prefill ranks (kvw_receiver_create_ranks).
  * The public receiver calls on a set's handle (its member 0) land here. */
 typedef struct kvw_rxset kvw_rxset_t;
-kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x);
+kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x,
+                             const kvw_state_list_t *lists, size_t num_lists);
 kvw_poll_t kvw__rxset_poll(kvw_rxset_t *set);
 kvw_status_t kvw__rxset_failure(kvw_rxset_t *set, const char **reason_p);
 kvw_status_t kvw__rxset_abort(kvw_rxset_t *set);

@@ -14,6 +14,7 @@ void kvw__seg_free(kvw_engine_t *e, kvw_seg_t *s)
     free(s->src);
     free(s->runs);
     free(s->state_runs);
+    free(s->state_sets);
     free(s->stage_regions);
     free(s->state_src);
     free(s);

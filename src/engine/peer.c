@@ -310,8 +310,10 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
                                             .lkey = e->mrs[i].lkey,
                                             .rkey = r->rkey};
     }
-    if (!st)
+    if (!st) {
         kvw__layout_limits(&e->layout, items, p->remote_max);
+        kvw__layout_state_limits(&e->layout, items, p->remote_state_max);
+    }
     free(items);
     if (!st && e->layout_heads)
         st = keep_peer_heads(p, peer);

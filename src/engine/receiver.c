@@ -84,6 +84,7 @@ static void receiver_free(kvw_req_t *r)
 {
     kvw__stager_unreserve(r);
     free(r->rx.pages);
+    free(r->rx.state_n);
 }
 
 /* (lock) One rank of a receiver over several failed: the others follow. */
@@ -181,46 +182,32 @@ kvw_status_t kvw_receiver_create_at(kvw_engine_t *e, const char *endpoint, uint3
     return receiver_create(e, addr, prefill_rank, room, recv_p);
 }
 
-/* Check and copy a request's indices (pages, then state) for the wire. */
-static kvw_status_t copy_indices(const kvw_engine_t *e, const kvw_indices_t *x, uint64_t **copy_p,
-                                 char *why, size_t size)
+/* Check and copy a request's indices for the wire: pages, then each state
+ * group's list (its own, or the shared one), with a count per state group. */
+static kvw_status_t copy_indices(const kvw_engine_t *e, const kvw_indices_t *x,
+                                 const kvw_state_list_t *lists, size_t num_lists, uint64_t **copy_p,
+                                 uint32_t **counts_p, size_t *nstate_p, char *why, size_t size)
 {
+    *copy_p = NULL;
+    *counts_p = NULL;
+    *nstate_p = 0;
     kvw_status_t st = kvw__check_count(e, KVW_LAYOUT_KV, x->num_pages, why, size);
     if (!st)
         st = kvw__check_indices(e, KVW_LAYOUT_KV, "destination", x->pages, x->num_pages, why, size);
     if (!st)
         st = kvw__check_aux(e, x->aux_index, why, size);
-    if (!st && x->num_state && !e->layout.num_state) {
-        snprintf(why, size, "%zu state indices, but the layout has no state group", x->num_state);
-        st = KVW_ERR_INVALID;
-    }
     if (!st)
-        st = kvw__check_indices(e, KVW_LAYOUT_STATE, "destination", x->state, x->num_state, why,
-                                size);
-    if (!st && x->num_pages + x->num_state > KVW_WIRE_MAX_PAGES) {
-        snprintf(why, size, "%zu pages and %zu state indices: at most %u together", x->num_pages,
-                 x->num_state, KVW_WIRE_MAX_PAGES);
-        st = KVW_ERR_OUT_OF_RANGE;
-    }
-    size_t n = x->num_pages + x->num_state;
-    uint64_t *copy = NULL;
-    if (!st && n && !(copy = malloc(n * sizeof(uint64_t)))) {
-        snprintf(why, size, "no memory for the page list");
-        st = KVW_ERR_NO_MEMORY;
-    }
-    if (copy) {
-        if (x->num_pages)
-            memcpy(copy, x->pages, x->num_pages * sizeof(uint64_t));
-        if (x->num_state)
-            memcpy(copy + x->num_pages, x->state, x->num_state * sizeof(uint64_t));
-    }
-    *copy_p = copy;
+        st = kvw__state_lists(e, "destination", x->state, x->num_state, lists, num_lists,
+                              x->num_pages, copy_p, counts_p, nstate_p, why, size);
+    if (!st && x->num_pages)
+        memcpy(*copy_p, x->pages, x->num_pages * sizeof(uint64_t));
     return st;
 }
 
 /* What decode expects to land: its own pages' bytes in every KV region,
- * one aux item per aux region, its state items in every state region. */
-static uint64_t expected_bytes(const kvw_engine_t *e, const kvw_indices_t *x)
+ * one aux item per aux region, each state group's items in its regions. */
+static uint64_t expected_bytes(const kvw_engine_t *e, const kvw_indices_t *x,
+                               const uint32_t *state_n)
 {
     const kvw_layout_t *l = &e->layout;
     uint64_t bytes = 0;
@@ -228,29 +215,38 @@ static uint64_t expected_bytes(const kvw_engine_t *e, const kvw_indices_t *x)
         bytes += x->num_pages * e->regions[l->kv_slots[i]].item_len;
     for (uint32_t i = 0; x->aux_index != KVW_NO_AUX && i < l->num_aux; i++)
         bytes += e->regions[l->aux_slots[i]].item_len;
-    for (uint32_t i = 0; i < l->num_state; i++)
-        bytes += x->num_state * e->regions[l->state_slots[i]].item_len;
+    for (uint32_t s = 0; s < l->num_state_groups; s++)
+        for (uint32_t i = 0; i < l->state_nslots[s]; i++)
+            bytes +=
+                (uint64_t)state_n[s] * e->regions[l->state_slots[l->state_first[s] + i]].item_len;
     return bytes;
 }
 
-kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *x)
+kvw_status_t kvw_receiver_init_lists(kvw_receiver_t *rc, const kvw_indices_t *x,
+                                     const kvw_state_list_t *lists, size_t num_lists)
 {
-    if (!rc || !x || (x->num_pages && !x->pages) || (x->num_state && !x->state))
+    if (!rc || !x || (x->num_pages && !x->pages) || (x->num_state && !x->state) ||
+        (num_lists && !lists))
         return KVW_ERR_INVALID;
     if (rc->req.rx.set)
-        return kvw__rxset_init(rc->req.rx.set, x);
-    return kvw__receiver_init_one(&rc->req, x);
+        return kvw__rxset_init(rc->req.rx.set, x, lists, num_lists);
+    return kvw__receiver_init_one(&rc->req, x, lists, num_lists);
 }
 
-kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x)
+kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
+                                    const kvw_state_list_t *lists, size_t num_lists)
 {
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
     uint64_t *copy = NULL;
-    kvw_status_t st = copy_indices(e, x, &copy, why, sizeof(why));
+    uint32_t *counts = NULL;
+    size_t nstate = 0;
+    kvw_status_t st =
+        copy_indices(e, x, lists, num_lists, &copy, &counts, &nstate, why, sizeof(why));
     pthread_mutex_lock(&e->lock);
     if (r->rx.pages || r->rx.request_due || r->rx.request_sent || kvw__req_ended(r)) {
         free(copy);
+        free(counts);
         pthread_mutex_unlock(&e->lock);
         return KVW_ERR_STATE;
     }
@@ -260,9 +256,10 @@ kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x)
     } else {
         r->rx.pages = copy;
         r->rx.npages = x->num_pages;
-        r->rx.nstate = x->num_state;
+        r->rx.nstate = nstate;
+        r->rx.state_n = counts;
         r->rx.aux = x->aux_index;
-        atomic_store(&r->bytes_posted, expected_bytes(e, x));
+        atomic_store(&r->bytes_posted, expected_bytes(e, x, counts));
         bool ready = true;
         if (kvw__stager_on(e) && (st = kvw__stager_reserve_locked(r, &ready, why, sizeof(why)))) {
             KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
@@ -281,6 +278,11 @@ kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x)
     }
     pthread_mutex_unlock(&e->lock);
     return st;
+}
+
+kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *x)
+{
+    return kvw_receiver_init_lists(rc, x, NULL, 0);
 }
 
 kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t n,

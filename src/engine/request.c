@@ -230,3 +230,96 @@ kvw_status_t kvw__check_indices(const kvw_engine_t *e, int kind, const char *sid
              (unsigned long long)max);
     return KVW_ERR_OUT_OF_RANGE;
 }
+
+size_t kvw__state_off(const uint32_t *counts, uint32_t s)
+{
+    size_t off = 0;
+    for (uint32_t i = 0; i < s; i++)
+        off += counts[i];
+    return off;
+}
+
+/* Which list each state group takes (-1: the shared one); KVW_ERR_INVALID
+ * for a list naming no state group, or a group twice. */
+static kvw_status_t pick_lists(const kvw_layout_t *l, const kvw_state_list_t *lists, size_t n,
+                               int pick[KVW_LAYOUT_MAX_GROUPS], char *why, size_t size)
+{
+    for (uint32_t s = 0; s < l->num_state_groups; s++)
+        pick[s] = -1;
+    for (size_t i = 0; i < n; i++) {
+        int s = lists[i].group < l->num_groups ? kvw__layout_state_index(l, lists[i].group) : -1;
+        if (s < 0 || pick[s] >= 0 || (lists[i].count && !lists[i].indices) || lists[i].reserved) {
+            snprintf(why, size, "state list %zu (group %u): %s", i, lists[i].group,
+                     s < 0          ? "not a state group"
+                     : pick[s] >= 0 ? "the group is listed twice"
+                                    : "bad list (NULL indices or reserved not 0)");
+            return KVW_ERR_INVALID;
+        }
+        pick[s] = (int)i;
+    }
+    return KVW_OK;
+}
+
+kvw_status_t kvw__state_lists(const kvw_engine_t *e, const char *side, const uint64_t *shared,
+                              size_t num_shared, const kvw_state_list_t *lists, size_t num_lists,
+                              size_t prefix, uint64_t **out_p, uint32_t **counts_p, size_t *total_p,
+                              char *why, size_t size)
+{
+    const kvw_layout_t *l = &e->layout;
+    int pick[KVW_LAYOUT_MAX_GROUPS];
+    *out_p = NULL;
+    *counts_p = NULL;
+    *total_p = 0;
+    if ((num_lists && !lists) || (num_shared && !shared)) {
+        snprintf(why, size, "NULL state indices");
+        return KVW_ERR_INVALID;
+    }
+    if ((num_shared || num_lists) && !l->num_state_groups) {
+        snprintf(why, size, "%zu state indices, but the layout has no state group",
+                 num_shared + num_lists);
+        return KVW_ERR_INVALID;
+    }
+    kvw_status_t st = pick_lists(l, lists, num_lists, pick, why, size);
+    uint64_t total = 0;
+    for (uint32_t s = 0; !st && s < l->num_state_groups; s++) {
+        const uint64_t *v = pick[s] < 0 ? shared : lists[pick[s]].indices;
+        size_t n = pick[s] < 0 ? num_shared : lists[pick[s]].count;
+        size_t bad = kvw__first_out_of_range(v, n, e->state_max[s]);
+        if (bad < n) {
+            snprintf(why, size,
+                     "%s state index %llu (index %zu) of group %u outside its regions (%llu items)",
+                     side, (unsigned long long)v[bad], bad, l->state_group[s],
+                     (unsigned long long)e->state_max[s]);
+            st = KVW_ERR_OUT_OF_RANGE;
+        }
+        total += n;
+    }
+    if (!st && prefix + total > KVW_WIRE_MAX_PAGES) {
+        snprintf(why, size, "%zu pages and %llu state indices: at most %u together", prefix,
+                 (unsigned long long)total, KVW_WIRE_MAX_PAGES);
+        st = KVW_ERR_OUT_OF_RANGE;
+    }
+    if (st)
+        return st;
+    uint64_t *out = prefix + total ? malloc((prefix + total) * sizeof(uint64_t)) : NULL;
+    uint32_t *counts = l->num_state_groups ? calloc(l->num_state_groups, sizeof(uint32_t)) : NULL;
+    if ((prefix + total && !out) || (l->num_state_groups && !counts)) {
+        free(out);
+        free(counts);
+        snprintf(why, size, "no memory for the state lists");
+        return KVW_ERR_NO_MEMORY;
+    }
+    size_t at = prefix;
+    for (uint32_t s = 0; s < l->num_state_groups; s++) {
+        const uint64_t *v = pick[s] < 0 ? shared : lists[pick[s]].indices;
+        size_t n = pick[s] < 0 ? num_shared : lists[pick[s]].count;
+        if (n)
+            memcpy(out + at, v, n * sizeof(uint64_t));
+        counts[s] = (uint32_t)n;
+        at += n;
+    }
+    *out_p = out;
+    *counts_p = counts;
+    *total_p = (size_t)total;
+    return KVW_OK;
+}

@@ -113,11 +113,12 @@ kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *e, const kvw_receiver_param
     return KVW_OK;
 }
 
-kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x)
+kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x,
+                             const kvw_state_list_t *lists, size_t num_lists)
 {
     kvw_status_t first = KVW_OK;
     for (uint32_t i = 0; i < set->n; i++) {
-        kvw_status_t st = kvw__receiver_init_one(set->m[i], x);
+        kvw_status_t st = kvw__receiver_init_one(set->m[i], x, lists, num_lists);
         if (st && !first)
             first = st;
     }
@@ -137,8 +138,10 @@ static uint64_t member_bytes(const kvw_engine_t *e, const kvw_req_t *r)
     }
     for (uint32_t i = 0; r->rx.aux != KVW_NO_AUX && i < l->num_aux; i++)
         bytes += e->regions[l->aux_slots[i]].item_len;
-    for (uint32_t i = 0; i < l->num_state; i++)
-        bytes += r->rx.nstate * e->regions[l->state_slots[i]].item_len;
+    for (uint32_t g = 0; r->rx.state_n && g < l->num_state_groups; g++)
+        for (uint32_t i = 0; i < l->state_nslots[g]; i++)
+            bytes += (uint64_t)r->rx.state_n[g] *
+                     e->regions[l->state_slots[l->state_first[g] + i]].item_len;
     return bytes;
 }
 
@@ -172,9 +175,11 @@ bool kvw__rxset_ready_locked(kvw_req_t *r)
         m->rx.heads = out[i];
         m->rx.no_rest = rest_taken || !out[i].count;
         rest_taken |= !m->rx.no_rest;
-        if (m->rx.no_rest) {
+        if (m->rx.no_rest) { /* aux and state from another rank */
             m->rx.aux = KVW_NO_AUX;
             m->rx.nstate = 0;
+            for (uint32_t g = 0; m->rx.state_n && g < e->layout.num_state_groups; g++)
+                m->rx.state_n[g] = 0;
         }
         atomic_store(&m->bytes_posted, member_bytes(e, m));
         KVW_INFO("room %llu: prefill rank %u sends heads [%u, %u)%s", (unsigned long long)m->room,

@@ -33,8 +33,11 @@ static void sender_free(kvw_req_t *r)
     free(r->tx.covered);
     free(r->tx.src_state);
     r->tx.covered = r->tx.src_state = NULL;
+    free(r->tx.src_state_n);
+    r->tx.src_state_n = NULL;
     free(r->tx.dst_pages);
     free(r->tx.kv_geom);
+    free(r->tx.dst_state_n);
 }
 
 /* (lock) Plan s against decode's pages: runs of (source, destination) pairs
@@ -54,6 +57,29 @@ static uint64_t slice_count(const kvw_req_t *r, const kvw_seg_t *s)
     return total;
 }
 
+/* (lock) The final part's state: each state group's regions with the runs
+ * of its own list (a staged slice's sources are 0.. in its chunk). */
+static void plan_state_sets(const kvw_req_t *r, kvw_seg_t *s, uint32_t nsets)
+{
+    const kvw_layout_t *l = &r->engine->layout;
+    size_t src_off = 0, dst_off = 0, runs = 0;
+    for (uint32_t g = 0; g < nsets; g++) {
+        uint32_t n = r->tx.dst_state_n[g];
+        const uint64_t *src = !n ? NULL : s->state_src ? s->state_src : r->tx.src_state + src_off;
+        kvw_plan_set_t *set = &s->state_sets[g];
+        set->slots = l->state_slots + l->state_first[g];
+        set->num_slots = l->state_nslots[g];
+        set->runs = n ? s->state_runs + runs : NULL;
+        set->num_runs =
+            n ? kvw__plan_runs(src, r->tx.dst_state + dst_off, n, s->state_runs + runs) : 0;
+        runs += set->num_runs;
+        src_off += r->tx.src_state_n[g];
+        dst_off += n;
+    }
+    s->plan.state_sets = s->state_sets;
+    s->plan.num_state_sets = nsets;
+}
+
 static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
 {
     const kvw_engine_t *e = r->engine;
@@ -64,10 +90,13 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
      * planner fills are read. */
     s->runs = s->n ? malloc(s->n * (sizeof(*s->runs) + sizeof(kvw_wrun_t))) : NULL;
     size_t ns = s->final ? r->tx.num_dst_state : 0;
+    uint32_t nsets = s->final ? l->num_state_groups : 0;
     s->state_runs = ns ? calloc(ns, sizeof(*s->state_runs)) : NULL;
+    s->state_sets = nsets ? calloc(nsets, sizeof(*s->state_sets)) : NULL;
     if (s->chunk) /* a staged slice: its source is the chunk */
         s->stage_regions = malloc(l->num_regions * sizeof(*s->stage_regions));
-    if ((s->n && !s->runs) || (ns && !s->state_runs) || (s->chunk && !s->stage_regions))
+    if ((s->n && !s->runs) || (ns && !s->state_runs) || (nsets && !s->state_sets) ||
+        (s->chunk && !s->stage_regions))
         return KVW_ERR_NO_MEMORY;
     if (s->chunk)
         kvw__stager_slice_regions(r, s, s->stage_regions);
@@ -88,11 +117,7 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
     else if (s->n)
         kvw__plan_wruns(p, (kvw_wrun_t *)(s->runs + s->n));
     if (s->final) {
-        p->state_slots = l->state_slots;
-        p->num_state = ns ? l->num_state : 0;
-        p->num_state_runs = kvw__plan_runs(s->state_src ? s->state_src : r->tx.src_state,
-                                           r->tx.dst_state, ns, s->state_runs);
-        p->state_runs = s->state_runs;
+        plan_state_sets(r, s, nsets);
         p->aux_slots = l->aux_slots;
         p->num_aux = l->num_aux;
         p->has_aux = r->tx.aux_index != KVW_NO_AUX && r->tx.dst_aux != KVW_NO_AUX;
@@ -199,12 +224,62 @@ kvw_status_t kvw__sender_fail_locked(kvw_req_t *r, kvw_status_t st, const char *
     return st;
 }
 
+/* The first state group whose counts differ between the two sides, or -1. */
+static int state_mismatch(const kvw_layout_t *l, const uint32_t *src_n, const uint32_t *dst_n)
+{
+    for (uint32_t g = 0; g < l->num_state_groups; g++)
+        if (src_n[g] != dst_n[g])
+            return (int)g;
+    return -1;
+}
+
+/* Decode's state lists: one per state group of ours (the layouts matched
+ * at the handshake), each inside decode's regions of that group, and the
+ * counts this sender gave, if it did. */
+static kvw_status_t check_request_state(const kvw_req_t *r, const kvw_peer_t *peer,
+                                        const kvw_msg_t *m, const uint64_t *state, char *why,
+                                        size_t size)
+{
+    const kvw_layout_t *l = &r->engine->layout;
+    uint32_t nl = m->u.request.num_state_lists;
+    if (nl != l->num_state_groups) {
+        snprintf(why, size, "decode sends %u state lists, prefill has %u state groups", nl,
+                 l->num_state_groups);
+        return KVW_ERR_MISMATCH;
+    }
+    size_t off = 0;
+    for (uint32_t g = 0; g < nl; g++) {
+        uint32_t n = m->u.request.state_counts[g];
+        size_t bad = n ? kvw__first_out_of_range(state + off, n, peer->remote_state_max[g]) : 0;
+        if (n && bad < n) {
+            snprintf(why, size,
+                     "destination state index %llu of group %u outside decode's regions "
+                     "(%llu items)",
+                     (unsigned long long)state[off + bad], l->state_group[g],
+                     (unsigned long long)peer->remote_state_max[g]);
+            return KVW_ERR_OUT_OF_RANGE;
+        }
+        off += n;
+    }
+    /* A rank leaving the state to another (head slicing) is asked for none. */
+    bool rest = !(m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST);
+    int g = r->tx.have_state && rest
+                ? state_mismatch(l, r->tx.src_state_n, m->u.request.state_counts)
+                : -1;
+    if (g >= 0) {
+        snprintf(why, size, "state group %u: decode asks for %u indices, prefill gave %u",
+                 l->state_group[g], m->u.request.state_counts[g], r->tx.src_state_n[g]);
+        return KVW_ERR_MISMATCH;
+    }
+    return KVW_OK;
+}
+
 /* Decode's pages, aux and state must fit its own regions (as it told us in
  * its handshake) and agree with what this sender declared. */
 static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, const kvw_msg_t *m,
                                   char *why, size_t size)
 {
-    uint32_t n = m->u.request.num_pages, ns = m->u.request.num_state;
+    uint32_t n = m->u.request.num_pages;
     const uint64_t *pages = m->u.request.pages, *state = pages ? pages + n : NULL;
     size_t bad = kvw__first_out_of_range(pages, n, peer->remote_max[KVW_LAYOUT_KV]);
     if (bad < n) {
@@ -214,13 +289,10 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
                  (unsigned long long)peer->remote_max[KVW_LAYOUT_KV]);
         return KVW_ERR_OUT_OF_RANGE;
     }
-    bad = kvw__first_out_of_range(state, ns, peer->remote_max[KVW_LAYOUT_STATE]);
-    if (bad < ns) {
-        snprintf(why, size, "destination state index %llu outside decode's state regions",
-                 (unsigned long long)state[bad]);
-        return KVW_ERR_OUT_OF_RANGE;
-    }
-    uint32_t aux = m->u.request.aux_index;
+    kvw_status_t st = check_request_state(r, peer, m, state, why, size);
+    if (st)
+        return st;
+    uint32_t aux = m->u.request.aux_index, ns = m->u.request.num_state;
     /* Another prefill rank sends the aux item and state: ours are not asked. */
     bool rest = !(m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST);
     if (!rest && (aux != KVW_NO_AUX || ns)) {
@@ -237,11 +309,6 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
         snprintf(why, size, "decode asks for %u pages%s, prefill sends %zu%s", n,
                  aux == KVW_NO_AUX ? "" : " + aux", r->tx.num_pages,
                  r->tx.aux_index == KVW_NO_AUX ? "" : " + aux");
-        return KVW_ERR_MISMATCH;
-    }
-    if (rest && r->tx.have_state && r->tx.num_src_state != ns) {
-        snprintf(why, size, "decode asks for %u state indices, prefill gave %zu", ns,
-                 r->tx.num_src_state);
         return KVW_ERR_MISMATCH;
     }
     return KVW_OK;
@@ -315,6 +382,12 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
         memcpy(r->tx.dst_pages, m->u.request.pages, total * sizeof(uint64_t));
     r->tx.dst_state = r->tx.dst_pages ? r->tx.dst_pages + n : NULL;
     r->tx.num_dst_state = ns;
+    uint32_t nl = m->u.request.num_state_lists; /* checked: our state groups */
+    r->tx.dst_state_n = nl ? malloc(nl * sizeof(uint32_t)) : NULL;
+    if (nl && !r->tx.dst_state_n)
+        return KVW_ERR_NO_MEMORY;
+    if (nl)
+        memcpy(r->tx.dst_state_n, m->u.request.state_counts, nl * sizeof(uint32_t));
     r->tx.dst_aux = m->u.request.aux_index;
     r->tx.no_rest = m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST;
     r->token = m->u.request.token;
@@ -581,35 +654,50 @@ kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *pages, size_t
 
 kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, size_t n)
 {
-    if (!sender || (n && !state))
+    return kvw_sender_send_state_lists(sender, state, n, NULL, 0);
+}
+
+kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender, const uint64_t *state, size_t n,
+                                         const kvw_state_list_t *lists, size_t num_lists)
+{
+    if (!sender || (n && !state) || (num_lists && !lists))
         return KVW_ERR_INVALID;
     kvw_req_t *r = &sender->req;
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
-    uint64_t *copy = n ? malloc(n * sizeof(uint64_t)) : NULL;
-    if (n && !copy)
-        return KVW_ERR_NO_MEMORY;
-    if (n)
-        memcpy(copy, state, n * sizeof(uint64_t));
+    uint64_t *copy = NULL;
+    uint32_t *counts = NULL;
+    size_t total = 0;
+    /* Checked (each list against its group's regions) and copied before
+     * the lock: the regions are fixed. */
+    kvw_status_t checked = kvw__state_lists(e, "source", state, n, lists, num_lists, 0, &copy,
+                                            &counts, &total, why, sizeof(why));
     kvw__wake_defer();
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
+    int g = -1;
     if (!r->tx.inited || r->tx.have_state || r->tx.final_given || kvw__req_ended(r)) {
         st = KVW_ERR_STATE;
     } else if (!e->layout.num_state) {
         st = KVW_ERR_INVALID; /* no state group to write */
-    } else if ((st =
-                    kvw__check_indices(e, KVW_LAYOUT_STATE, "source", copy, n, why, sizeof(why)))) {
-        kvw__sender_fail_locked(r, st, why);
-    } else if (r->tx.have_dst && !r->tx.no_rest && r->tx.num_dst_state != n) {
-        snprintf(why, sizeof(why), "prefill gives %zu state indices, decode asked for %zu", n,
-                 r->tx.num_dst_state);
+    } else if (checked == KVW_ERR_INVALID) {
+        st = checked; /* a bad argument: nothing changes */
+        KVW_ERROR("room %llu: %s", (unsigned long long)r->room, why);
+    } else if (checked) {
+        kvw__sender_fail_locked(r, checked, why);
+        st = checked;
+    } else if (r->tx.have_dst && !r->tx.no_rest &&
+               (g = state_mismatch(&e->layout, counts, r->tx.dst_state_n)) >= 0) {
+        snprintf(why, sizeof(why), "state group %u: prefill gives %u indices, decode asked for %u",
+                 e->layout.state_group[g], counts[g], r->tx.dst_state_n[g]);
         st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);
     } else {
         r->tx.src_state = copy;
-        r->tx.num_src_state = n;
+        r->tx.num_src_state = total;
+        r->tx.src_state_n = counts;
         r->tx.have_state = true;
         copy = NULL;
+        counts = NULL;
         if (completes_locked(r, 0, 0, 0)) { /* every page already handed over */
             kvw_part_t none = {.first_page = r->tx.num_pages};
             kvw_seg_t *s = new_seg(&none, 0, 0);
@@ -621,6 +709,7 @@ kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, 
             }
         }
     }
+    free(counts);
     pthread_mutex_unlock(&e->lock);
     kvw__poller_help(e);
     free(copy);

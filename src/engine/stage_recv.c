@@ -181,9 +181,14 @@ static void copy_in_runs(copy_arg_t *a, kvw_req_t *r, uint32_t k, int kind)
                           : kind == KVW_LAYOUT_STATE ? r->rx.pages + r->rx.npages
                                                      : &aux;
     const uint64_t *slot = slots_of(r, kind);
-    size_t count = kind == KVW_LAYOUT_KV      ? r->rx.npages
-                   : kind == KVW_LAYOUT_STATE ? r->rx.nstate
-                                              : 1;
+    size_t count = kind == KVW_LAYOUT_KV ? r->rx.npages : 1;
+    if (kind == KVW_LAYOUT_STATE) { /* region k's group's own list, and its slots */
+        uint32_t g = (uint32_t)kvw__layout_state_of_region(&st->e->layout, k);
+        size_t off = kvw__state_off(r->rx.state_n, g);
+        dst += off;
+        slot += off;
+        count = r->rx.state_n[g];
+    }
     uint8_t *shadow = st->pool->base + st->region_off[k];
     /* Runs consecutive on both sides: one copy each. */
     for (size_t i = 0; i < count && !a->err;) {

@@ -17,8 +17,8 @@ typedef void (*visit_fn)(void *arg, uint32_t region, uint32_t kind, uint64_t off
 
 /* Walk a slice's staged regions in chunk order (KV layer by layer, then
  * state, then aux, as the planner posts them); returns the bytes used. */
-static uint64_t visit_slice(const kvw_stager_t *st, const kvw_seg_t *s, size_t ns, bool aux,
-                            visit_fn fn, void *arg)
+static uint64_t visit_slice(const kvw_stager_t *st, const kvw_seg_t *s, const uint32_t *state_n,
+                            bool aux, visit_fn fn, void *arg)
 {
     const kvw_engine_t *e = st->e;
     const kvw_layout_t *l = &e->layout;
@@ -30,12 +30,15 @@ static uint64_t visit_slice(const kvw_stager_t *st, const kvw_seg_t *s, size_t n
                 fn(arg, k, KVW_LAYOUT_KV, off, s->n);
             off += s->n * e->regions[k].item_len;
         }
-    for (uint32_t i = 0; s->final && st->kind[KVW_LAYOUT_STATE] && ns && i < l->num_state; i++) {
-        uint32_t k = l->state_slots[i];
-        if (fn)
-            fn(arg, k, KVW_LAYOUT_STATE, off, ns);
-        off += ns * e->regions[k].item_len;
-    }
+    /* Each state group's regions hold its own list's items (state_n). */
+    for (uint32_t g = 0;
+         s->final && st->kind[KVW_LAYOUT_STATE] && state_n && g < l->num_state_groups; g++)
+        for (uint32_t i = 0; state_n[g] && i < l->state_nslots[g]; i++) {
+            uint32_t k = l->state_slots[l->state_first[g] + i];
+            if (fn)
+                fn(arg, k, KVW_LAYOUT_STATE, off, state_n[g]);
+            off += state_n[g] * e->regions[k].item_len;
+        }
     for (uint32_t i = 0; s->final && st->kind[KVW_LAYOUT_AUX] && aux && i < l->num_aux; i++) {
         uint32_t k = l->aux_slots[i];
         if (fn)
@@ -79,7 +82,7 @@ void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_
     const kvw_stager_t *st = r->engine->stager;
     memcpy(out, r->peer->regions, r->engine->layout.num_regions * sizeof(*out));
     regions_arg_t a = {st, r, out, chunk_addr(st, s->chunk)};
-    visit_slice(st, s, r->tx.num_src_state, final_has_aux(r), point_at_chunk, &a);
+    visit_slice(st, s, r->tx.src_state_n, final_has_aux(r), point_at_chunk, &a);
 }
 
 /* ---- prefill: chunks -------------------------------------------------------- */
@@ -230,12 +233,19 @@ static uint32_t take_chunk(kvw_stager_t *st, const kvw_req_t *r)
     return id;
 }
 
+/* The source list of state region k's group. */
+static const uint64_t *state_src_of(const kvw_req_t *r, uint32_t k)
+{
+    int g = kvw__layout_state_of_region(&r->engine->layout, k);
+    return r->tx.src_state + kvw__state_off(r->tx.src_state_n, (uint32_t)g);
+}
+
 static void copy_out(void *arg, uint32_t k, uint32_t kind, uint64_t off, size_t count)
 {
     copy_arg_t *a = arg;
     uint64_t aux = a->r->tx.aux_index;
     const uint64_t *idx = kind == KVW_LAYOUT_KV      ? a->pages
-                          : kind == KVW_LAYOUT_STATE ? a->r->tx.src_state
+                          : kind == KVW_LAYOUT_STATE ? state_src_of(a->r, k)
                                                      : &aux;
     kvw__stage_copy_runs(a, k, idx, count, a->chunk + off, false);
 }
@@ -279,14 +289,19 @@ static void fail_part(kvw_stager_t *st, kvw_req_t *r, kvw_status_t err, const ch
 static slice_rc_t stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *part, size_t p0,
                               size_t n, uint32_t lb, uint32_t le, bool final)
 {
-    size_t ns = final ? r->tx.num_src_state : 0;
+    /* A staged state group's sources are 0.. in the chunk: identity of the
+     * longest list serves every group. */
+    size_t ns = 0;
+    const uint32_t *state_n = final ? r->tx.src_state_n : NULL;
+    for (uint32_t g = 0; state_n && g < st->e->layout.num_state_groups; g++)
+        ns = state_n[g] > ns ? state_n[g] : ns;
     bool aux = final && final_has_aux(r);
     kvw_seg_t *x = new_slice(part, p0, n, lb, le, final, ns, st->kind[KVW_LAYOUT_STATE]);
     if (!x) {
         fail_part(st, r, KVW_ERR_NO_MEMORY, "no memory to stage a part");
         return SLICE_FAILED;
     }
-    uint64_t bytes = visit_slice(st, x, ns, aux, NULL, NULL);
+    uint64_t bytes = visit_slice(st, x, state_n, aux, NULL, NULL);
     if (!bytes) { /* nothing of it is staged: in order, after what is */
         kvw__stage_finish_all(st);
         deliver(st, r, x, KVW_OK, NULL);
@@ -311,7 +326,7 @@ static slice_rc_t stage_slice(kvw_stager_t *st, kvw_req_t *r, const kvw_seg_t *p
                     .pages = part->src + p0,
                     .chunk = chunk_addr(st, x->chunk),
                     .lane = st->next_lane};
-    visit_slice(st, x, ns, aux, copy_out, &a);
+    visit_slice(st, x, state_n, aux, copy_out, &a);
     atomic_fetch_add(&r->refs, 1);
     st->pend[st->npend++] = (pending_slice_t){r, x, a.lane};
     st->next_lane = (st->next_lane + 1) % st->pool->lanes;

@@ -84,6 +84,12 @@ static void fill_slots(kvw_layout_t *l)
                 l->kv_slots[k++] = kvw__layout_region(&l->groups[i], layer, j);
     for (uint32_t i = 0; i < l->num_groups; i++) {
         const kvw_layout_group_t *g = &l->groups[i];
+        if (g->kind == KVW_LAYOUT_STATE) {
+            uint32_t sg = l->num_state_groups++;
+            l->state_group[sg] = i;
+            l->state_first[sg] = s;
+            l->state_nslots[sg] = g->num_layers * g->per_layer;
+        }
         for (uint32_t layer = 0; layer < g->num_layers; layer++)
             for (uint32_t j = 0; j < g->per_layer; j++) {
                 if (g->kind == KVW_LAYOUT_AUX)
@@ -151,6 +157,36 @@ void kvw__layout_limits(const kvw_layout_t *l, const uint64_t *items, uint64_t m
                 seen[g->kind] = true;
             }
     }
+}
+
+void kvw__layout_state_limits(const kvw_layout_t *l, const uint64_t *items,
+                              uint64_t max[KVW_LAYOUT_MAX_GROUPS])
+{
+    for (uint32_t s = 0; s < l->num_state_groups; s++) {
+        max[s] = UINT64_MAX;
+        for (uint32_t i = 0; i < l->state_nslots[s]; i++) {
+            uint64_t n = items[l->state_slots[l->state_first[s] + i]];
+            max[s] = n < max[s] ? n : max[s];
+        }
+    }
+}
+
+int kvw__layout_state_index(const kvw_layout_t *l, uint32_t g)
+{
+    for (uint32_t s = 0; s < l->num_state_groups; s++)
+        if (l->state_group[s] == g)
+            return (int)s;
+    return -1;
+}
+
+int kvw__layout_state_of_region(const kvw_layout_t *l, uint32_t r)
+{
+    for (uint32_t s = 0; s < l->num_state_groups; s++) {
+        const kvw_layout_group_t *g = &l->groups[l->state_group[s]];
+        if (r >= g->first && r < g->first + g->num_layers * g->per_layer)
+            return (int)s;
+    }
+    return -1;
 }
 
 void kvw__layout_describe(const kvw_layout_t *l, uint32_t r, char *buf, size_t size)

@@ -34,6 +34,13 @@ typedef struct kvw_layout {
     uint32_t *kv_slots;    /* region of KV slot j of layer l: [l * kv_per_layer + j] */
     uint32_t num_aux, *aux_slots;
     uint32_t num_state, *state_slots;
+    /* State groups in group order, each with its own index list in a
+     * request: state group s is group state_group[s]; its regions are
+     * state_slots[state_first[s] .. + state_nslots[s]). */
+    uint32_t num_state_groups;
+    uint32_t state_group[KVW_LAYOUT_MAX_GROUPS];
+    uint32_t state_first[KVW_LAYOUT_MAX_GROUPS];
+    uint32_t state_nslots[KVW_LAYOUT_MAX_GROUPS];
 } kvw_layout_t;
 
 /* Region j of layer l of group g is region first + j * num_layers + l. */
@@ -59,6 +66,16 @@ const char *kvw__layout_kind_name(uint32_t kind);
  * kind; 0 for a kind with no region), from each region's item count:
  * max[KVW_LAYOUT_KV] pages, max[KVW_LAYOUT_AUX], max[KVW_LAYOUT_STATE]. */
 void kvw__layout_limits(const kvw_layout_t *l, const uint64_t *items, uint64_t max[3]);
+
+/* The items every region of each state group can hold (the smallest of
+ * its regions), from each region's item count: max[s] for state group s. */
+void kvw__layout_state_limits(const kvw_layout_t *l, const uint64_t *items,
+                              uint64_t max[KVW_LAYOUT_MAX_GROUPS]);
+/* The state group s (0..num_state_groups-1) of group index g, or -1 when g
+ * is not a state group. */
+int kvw__layout_state_index(const kvw_layout_t *l, uint32_t g);
+/* The state group of region r, or -1 when r is not a state region. */
+int kvw__layout_state_of_region(const kvw_layout_t *l, uint32_t r);
 
 /* Which group, layer and region of it region r is ("kv group 0, layer 3,
  * region 1"), for messages. */

@@ -45,8 +45,11 @@ uint64_t kvw__plan_count(const kvw_plan_t *p)
 {
     size_t kv_slots = (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer;
     uint64_t total = count_runs(p, p->kv_slots + (size_t)p->layer_begin * p->kv_per_layer, kv_slots,
-                                p->runs, p->num_runs) +
-                     count_runs(p, p->state_slots, p->num_state, p->state_runs, p->num_state_runs);
+                                p->runs, p->num_runs);
+    for (uint32_t i = 0; i < p->num_state_sets; i++) {
+        const kvw_plan_set_t *set = &p->state_sets[i];
+        total += count_runs(p, set->slots, set->num_slots, set->runs, set->num_runs);
+    }
     if (p->has_aux)
         for (uint32_t a = 0; a < p->num_aux; a++)
             total += div_ceil(p->regions[p->aux_slots[a]].item_len, p->max_msg);
@@ -117,6 +120,17 @@ static int next_run_write(const kvw_plan_t *p, kvw_plan_cursor_t *c, const uint3
     return 0;
 }
 
+/* The next write of the state sets, set by set; 0 when all are done. */
+static int next_state_write(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
+{
+    for (; c->set < p->num_state_sets; c->set++, c->slot = 0, c->run = 0, c->off = 0) {
+        const kvw_plan_set_t *set = &p->state_sets[c->set];
+        if (next_run_write(p, c, set->slots, set->num_slots, set->runs, set->num_runs, w))
+            return 1;
+    }
+    return 0;
+}
+
 static int next_aux_write(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
 {
     if (!p->has_aux || c->slot >= p->num_aux)
@@ -142,8 +156,7 @@ int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
                                  (size_t)(p->layer_end - p->layer_begin) * p->kv_per_layer, p->runs,
                                  p->num_runs, w);
         else if (c->phase == PHASE_STATE)
-            got = next_run_write(p, c, p->state_slots, p->num_state, p->state_runs,
-                                 p->num_state_runs, w);
+            got = next_state_write(p, c, w);
         else if (c->phase == PHASE_AUX)
             got = next_aux_write(p, c, w);
         else
@@ -151,6 +164,7 @@ int kvw__plan_next(const kvw_plan_t *p, kvw_plan_cursor_t *c, kvw_write_t *w)
         if (got)
             return 1;
         c->phase++;
+        c->set = 0;
         c->slot = 0;
         c->run = 0;
         c->off = 0;

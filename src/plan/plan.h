@@ -31,9 +31,18 @@ typedef struct kvw_plan_region {
     uint32_t lkey, rkey;
 } kvw_plan_region_t;
 
+/* The regions of one state group and the runs of its own index list
+ * (each state group of a hybrid model has its own index space). */
+typedef struct kvw_plan_set {
+    const uint32_t *slots; /* region indices */
+    uint32_t num_slots;
+    const kvw_run_t *runs;
+    size_t num_runs;
+} kvw_plan_set_t;
+
 /* One part of a request: the KV regions of layers [layer_begin,
- * layer_end) for the part's runs, and for the final part also the state
- * regions for the state runs and one item of every aux region. Posting
+ * layer_end) for the part's runs, and for the final part also each state
+ * group's regions for its own runs and one item of every aux region. Posting
  * order: KV layer by layer (each layer's regions in kv_slots order), then
  * state, then aux, so the final part's last write is an aux or state write
  * when there is one. */
@@ -45,10 +54,8 @@ typedef struct kvw_plan {
     const kvw_run_t *runs;
     size_t num_runs;
     /* final part only (zero otherwise) */
-    const uint32_t *state_slots;
-    uint32_t num_state;
-    const kvw_run_t *state_runs;
-    size_t num_state_runs;
+    const kvw_plan_set_t *state_sets; /* one per state group, in group order */
+    uint32_t num_state_sets;
     const uint32_t *aux_slots;
     uint32_t num_aux;
     int has_aux;
@@ -62,6 +69,7 @@ typedef struct kvw_plan {
 
 typedef struct kvw_plan_cursor {
     uint32_t phase; /* 0 KV, 1 state, 2 aux, 3 done */
+    uint32_t set;   /* state: the state set being posted */
     uint32_t slot;  /* KV: (layer - layer_begin) * kv_per_layer + j; state, aux: slot index */
     size_t run;
     uint64_t off; /* bytes of the current run already emitted */

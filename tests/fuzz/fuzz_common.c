@@ -197,6 +197,17 @@ bool fuzz_append_record(uint8_t *buf, size_t cap, size_t *len_p, uint8_t flags,
     return true;
 }
 
+void fuzz_region_shape(int i, uint64_t *item_p, uint64_t *items_p)
+{
+    *item_p = i == FUZZ_AUX_REGION     ? FUZZ_AUX_ITEM
+              : i == FUZZ_MAMBA_REGION ? FUZZ_MAMBA_ITEM
+                                       : FUZZ_ITEM;
+    *items_p = i == FUZZ_AUX_REGION     ? FUZZ_AUX_ITEMS
+               : i == FUZZ_MAMBA_REGION ? FUZZ_MAMBA_ITEMS
+               : i == FUZZ_SWA_REGION   ? FUZZ_SWA_PAGES
+                                        : FUZZ_PAGES;
+}
+
 void fuzz_hello(kvw_msg_t *m, uint16_t type, uint64_t engine_id, kvw_wire_region_t *regions)
 {
     memset(m, 0, sizeof(*m));
@@ -209,18 +220,19 @@ void fuzz_hello(kvw_msg_t *m, uint16_t type, uint64_t engine_id, kvw_wire_region
     m->u.hello.num_qps = type == KVW_MSG_HELLO ? 2 : 1;
     m->u.hello.qps[0] = (kvw_qp_info_t){.qpn = 0xfff0f, .psn = 1, .mtu = 3, .link_layer = 2};
     m->u.hello.qps[1] = (kvw_qp_info_t){.qpn = 0xfff10, .psn = 2, .mtu = 3, .link_layer = 2};
-    /* The classic layout the harness engines use: K/V layers, one aux region. */
-    m->u.hello.num_groups = 2;
+    /* The harness engines' layout (fuzz_common.h). */
+    m->u.hello.num_groups = FUZZ_GROUPS;
     m->u.hello.groups[0] = (kvw_wire_group_t){KVW_GROUP_KV, FUZZ_LAYERS, 2};
     m->u.hello.groups[1] = (kvw_wire_group_t){KVW_GROUP_AUX, 1, 1};
+    m->u.hello.groups[2] = (kvw_wire_group_t){KVW_GROUP_STATE, 1, 1};
+    m->u.hello.groups[3] = (kvw_wire_group_t){KVW_GROUP_STATE, 1, 1};
     m->u.hello.recv_credits = 16;
     m->u.hello.max_msg_sz = 1u << 20;
     for (int i = 0; i < FUZZ_REGIONS; i++) {
-        bool aux = i == FUZZ_REGIONS - 1;
-        uint64_t item = aux ? FUZZ_AUX_ITEM : FUZZ_ITEM;
-        uint64_t len = item * (aux ? FUZZ_AUX_ITEMS : FUZZ_PAGES);
-        regions[i] =
-            (kvw_wire_region_t){0x10000000ull * (uint64_t)(i + 1), len, item, 0x100u + (uint32_t)i};
+        uint64_t item, items;
+        fuzz_region_shape(i, &item, &items);
+        regions[i] = (kvw_wire_region_t){0x10000000ull * (uint64_t)(i + 1), item * items, item,
+                                         0x100u + (uint32_t)i};
     }
     m->u.hello.regions = regions;
 }

@@ -90,16 +90,29 @@ bool fuzz_await(void *sock, int timeout_ms, bool (*match)(const kvw_msg_t *m, vo
 bool fuzz_append_record(uint8_t *buf, size_t cap, size_t *len_p, uint8_t flags,
                         const kvw_msg_t *msg);
 
-/* The layout every harness engine registers (the engine_pair test layout:
- * 2 layers, 1 aux region), so seed HELLOs match and get accepted. */
+/* The layout every harness engine registers, so seed HELLOs match and
+ * get accepted: a K/V group of 2 layers, 1 aux region, and two state
+ * groups of one region each (a hybrid model: Mamba's slots, an SWA page
+ * pool), so REQUEST's per-group state lists reach the engines' checks. */
 enum {
     FUZZ_LAYERS = 2,
     FUZZ_ITEM = 256,
     FUZZ_PAGES = 64,
     FUZZ_AUX_ITEM = 64,
     FUZZ_AUX_ITEMS = 8,
-    FUZZ_REGIONS = 2 * FUZZ_LAYERS + 1,
+    FUZZ_MAMBA_ITEM = 128,
+    FUZZ_MAMBA_ITEMS = 4,
+    FUZZ_SWA_PAGES = 16,
+    FUZZ_AUX_REGION = 2 * FUZZ_LAYERS,
+    FUZZ_MAMBA_REGION = FUZZ_AUX_REGION + 1,
+    FUZZ_SWA_REGION = FUZZ_MAMBA_REGION + 1,
+    FUZZ_REGIONS = FUZZ_SWA_REGION + 1,
+    FUZZ_GROUPS = 4,
+    FUZZ_STATE_GROUPS = 2,
 };
+
+/* Item length and item count of harness region i. */
+void fuzz_region_shape(int i, uint64_t *item_p, uint64_t *items_p);
 
 /* A HELLO or HELLO_ACK (type) with that layout and a made-up QP; regions
  * points to FUZZ_REGIONS entries of storage owned by the caller. */
@@ -119,7 +132,8 @@ void *fuzz_service_dealer(void *zctx, kvw_bootstrap_t *bootstrap);
  * layout, as the engine takes them. */
 typedef struct fuzz_memory {
     uint8_t *mem[FUZZ_REGIONS];
-    kvw_region_t kv[2 * FUZZ_LAYERS], aux;
+    kvw_region_t regions[FUZZ_REGIONS];
+    kvw_group_t groups[FUZZ_GROUPS];
 } fuzz_memory_t;
 
 /* What every engine harness does first: the log silenced (fuzz_quiet_log),

@@ -32,18 +32,17 @@ void *fuzz_service_dealer(void *zctx, kvw_bootstrap_t *bootstrap)
 static void alloc_memory(fuzz_memory_t *m)
 {
     for (int i = 0; i < FUZZ_REGIONS; i++) {
-        bool aux = i == FUZZ_REGIONS - 1;
-        size_t item = aux ? FUZZ_AUX_ITEM : FUZZ_ITEM;
-        size_t len = item * (aux ? FUZZ_AUX_ITEMS : FUZZ_PAGES);
-        m->mem[i] = calloc(1, len);
+        uint64_t item, items;
+        fuzz_region_shape(i, &item, &items);
+        m->mem[i] = calloc(1, item * items);
         if (!m->mem[i])
             fuzz_die("out of memory");
-        kvw_region_t r = {m->mem[i], len, item};
-        if (aux)
-            m->aux = r;
-        else
-            m->kv[i] = r;
+        m->regions[i] = (kvw_region_t){m->mem[i], item * items, item};
     }
+    m->groups[0] = (kvw_group_t){KVW_GROUP_KV, FUZZ_LAYERS, 2, &m->regions[0]};
+    m->groups[1] = (kvw_group_t){KVW_GROUP_AUX, 1, 1, &m->regions[FUZZ_AUX_REGION]};
+    m->groups[2] = (kvw_group_t){KVW_GROUP_STATE, 1, 1, &m->regions[FUZZ_MAMBA_REGION]};
+    m->groups[3] = (kvw_group_t){KVW_GROUP_STATE, 1, 1, &m->regions[FUZZ_SWA_REGION]};
 }
 
 void fuzz_engine_setup(fuzz_memory_t *mem)
@@ -72,10 +71,8 @@ void fuzz_engine_params(kvw_engine_params_t *p, kvw_role_t role, const char *dev
         .role = role,
         .device = device,
         .local_ip = "127.0.0.1",
-        .num_layers = FUZZ_LAYERS,
-        .kv_regions = mem->kv,
-        .num_aux = 1,
-        .aux_regions = &mem->aux,
+        .num_groups = FUZZ_GROUPS,
+        .groups = mem->groups,
         .config = cfg,
     };
 }

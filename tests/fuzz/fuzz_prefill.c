@@ -94,6 +94,7 @@ static void send_sync(void)
     req.u.request.room = SYNC_ROOM;
     req.u.request.token = ++g.token;
     req.u.request.aux_index = KVW_NO_AUX;
+    req.u.request.num_state_lists = FUZZ_STATE_GROUPS; /* each empty */
     fuzz_send_msg(g.main, NULL, 0, &req);
 }
 

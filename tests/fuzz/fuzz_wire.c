@@ -51,7 +51,9 @@ static bool request_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     return x->room == y->room && x->token == y->token && x->aux_index == y->aux_index &&
            x->num_pages == y->num_pages && x->num_state == y->num_state &&
            (x->num_pages + x->num_state == 0 ||
-            memcmp(x->pages, y->pages, 8 * ((size_t)x->num_pages + x->num_state)) == 0);
+            memcmp(x->pages, y->pages, 8 * ((size_t)x->num_pages + x->num_state)) == 0) &&
+           x->num_state_lists == y->num_state_lists &&
+           memcmp(x->state_counts, y->state_counts, 4 * (size_t)x->num_state_lists) == 0;
 }
 
 /* Field by field, only the fields the type carries: the rest of the union

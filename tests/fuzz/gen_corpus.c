@@ -62,8 +62,18 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
     fuzz_hello(&out[n++], KVW_MSG_HELLO_ACK, 0xfeed, regions);
     for (uint32_t i = 0; i < 4; i++)
         pages[i] = i * 3;
-    ADD(.type = KVW_MSG_REQUEST,
-        .u.request = {.room = 1, .token = 1, .aux_index = 0, .num_pages = 4, .pages = pages});
+    /* 4 pages, then the state lists: Mamba slot 2, SWA pages 5 and 6. */
+    pages[4] = 2;
+    pages[5] = 5;
+    pages[6] = 6;
+    ADD(.type = KVW_MSG_REQUEST, .u.request = {.room = 1,
+                                               .token = 1,
+                                               .aux_index = 0,
+                                               .num_pages = 4,
+                                               .num_state = 3,
+                                               .pages = pages,
+                                               .num_state_lists = FUZZ_STATE_GROUPS,
+                                               .state_counts = {1, 2}});
     ADD(.type = KVW_MSG_REQUEST_FAILED, .status = KVW_ERR_PEER,
         .u.failed = {.room = 1, .token = 1, .reason = "prefill failed"});
     ADD(.type = KVW_MSG_ABORT, .status = KVW_ERR_ABORTED,
@@ -201,7 +211,7 @@ int main(int argc, char **argv)
     make_dir("bootstrap");
     kvw_msg_t all[32];
     kvw_wire_region_t regions[FUZZ_REGIONS];
-    uint64_t pages[4];
+    uint64_t pages[7];
     size_t n = samples(all, regions, pages);
     for (size_t i = 0; i < n; i++)
         write_raw(&all[i]);

@@ -30,7 +30,9 @@ rc=$?
 [ -f "$work/report" ] && sed 's/^/    /' "$work/report"
 grep -E '^(FAILED|ERROR|SKIPPED)' "$work/pytest.log" | sed 's/^/    /'
 [ $rc -eq 0 ] || tail -n 60 "$work/pytest.log" | sed 's/^/    | /'
-echo "    pytest: $(tail -n 1 "$work/pytest.log")"
+# The summary line, not the last line: asyncio may print a warning after it
+# (sglang's bootstrap server leaves its cleanup task pending at exit).
+echo "    pytest: $(grep -E '[0-9]+ (passed|failed|error)' "$work/pytest.log" | tail -n 1)"
 result "pytest python/tests" $rc
 
 echo "[ RUN      ] README example: python/examples/transfer.py"

@@ -193,23 +193,44 @@ static int setup(void **state)
     return 0;
 }
 
+/* One state group's own index list (kvw_state_list_t on both sides). */
+typedef struct state_spec {
+    uint32_t group;
+    size_t n;
+    const uint64_t *src, *dst;
+} state_spec_t;
+
 /* What one request moves: page i of the request goes from src_pages[i] to
- * dst_pages[i] in every KV region, state[i] likewise in every state region,
- * aux item aux_src to aux_dst in every aux region. */
+ * dst_pages[i] in every KV region, state[i] likewise in every state region
+ * (a state group in lists: its own list's), aux item aux_src to aux_dst in
+ * every aux region. */
 typedef struct req_spec {
     uint64_t room;
     size_t n, ns;
     const uint64_t *src_pages, *dst_pages, *src_state, *dst_state;
     uint32_t aux_src, aux_dst;
+    const state_spec_t *lists;
+    size_t nlists;
 } req_spec_t;
 
-/* Expected byte at decode region r offset b. */
-static uint8_t expected(const req_spec_t *q, uint32_t kind, uint32_t r, size_t item_len, size_t b)
+/* The list state group g takes in q: its own, or NULL for the shared one. */
+static const state_spec_t *list_of(const req_spec_t *q, uint32_t g)
+{
+    for (size_t i = 0; i < q->nlists; i++)
+        if (q->lists[i].group == g)
+            return &q->lists[i];
+    return NULL;
+}
+
+/* Expected byte at decode region r (of group g) offset b. */
+static uint8_t expected(const req_spec_t *q, uint32_t g, uint32_t kind, uint32_t r, size_t item_len,
+                        size_t b)
 {
     uint64_t item = b / item_len;
-    const uint64_t *dst = kind == KVW_GROUP_STATE ? q->dst_state : q->dst_pages;
-    const uint64_t *src = kind == KVW_GROUP_STATE ? q->src_state : q->src_pages;
-    size_t n = kind == KVW_GROUP_KV ? q->n : kind == KVW_GROUP_STATE ? q->ns : 0;
+    const state_spec_t *own = kind == KVW_GROUP_STATE ? list_of(q, g) : NULL;
+    const uint64_t *dst = own ? own->dst : kind == KVW_GROUP_STATE ? q->dst_state : q->dst_pages;
+    const uint64_t *src = own ? own->src : kind == KVW_GROUP_STATE ? q->src_state : q->src_pages;
+    size_t n = own ? own->n : kind == KVW_GROUP_KV ? q->n : kind == KVW_GROUP_STATE ? q->ns : 0;
     for (size_t i = 0; i < n; i++)
         if (dst[i] == item)
             return pattern(r, src[i], b % item_len);
@@ -229,7 +250,7 @@ static size_t wrong_bytes(const req_spec_t *q)
             uint32_t r = (uint32_t)(gr->regions - lp.dst.regions) + k;
             const kvw_region_t *reg = &lp.dst.regions[r];
             for (size_t b = 0; b < reg->len; b++)
-                wrong += lp.dst.mem[r][b] != expected(q, gr->kind, r, reg->item_len, b);
+                wrong += lp.dst.mem[r][b] != expected(q, g, gr->kind, r, reg->item_len, b);
         }
     }
     return wrong;
@@ -280,8 +301,24 @@ static void start(const req_spec_t *q, kvw_sender_t **s, kvw_receiver_t **r)
     assert_int_equal(kvw_receiver_create(lp.decode, kvw_bootstrap_addr(lp.bs), 0, q->room, r),
                      KVW_OK);
     kvw_indices_t x = {q->dst_pages, q->n, q->aux_dst, q->dst_state, q->ns};
-    assert_int_equal(kvw_receiver_init_indices(*r, &x), KVW_OK);
+    kvw_state_list_t lists[MAX_GROUPS];
+    for (size_t i = 0; i < q->nlists; i++)
+        lists[i] = (kvw_state_list_t){q->lists[i].group, 0, q->lists[i].dst, q->lists[i].n};
+    if (q->nlists)
+        assert_int_equal(kvw_receiver_init_lists(*r, &x, lists, q->nlists), KVW_OK);
+    else
+        assert_int_equal(kvw_receiver_init_indices(*r, &x), KVW_OK);
     assert_int_equal(kvw_sender_init(*s, q->n, q->aux_src), KVW_OK);
+}
+
+/* Prefill's state for q: each listed group's own source list, the shared
+ * one for the rest. */
+static kvw_status_t send_state_of(const req_spec_t *q, kvw_sender_t *s)
+{
+    kvw_state_list_t lists[MAX_GROUPS];
+    for (size_t i = 0; i < q->nlists; i++)
+        lists[i] = (kvw_state_list_t){q->lists[i].group, 0, q->lists[i].src, q->lists[i].n};
+    return kvw_sender_send_state_lists(s, q->src_state, q->ns, lists, q->nlists);
 }
 
 static void finish(const req_spec_t *q, kvw_sender_t *s, kvw_receiver_t *r)
@@ -1146,6 +1183,226 @@ static void test_staged_abort_mid_copy(void **state)
     assert_pools_free();
 }
 
+/* ------------------------------------------------------------ hybrid models */
+
+/* A hybrid model's memory (sglang's Mamba and SWA pools beside full
+ * attention): group 0 K/V of 2 layers (32 pages), group 1 aux, group 2
+ * Mamba state (2 layers of a conv and an SSM region, 4 slots), group 3 an
+ * SWA pool (2 layers of K and V, 12 pages: fewer than the KV pool, so the
+ * smallest-state-region limit of one shared list would refuse it), group
+ * 4 a DSA-like pool of 8 items that the request skips. gpu: every group
+ * but aux on the fake "GPU" of both sides, staged through the pool. */
+static void hybrid_layout(bool gpu)
+{
+    size_t kv[2] = {256, 256}, aux = 48, mamba[2] = {96, 160}, swa[2] = {256, 256}, dsa = 64;
+    if (gpu) {
+        lp.staging_mib = 1;
+        lp.staging_chunk_kib = 64;
+    }
+    lp.src.next_gpu = lp.dst.next_gpu = gpu;
+    add_both(KVW_GROUP_KV, 2, 2, kv, 32);
+    lp.src.next_gpu = lp.dst.next_gpu = false;
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
+    lp.src.next_gpu = lp.dst.next_gpu = gpu;
+    add_both(KVW_GROUP_STATE, 2, 2, mamba, 4);
+    add_both(KVW_GROUP_STATE, 2, 2, swa, 12);
+    add_both(KVW_GROUP_STATE, 1, 1, &dsa, 8);
+    lp.src.next_gpu = lp.dst.next_gpu = false;
+}
+
+/* 6 KV pages, Mamba slot 1 -> 3, SWA pages {4, 5, 9} -> {0, 1, 11} (SWA
+ * page 11 is past the Mamba pool's 4 slots), the DSA group skipped. */
+static const uint64_t hy_src[] = {1, 2, 3, 4, 10, 11}, hy_dst[] = {20, 21, 22, 5, 6, 7};
+static const uint64_t hy_mamba_src[] = {1}, hy_mamba_dst[] = {3};
+static const uint64_t hy_swa_src[] = {4, 5, 9}, hy_swa_dst[] = {0, 1, 11};
+static const state_spec_t hy_lists[] = {
+    {2, 1, hy_mamba_src, hy_mamba_dst}, {3, 3, hy_swa_src, hy_swa_dst}, {4, 0, NULL, NULL}};
+
+static req_spec_t hybrid_spec(uint64_t room)
+{
+    return (req_spec_t){.room = room,
+                        .n = 6,
+                        .src_pages = hy_src,
+                        .dst_pages = hy_dst,
+                        .aux_src = 2,
+                        .aux_dst = 1,
+                        .lists = hy_lists,
+                        .nlists = 3};
+}
+
+/* Bytes a request moves: each group's regions times its own item count. */
+static uint64_t spec_bytes(const req_spec_t *q)
+{
+    uint64_t bytes = 0;
+    for (uint32_t g = 0; g < lp.dst.num_groups; g++) {
+        const kvw_group_t *gr = &lp.dst.groups[g];
+        const state_spec_t *own = list_of(q, g);
+        uint64_t n = gr->kind == KVW_GROUP_KV    ? q->n
+                     : gr->kind == KVW_GROUP_AUX ? (q->aux_dst != KVW_NO_AUX)
+                     : own                       ? own->n
+                                                 : q->ns;
+        for (uint32_t k = 0; k < gr->num_layers * gr->regions_per_layer; k++)
+            bytes += n * gr->regions[k].item_len;
+    }
+    return bytes;
+}
+
+static void run_hybrid(uint64_t room)
+{
+    req_spec_t q = hybrid_spec(room);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, q.src_pages, 4), KVW_OK); /* two prefill chunks */
+    assert_int_equal(kvw_sender_send(s, q.src_pages + 4, 2), KVW_OK);
+    assert_int_equal(send_state_of(&q, s), KVW_OK);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    /* Region by region: every covered item holds prefill's source, the
+     * skipped DSA group and everything else the canary. */
+    assert_int_equal(wrong_bytes(&q), 0);
+    kvw_req_metrics_t ms, mr;
+    assert_int_equal(kvw_sender_metrics(s, &ms), KVW_OK);
+    assert_int_equal(kvw_receiver_metrics(r, &mr), KVW_OK);
+    print_message("hybrid: %llu bytes in %llu writes\n", (unsigned long long)ms.bytes,
+                  (unsigned long long)ms.writes);
+    assert_int_equal(ms.bytes, spec_bytes(&q));
+    assert_int_equal(mr.bytes, spec_bytes(&q));
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+}
+
+/* Decode's memory back to the canary, for the next request's check. */
+static void reset_dst(void)
+{
+    for (uint32_t r = 0; r < lp.dst.num_regions; r++)
+        memset(lp.dst.mem[r], CANARY, lp.dst.regions[r].len);
+}
+
+/* Mamba and SWA state, each in its own index space, beside full attention. */
+static void test_hybrid_mamba_swa(void **state)
+{
+    (void)state;
+    hybrid_layout(false);
+    assert_int_equal(open_engines(), KVW_OK);
+    run_hybrid(60);
+    /* An old caller's shared list still goes to every state group. */
+    reset_dst();
+    uint64_t src[] = {7}, dst[] = {2}, ss[] = {3}, ds[] = {1};
+    req_spec_t q = {.room = 61,
+                    .n = 1,
+                    .ns = 1,
+                    .src_pages = src,
+                    .dst_pages = dst,
+                    .src_state = ss,
+                    .dst_state = ds,
+                    .aux_src = KVW_NO_AUX,
+                    .aux_dst = KVW_NO_AUX};
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(kvw_sender_send(s, src, 1), KVW_OK);
+    assert_int_equal(kvw_sender_send_state(s, ss, 1), KVW_OK);
+    finish(&q, s, r);
+}
+
+/* The same through the staging pool (GPU memory the NIC cannot reach):
+ * each state group's items are staged and copied by its own list. */
+static void test_hybrid_staged(void **state)
+{
+    (void)state;
+    use_fake_gpu();
+    hybrid_layout(true);
+    assert_int_equal(open_engines(), KVW_OK);
+    run_hybrid(62);
+    assert_pools_free();
+}
+
+/* A receiver refused at init: Failed, with why, and prefill told. */
+static void refused_init(uint64_t room, const kvw_state_list_t *lists, size_t n, kvw_status_t want,
+                         const char *why_has)
+{
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_receiver_create(lp.decode, kvw_bootstrap_addr(lp.bs), 0, room, &r),
+                     KVW_OK);
+    kvw_indices_t x = {hy_dst, 6, KVW_NO_AUX, NULL, 0};
+    assert_int_equal(kvw_receiver_init_lists(r, &x, lists, n), want);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), want);
+    print_message("%s\n", why);
+    assert_non_null(strstr(why, why_has));
+    kvw_receiver_destroy(r);
+}
+
+/* Both sides of q end Failed with want, decode's reason naming why_has,
+ * and nothing landed. */
+static void both_failed(const req_spec_t *q, kvw_sender_t *s, kvw_receiver_t *r, kvw_status_t want,
+                        const char *why_has)
+{
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    assert_int_equal(wait_end(poll_s, s), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), want);
+    print_message("decode: %s\n", why);
+    assert_non_null(strstr(why, why_has));
+    assert_int_equal(kvw_sender_failure(s, NULL), want);
+    req_spec_t none = {.aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    assert_int_equal(wrong_bytes(&none), 0);
+    (void)q;
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+}
+
+/* Every list is checked against its own group before anything is sent or
+ * posted; counts that differ between the sides fail both. */
+static void test_hybrid_refusals(void **state)
+{
+    (void)state;
+    hybrid_layout(false);
+    assert_int_equal(open_engines(), KVW_OK);
+    /* Decode: SWA page 12 is inside the KV pool (32) but not the SWA one. */
+    uint64_t swa12[] = {0, 12}, one[] = {0};
+    kvw_state_list_t l = {3, 0, swa12, 2};
+    refused_init(70, &l, 1, KVW_ERR_OUT_OF_RANGE,
+                 "destination state index 12 (index 1) of group 3");
+    l = (kvw_state_list_t){0, 0, one, 1}; /* the KV group */
+    refused_init(71, &l, 1, KVW_ERR_INVALID, "not a state group");
+    kvw_state_list_t twice[2] = {{3, 0, one, 1}, {3, 0, one, 1}};
+    refused_init(72, twice, 2, KVW_ERR_INVALID, "listed twice");
+    /* Prefill: Mamba slot 4 of 4. Decode hears why. */
+    req_spec_t q = hybrid_spec(73);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    start(&q, &s, &r);
+    assert_int_equal(wait_end_ready(s), KVW_POLL_WAITING_FOR_INPUT);
+    uint64_t slot4[] = {4};
+    kvw_state_list_t bad[3] = {{2, 0, slot4, 1}, {3, 0, hy_swa_src, 3}, {4, 0, NULL, 0}};
+    assert_int_equal(kvw_sender_send_state_lists(s, NULL, 0, bad, 3), KVW_ERR_OUT_OF_RANGE);
+    both_failed(&q, s, r, KVW_ERR_OUT_OF_RANGE, "source state index 4 (index 0) of group 2");
+    /* Counts: decode asked for 3 SWA pages, prefill gives 2, after
+     * decode's request arrived ... */
+    q = hybrid_spec(74);
+    start(&q, &s, &r);
+    assert_int_equal(wait_end_ready(s), KVW_POLL_WAITING_FOR_INPUT);
+    kvw_state_list_t short_swa[3] = {{2, 0, hy_mamba_src, 1}, {3, 0, hy_swa_src, 2}, {4, 0, 0, 0}};
+    assert_int_equal(kvw_sender_send_state_lists(s, NULL, 0, short_swa, 3), KVW_ERR_MISMATCH);
+    both_failed(&q, s, r, KVW_ERR_MISMATCH,
+                "state group 3: prefill gives 2 indices, decode asked for 3");
+    /* ... and before it: the request is refused when it arrives. */
+    q = hybrid_spec(75);
+    assert_int_equal(kvw_sender_create(lp.prefill, q.room, &s), KVW_OK);
+    assert_int_equal(kvw_sender_init(s, q.n, q.aux_src), KVW_OK);
+    assert_int_equal(kvw_sender_send_state_lists(s, NULL, 0, short_swa, 3), KVW_OK);
+    assert_int_equal(kvw_receiver_create(lp.decode, kvw_bootstrap_addr(lp.bs), 0, q.room, &r),
+                     KVW_OK);
+    kvw_state_list_t want[3] = {{2, 0, hy_mamba_dst, 1}, {3, 0, hy_swa_dst, 3}, {4, 0, 0, 0}};
+    kvw_indices_t x = {hy_dst, 6, q.aux_dst, NULL, 0};
+    assert_int_equal(kvw_receiver_init_lists(r, &x, want, 3), KVW_OK);
+    both_failed(&q, s, r, KVW_ERR_MISMATCH,
+                "state group 3: decode asks for 3 indices, prefill gave 2");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1169,6 +1426,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staged_pool_allocation_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_striped_qps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staged_striped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hybrid_mamba_swa, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hybrid_staged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hybrid_refusals, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
     tb_device_t d, d1;

@@ -154,6 +154,9 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.request.head_count, b->u.request.head_count);
         for (uint32_t i = 0; i < a->u.request.num_pages + a->u.request.num_state; i++)
             assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
+        assert_int_equal(a->u.request.num_state_lists, b->u.request.num_state_lists);
+        for (uint32_t i = 0; i < a->u.request.num_state_lists; i++)
+            assert_int_equal(a->u.request.state_counts[i], b->u.request.state_counts[i]);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -326,7 +329,7 @@ static void test_roundtrip_request(void **state)
     (void)state;
     kvw_msg_t m = sample_request();
     roundtrip(&m);
-    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + KVW_WIRE_HEADS_LEN + 4 * 8);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + KVW_WIRE_HEADS_LEN + 4 * 8 + 4);
     /* A head range (decode over several prefill ranks), and one owing nothing. */
     m.u.request.heads_flags = KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_NO_REST;
     m.u.request.head_first = 4;
@@ -335,10 +338,22 @@ static void test_roundtrip_request(void **state)
     m.u.request.head_count = 0;
     roundtrip(&m);
     m.u.request.heads_flags = m.u.request.head_first = 0;
-    /* Pages, then state indices, in one array. */
+    /* Pages, then state indices, in one array, with a count per state
+     * group (a Mamba group of one slot, a skipped group). */
     m.u.request.num_pages = 3;
     m.u.request.num_state = 1;
+    m.u.request.num_state_lists = 2;
+    m.u.request.state_counts[0] = 1;
     roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m),
+                     KVW_WIRE_HEADER_LEN + 24 + KVW_WIRE_HEADS_LEN + 4 * 8 + 4 + 2 * 4);
+    /* An SWA page list of 3 beside a Mamba slot. */
+    m.u.request.num_pages = 1;
+    m.u.request.num_state = 3;
+    m.u.request.state_counts[0] = 1;
+    m.u.request.state_counts[1] = 2;
+    roundtrip(&m);
+    m.u.request.num_state_lists = 0;
     m.u.request.num_state = 0;
     m.u.request.num_pages = 0;
     m.u.request.pages = NULL;
@@ -540,12 +555,12 @@ static void test_reject_bad_header(void **state)
     }
 }
 
-/* A REQUEST header + body claiming num_pages with `present` pages and
- * the head block flags, first, count. */
+/* A REQUEST header + body claiming num_pages with `present` pages (and
+ * no state list), with the head block flags, first, count (wire 7). */
 static size_t forge_request_heads(uint8_t *buf, uint32_t num_pages, uint32_t present,
                                   uint32_t flags, uint32_t first, uint32_t count)
 {
-    size_t body = 24 + KVW_WIRE_HEADS_LEN + 8 * (size_t)present;
+    size_t body = 24 + KVW_WIRE_HEADS_LEN + 8 * (size_t)present + 4;
     put32(buf, KVW_WIRE_MAGIC);
     put16(buf + 4, KVW_WIRE_VERSION);
     put16(buf + 6, KVW_MSG_REQUEST);
@@ -558,14 +573,78 @@ static size_t forge_request_heads(uint8_t *buf, uint32_t num_pages, uint32_t pre
     put32(buf + 36, flags);
     put32(buf + 40, first);
     put32(buf + 44, count);
+    /* Pages of 1000 + i: read as a state list count (a shorter num_pages
+     * shifts it into the pages), 1000 is over the limit. */
     for (uint32_t i = 0; i < present; i++)
-        put64(buf + 48 + 8 * i, i);
+        put64(buf + 48 + 8 * i, 1000 + i);
+    put32(buf + 48 + 8 * present, 0); /* state lists */
     return KVW_WIRE_HEADER_LEN + body;
 }
 
 static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
 {
     return forge_request_heads(buf, num_pages, present, 0, 0, 0);
+}
+
+/* A REQUEST of 1 page and num_state state indices whose state lists say
+ * `lists` counts (written), claiming num_lists of them. */
+static size_t forge_lists(uint8_t *buf, uint32_t num_state, uint32_t num_lists,
+                          const uint32_t *counts, uint32_t written)
+{
+    size_t idx = 1 + (size_t)num_state,
+           body = 24 + KVW_WIRE_HEADS_LEN + 8 * idx + 4 + 4 * (size_t)written;
+    put32(buf, KVW_WIRE_MAGIC);
+    put16(buf + 4, KVW_WIRE_VERSION);
+    put16(buf + 6, KVW_MSG_REQUEST);
+    put32(buf + 8, (uint32_t)body);
+    put64(buf + 12, 1);
+    put32(buf + 20, 2);
+    put32(buf + 24, KVW_NO_AUX);
+    put32(buf + 28, 1);
+    put32(buf + 32, num_state);
+    put32(buf + 36, 0); /* no head range */
+    put32(buf + 40, 0);
+    put32(buf + 44, 0);
+    for (size_t i = 0; i < idx; i++)
+        put64(buf + 48 + 8 * i, i);
+    put32(buf + 48 + 8 * idx, num_lists);
+    for (uint32_t i = 0; i < written; i++)
+        put32(buf + 52 + 8 * idx + 4 * i, counts[i]);
+    return KVW_WIRE_HEADER_LEN + body;
+}
+
+/* REQUEST's state lists (wire 6) are checked: at most one per group,
+ * counts summing to the state indices, exactly the bytes they claim. */
+static void test_reject_request_state_lists(void **state)
+{
+    (void)state;
+    uint8_t buf[BUF_CAP];
+    uint32_t counts[KVW_WIRE_MAX_GROUPS + 1] = {1, 2, 0};
+    kvw_msg_t out;
+    decode_ok(buf, forge_lists(buf, 3, 3, counts, 3), &out);
+    assert_int_equal(out.u.request.num_state_lists, 3);
+    assert_int_equal(out.u.request.state_counts[1], 2);
+    kvw__wire_free(&out);
+    decode_ok(buf, forge_lists(buf, 3, 2, counts, 2), &out); /* 1 + 2: no third list needed */
+    kvw__wire_free(&out);
+    counts[1] = 1;
+    expect_reject(buf, forge_lists(buf, 3, 3, counts, 3)); /* 2 of 3 */
+    counts[1] = 0xffffffffu;
+    expect_reject(buf, forge_lists(buf, 3, 3, counts, 3)); /* a sum past uint32 */
+    counts[1] = 2;
+    expect_reject(buf, forge_lists(buf, 3, 4, counts, 3)); /* one count missing */
+    expect_reject(buf, forge_lists(buf, 3, 2, counts, 3)); /* a trailing count */
+    expect_reject(buf, forge_lists(buf, 3, 0xffffffffu, counts, 3));
+    memset(counts, 0, sizeof(counts));
+    counts[0] = 3;
+    expect_reject(buf, forge_lists(buf, 3, KVW_WIRE_MAX_GROUPS + 1, counts,
+                                   KVW_WIRE_MAX_GROUPS + 1)); /* more lists than groups */
+    decode_ok(buf, forge_lists(buf, 3, KVW_WIRE_MAX_GROUPS, counts, KVW_WIRE_MAX_GROUPS), &out);
+    kvw__wire_free(&out);
+    /* Truncated before the list count. */
+    size_t len = forge_lists(buf, 3, 1, counts, 1);
+    put32(buf + 8, 24 + KVW_WIRE_HEADS_LEN + 8 * 4);
+    expect_reject(buf, len - 8);
 }
 
 static void test_reject_request_page_count(void **state)
@@ -577,7 +656,7 @@ static void test_reject_request_page_count(void **state)
     kvw_msg_t out;
     decode_ok(buf, len, &out);
     assert_int_equal(out.u.request.num_pages, 3);
-    assert_int_equal(out.u.request.pages[2], 2);
+    assert_int_equal(out.u.request.pages[2], 1002);
     kvw__wire_free(&out);
 
     expect_reject(buf, forge_request(buf, 0xffffffffu, 0));
@@ -825,7 +904,15 @@ static void test_encode_refuses(void **state)
     /* The sockets' size limit is exactly the largest valid message: a full
      * REQUEST, which dwarfs the largest HELLO. */
     m.u.request.num_pages = KVW_WIRE_MAX_PAGES;
+    m.u.request.num_state_lists = KVW_WIRE_MAX_GROUPS;
     assert_int_equal(kvw__wire_size(&m), KVW_WIRE_MAX_MSG);
+    /* State lists the encoder refuses: more than the groups, a wrong sum. */
+    m = sample_request();
+    m.u.request.num_state_lists = KVW_WIRE_MAX_GROUPS + 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    m.u.request.num_state_lists = 1;
+    m.u.request.state_counts[0] = 1; /* num_state is 0 */
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
     m = sample_hello(KVW_MSG_HELLO);
     m.u.hello.num_groups = KVW_WIRE_MAX_GROUPS;
     m.u.hello.groups[0] = (kvw_wire_group_t){0, 4096, 4};
@@ -849,6 +936,7 @@ int main(void)
         cmocka_unit_test(test_reject_trailing_byte),
         cmocka_unit_test(test_reject_bad_header),
         cmocka_unit_test(test_reject_request_page_count),
+        cmocka_unit_test(test_reject_request_state_lists),
         cmocka_unit_test(test_reject_hello_counts),
         cmocka_unit_test(test_reject_hello_qp_info),
         cmocka_unit_test(test_reject_bad_strings),

@@ -25,8 +25,11 @@ the others are asked for nothing and finish with an empty final part, as
 mooncake's dummy ranks do). Refused with a reason: MHA/GQA with different
 TP sizes (needs head slicing), MLA with decode TP > prefill TP, prefill
 PP > 1, context parallelism, decode-context parallelism (sglang's own
-guard), more than one kind of state buffer, decode prefix reuse
-(decode_prefix_len > 0), token_position_offset != 0.
+guard), decode prefix reuse (decode_prefix_len > 0),
+token_position_offset != 0. Hybrid models: each StateType with buffers is
+its own kvwire state group and index space (Mamba's slot, SWA/DSA page
+lists; a None component moves nothing for that group); prefill's and
+decode's counts must agree per group or the request fails on both sides.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll, KVTransferMetric, StateType
 from sglang.srt.disaggregation.common.conn import (
@@ -110,13 +113,18 @@ def _flat_indices(x: Any) -> List[int]:
     return out
 
 
-def _state_component(state_indices: Optional[List], slot: Optional[int]) -> Optional[List[int]]:
-    """The indices of the one state component kvwire carries (slot into
-    sglang's per-StateType list; None entries are skipped)."""
-    if slot is None or not state_indices or slot >= len(state_indices):
-        return None
-    comp = state_indices[slot]
-    return None if comp is None else _flat_indices(comp)
+def _state_lists(state_indices: Optional[List], groups: Dict[int, int]) -> Dict[int, List[int]]:
+    """sglang's per-StateType state_indices (one component per entry of
+    kv_args.state_types) as kvwire state lists: each component's indices
+    for its own kvwire state group (groups: component -> group index), in
+    its own index space. Mamba's [array([slot])] is its one slot, SWA and
+    DSA page arrays their page lists; a None (or missing) component, and
+    every group on a side that has none this chunk, moves nothing."""
+    out: Dict[int, List[int]] = {}
+    for slot, group in groups.items():
+        comp = state_indices[slot] if state_indices and slot < len(state_indices) else None
+        out[group] = [] if comp is None else _flat_indices(comp)
+    return out
 
 
 def _endpoint(info: dict) -> str:
@@ -242,16 +250,6 @@ class KVWireKVManager(CommonKVManager):
         if cp > 1:
             raise RuntimeError(f"kvwire: attention context parallelism (attn_cp_size={cp}) "
                                "is not supported")
-        kinds = []
-        for st, ptrs in zip(getattr(args, "state_types", None) or [],
-                            getattr(args, "state_data_ptrs", None) or []):
-            if ptrs:
-                kinds.append(_state_kind(st))
-        if len(kinds) > 1:
-            raise RuntimeError(
-                f"kvwire: {len(kinds)} kinds of state buffers ({', '.join(kinds)}) each need "
-                "their own index space; this libkvwire carries one state index space per "
-                "request. Supported: at most one of them (Mamba, SWA, DSA...).")
 
     def _make_engine(self) -> kvwire.Engine:
         args, mode, is_mla = self._kvwire_args
@@ -266,16 +264,20 @@ class KVWireKVManager(CommonKVManager):
         groups = [kvwire.Group(kvwire.GroupKind.KV, len(kv) // per_layer, per_layer, kv)]
         if aux:
             groups.append(kvwire.Group(kvwire.GroupKind.AUX, 1, len(aux), aux))
-        self.state_slot: Optional[int] = None
-        self.state_kind: Optional[str] = None
+        # Hybrid models: each StateType with buffers is its own kvwire state
+        # group, in its own index space (Mamba: one slot per request; SWA,
+        # DSA: page lists of their own). state_groups maps the component's
+        # position in sglang's state_indices to the kvwire group index.
+        self.state_groups: Dict[int, int] = {}
+        self.state_kinds: Dict[int, str] = {}
         types = list(getattr(args, "state_types", None) or [])
         for i, ptrs in enumerate(getattr(args, "state_data_ptrs", None) or []):
             if not ptrs:
                 continue
             regs = _regions(ptrs, args.state_data_lens[i], args.state_item_lens[i])
+            self.state_groups[i] = len(groups)
+            self.state_kinds[i] = _state_kind(types[i]) if i < len(types) else str(i)
             groups.append(kvwire.Group(kvwire.GroupKind.STATE, 1, len(regs), regs))
-            self.state_slot = i
-            self.state_kind = _state_kind(types[i]) if i < len(types) else str(i)
         device = getattr(args, "ib_device", None) or None
         if device and "," in device:
             devs = [d.strip() for d in device.split(",") if d.strip()]
@@ -409,13 +411,15 @@ class KVWireKVSender(CommonKVSender):
         if self._t_first is None:
             self._t_first = time.monotonic()
         try:
+            groups = self.kv_mgr.state_groups
             if self.dummy:
                 if is_last:
+                    if groups:  # asked for no state either
+                        self.sender.send_state(lists=_state_lists(None, groups))
                     self.sender.send([])
                 return
-            state = _state_component(state_indices, self.kv_mgr.state_slot)
-            if is_last and state:
-                self.sender.send_state(state)
+            if is_last and groups:
+                self.sender.send_state(lists=_state_lists(state_indices, groups))
             self.sender.send(kv_indices)
         except Error as e:
             if self.sender.poll() != Poll.FAILED:
@@ -560,13 +564,13 @@ class KVWireKVReceiver(CommonKVReceiver):
         if decode_prefix_len:
             self._fail("kvwire: decode prefix reuse (decode_prefix_len > 0) is not supported")
             return
-        state = _state_component(state_indices, self.kv_mgr.state_slot)
+        lists = _state_lists(state_indices, self.kv_mgr.state_groups)
         self._t_meta = time.monotonic()
         for r, dummy in self.recvs:
             if dummy:
                 continue
             try:
-                r.init(kv_indices, aux_index, state or None)
+                r.init(kv_indices, aux_index, state_lists=lists or None)
             except Error as e:
                 if r.poll() != Poll.FAILED:
                     self._fail(f"kvwire receiver init: {e}")

@@ -30,7 +30,10 @@ Cases (prefill attn TP x DP -> decode attn TP x DP):
   dpattn  MHA, DP attention: 1x2 -> 1x2 (tp 2, attn_tp 1, dp 2 both sides)
   mla21   MLA, 2x1 -> 1x1 (one prefill rank sends, the other finishes empty)
   mha21   MHA, 2x1 -> 1x1: refused on both sides, naming both TP sizes
-  hybrid  MHA 2x1 -> 2x1 with a Mamba state group (and a None state entry)
+  hybrid  MHA 2x1 -> 2x1, a hybrid model: Mamba state (one slot per request)
+          and an SWA pool (its own page list, the last SWA_PAGES pages of
+          the request, shorter than the KV list), each in its own index
+          space, and a StateType without buffers (sglang sends None)
 Each: 3 rooms that must succeed (chunked: several send() each), one that
 prefill aborts mid-prefill, one that decode aborts after send_metadata,
 one that decode aborts before init (prefill never sees it). Every KV byte,
@@ -79,6 +82,7 @@ CASES = {  # name: (mla, prefill (tp, dp), decode (tp, dp), state)
 }
 POOL, ITEM, PAGE, AUX_SLOTS, LAYERS = 96, 256, 16, 16, 3
 STATE_SLOTS, STATE_ITEMS = 8, (96, 160)  # Mamba conv and ssm state, per request
+SWA_POOL, SWA_PAGES = 24, 3  # the SWA pool's pages; the window's pages per request
 CHUNK = 3
 BASE = {c: 1000 * (i + 1) for i, c in enumerate(CASES)}
 
@@ -107,13 +111,20 @@ def plan(room):
     return n, rng.permutation(POOL)[:n].astype(np.int64), int(room % AUX_SLOTS)
 
 
+def swa_src(room):
+    """Prefill's SWA pages of room (its own pool, its own page ids)."""
+    return np.random.default_rng(room + 500).permutation(SWA_POOL)[:SWA_PAGES].astype(np.int64)
+
+
 def src_memory(case, dp, tp):
     mla = CASES[case][0]
     seed = 77 * BASE[case] + 10 * dp + (0 if mla else tp)  # MLA: replicated across TP ranks
     rng = np.random.default_rng(seed)
     nreg = LAYERS if mla else 2 * LAYERS
     kv = [rng.integers(0, 256, POOL * ITEM, dtype=np.uint8) for _ in range(nreg)]
-    st = [rng.integers(0, 256, STATE_SLOTS * n, dtype=np.uint8) for n in STATE_ITEMS]
+    # State: Mamba's conv and ssm buffers, the SWA pool's K and V per layer.
+    st = ([rng.integers(0, 256, STATE_SLOTS * n, dtype=np.uint8) for n in STATE_ITEMS],
+          [rng.integers(0, 256, SWA_POOL * ITEM, dtype=np.uint8) for _ in range(2 * LAYERS)])
     return kv, st
 
 
@@ -127,12 +138,13 @@ def kv_args(case, engine_rank, dp, kv, aux, st, dev):
     a.aux_data_lens = [x.nbytes for x in aux]
     a.aux_item_lens = [x.nbytes // AUX_SLOTS for x in aux]
     if CASES[case][3]:
-        # A hybrid model: Mamba state, plus a kind this pool has no buffers
-        # for (sglang sends None for it).
-        a.state_types = [StateType.MAMBA, StateType.C128_STATE]
-        a.state_data_ptrs = [[x.ctypes.data for x in st], []]
-        a.state_data_lens = [[x.nbytes for x in st], []]
-        a.state_item_lens = [list(STATE_ITEMS), []]
+        # A hybrid model: Mamba state and an SWA pool, each its own index
+        # space, plus a kind this pool has no buffers for (sglang sends None).
+        mamba, swa = st
+        a.state_types = [StateType.MAMBA, StateType.SWA, StateType.C128_STATE]
+        a.state_data_ptrs = [[x.ctypes.data for x in mamba], [x.ctypes.data for x in swa], []]
+        a.state_data_lens = [[x.nbytes for x in mamba], [x.nbytes for x in swa], []]
+        a.state_item_lens = [list(STATE_ITEMS), [ITEM] * len(swa), []]
     else:
         a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
     a.ib_device, a.gpu_id, a.page_size = dev, engine_rank, PAGE
@@ -231,8 +243,8 @@ def prefill_case(o, case):
                         _, auxb, _ = mems[(q["d"], t)]
                         auxb[0][aux] = room * 3 + 1
                         auxb[1][aux] = room
-                        if CASES[case][3]:
-                            state = [[np.array([room % STATE_SLOTS])], None]
+                        if CASES[case][3]:  # per StateType: Mamba, SWA, C128 (none)
+                            state = [[np.array([room % STATE_SLOTS])], swa_src(room), None]
                     if s.should_send_kv_chunk(b - a, last):
                         s.send(src[a:b], state)
                 q["sent"] = b
@@ -291,12 +303,14 @@ def decode_case(o, case):
         for t in range(tp):
             nreg = LAYERS if mla else 2 * LAYERS
             kv = [np.zeros(POOL * ITEM, dtype=np.uint8) for _ in range(nreg)]
-            st = [np.zeros(STATE_SLOTS * n, dtype=np.uint8) for n in STATE_ITEMS]
+            st = ([np.zeros(STATE_SLOTS * n, dtype=np.uint8) for n in STATE_ITEMS],
+                  [np.zeros(SWA_POOL * ITEM, dtype=np.uint8) for _ in range(2 * LAYERS)])
             mems[(d, t)] = (kv, aux_buffers(), st)
     mgrs = make_managers(case, "decode", o.ip, 0, o.dev, mems)
     rs = rooms(case)
     live = rs["ok"] + [rs["prefill_abort"], rs["decode_abort"], rs["abort_before_init"]]
     free = {k: list(range(POOL))[::-1] for k in mgrs}
+    free_swa = {k: list(range(SWA_POOL))[::-1] for k in mgrs}  # the SWA pool's allocator
     reqs = {}
     for room in live:  # DecodePreallocQueue.add: a receiver per TP rank of the DP group
         d = decode_dp(room, dp)
@@ -333,15 +347,22 @@ def decode_case(o, case):
                 for t, r in enumerate(q["r"]):
                     r.clear()
                     free[(q["d"], t)].extend(q.get("pages", []))
+                    free_swa[(q["d"], t)].extend(q.get("swa", []))
                 continue
             if q["stage"] == "prealloc" and st_ == KVPoll.WaitingForInput:
                 q["pages"] = [free[(q["d"], t)][-n:] for t in range(tp)]
                 for t in range(tp):
                     del free[(q["d"], t)][-n:]
                 slot = room % AUX_SLOTS
+                if state:  # the same SWA pages on every TP rank of the group
+                    q["swa"] = free_swa[(q["d"], 0)][-SWA_PAGES:]
+                    for t in range(tp):
+                        del free_swa[(q["d"], t)][-SWA_PAGES:]
                 for t, r in enumerate(q["r"]):
-                    state = [[np.array([(room + 3) % STATE_SLOTS])], None] if state else None
-                    r.send_metadata(np.array(q["pages"][t], dtype=np.int64), slot, state)
+                    # per StateType: Mamba's slot, the SWA page list, C128 (none)
+                    st_idx = ([[np.array([(room + 3) % STATE_SLOTS])],
+                               np.array(q["swa"], dtype=np.int64), None] if state else None)
+                    r.send_metadata(np.array(q["pages"][t], dtype=np.int64), slot, st_idx)
                 q["pages"] = q["pages"][0]
                 q["stage"] = "transfer"
                 if room == rs["decode_abort"]:
@@ -354,6 +375,7 @@ def decode_case(o, case):
                 for t, r in enumerate(q["r"]):
                     r.clear()
                     free[(q["d"], t)].extend(q["pages"])
+                    free_swa[(q["d"], t)].extend(q.get("swa", []))
         time.sleep(0.002)
     ok = wrong_total == 0
     for room in live:
@@ -389,8 +411,13 @@ def verify(case, q, room, mems, pdp):
         wrong += int(daux[0][slot] != room * 3 + 1) + int(daux[1][slot] != room)
         if state:
             ss, ds = room % STATE_SLOTS, (room + 3) % STATE_SLOTS
-            for j, k in enumerate(STATE_ITEMS):
-                wrong += int((dst[j][ds * k:(ds + 1) * k] != sst[j][ss * k:(ss + 1) * k]).sum())
+            for j, k in enumerate(STATE_ITEMS):  # Mamba: its one slot
+                wrong += int((dst[0][j][ds * k:(ds + 1) * k]
+                              != sst[0][j][ss * k:(ss + 1) * k]).sum())
+            for i in range(len(sst[1])):  # SWA: its own page list, region by region
+                for s, d in zip(swa_src(room), q["swa"]):
+                    wrong += int((dst[1][i][d * ITEM:(d + 1) * ITEM]
+                                  != sst[1][i][s * ITEM:(s + 1) * ITEM]).sum())
     return wrong
 
 
