@@ -20,17 +20,20 @@
 #        with no kvwire code) and both latency targets side by side
 #   idle  prefill and decode processes connected and idle: CPU per process
 #        as % of a core (KVW_BENCH_IDLE_S, 30 s)
+#   storm  KVW_BENCH_STORM_ENGINES (64) decode engines connect to one prefill
+#        at once (bench/kvw-storm, rxe0 -> rxe1): time to connected, failures,
+#        per-connection throughput spread
 # Each ratio is reported as its median with the interquartile range and a
 # ~95% confidence interval of the median (order statistics), and a verdict
 # against its target: met (the whole interval on the right side), missed
 # (the whole interval on the wrong side), or not separable at this REPS.
 # Usage: bench.sh BUILD_DIR     env: KVW_BENCH_REPS (9), KVW_BENCH_SIZES ("2k 64k 1m lat
-#        layer tp idle"), LAYER_MS (20); REPS and SIZES also work when run by hand
+#        layer tp idle storm"), LAYER_MS (20); REPS and SIZES also work when run by hand
 set -u
 build=${1:-build}
 # KVW_BENCH_*: the test bed passes only KVW_* variables into the guest.
 reps=${KVW_BENCH_REPS:-${REPS:-9}}
-sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer tp idle"}}
+sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer tp idle storm"}}
 dev=${KVW_TB_DEV0:?run inside tests/tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)
@@ -338,6 +341,18 @@ case " $sizes " in *" idle "*)
     KVW_IDLE_S=${KVW_BENCH_IDLE_S:-30} tests/integration/soak_scenarios.sh "$build" idle \
         >"$work/idle.out" 2>&1 || fails=$((fails + 1))
     grep -E 'idle: process total' "$work/idle.out" || tail -n 5 "$work/idle.out"
+    ;;
+esac
+# Handshake storm (docs/topology.md): N decode engines (KVW_BENCH_STORM_ENGINES,
+# 64) in one process on rxe1 connect to one prefill on rxe0 at the same moment,
+# each transferring one request; time to connected (p50/p99/max), requests
+# failed, per-connection throughput spread. A count of failures, no target.
+case " $sizes " in *" storm "*)
+    echo
+    n=${KVW_BENCH_STORM_ENGINES:-64}
+    echo "== storm: $n decode engines connect to one prefill at once"
+    "$build/kvw-storm" --dev0 "$dev" --ip0 "$ip" --dev1 "${KVW_TB_DEV1:-$dev}" \
+        --ip1 "${KVW_TB_IP1:-$ip}" --engines "$n" || fails=$((fails + 1))
     ;;
 esac
 echo "== bench done in $(($(date +%s) - t_start)) s, $fails kvwire run(s) failed"

@@ -335,6 +335,17 @@ typedef struct kvw_config {
      * in the process (README "Benchmarks"); turn it on (e.g. 1000) where
      * cores are spare and small requests' latency matters. */
     uint32_t poll_busy_us;
+    /* KVW_MAX_HANDSHAKES, 16 (1..65536): prefill sets up at most this many
+     * connections (QPs created and connected, HELLO_ACK sent) per pass of
+     * its control loop (a batch also ends after heartbeat_ms / 2); the
+     * HELLOs beyond wait in arrival order, and between
+     * two batches the loop serves the connected peers (requests, PINGs,
+     * aborts). A decode engine left waiting is told (a PONG), and again
+     * every heartbeat_ms, that its HELLO is queued, so it waits (up to
+     * bootstrap_timeout_ms) instead of resending it: many decode engines
+     * connecting at once are served in turn, never into timeouts
+     * (docs/topology.md, "Many peers at once"). */
+    uint32_t max_handshakes;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set
@@ -435,8 +446,11 @@ typedef struct kvw_engine_params {
     size_t struct_size; /* sizeof(kvw_engine_params_t): kvw_engine_params_init() sets it */
     kvw_role_t role;
     uint32_t engine_rank; /* prefill: rank it registers under; decode: informational */
-    /* RDMA device by name ("rxe0", "mlx5_0"), or NULL to find it from
-     * local_ip with librdmacm. */
+    /* RDMA device by name ("rxe0", "mlx5_0"), or NULL: the device nearest
+     * (PCIe switch, root complex, NUMA node) the GPU that owns the KV
+     * regions, or the caller's NUMA node for host memory, among those up
+     * on local_ip's network (docs/topology.md); when the topology cannot
+     * tell them apart, the one that owns local_ip (librdmacm). */
     const char *device;
     /* IP address of this host on the RDMA network; the control endpoint
      * binds here (ephemeral port) and the device is found from it when

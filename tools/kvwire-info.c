@@ -3,10 +3,13 @@
  * port (state, link layer, MTU, max message, GIDs with their type and the
  * one kvwire picks), the locked-memory limit, and per GPU whether dma-buf
  * and nvidia_peermem are there and which path a region on it would take.
- * Each "no" names its fix. Text, or JSON with --json. Exits 0 whatever it
+ * Each "no" names its fix. And the PCIe topology: the GPU x NIC distance
+ * matrix and, per GPU, the device an engine naming none would open, with
+ * the reason (verbs/topo.h). Text, or JSON with --json. Exits 0 whatever it
  * finds (2 for bad arguments): it reports, it does not judge. */
 #include "mem/mem.h"
 #include "verbs/device.h"
+#include "verbs/topo.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -64,6 +67,14 @@ typedef struct {
     int ngpus;
     bool peermem;
     const char *ip;
+    /* The PCIe topology (verbs/topo.h): GPU x NIC distances and the NIC an
+     * engine naming no device would pick. */
+    int topo_ok;
+    kvw_topo_t topo;
+    kvw_topo_pos_t rows[MAX_GPUS]; /* the GPUs CUDA reports, else those sysfs lists */
+    int nrows;
+    kvw_topo_pick_t picks[MAX_GPUS], host_pick;
+    int host_numa;
 } report_t;
 
 /* ---- gathering ---------------------------------------------------------------- */
@@ -225,7 +236,83 @@ static void read_gpus(report_t *r)
         snprintf(r->cuda_why, sizeof(r->cuda_why), "the driver reports no GPU");
 }
 
+/* The topology below kvw__topo_root() (KVW_SYSFS_ROOT: a fake tree, whose
+ * devices are then taken as present), and each GPU's pick. */
+static void read_topology(report_t *r)
+{
+    kvw_config_t cfg;
+    kvw_config_init(&cfg);
+    const char *root = kvw__topo_root();
+    char owner[64] = "";
+    uint8_t port = 0;
+    r->topo_ok =
+        kvw__topo_read(root, cfg.ib_port, r->ip, kvw__topo_prefix_len(r->ip), &r->topo) == 0;
+    if (!r->topo_ok)
+        return;
+    if (!root[0])
+        kvw__topo_mark_listed(&r->topo, kvw__verbs_ops());
+    if (r->ip && kvw__verbs_ops()->device_for_ip(r->ip, owner, sizeof(owner), &port))
+        owner[0] = '\0';
+    for (int i = 0; i < r->ngpus && r->nrows < MAX_GPUS; i++)
+        if (kvw__topo_pos(root, r->gpus[i].info.pci, &r->rows[r->nrows]) == 0)
+            r->nrows++;
+    for (int i = 0; !r->ngpus && i < r->topo.ngpus && r->nrows < MAX_GPUS; i++)
+        r->rows[r->nrows++] = r->topo.gpus[i];
+    for (int i = 0; i < r->nrows; i++)
+        kvw__topo_pick(&r->topo, &r->rows[i], -1, owner[0] ? owner : NULL, &r->picks[i]);
+    r->host_numa = kvw__topo_my_numa();
+    kvw__topo_pick(&r->topo, NULL, r->host_numa, owner[0] ? owner : NULL, &r->host_pick);
+}
+
 /* ---- text ------------------------------------------------------------------------ */
+
+static const char *reach_name(int reaches)
+{
+    return reaches > 0 ? "yes" : reaches == 0 ? "no" : "cannot tell";
+}
+
+static void text_pick(const report_t *r, const char *who, const kvw_topo_pick_t *p)
+{
+    printf("  %s -> %s: %s\n", who, p->nic >= 0 ? r->topo.nics[p->nic].name : "none", p->reason);
+}
+
+static void text_topology(const report_t *r)
+{
+    if (!r->topo_ok) {
+        printf("Topology: %s/sys/class/infiniband not readable\n", kvw__topo_root());
+        return;
+    }
+    printf("Topology (nearest first: SW same PCIe switch, RC same root complex, NODE same NUMA "
+           "node, SYS across sockets, - unknown):\n");
+    for (int i = 0; i < r->topo.nnics; i++) {
+        const kvw_topo_nic_t *n = &r->topo.nics[i];
+        printf("  %-10s %-13s NUMA %2d  port %s  reaches %s's network: %s%s\n", n->name,
+               n->pos.bus_id[0] ? n->pos.bus_id : "(no PCI)", n->pos.numa,
+               n->active ? "up" : "DOWN", r->ip ? r->ip : "--ip", reach_name(n->reaches),
+               n->usable ? "" : " (not listed by libibverbs)");
+    }
+    printf("  %-20s", "");
+    for (int i = 0; i < r->topo.nnics; i++)
+        printf(" %8.8s", r->topo.nics[i].name);
+    printf("\n");
+    for (int g = 0; g < r->nrows; g++) {
+        printf("  GPU %-2d %-13s", g, r->rows[g].bus_id);
+        for (int i = 0; i < r->topo.nnics; i++)
+            printf(" %8s",
+                   kvw__topo_level_short(kvw__topo_level(&r->rows[g], &r->topo.nics[i].pos, NULL)));
+        printf("\n");
+    }
+    printf("Device an engine naming none opens:\n");
+    char who[64];
+    for (int g = 0; g < r->nrows; g++) {
+        snprintf(who, sizeof(who), "KV on GPU %d (%s)", g, r->rows[g].bus_id);
+        text_pick(r, who, &r->picks[g]);
+    }
+    snprintf(who, sizeof(who), "KV in host memory (NUMA node %d)", r->host_numa);
+    text_pick(r, who, &r->host_pick);
+}
+
+/* ---- text (devices) --------------------------------------------------------------- */
 
 static const char *link_name(uint8_t ll)
 {
@@ -289,6 +376,7 @@ static void print_text(const report_t *r)
                n->dmabuf == 1 ? "" : n->dmabuf_why);
     }
     text_memlock(&r->memlock);
+    text_topology(r);
     if (!r->ngpus) {
         printf("GPUs: none - %s; GPU regions are not possible here\n", r->cuda_why);
         return;
@@ -379,6 +467,47 @@ static void json_gpu(int i, const gpu_t *g)
     printf("}");
 }
 
+static void json_pick(const report_t *r, const kvw_topo_pick_t *p)
+{
+    printf("\"pick\":");
+    json_str(p->nic >= 0 ? r->topo.nics[p->nic].name : "");
+    printf(",\"level\":");
+    json_str(kvw__topo_level_short(p->level));
+    printf(",\"why\":");
+    json_str(p->reason);
+}
+
+static void json_topology(const report_t *r)
+{
+    printf(",\"topology\":{\"readable\":%s,\"nics\":[", r->topo_ok ? "true" : "false");
+    for (int i = 0; i < r->topo.nnics; i++) {
+        const kvw_topo_nic_t *n = &r->topo.nics[i];
+        printf("%s{\"name\":", i ? "," : "");
+        json_str(n->name);
+        printf(",\"bus_id\":");
+        json_str(n->pos.bus_id);
+        printf(",\"numa\":%d,\"active\":%s,\"reaches\":%d,\"usable\":%s}", n->pos.numa,
+               n->active ? "true" : "false", n->reaches, n->usable ? "true" : "false");
+    }
+    printf("],\"gpus\":[");
+    for (int g = 0; g < r->nrows; g++) {
+        printf("%s{\"bus_id\":", g ? "," : "");
+        json_str(r->rows[g].bus_id);
+        printf(",\"numa\":%d,\"levels\":[", r->rows[g].numa);
+        for (int i = 0; i < r->topo.nnics; i++) {
+            printf("%s", i ? "," : "");
+            json_str(
+                kvw__topo_level_short(kvw__topo_level(&r->rows[g], &r->topo.nics[i].pos, NULL)));
+        }
+        printf("],");
+        json_pick(r, &r->picks[g]);
+        printf("}");
+    }
+    printf("],\"host\":{\"numa\":%d,", r->host_numa);
+    json_pick(r, &r->host_pick);
+    printf("}}");
+}
+
 static void print_json(const report_t *r)
 {
     printf("{\"rdma_devices\":[");
@@ -399,14 +528,18 @@ static void print_json(const report_t *r)
         printf("%s", i ? "," : "");
         json_gpu(i, &r->gpus[i]);
     }
-    printf("]}\n");
+    printf("]");
+    json_topology(r);
+    printf("}\n");
 }
 
 static void usage(FILE *out)
 {
     fprintf(out, "usage: kvwire-info [--json] [--ip IPV4]\n"
                  "  RDMA devices, ports and GIDs, the memlock limit, and the path GPU memory\n"
-                 "  would take (dma-buf, nvidia_peermem, staging), each 'no' with its fix.\n"
+                 "  would take (dma-buf, nvidia_peermem, staging), each 'no' with its fix;\n"
+                 "  the GPU x NIC PCIe distances and the NIC an engine naming no device\n"
+                 "  opens for each GPU (KVW_SYSFS_ROOT: read a fake sysfs tree instead).\n"
                  "  --ip   show the GID kvwire picks for an engine on this local IP\n"
                  "  --json one JSON object instead of text\n");
 }
@@ -442,6 +575,7 @@ int main(int argc, char **argv)
     read_nics(&r);
     getrlimit(RLIMIT_MEMLOCK, &r.memlock);
     read_gpus(&r);
+    read_topology(&r);
     if (json)
         print_json(&r);
     else

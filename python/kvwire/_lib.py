@@ -78,6 +78,7 @@ class kvw_config_t(Structure):
         ("staging_lanes", c_uint32),
         ("qps_per_peer", c_uint32),
         ("poll_busy_us", c_uint32),
+        ("max_handshakes", c_uint32),
     ]
 
 

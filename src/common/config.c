@@ -65,6 +65,7 @@ static const config_field_t fields[] = {
     FIELD(staging_lanes, FIELD_U32, 2, 1, 4),
     FIELD(qps_per_peer, FIELD_U32, 1, 1, 16),
     FIELD(poll_busy_us, FIELD_U32, 0, 0, 1000000),
+    FIELD(max_handshakes, FIELD_U32, 16, 1, 65536),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))

@@ -310,6 +310,8 @@ void *kvw__control_main(void *arg)
     }
     if (e->role == KVW_ROLE_DECODE)
         kvw__decode_fini(e);
+    else
+        kvw__prefill_fini_handshakes(e);
     free(ps.items);
     free(ps.peer);
     free(ps.kind);

@@ -42,10 +42,13 @@ void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...) __attribute__((form
 /* ctl_prefill.c */
 void kvw__prefill_serve_router(kvw_engine_t *e);
 void kvw__prefill_on_monitor(kvw_engine_t *e);
-/* Heartbeat limits and connection probes; returns when it next needs to run. */
+/* Queued handshakes (max_handshakes per call), heartbeat limits and
+ * connection probes; returns when it next needs to run. */
 uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now);
 /* (lock) Serve a touched or expired request; true when it leaves the table. */
 bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now);
+/* Free the HELLOs still queued (the control thread is gone). */
+void kvw__prefill_fini_handshakes(kvw_engine_t *e);
 void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye);
 
 /* ctl_decode.c */

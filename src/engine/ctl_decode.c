@@ -277,6 +277,10 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
             kvw__peer_kill(p, (kvw_status_t)m.status,
                            "prefill rank %u closed the connection: %.100s", p->rank,
                            m.u.failed.reason);
+        else if (m.type == KVW_MSG_PONG && atomic_load(&p->state) == PEER_HELLO)
+            /* Prefill has our HELLO queued behind others (a storm): wait
+             * for it instead of resending, up to the handshake deadline. */
+            p->hello_retry_ns = p->last_seen_ns + kvw__ms_ns(e->cfg.peer_timeout_ms);
         else if (m.type != KVW_MSG_PONG)
             kvw__ctl_dropped(e, "unexpected %s from prefill rank %u", kvw__wire_type_name(m.type),
                              p->rank);

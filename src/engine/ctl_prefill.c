@@ -56,9 +56,29 @@ static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, co
     kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &m);
 }
 
+/* The same HELLO again (same identity, same QPs): decode resent it before
+ * our HELLO_ACK reached it, and may act on either copy of the answer. Both
+ * must describe the one connection: answer again with it. Replacing it
+ * would leave decode's QPs connected to QPs we destroyed. */
+static bool hello_resent(kvw_engine_t *e, kvw_peer_t *old, const kvw_msg_t *m)
+{
+    if (!old || !m->u.hello.num_qps || old->hello_qpn != m->u.hello.qps[0].qpn ||
+        atomic_load(&old->state) != PEER_CONNECTED)
+        return false;
+    kvw_msg_t ack;
+    kvw__peer_hello(old, KVW_MSG_HELLO_ACK, &ack);
+    kvw__ctl_route(e, old->id, sizeof(old->id), &ack);
+    kvw__wire_free(&ack);
+    KVW_INFO("decode engine %016llx resent its handshake: answered again as peer %u",
+             (unsigned long long)m->u.hello.engine_id, old->index);
+    return true;
+}
+
 static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
 {
     kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
+    if (hello_resent(e, old, m))
+        return;
     if (old)
         kvw__peer_kill(old, KVW_ERR_PEER, "decode engine reconnected");
     kvw_peer_t *p = NULL;
@@ -74,6 +94,7 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
         st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
     if (!st) {
         memcpy(p->id, id, KVW_IDENTITY_LEN);
+        p->hello_qpn = m->u.hello.num_qps ? m->u.hello.qps[0].qpn : 0;
         p->serial = e->next_serial++;
         p->last_seen_ns = kvw__now_ns();
         for (uint32_t i = 0; i < lanes; i++)
@@ -96,6 +117,141 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
              "credits per QP)",
              (unsigned long long)m->u.hello.engine_id, p->index, lanes, lanes > 1 ? "s" : "",
              p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn, m->u.hello.recv_credits);
+}
+
+/* ------------------------------------------------------------ handshakes
+ *
+ * A storm of decode engines connecting at once (a whole decode fleet
+ * restarting) must degrade into waiting, never into timeouts. Each
+ * handshake costs prefill QP creation and connection (verbs calls that take
+ * milliseconds on real NICs); served inline, a burst of them held the
+ * control loop for as long as they took, connected peers went unserved, and
+ * decode engines that heard nothing within peer_timeout_ms resent their
+ * HELLO, which prefill then served twice (the second killing the first's
+ * connection). So HELLOs are queued in arrival order, at most
+ * max_handshakes are served per loop pass (and for at most heartbeat_ms / 2),
+ * and each decode engine a batch
+ * leaves waiting gets a PONG then and every heartbeat_ms: it then keeps
+ * waiting (up to its bootstrap_timeout_ms) instead of resending. Without a
+ * storm every HELLO is served in the pass that read it, and nothing
+ * changes on the wire. A resent HELLO replaces
+ * the queued one of the same identity; a BYE withdraws it; one that comes
+ * after its original was served is answered with the same connection.  */
+
+struct kvw_pending_hello {
+    uint8_t id[KVW_IDENTITY_LEN];
+    kvw_msg_t m;
+    uint64_t nudged_ns; /* the last PONG telling decode to wait */
+};
+
+static void nudge(kvw_engine_t *e, struct kvw_pending_hello *h, uint64_t now)
+{
+    kvw_msg_t pong = {.type = KVW_MSG_PONG}; /* engine id 0: see kvw__peer_hello */
+    kvw__ctl_route(e, h->id, sizeof(h->id), &pong);
+    h->nudged_ns = now;
+}
+
+static struct kvw_pending_hello *queued_hello(kvw_engine_t *e, const uint8_t *id)
+{
+    for (uint32_t i = 0; i < e->hello_count; i++) {
+        struct kvw_pending_hello *h = &e->hellos[e->hello_head + i];
+        if (memcmp(h->id, id, KVW_IDENTITY_LEN) == 0)
+            return h;
+    }
+    return NULL;
+}
+
+/* Room at the end of the array: reuse what the served head left. */
+static bool hello_room(kvw_engine_t *e)
+{
+    if (e->hello_head && e->hello_head + e->hello_count == e->hello_cap) {
+        memmove(e->hellos, e->hellos + e->hello_head, e->hello_count * sizeof(*e->hellos));
+        e->hello_head = 0;
+    }
+    if (e->hello_head + e->hello_count < e->hello_cap)
+        return true;
+    uint32_t cap = e->hello_cap ? 2 * e->hello_cap : 64;
+    struct kvw_pending_hello *n = realloc(e->hellos, cap * sizeof(*n));
+    if (!n)
+        return false;
+    e->hellos = n;
+    e->hello_cap = cap;
+    return true;
+}
+
+static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, const char *why);
+
+/* Takes m (freed when served or dropped). */
+static void queue_hello(kvw_engine_t *e, const uint8_t *id, kvw_msg_t *m)
+{
+    struct kvw_pending_hello *h = queued_hello(e, id);
+    if (h) { /* decode resent it: the newer one stands, in the older one's place */
+        kvw__wire_free(&h->m);
+        h->m = *m;
+        return;
+    }
+    if (e->hello_count >= 2 * e->cfg.max_peers || !hello_room(e)) {
+        reject_hello(e, id, KVW_ERR_LIMIT,
+                     "prefill has too many handshakes waiting (twice max_peers)");
+        kvw__wire_free(m);
+        return;
+    }
+    h = &e->hellos[e->hello_head + e->hello_count++];
+    memcpy(h->id, id, KVW_IDENTITY_LEN);
+    h->m = *m;
+    h->nudged_ns = 0; /* told to wait only if this pass's batch leaves it waiting */
+}
+
+/* A BYE from a decode engine still waiting: it gave up, serve nothing. */
+static bool withdraw_hello(kvw_engine_t *e, const uint8_t *id)
+{
+    struct kvw_pending_hello *h = queued_hello(e, id);
+    if (!h)
+        return false;
+    kvw__wire_free(&h->m);
+    struct kvw_pending_hello *end = &e->hellos[e->hello_head + e->hello_count];
+    memmove(h, h + 1, (size_t)(end - (h + 1)) * sizeof(*h));
+    e->hello_count--;
+    return true;
+}
+
+static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m);
+
+/* Serve up to max_handshakes queued HELLOs; nudge those left waiting.
+ * Returns when to run again: now while any is left. */
+static uint64_t serve_handshakes(kvw_engine_t *e, uint64_t now)
+{
+    /* Also bounded in time: where a connection costs long (slow verbs), a
+     * batch must still end well before waiting decode engines give up. */
+    uint64_t stop = now + kvw__ms_ns(e->cfg.heartbeat_ms) / 2;
+    for (uint32_t n = 0;
+         n < e->cfg.max_handshakes && e->hello_count && (!n || kvw__now_ns() < stop); n++) {
+        struct kvw_pending_hello h = e->hellos[e->hello_head++];
+        e->hello_count--;
+        on_hello(e, h.id, &h.m);
+        kvw__wire_free(&h.m);
+    }
+    if (!e->hello_count) {
+        e->hello_head = 0;
+        return 0;
+    }
+    now = kvw__now_ns();
+    uint64_t every = kvw__ms_ns(e->cfg.heartbeat_ms);
+    for (uint32_t i = 0; i < e->hello_count; i++) {
+        struct kvw_pending_hello *h = &e->hellos[e->hello_head + i];
+        if (!h->nudged_ns || now - h->nudged_ns >= every)
+            nudge(e, h, now);
+    }
+    return now;
+}
+
+void kvw__prefill_fini_handshakes(kvw_engine_t *e)
+{
+    for (uint32_t i = 0; i < e->hello_count; i++)
+        kvw__wire_free(&e->hellos[e->hello_head + i].m);
+    free(e->hellos);
+    e->hellos = NULL;
+    e->hello_head = e->hello_count = e->hello_cap = 0;
 }
 
 /* (lock) Would one more record for a room without a sender, holding
@@ -348,11 +504,13 @@ void kvw__prefill_serve_router(kvw_engine_t *e)
         kvw_peer_t *p = peer_by_identity(e, id, id_len, false);
         if (p)
             p->last_seen_ns = kvw__now_ns();
-        if (m.type == KVW_MSG_HELLO && id_len == KVW_IDENTITY_LEN)
-            on_hello(e, id, &m);
-        else if (!p)
+        if (m.type == KVW_MSG_HELLO && id_len == KVW_IDENTITY_LEN) {
+            queue_hello(e, id, &m); /* takes m */
+            continue;
+        }
+        if (!p && !(m.type == KVW_MSG_BYE && withdraw_hello(e, id)))
             answer_dead_peer(e, id, id_len, m.type);
-        else
+        else if (p)
             dispatch(e, p, &m);
         kvw__wire_free(&m);
     }
@@ -425,7 +583,7 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
     uint32_t ms = e->cfg.peer_timeout_ms > 3 * e->cfg.idle_heartbeat_ms
                       ? e->cfg.peer_timeout_ms
                       : 3 * e->cfg.idle_heartbeat_ms;
-    uint64_t next = 0, limit = kvw__ms_ns(ms);
+    uint64_t next = serve_handshakes(e, now), limit = kvw__ms_ns(ms);
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);

@@ -10,6 +10,7 @@
 #include "common/sized.h"
 #include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
+#include "verbs/topo.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -211,6 +212,49 @@ static kvw_status_t open_control(kvw_engine_t *e)
     return st ? st : kvw__registrar_register(e->registrar, e->cfg.bootstrap_timeout_ms);
 }
 
+/* The PCI bus id of the GPU that owns the engine's first KV region in GPU
+ * memory; false for host memory (or a driver that cannot say). */
+static bool kv_gpu(const kvw_engine_t *e, char *bus_id, size_t size)
+{
+    const kvw_cuda_ops_t *cuda = kvw__cuda_ops();
+    for (uint32_t g = 0; g < e->layout.num_groups; g++) {
+        const kvw_layout_group_t *lg = &e->layout.groups[g];
+        if (lg->kind != KVW_GROUP_KV || !lg->num_layers || !lg->per_layer)
+            continue;
+        kvw_cuda_ptr_t ptr;
+        kvw_cuda_dev_t dev;
+        char why[160];
+        if (cuda->pointer_info(e->regions[lg->first].addr, &ptr, why, sizeof(why)) ||
+            (ptr.type != KVW_CUDA_PTR_DEVICE && ptr.type != KVW_CUDA_PTR_MANAGED) ||
+            cuda->device_info(ptr.device, &dev, why, sizeof(why)) || dev.pci[0] == '?')
+            return false;
+        snprintf(bus_id, size, "%s", dev.pci);
+        return true;
+    }
+    return false;
+}
+
+/* No device named: the one nearest the KV regions' GPU (or the caller's
+ * NUMA node) among those up on local_ip's network (verbs/topo.h); NULL
+ * when the topology cannot tell, and the device is found from local_ip as
+ * before. Logged once, with the reason. */
+static const char *pick_device(const kvw_engine_t *e, const kvw_engine_params_t *p, char *name,
+                               size_t size)
+{
+    char gpu[32], why[KVW_TOPO_REASON_MAX];
+    if (p->device)
+        return p->device;
+    bool on_gpu = kv_gpu(e, gpu, sizeof(gpu));
+    if (kvw__topo_choose(kvw__verbs_ops(), e->cfg.ib_port, p->local_ip, on_gpu ? gpu : NULL, name,
+                         size, why, sizeof(why)) == 0) {
+        KVW_INFO("no RDMA device named: using %s, %s", name, why);
+        return name;
+    }
+    KVW_INFO("no RDMA device named and the topology picks none (%s): the device that owns %s", why,
+             p->local_ip);
+    return NULL;
+}
+
 static kvw_status_t start_threads(kvw_engine_t *e)
 {
     if (pthread_create(&e->poller_thread, NULL, kvw__poller_main, e))
@@ -250,7 +294,9 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         return KVW_ERR_NO_MEMORY;
     if ((st = copy_layout(e, p)))
         return st;
-    if ((st = kvw__dev_open(p->device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)) ||
+    char picked[64];
+    const char *device = pick_device(e, p, picked, sizeof(picked));
+    if ((st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)) ||
         (st = kvw__dev_check_limits(e->dev, e->cfg.sq_depth, e->cfg.rq_depth)))
         return st;
     if ((st = kvw__mem_ctx_init(&e->mem, &e->cfg)) || (st = register_regions(e)) ||

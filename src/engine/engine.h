@@ -155,6 +155,7 @@ struct kvw_peer {
     bool busy;                 /* decode: a request depended on it at the last tick */
     uint64_t busy_since_ns;    /* decode: when it last turned busy (pinged at once then) */
     uint64_t hello_retry_ns;   /* decode: no HELLO_ACK by then, look the rank up again */
+    uint32_t hello_qpn;        /* prefill: decode's first QPN in its HELLO (a resend names it) */
     uint64_t missing_since_ns; /* decode: the bootstrap first said "not registered" */
 
     /* Liveness seen on the data path: the last pass that reaped a
@@ -374,6 +375,10 @@ struct kvw_engine {
      * and whose DISCONNECTED has not come yet: those closings concern no
      * peer and start no probe (kvw__prefill_on_monitor). */
     uint64_t unhandshaken_closes;
+    /* control (prefill): HELLOs received and not yet served, in arrival
+     * order from hellos[hello_head] (ctl_prefill.c, max_handshakes). */
+    struct kvw_pending_hello *hellos;
+    uint32_t hello_head, hello_count, hello_cap;
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;

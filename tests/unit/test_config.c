@@ -49,6 +49,7 @@ static const char *const env_names[] = {
     "KVW_STAGING_LANES",
     "KVW_QPS_PER_PEER",
     "KVW_POLL_BUSY_US",
+    "KVW_MAX_HANDSHAKES",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -388,6 +389,7 @@ static void test_print(void **state)
         {"staging_lanes", "KVW_STAGING_LANES", 2},
         {"qps_per_peer", "KVW_QPS_PER_PEER", 1},
         {"poll_busy_us", "KVW_POLL_BUSY_US", 0},
+        {"max_handshakes", "KVW_MAX_HANDSHAKES", 16},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);
