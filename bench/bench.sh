@@ -28,12 +28,12 @@
 # against its target: met (the whole interval on the right side), missed
 # (the whole interval on the wrong side), or not separable at this REPS.
 # Usage: bench.sh BUILD_DIR     env: KVW_BENCH_REPS (9), KVW_BENCH_SIZES ("2k 64k 1m lat
-#        layer idle storm"), LAYER_MS (20); REPS and SIZES also work when run by hand
+#        layer tp idle storm"), LAYER_MS (20); REPS and SIZES also work when run by hand
 set -u
 build=${1:-build}
 # KVW_BENCH_*: the test bed passes only KVW_* variables into the guest.
 reps=${KVW_BENCH_REPS:-${REPS:-9}}
-sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer idle storm"}}
+sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer tp idle storm"}}
 dev=${KVW_TB_DEV0:?run inside tests/tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)
@@ -273,6 +273,64 @@ case " $sizes " in *" layer "*)
         fails=$((fails + 1))
     fi
     latency_summary
+    ;;
+esac
+# Head slicing, prefill TP != decode TP (docs/head-slicing.md): a
+# Llama-like layout (8 KV heads of 128 x 2 B, K and V, 4 layers, 512 tokens,
+# fragmented pages in runs of 4 on average), pages of 16 and 64 tokens.
+# 2:1 (two prefill ranks of 4 heads into decode's 8: one write per token
+# row) against 1:1 with 8 heads; 1:2 (decode rank 0 of TP 2 takes 4 of
+# prefill's 8 heads: gather writes) against 1:1 with 4 heads: the same
+# decode bytes each time. Interleaved reps; the median of the per-rep
+# MB/s ratios, and WRs per request.
+tp_run() { # tag page rep args...
+    tag=$1 page=$2 rep=$3
+    shift 3
+    if "$build/kvwire-bench" --dev0 "$dev" --ip0 "$ip" --workload fragmented --contig 4 \
+        --layers 4 --tokens 512 --page-tokens "$page" --requests "${KVW_BENCH_TP_REQUESTS:-6}" \
+        --warmup 1 --inflight 2 --json --quiet "$@" >"$work/tp.json" 2>"$work/tp.err"; then
+        mb=$(sed -n 's/.*"MBps":\([0-9.]*\).*/\1/p' "$work/tp.json")
+        wr=$(sed -n 's/.*"wrs_per_req":\([0-9.]*\).*/\1/p' "$work/tp.json")
+        printf '%s\t%s\t%s\t%s\n' "$tag $page" "$rep" "$mb" "$wr" >>"$work/tp.tsv"
+    else
+        note "kvwire-bench $tag, $page-token pages, failed:"
+        tail -3 "$work/tp.err" >&2
+        fails=$((fails + 1))
+    fi
+}
+case " $sizes " in *" tp "*)
+    echo
+    echo "== head slicing: prefill TP : decode TP vs equal TP ($reps reps, interleaved, $dev -> itself)"
+    : >"$work/tp.tsv"
+    for rep in $(seq 1 "$reps"); do
+        for page in 16 64; do
+            tp_run eq8 "$page" "$rep" --kv-heads 8
+            tp_run 2:1 "$page" "$rep" --kv-heads 8 --prefill-tp 2
+            tp_run eq4 "$page" "$rep" --kv-heads 4
+            tp_run 1:2 "$page" "$rep" --kv-heads 8 --decode-tp 2
+        done
+    done
+    awk -F'\t' '
+        { split($1, t, " "); mb[t[1], t[2], $2] = $3; wr[t[1], t[2]] = $4 }
+        function med(a, m,   i, j, x) {
+            for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { x = a[j]; a[j] = a[j-1]; a[j-1] = x }
+            return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
+        }
+        function row(tag, eq, page,   r, m, a, all) {
+            m = 0; all = ""
+            for (r = 1; r <= reps; r++)
+                if (mb[tag, page, r] > 0 && mb[eq, page, r] > 0) {
+                    a[++m] = mb[tag, page, r] / mb[eq, page, r]
+                    all = all sprintf("%s%.2f", m > 1 ? " " : "", a[m])
+                }
+            printf "| %s | %s | %s / %s | %s | %s |\n", tag, page, wr[tag, page], wr[eq, page],
+                m ? sprintf("%.2fx", med(a, m)) : "n/a", all
+        }
+        END {
+            print "| P:D | page tokens | WRs/request, sliced / equal TP | MB/s ratio, median | per rep |"
+            print "|---|---|---|---|---|"
+            for (p = 16; p <= 64; p *= 4) { row("2:1", "eq8", p); row("1:2", "eq4", p) }
+        }' reps="$reps" "$work/tp.tsv"
     ;;
 esac
 # Idle cost, measured (make check asserts only wake-up counts): a prefill

@@ -425,10 +425,11 @@ typedef struct kvw_group {
  * receives them from it with gather writes (several token or page slices
  * per RDMA write, no write per token). Supported now: a decode receiver
  * takes all its heads from the one prefill rank it names (decode TP >=
- * prefill TP; with GQA or MLA replication, name one rank holding them); a
- * request for heads the rank does not hold fails with the ranges in its
- * reason. Not yet: decode receiving from several prefill ranks, staged GPU
- * memory (KVW_GPU_PATH=staging) on a sliced connection. */
+ * prefill TP; with GQA or MLA replication, name one rank holding them), or
+ * a receiver over several prefill ranks (kvw_receiver_create_ranks: decode
+ * TP < prefill TP); a request for heads the rank does not hold fails with
+ * the ranges in its reason. Not yet: staged GPU memory
+ * (KVW_GPU_PATH=staging) on a sliced connection. */
 typedef enum { KVW_PAGE_NHD = 0, KVW_PAGE_HND = 1 } kvw_page_order_t;
 
 typedef struct kvw_group_heads {
@@ -838,6 +839,45 @@ KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
 KVW_API kvw_status_t kvw_receiver_create_at(kvw_engine_t *engine, const char *endpoint,
                                             uint32_t prefill_rank, uint64_t room,
                                             kvw_receiver_t **receiver_p);
+/* Decode over several prefill ranks (head slicing with decode TP < prefill
+ * TP, docs/head-slicing.md): one receiver for a room whose heads come from
+ * num_ranks prefill ranks, each named by a bootstrap address and rank, or
+ * (bootstrap_addr NULL) a control endpoint as kvw_receiver_create_at. */
+typedef struct kvw_prefill_rank {
+    const char *bootstrap_addr; /* a bootstrap service; NULL: endpoint */
+    const char *endpoint;       /* "tcp://ip:port" of a prefill engine, when bootstrap_addr NULL */
+    uint32_t rank;
+} kvw_prefill_rank_t;
+
+typedef struct kvw_receiver_params {
+    size_t struct_size; /* sizeof(kvw_receiver_params_t) */
+    uint64_t room;
+    uint32_t num_ranks; /* 1..KVW_MAX_PREFILL_RANKS */
+    const kvw_prefill_rank_t *ranks;
+    /* New fields only at the end (sized structs, above). */
+} kvw_receiver_params_t;
+
+#define KVW_MAX_PREFILL_RANKS 64
+
+/* The receiver is used as any other (init, poll, failure, abort, metrics,
+ * destroy). Once every rank is connected it learns which heads each holds
+ * and asks each for the heads it sends (exactly one sender per head, the
+ * first rank in the list holding it, a rank keeping a run of heads it
+ * started; ranks holding only heads another sends owe nothing and finish
+ * at once, as do GQA replicas); the first rank owing heads also sends the
+ * aux item and the state. Success once every rank delivered; when one
+ * fails, the others are aborted and the receiver turns Failed only once
+ * every rank confirmed that nothing more lands, with a reason naming the
+ * rank that failed. Every KV group must describe its heads (group_heads),
+ * and the engine must register its memory directly (not staged):
+ * KVW_ERR_UNSUPPORTED otherwise; KVW_ERR_INVALID for a bad list (none,
+ * too many, the same rank twice). metrics' bytes are the sum over ranks.
+ * Each rank fills a slice of decode's rows: one RDMA write per token row
+ * (NHD) or per page (HND), as docs/head-slicing.md measures. */
+KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
+                                               const kvw_receiver_params_t *params,
+                                               kvw_receiver_t **receiver_p);
+
 /* Prefill side: what decode asked for in the request for this sender's
  * room, once it has arrived: its page count and whether it wants the aux
  * item (*aux_p: KVW_NO_AUX or 0). KVW_ERR_STATE while still Bootstrapping

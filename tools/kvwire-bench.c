@@ -12,6 +12,7 @@
  *                [--page-tokens T] [--item BYTES] [--tokens N]
  *                [--requests N] [--warmup N] [--inflight N] [--seed S]
  *                [--verify N|all] [--poll-us US] [--json] [--quiet] [--decode-tp D]
+ *                [--prefill-tp P]
  *
  * Item (bytes per page per layer, K or V) = kv_heads*head_dim*dtype_bytes*
  * page_tokens unless --item; pages per request = ceil(tokens/page_tokens).
@@ -22,6 +23,11 @@
  * item is 1/D of prefill's, and each write gathers token slices. The
  * figures (bytes, GB/s) are decode's bytes; compare with --decode-tp 1 and
  * --kv-heads kv_heads / D, the same bytes at equal TP.
+ * --prefill-tp P (1 by default; needs --decode-tp 1): the prefill process
+ * runs P engines, ranks 0..P-1, each holding kv_heads / P heads, and
+ * decode (all heads) receives each request from all P with one receiver
+ * (kvw_receiver_create_ranks): a strided destination, one write per token
+ * row. Compare with --prefill-tp 1, the same bytes at equal TP.
  * contiguous: each request's pages are one run on both sides (one WR per
  * K/V layer). fragmented: runs of 1..2C-1 pages (mean C) placed in random
  * order on each side (one WR per run per K/V layer).
@@ -74,6 +80,7 @@ typedef struct opts {
     bool fragmented, json, quiet;
     uint64_t layers, kv_heads, head_dim, dtype, page_tokens, item, tokens, contig;
     uint64_t decode_tp, src_item; /* head slicing: decode's share; prefill's item */
+    uint64_t prefill_tp;          /* prefill engines (ranks), each kv_heads / prefill_tp heads */
     uint64_t requests, warmup, inflight, seed, verify, poll_us, max_pool_mb, layer_ms;
     /* derived */
     uint64_t pages, total, dst_windows, src_windows, pool;
@@ -180,7 +187,13 @@ typedef struct memory {
     uint64_t n;
 } memory_t;
 
-static void alloc_memory(const opts_t *o, memory_t *m, bool prefill)
+/* Prefill rank k's contents: its own seed (rank 0 keeps the plain one). */
+static uint64_t rank_seed(const opts_t *o, uint64_t k)
+{
+    return o->seed + k * 7919;
+}
+
+static void alloc_memory(const opts_t *o, memory_t *m, bool prefill, uint64_t rank)
 {
     m->n = 2 * o->layers;
     m->kv = calloc(m->n, sizeof(kvw_region_t));
@@ -195,7 +208,7 @@ static void alloc_memory(const opts_t *o, memory_t *m, bool prefill)
             uint64_t *w = p;
             for (uint64_t pg = 0; pg < pages; pg++)
                 for (uint64_t i = 0; i < item / 8; i++)
-                    w[pg * (item / 8) + i] = content(o->seed, r, pg, i);
+                    w[pg * (item / 8) + i] = content(rank_seed(o, rank), r, pg, i);
         } else {
             memset(p, 0, len);
         }
@@ -211,20 +224,22 @@ static void free_memory(memory_t *m)
 }
 
 static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, bool prefill,
-                                 const char *bootstrap)
+                                 const char *bootstrap, uint64_t rank)
 {
-    /* Head slicing: prefill holds every head, decode the first 1/D. */
+    /* Head slicing: prefill rank k holds the k-th 1/P of the heads, decode
+     * the first 1/D. */
+    uint64_t pheads = o->kv_heads / o->prefill_tp;
     kvw_group_heads_t heads = {(uint32_t)o->kv_heads,
-                               0,
-                               (uint32_t)(prefill ? o->kv_heads : o->kv_heads / o->decode_tp),
+                               (uint32_t)(prefill ? rank * pheads : 0),
+                               (uint32_t)(prefill ? pheads : o->kv_heads / o->decode_tp),
                                (uint32_t)(o->head_dim * o->dtype),
                                (uint32_t)o->page_tokens,
                                KVW_PAGE_NHD};
     kvw_engine_params_t p = {
         .struct_size = sizeof(kvw_engine_params_t),
-        .group_heads = o->decode_tp > 1 ? &heads : NULL,
+        .group_heads = o->decode_tp > 1 || o->prefill_tp > 1 ? &heads : NULL,
         .role = prefill ? KVW_ROLE_PREFILL : KVW_ROLE_DECODE,
-        .engine_rank = 0,
+        .engine_rank = (uint32_t)rank,
         .device = prefill ? o->dev0 : o->dev1,
         .local_ip = prefill ? o->ip0 : o->ip1,
         .bootstrap_addr = bootstrap,
@@ -253,12 +268,21 @@ static uint64_t src_word(const opts_t *o, uint64_t j)
 static uint64_t verify_req(const opts_t *o, const memory_t *m, const req_plan_t *rp)
 {
     uint64_t bad = 0, words = o->item / 8;
+    uint64_t row = o->item / o->page_tokens, srow = row / o->prefill_tp;
     for (uint64_t r = 0; r < m->n; r++)
         for (uint64_t i = 0; i < o->pages; i++) {
             const uint64_t *w =
                 (const uint64_t *)((const uint8_t *)m->kv[r].addr + rp->dst[i] * o->item);
-            for (uint64_t j = 0; j < words; j++)
-                bad += w[j] != content(o->seed, r, rp->src[i], src_word(o, j));
+            for (uint64_t j = 0; j < words; j++) {
+                if (o->prefill_tp == 1) {
+                    bad += w[j] != content(o->seed, r, rp->src[i], src_word(o, j));
+                    continue;
+                }
+                /* Several prefill ranks: word j's token row, and in it whose
+                 * slice, at which word of that rank's row. */
+                uint64_t off = j * 8, t = off / row, in = off % row, k = in / srow;
+                bad += w[j] != content(rank_seed(o, k), r, rp->src[i], (t * srow + in % srow) / 8);
+            }
         }
     return bad * 8;
 }
@@ -276,11 +300,28 @@ typedef struct prefill_result {
     char why[160];
 } prefill_result_t;
 
+/* Engine counters summed over the prefill ranks. */
+static void counters_sum(kvw_engine_t *const *e, uint64_t n, kvw_counters_t *out)
+{
+    *out = (kvw_counters_t){0};
+    for (uint64_t k = 0; k < n; k++) {
+        kvw_counters_t c;
+        kvw_engine_counters(e[k], &c);
+        out->wrs_posted += c.wrs_posted;
+        out->chains_posted += c.chains_posted;
+        out->bytes_posted += c.bytes_posted;
+        out->completions += c.completions;
+        out->errors += c.errors;
+        out->cq_sleeps += c.cq_sleeps;
+    }
+}
+
 static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
 {
     prefill_result_t res = {0};
-    memory_t m;
-    alloc_memory(o, &m, true);
+    uint64_t np = o->prefill_tp;
+    memory_t *m = calloc(np, sizeof(*m));
+    kvw_engine_t **e = calloc(np, sizeof(*e));
     char bind[96];
     snprintf(bind, sizeof(bind), "%s:0", o->ip0);
     kvw_bootstrap_t *bs;
@@ -290,22 +331,29 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
     kvw_status_t st = kvw_bootstrap_create(&bp, &bs);
     if (st)
         die("prefill", "starting the embedded bootstrap service", st, NULL);
-    kvw_engine_t *e = make_engine(o, &m, true, kvw_bootstrap_addr(bs));
+    for (uint64_t k = 0; k < np; k++) {
+        alloc_memory(o, &m[k], true, k);
+        e[k] = make_engine(o, &m[k], true, kvw_bootstrap_addr(bs), k);
+    }
     char addr[128];
     snprintf(addr, sizeof(addr), "%s", kvw_bootstrap_addr(bs));
     if (write(addr_fd, addr, strlen(addr) + 1) < 0)
         exit(1);
     close(addr_fd);
 
-    kvw_sender_t **s = calloc(o->total, sizeof(*s));
+    /* Request k's sender on rank j: s[k * np + j]. */
+    kvw_sender_t **s = calloc(o->total * np, sizeof(*s));
     for (uint64_t k = 0; k < o->total; k++) {
         req_plan_t rp;
         plan_req(o, k, &rp);
-        st = kvw_sender_create(e, rp.room, &s[k]);
-        if (!st)
-            st = kvw_sender_init(s[k], o->pages, KVW_NO_AUX);
-        if (!st)
-            st = kvw_sender_send(s[k], rp.src, o->pages);
+        for (uint64_t j = 0; j < np && !st; j++) {
+            kvw_sender_t **x = &s[k * np + j];
+            st = kvw_sender_create(e[j], rp.room, x);
+            if (!st)
+                st = kvw_sender_init(*x, o->pages, KVW_NO_AUX);
+            if (!st)
+                st = kvw_sender_send(*x, rp.src, o->pages);
+        }
         free_req(&rp);
         if (st)
             die("prefill", "starting a sender", st, NULL);
@@ -317,24 +365,24 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
     if (started) {
         t0 = now_s();
         cpu0 = cpu_s();
-        kvw_engine_counters(e, &c0);
+        counters_sum(e, np, &c0);
     }
-    while (next < o->total) {
+    while (next < o->total * np) {
         kvw_poll_t p = kvw_sender_poll(s[next]);
         if (p == KVW_POLL_FAILED) {
             const char *why = "";
             kvw_status_t fst = kvw_sender_failure(s[next], &why);
-            snprintf(res.why, sizeof(res.why), "room %" PRIu64 ": %s: %s", next, kvw_strerror(fst),
-                     why);
+            snprintf(res.why, sizeof(res.why), "room %" PRIu64 " rank %" PRIu64 ": %s: %s",
+                     next / np, next % np, kvw_strerror(fst), why);
             res.failed++;
         }
         if (p == KVW_POLL_SUCCESS || p == KVW_POLL_FAILED) {
             next++;
-            if (!started && next == o->warmup) {
+            if (!started && next == o->warmup * np) {
                 started = true;
                 t0 = now_s();
                 cpu0 = cpu_s();
-                kvw_engine_counters(e, &c0);
+                counters_sum(e, np, &c0);
             }
             continue;
         }
@@ -342,7 +390,7 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
     }
     res.wall_s = now_s() - t0;
     res.cpu_s = cpu_s() - cpu0;
-    kvw_engine_counters(e, &c1);
+    counters_sum(e, np, &c1);
     res.wrs = c1.wrs_posted - c0.wrs_posted;
     res.chains = c1.chains_posted - c0.chains_posted;
     res.bytes = c1.bytes_posted - c0.bytes_posted;
@@ -352,19 +400,23 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
     res.bytes_total = c1.bytes_posted;
     res.cq_sleeps = c1.cq_sleeps - c0.cq_sleeps;
     res.rc = res.failed != 0;
-    for (uint64_t k = 0; k < o->total; k++)
+    for (uint64_t k = 0; k < o->total * np; k++)
         kvw_sender_destroy(s[k]);
     free(s);
     if (write(result_fd, &res, sizeof(res)) != (ssize_t)sizeof(res))
         res.rc = 1;
     close(result_fd);
-    /* Keep the engine up until decode has seen every request land. */
+    /* Keep the engines up until decode has seen every request land. */
     char b;
     while (read(done_fd, &b, 1) < 0 && errno == EINTR)
         ;
-    kvw_engine_destroy(e);
+    for (uint64_t k = 0; k < np; k++) {
+        kvw_engine_destroy(e[k]);
+        free_memory(&m[k]);
+    }
     kvw_bootstrap_destroy(bs);
-    free_memory(&m);
+    free(e);
+    free(m);
     return res.rc;
 }
 
@@ -392,6 +444,22 @@ typedef struct slot {
     bool busy;
 } slot_t;
 
+/* A request's receiver: from prefill rank 0, or from every rank. */
+static kvw_status_t create_receiver(const opts_t *o, kvw_engine_t *e, const char *bootstrap,
+                                    uint64_t room, kvw_receiver_t **rx)
+{
+    if (o->prefill_tp == 1)
+        return kvw_receiver_create(e, bootstrap, 0, room, rx);
+    kvw_prefill_rank_t ranks[KVW_MAX_PREFILL_RANKS];
+    for (uint64_t k = 0; k < o->prefill_tp; k++)
+        ranks[k] = (kvw_prefill_rank_t){.bootstrap_addr = bootstrap, .rank = (uint32_t)k};
+    kvw_receiver_params_t rp = {.struct_size = sizeof(rp),
+                                .room = room,
+                                .num_ranks = (uint32_t)o->prefill_tp,
+                                .ranks = ranks};
+    return kvw_receiver_create_ranks(e, &rp, rx);
+}
+
 /* Run requests [from, to) keeping o->inflight in flight. */
 static void run_phase(const opts_t *o, kvw_engine_t *e, const char *bootstrap, const memory_t *m,
                       uint64_t from, uint64_t to, double *lat, uint64_t *bad, uint64_t *verified,
@@ -408,7 +476,7 @@ static void run_phase(const opts_t *o, kvw_engine_t *e, const char *bootstrap, c
             if (!x->busy && next < to) {
                 x->k = next++;
                 plan_req(o, x->k, &x->rp);
-                kvw_status_t st = kvw_receiver_create(e, bootstrap, 0, x->rp.room, &x->rx);
+                kvw_status_t st = create_receiver(o, e, bootstrap, x->rp.room, &x->rx);
                 x->start = now_s();
                 if (!st)
                     st = kvw_receiver_init(x->rx, x->rp.dst, o->pages, KVW_NO_AUX);
@@ -481,8 +549,8 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
         return 1;
     }
     memory_t m;
-    alloc_memory(o, &m, false);
-    kvw_engine_t *e = make_engine(o, &m, false, NULL);
+    alloc_memory(o, &m, false, 0);
+    kvw_engine_t *e = make_engine(o, &m, false, NULL, 0);
     double *lat = calloc(o->total, sizeof(double));
     uint64_t bad = 0, verified = 0;
     if (o->warmup)
@@ -526,7 +594,7 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
     }
     /* Sliced: gather writes, as many as the device's entries allow: the
      * plan's count is what was posted. */
-    uint64_t want_wrs = o->decode_tp > 1 ? pr.wrs_total : 2 * o->layers * runs;
+    uint64_t want_wrs = o->decode_tp > 1 || o->prefill_tp > 1 ? pr.wrs_total : 2 * o->layers * runs;
     double all_bytes =
         (double)o->total * (double)o->pages * (double)o->item * 2.0 * (double)o->layers;
     double bytes =
@@ -554,6 +622,8 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
         printf("  %-26s %.0f (%.0f B/WR; %" PRIu64 " WRs in the window; %" PRIu64
                " in all, planned %" PRIu64 ")\n",
                "WRs/s", wrs, msg, pr.wrs, pr.wrs_total, want_wrs);
+        printf("  %-26s %.1f (prefill TP %" PRIu64 ", decode TP %" PRIu64 ")\n", "WRs/request",
+               (double)pr.wrs_total / (double)o->total, o->prefill_tp, o->decode_tp);
         printf("  %-26s %.2f (%.1f WRs/chain)\n", "chains (doorbells)/request", chains_per_req,
                pr.chains ? (double)pr.wrs / (double)pr.chains : 0.0);
         printf("  %-26s p50 %.3f ms, p99 %.3f ms\n", "latency init->Success", p50, p99);
@@ -573,15 +643,16 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
                ",\"contig\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"inflight\":%" PRIu64
                ",\"bytes\":%.0f,\"seconds\":%.6f,\"GBps\":%.6f,"
                "\"MBps\":%.3f,\"req_per_s\":%.3f,\"wrs\":%" PRIu64 ",\"wrs_planned\":%" PRIu64
-               ",\"wrs_per_s\":%.1f,\"bytes_per_wr\":%.1f,\"chains\":%" PRIu64
+               ",\"wrs_per_req\":%.1f,\"wrs_per_s\":%.1f,\"bytes_per_wr\":%.1f,\"chains\":%" PRIu64
                ",\"chains_per_req\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
                "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"prefill_cpu_s_per_GB\":%.3f,"
                "\"decode_cpu_s_per_GB\":%.3f,\"prefill_cq_sleeps\":%" PRIu64
                ",\"verified\":%" PRIu64 ",\"bad_bytes\":%" PRIu64 ",\"ok\":%s}\n",
                o->fragmented ? "fragmented" : "contiguous", o->layers, o->pages, o->item, o->contig,
                o->requests, o->inflight, bytes, dt, gbps, gbps * 1e3, reqs, pr.wrs_total, want_wrs,
-               wrs, msg, pr.chains, chains_per_req, p50, p99, pr.cpu_s, cpu, pcpu_gb, dcpu_gb,
-               pr.cq_sleeps, verified, bad, rc ? "false" : "true");
+               (double)pr.wrs_total / (double)o->total, wrs, msg, pr.chains, chains_per_req, p50,
+               p99, pr.cpu_s, cpu, pcpu_gb, dcpu_gb, pr.cq_sleeps, verified, bad,
+               rc ? "false" : "true");
     free(lat);
     kvw_engine_destroy(e);
     free_memory(&m);
@@ -601,7 +672,8 @@ static void usage(void)
             "            --verify N|all (all) --poll-us US (50; 0 = yield) --max-pool-mb MB (512)\n"
             "  output:   --json (one JSON line) --quiet (no table, no progress)\n"
             "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer)\n"
-            "  head slicing: --decode-tp D (1): prefill TP 1, decode rank 0 of TP D\n");
+            "  head slicing: --decode-tp D (1): prefill TP 1, decode rank 0 of TP D\n"
+            "                --prefill-tp P (1): P prefill ranks, decode TP 1 takes from all\n");
     exit(2);
 }
 
@@ -620,21 +692,19 @@ static void parse(int argc, char **argv, opts_t *o)
                   .seed = 1,
                   .verify = UINT64_MAX,
                   .decode_tp = 1,
+                  .prefill_tp = 1,
                   .poll_us = 50,
                   .max_pool_mb = 512};
-    static const struct option lo[] = {{"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},
-                                       {"dev1", 1, 0, 'D'},        {"ip1", 1, 0, 'I'},
-                                       {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
-                                       {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},
-                                       {"head-dim", 1, 0, 'h'},    {"dtype-bytes", 1, 0, 'b'},
-                                       {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
-                                       {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},
-                                       {"warmup", 1, 0, 'W'},      {"inflight", 1, 0, 'f'},
-                                       {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
-                                       {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
-                                       {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
-                                       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
-                                       {"decode-tp", 1, 0, 'X'},   {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},         {"dev1", 1, 0, 'D'},
+        {"ip1", 1, 0, 'I'},         {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
+        {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},    {"head-dim", 1, 0, 'h'},
+        {"dtype-bytes", 1, 0, 'b'}, {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
+        {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},    {"warmup", 1, 0, 'W'},
+        {"inflight", 1, 0, 'f'},    {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
+        {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'}, {"json", 0, 0, 'j'},
+        {"quiet", 0, 0, 'q'},       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
+        {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},  {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
@@ -714,6 +784,9 @@ static void parse(int argc, char **argv, opts_t *o)
         case 'X':
             o->decode_tp = v;
             break;
+        case 'P':
+            o->prefill_tp = v;
+            break;
         default:
             usage();
         }
@@ -729,9 +802,15 @@ static void parse(int argc, char **argv, opts_t *o)
         fprintf(stderr, "kvwire-bench: --decode-tp must divide --kv-heads (and needs no --item)\n");
         exit(2);
     }
+    if (!o->prefill_tp || o->prefill_tp > KVW_MAX_PREFILL_RANKS || o->kv_heads % o->prefill_tp ||
+        (o->prefill_tp > 1 && (o->decode_tp > 1 || o->item || o->layer_ms))) {
+        fprintf(stderr, "kvwire-bench: --prefill-tp must divide --kv-heads (and needs "
+                        "--decode-tp 1, no --item, no --layer-ms)\n");
+        exit(2);
+    }
     if (!o->item)
         o->item = o->kv_heads / o->decode_tp * o->head_dim * o->dtype * o->page_tokens;
-    o->src_item = o->item * o->decode_tp;
+    o->src_item = o->item * o->decode_tp / o->prefill_tp;
     if (!o->item || o->item % 8) {
         fprintf(stderr, "kvwire-bench: item size %" PRIu64 " must be a positive multiple of 8\n",
                 o->item);
@@ -934,8 +1013,8 @@ static double zmq_round_trip(const char *ip, int n)
 static int run_layerwise(const opts_t *o)
 {
     memory_t pm, dm;
-    alloc_memory(o, &pm, true);
-    alloc_memory(o, &dm, false);
+    alloc_memory(o, &pm, true, 0);
+    alloc_memory(o, &dm, false, 0);
     char bind[96];
     snprintf(bind, sizeof(bind), "%s:0", o->ip0);
     kvw_bootstrap_t *bs;
@@ -945,8 +1024,8 @@ static int run_layerwise(const opts_t *o)
     kvw_status_t st = kvw_bootstrap_create(&bp, &bs);
     if (st)
         die("layer-wise", "starting the bootstrap service", st, NULL);
-    kvw_engine_t *pe = make_engine(o, &pm, true, kvw_bootstrap_addr(bs));
-    kvw_engine_t *de = make_engine(o, &dm, false, NULL);
+    kvw_engine_t *pe = make_engine(o, &pm, true, kvw_bootstrap_addr(bs), 0);
+    kvw_engine_t *de = make_engine(o, &dm, false, NULL, 0);
     uint64_t n = o->requests;
     double *at_end = calloc(n, sizeof(double)), *streamed = calloc(n, sizeof(double));
     double *to_post = calloc(n, sizeof(double)), *to_landed = calloc(n, sizeof(double));

@@ -195,6 +195,23 @@ class kvw_req_metrics_t(Structure):
     ]
 
 
+class kvw_prefill_rank_t(Structure):
+    _fields_ = [
+        ("bootstrap_addr", c_char_p),
+        ("endpoint", c_char_p),
+        ("rank", c_uint32),
+    ]
+
+
+class kvw_receiver_params_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("room", c_uint64),
+        ("num_ranks", c_uint32),
+        ("ranks", POINTER(kvw_prefill_rank_t)),
+    ]
+
+
 STRUCTS = {
     "kvw_config_t": kvw_config_t,
     "kvw_region_t": kvw_region_t,
@@ -207,6 +224,8 @@ STRUCTS = {
     "kvw_state_list_t": kvw_state_list_t,
     "kvw_part_t": kvw_part_t,
     "kvw_req_metrics_t": kvw_req_metrics_t,
+    "kvw_prefill_rank_t": kvw_prefill_rank_t,
+    "kvw_receiver_params_t": kvw_receiver_params_t,
 }
 
 LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)

@@ -147,8 +147,9 @@ size_t kvw__wire_size(const kvw_msg_t *m)
                strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
-        body = 8 + 4 + 4 + 4 + 4 + 8 * ((size_t)m->u.request.num_pages + m->u.request.num_state) +
-               4 + 4 * (size_t)m->u.request.num_state_lists;
+        body = 8 + 4 + 4 + 4 + 4 + KVW_WIRE_HEADS_LEN +
+               8 * ((size_t)m->u.request.num_pages + m->u.request.num_state) + 4 +
+               4 * (size_t)m->u.request.num_state_lists;
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -224,6 +225,10 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.request.aux_index, 4);
         put_le(w, m->u.request.num_pages, 4);
         put_le(w, m->u.request.num_state, 4);
+        /* head range (wire 7) */
+        put_le(w, m->u.request.heads_flags, 4);
+        put_le(w, m->u.request.head_first, 4);
+        put_le(w, m->u.request.head_count, 4);
         for (size_t i = 0; i < (size_t)m->u.request.num_pages + m->u.request.num_state; i++)
             put_le(w, m->u.request.pages[i], 8);
         /* Wire 6: the state lists. */
@@ -411,8 +416,20 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     m->u.request.aux_index = (uint32_t)get_le(r, 4);
     m->u.request.num_pages = (uint32_t)get_le(r, 4);
     m->u.request.num_state = (uint32_t)get_le(r, 4);
+    /* head range (wire 7) */
+    m->u.request.heads_flags = (uint32_t)get_le(r, 4);
+    m->u.request.head_first = (uint32_t)get_le(r, 4);
+    m->u.request.head_count = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "REQUEST truncated");
+    if (m->u.request.heads_flags & ~KVW_WIRE_HEADS_FLAGS)
+        return fail(reason, rsize, "REQUEST: unknown head flags 0x%x", m->u.request.heads_flags);
+    if (!(m->u.request.heads_flags & KVW_WIRE_HEADS_RANGE) &&
+        (m->u.request.head_first || m->u.request.head_count))
+        return fail(reason, rsize, "REQUEST: a head range without its flag");
+    if ((uint64_t)m->u.request.head_first + m->u.request.head_count > UINT32_MAX)
+        return fail(reason, rsize, "REQUEST: head range [%u, +%u) overflows",
+                    m->u.request.head_first, m->u.request.head_count);
     if (m->u.request.token & ~KVW_WIRE_TOKEN_MASK)
         return fail(reason, rsize, "REQUEST: token 0x%x has more than 28 bits", m->u.request.token);
     uint64_t n = (uint64_t)m->u.request.num_pages + m->u.request.num_state;

@@ -10,8 +10,9 @@
 
 #define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
 /* 5: HELLO's groups carry their heads (head slicing); 6: REQUEST carries
- * an index list per state group */
-#define KVW_WIRE_VERSION 6
+ * an index list per state group; 7: REQUEST carries the head range decode
+ * asks this prefill rank for (decode over several ranks) */
+#define KVW_WIRE_VERSION 7
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -24,10 +25,23 @@
 #define KVW_WIRE_TOKEN_MASK 0x0fffffffu
 #define KVW_WIRE_IMM_COUNT_SHIFT 28
 #define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi page and state indices per request */
+/* REQUEST's head range (wire 7): flags, first head, head count. */
+#define KVW_WIRE_HEADS_LEN 12u
+enum {
+    /* The request names a head range: prefill sends decode's heads [first,
+     * first + count) of every described KV group (count 0: none, it owes
+     * nothing); without it, all of decode's heads. */
+    KVW_WIRE_HEADS_RANGE = 1u,
+    /* Another prefill rank sends the aux item and the state: this rank's
+     * aux_index and state list are empty whatever its sender declares. */
+    KVW_WIRE_HEADS_NO_REST = 2u,
+    KVW_WIRE_HEADS_FLAGS = 3u, /* every known flag */
+};
 /* The largest valid message (a REQUEST of KVW_WIRE_MAX_PAGES pages): ZeroMQ
  * drops anything longer before we buffer it. */
 #define KVW_WIRE_MAX_MSG                                                                           \
-    (KVW_WIRE_HEADER_LEN + 24u + 8u * KVW_WIRE_MAX_PAGES + KVW_WIRE_STATE_LISTS_MAX_LEN)
+    (KVW_WIRE_HEADER_LEN + 24u + KVW_WIRE_HEADS_LEN + 8u * KVW_WIRE_MAX_PAGES +                    \
+     KVW_WIRE_STATE_LISTS_MAX_LEN)
 /* REQUEST's state lists (after its indices): a count, then one count of
  * indices per state group. */
 #define KVW_WIRE_STATE_LISTS_MAX_LEN (4u + 4u * KVW_WIRE_MAX_GROUPS)
@@ -95,6 +109,9 @@ typedef struct kvw_msg {
             uint32_t aux_index;
             uint32_t num_pages;
             uint32_t num_state;
+            /* Head slicing over several prefill ranks (wire 7): KVW_WIRE_HEADS_*
+             * flags and the range; all 0 for a request of all decode's heads. */
+            uint32_t heads_flags, head_first, head_count;
             uint64_t *pages; /* num_pages, then num_state state indices; owned by the msg */
             /* Wire 6, state lists: the num_state indices are state group
              * 0's state_counts[0], then group 1's, ... (num_state_lists

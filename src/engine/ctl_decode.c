@@ -475,6 +475,12 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     m.u.request.num_pages = (uint32_t)r->rx.npages;
     m.u.request.num_state = (uint32_t)r->rx.nstate;
     m.u.request.pages = r->stage.slots ? r->stage.slots : r->rx.pages;
+    if (r->rx.heads_set) { /* one rank of several (rxset.c): its heads, maybe the rest */
+        m.u.request.heads_flags =
+            KVW_WIRE_HEADS_RANGE | (r->rx.no_rest ? KVW_WIRE_HEADS_NO_REST : 0u);
+        m.u.request.head_first = r->rx.heads.first;
+        m.u.request.head_count = r->rx.heads.count;
+    }
     /* Wire 6: each state group's own list (the indices are in group order). */
     m.u.request.num_state_lists = r->engine->layout.num_state_groups;
     for (uint32_t i = 0; i < m.u.request.num_state_lists; i++)
@@ -555,7 +561,7 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
     if (p && atomic_load(&p->state) == PEER_CONNECTED) {
         if (s == KVW_POLL_BOOTSTRAPPING)
             atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
-        if (r->rx.request_due && !ended)
+        if (r->rx.request_due && !ended && kvw__rxset_ready_locked(r))
             send_request_locked(e, r);
         if (r->rx.abort_due)
             send_abort_locked(r);

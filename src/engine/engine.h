@@ -87,6 +87,7 @@ typedef struct kvw_seg {
      * of kvw__heads_next, slot by slot over layers [lb, le), before the
      * plan's state and aux writes (its KV part is left empty). Poller. */
     bool sliced, slices_done;
+    const kvw_heads_geom_t *kv_geom; /* the request's (tx.kv_geom) or the peer's */
     uint32_t hslot;
     kvw_heads_cursor_t hcursor;
     uint64_t writes_total, writes_built; /* poller (total: set when planned) */
@@ -133,6 +134,10 @@ struct kvw_peer {
      * which): its requests fail. */
     bool sliced, slice_bad;
     kvw_heads_geom_t *kv_geom;
+    /* The peer's heads for each KV slot j (kv_per_layer entries; total 0:
+     * not described), kept by the handshake: prefill plans a request's head
+     * range against them, decode assigns its heads over several ranks. */
+    kvw_heads_t *kv_theirs;
     uint32_t max_sge;
     char slice_why[KVW_WIRE_REASON_MAX];
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
@@ -213,6 +218,13 @@ typedef struct kvw_req_tx {
     uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
     uint32_t final_lane;              /* the lane of its last write */
     _Atomic uint64_t writes_posted;   /* poller writes, anyone reads */
+    /* (lock, fixed once have_dst) Decode over several prefill ranks: the
+     * REQUEST named a head range. KV slot j's writes follow kv_geom[j]
+     * (kv_per_layer entries) instead of the peer's; owes_none: the range is
+     * empty, no KV write at all. NULL and false for all of decode's heads. */
+    kvw_heads_geom_t *kv_geom;
+    bool owes_none;
+    bool no_rest; /* another rank sends decode the aux item and the state */
 } kvw_req_tx_t;
 
 /* A receiver's side of a request (decode; kvw_receiver_*, receiver.c and
@@ -236,6 +248,14 @@ typedef struct kvw_req_rx {
     uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
     uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
+    /* Decode over several prefill ranks (rxset.c): the set this request is
+     * one rank's member of, fixed by create and cleared (lock) by the set's
+     * destroy; NULL for a plain receiver. Once the set assigned the heads
+     * (lock): the REQUEST asks for heads only, and no_rest members leave
+     * the aux item and the state to another rank. */
+    struct kvw_rxset *set;
+    bool heads_set, no_rest;
+    kvw_head_range_t heads;
 } kvw_req_rx_t;
 
 /* A request's staging through host memory (engine/stager.h), on engines
@@ -500,6 +520,32 @@ void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char 
  * its sender fails too instead of waiting for a request that never comes.
  * One waiting for staging slots leaves its place to the next. */
 void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why);
+/* receiver.c, for rxset.c: one member's creation (member: rooms may repeat
+ * over ranks), init, abort under the lock, and destroy. */
+kvw_status_t kvw__receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
+                                  uint64_t room, bool member, kvw_req_t **r_p);
+kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
+                                    const kvw_state_list_t *lists, size_t num_lists);
+void kvw__receiver_abort_locked(kvw_req_t *r, const char *why);
+void kvw__receiver_end(kvw_req_t *r);
+void kvw__receiver_destroy_one(kvw_req_t *r);
+/* rxset.c: a receiver over several prefill ranks (kvw_receiver_create_ranks).
+ * The public receiver calls on a set's handle (its member 0) land here. */
+typedef struct kvw_rxset kvw_rxset_t;
+kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x,
+                             const kvw_state_list_t *lists, size_t num_lists);
+kvw_poll_t kvw__rxset_poll(kvw_rxset_t *set);
+kvw_status_t kvw__rxset_failure(kvw_rxset_t *set, const char **reason_p);
+kvw_status_t kvw__rxset_abort(kvw_rxset_t *set);
+kvw_status_t kvw__rxset_metrics(kvw_rxset_t *set, kvw_req_metrics_t *m);
+void kvw__rxset_destroy(kvw_rxset_t *set);
+/* (lock) A member failed: abort the others, keep the first reason. */
+void kvw__rxset_member_failed_locked(kvw_req_t *r);
+/* (lock) May r's REQUEST go? Always for a plain receiver; for a member,
+ * once every member's rank is connected and the heads are assigned (the
+ * first call that finds them connected assigns them and touches every
+ * member). */
+bool kvw__rxset_ready_locked(kvw_req_t *r);
 /* Poller: r left the poller's queues and none of its writes is in flight. */
 void kvw__req_drained(kvw_req_t *r);
 /* (lock) Plan the parts handed over so far (once decode's request is

@@ -58,7 +58,7 @@ void kvw__seg_slice_plan(const kvw_peer_t *p, const kvw_layout_t *l, const kvw_s
                          size_t slot, kvw_heads_plan_t *hp)
 {
     const kvw_plan_region_t *g = &p->regions[l->kv_slots[slot]];
-    *hp = (kvw_heads_plan_t){.geom = p->kv_geom[slot % l->kv_per_layer],
+    *hp = (kvw_heads_plan_t){.geom = s->kv_geom[slot % l->kv_per_layer],
                              .local_addr = g->local_addr,
                              .remote_addr = g->remote_addr,
                              .lkey = g->lkey,

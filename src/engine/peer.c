@@ -164,6 +164,7 @@ void kvw__peer_destroy(kvw_peer_t *p)
     }
     free(p->regions);
     free(p->kv_geom);
+    free(p->kv_theirs);
     free(p);
 }
 
@@ -233,6 +234,24 @@ static kvw_status_t plan_slices(kvw_peer_t *p, const kvw_layout_group_t *peer)
     return KVW_OK;
 }
 
+/* The peer's heads of each KV slot's group, for head ranges planned per
+ * request (prefill) and over several ranks (decode). */
+static kvw_status_t keep_peer_heads(kvw_peer_t *p, const kvw_layout_group_t *peer)
+{
+    const kvw_layout_t *l = &p->engine->layout;
+    free(p->kv_theirs);
+    p->kv_theirs = calloc(l->kv_per_layer, sizeof(*p->kv_theirs));
+    if (!p->kv_theirs)
+        return KVW_ERR_NO_MEMORY;
+    for (uint32_t j = 0; j < l->kv_per_layer; j++) {
+        uint32_t r = l->kv_slots[j], g = 0;
+        while (g + 1 < l->num_groups && r >= l->groups[g + 1].first)
+            g++;
+        p->kv_theirs[j] = peer[g].heads;
+    }
+    return KVW_OK;
+}
+
 /* The peer's layout must pair with ours (kvw__layout_compare): the same
  * groups, heads described alike, and the same item length region for
  * region where heads are not described, or pages would land misaligned.
@@ -296,6 +315,8 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
         kvw__layout_state_limits(&e->layout, items, p->remote_state_max);
     }
     free(items);
+    if (!st && e->layout_heads)
+        st = keep_peer_heads(p, peer);
     p->sliced = !st && kvw__layout_sliced(l, peer, ng);
     if (p->sliced && e->role == KVW_ROLE_PREFILL)
         st = plan_slices(p, peer);

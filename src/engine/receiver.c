@@ -41,7 +41,7 @@ static void receiver_abort_landed_locked(kvw_req_t *r, kvw_status_t st, const ch
 }
 
 /* (lock) Give up a receiver that has not ended. */
-static void receiver_abort_locked(kvw_req_t *r, const char *why)
+void kvw__receiver_abort_locked(kvw_req_t *r, const char *why)
 {
     if (r->rx.aborting)
         return; /* already waiting for prefill's confirmation */
@@ -60,12 +60,12 @@ static void receiver_abort_locked(kvw_req_t *r, const char *why)
  * peer_timeout_ms, which fails the request. A copy from the staging pool
  * to the GPU is local and always finishes: it is waited for however long
  * it takes, since the request ends only with it. */
-static void receiver_end(kvw_req_t *r)
+void kvw__receiver_end(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     if (!kvw__req_ended(r))
-        receiver_abort_locked(r, "receiver destroyed by the caller");
+        kvw__receiver_abort_locked(r, "receiver destroyed by the caller");
     pthread_mutex_unlock(&e->lock);
     uint64_t give_up = kvw__now_ns() + 2 * kvw__ms_ns(e->cfg.peer_timeout_ms) + kvw__ms_ns(1000);
     while (!kvw__req_ended(r) && (kvw__now_ns() < give_up || kvw__stager_copying(r))) {
@@ -87,14 +87,22 @@ static void receiver_free(kvw_req_t *r)
     free(r->rx.state_n);
 }
 
+/* (lock) One rank of a receiver over several failed: the others follow. */
+static void receiver_failed_locked(kvw_req_t *r)
+{
+    if (r->rx.set)
+        kvw__rxset_member_failed_locked(r);
+}
+
 const kvw_role_ops_t kvw__decode_ops = {
+    .failed_locked = receiver_failed_locked,
     .free = receiver_free,
 };
 
-static void receiver_destroy(kvw_req_t *r)
+void kvw__receiver_destroy_one(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
-    receiver_end(r);
+    kvw__receiver_end(r);
     kvw__stager_unreserve(r); /* if it ended: nothing lands in its slots any more */
     pthread_mutex_lock(&e->lock);
     kvw__token_release_locked(e, r);
@@ -108,17 +116,20 @@ static void receiver_destroy(kvw_req_t *r)
 /* addr: a bootstrap service's address, or (kvw_receiver_create_at) '@'
  * and a prefill engine's "tcp://ip:port", which the control thread dials
  * directly (ctl_decode.c); no bootstrap address starts with '@'. */
-static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
-                                    uint64_t room, kvw_receiver_t **recv_p)
+kvw_status_t kvw__receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
+                                  uint64_t room, bool member, kvw_req_t **r_p)
 {
     const char *bootstrap_addr = addr;
     bool direct = addr[0] == '@';
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = KVW_OK;
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_DECODE, room);
-    if (r && direct) /* one receiver per room and prefill endpoint: another endpoint may share it */
+    /* One receiver per room and prefill endpoint (or, for a set's members,
+     * rank): another endpoint or rank may share it. */
+    if (r && (direct || member))
         for (r = e->reqs; r && !(r->role == KVW_ROLE_DECODE && r->room == room &&
-                                 strcmp(r->rx.bootstrap_addr, addr) == 0);
+                                 strcmp(r->rx.bootstrap_addr, addr) == 0 &&
+                                 (direct || r->rx.prefill_rank == prefill_rank));
              r = r->next)
             ;
     if (r) {
@@ -135,6 +146,16 @@ static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t 
         kvw__req_touch_locked(r); /* attach it to a peer */
     }
     pthread_mutex_unlock(&e->lock);
+    if (!st)
+        *r_p = r;
+    return st;
+}
+
+static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
+                                    uint64_t room, kvw_receiver_t **recv_p)
+{
+    kvw_req_t *r = NULL;
+    kvw_status_t st = kvw__receiver_create(e, addr, prefill_rank, room, false, &r);
     if (!st)
         *recv_p = (kvw_receiver_t *)r;
     return st;
@@ -207,7 +228,14 @@ kvw_status_t kvw_receiver_init_lists(kvw_receiver_t *rc, const kvw_indices_t *x,
     if (!rc || !x || (x->num_pages && !x->pages) || (x->num_state && !x->state) ||
         (num_lists && !lists))
         return KVW_ERR_INVALID;
-    kvw_req_t *r = &rc->req;
+    if (rc->req.rx.set)
+        return kvw__rxset_init(rc->req.rx.set, x, lists, num_lists);
+    return kvw__receiver_init_one(&rc->req, x, lists, num_lists);
+}
+
+kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
+                                    const kvw_state_list_t *lists, size_t num_lists)
+{
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
     uint64_t *copy = NULL;
@@ -268,6 +296,8 @@ kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m
 {
     if (!rc || !m)
         return KVW_ERR_INVALID;
+    if (rc->req.rx.set)
+        return kvw__rxset_metrics(rc->req.rx.set, m);
     const kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
@@ -296,28 +326,36 @@ kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
 {
     if (!rc)
         return KVW_ERR_INVALID;
+    if (rc->req.rx.set)
+        return kvw__rxset_abort(rc->req.rx.set);
     kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = kvw__req_ended(r) ? KVW_ERR_STATE : KVW_OK;
     if (!st)
-        receiver_abort_locked(r, "aborted by the caller");
+        kvw__receiver_abort_locked(r, "aborted by the caller");
     pthread_mutex_unlock(&e->lock);
     return st;
 }
 
 kvw_poll_t kvw_receiver_poll(kvw_receiver_t *rc)
 {
+    if (rc->req.rx.set)
+        return kvw__rxset_poll(rc->req.rx.set);
     return kvw__req_poll(&rc->req);
 }
 
 kvw_status_t kvw_receiver_failure(const kvw_receiver_t *rc, const char **reason_p)
 {
+    if (rc->req.rx.set)
+        return kvw__rxset_failure(rc->req.rx.set, reason_p);
     return kvw__req_failure(&rc->req, reason_p);
 }
 
 void kvw_receiver_destroy(kvw_receiver_t *rc)
 {
-    if (rc)
-        receiver_destroy(&rc->req);
+    if (rc && rc->req.rx.set)
+        kvw__rxset_destroy(rc->req.rx.set);
+    else if (rc)
+        kvw__receiver_destroy_one(&rc->req);
 }

@@ -36,6 +36,7 @@ static void sender_free(kvw_req_t *r)
     free(r->tx.src_state_n);
     r->tx.src_state_n = NULL;
     free(r->tx.dst_pages);
+    free(r->tx.kv_geom);
     free(r->tx.dst_state_n);
 }
 
@@ -108,7 +109,9 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
     p->num_runs =
         kvw__plan_runs(s->src, r->tx.dst_pages ? r->tx.dst_pages + s->first : NULL, s->n, s->runs);
     p->runs = s->runs;
-    s->sliced = r->peer->sliced;
+    s->sliced = r->peer->sliced || r->tx.kv_geom || r->tx.owes_none;
+    s->kv_geom = r->tx.kv_geom ? r->tx.kv_geom : r->peer->kv_geom;
+    s->slices_done = r->tx.owes_none; /* a rank owing no heads: no KV write */
     if (s->sliced)
         p->layer_end = p->layer_begin; /* the KV writes are the head slices' */
     else if (s->n)
@@ -121,7 +124,7 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
         p->aux_src = r->tx.aux_index;
         p->aux_dst = r->tx.dst_aux;
     }
-    s->writes_total = kvw__plan_count(p) + (s->sliced ? slice_count(r, s) : 0);
+    s->writes_total = kvw__plan_count(p) + (s->sliced && !s->slices_done ? slice_count(r, s) : 0);
     return KVW_OK;
 }
 
@@ -165,9 +168,10 @@ kvw_status_t kvw__sender_feed_locked(kvw_req_t *r)
 {
     if (!r->tx.have_dst || !r->tx.segs_head || atomic_load(&r->state) == KVW_POLL_FAILED)
         return KVW_OK;
-    if (r->peer->sliced && r->peer->slice_bad)
+    bool ranged = r->tx.kv_geom || r->tx.owes_none; /* planned per request instead */
+    if (r->peer->sliced && r->peer->slice_bad && !ranged)
         return kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, r->peer->slice_why);
-    if (r->peer->sliced && kvw__stager_on(r->engine))
+    if ((r->peer->sliced || ranged) && kvw__stager_on(r->engine))
         return kvw__sender_fail_locked(r, KVW_ERR_UNSUPPORTED,
                                        "head slicing needs directly registered memory, not "
                                        "staged GPU memory");
@@ -257,7 +261,11 @@ static kvw_status_t check_request_state(const kvw_req_t *r, const kvw_peer_t *pe
         }
         off += n;
     }
-    int g = r->tx.have_state ? state_mismatch(l, r->tx.src_state_n, m->u.request.state_counts) : -1;
+    /* A rank leaving the state to another (head slicing) is asked for none. */
+    bool rest = !(m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST);
+    int g = r->tx.have_state && rest
+                ? state_mismatch(l, r->tx.src_state_n, m->u.request.state_counts)
+                : -1;
     if (g >= 0) {
         snprintf(why, size, "state group %u: decode asks for %u indices, prefill gave %u",
                  l->state_group[g], m->u.request.state_counts[g], r->tx.src_state_n[g]);
@@ -284,14 +292,20 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
     kvw_status_t st = check_request_state(r, peer, m, state, why, size);
     if (st)
         return st;
-    uint32_t aux = m->u.request.aux_index;
+    uint32_t aux = m->u.request.aux_index, ns = m->u.request.num_state;
+    /* Another prefill rank sends the aux item and state: ours are not asked. */
+    bool rest = !(m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST);
+    if (!rest && (aux != KVW_NO_AUX || ns)) {
+        snprintf(why, size, "decode says another rank sends aux and state, yet asks for them");
+        return KVW_ERR_PROTOCOL;
+    }
     if (aux != KVW_NO_AUX && aux >= peer->remote_max[KVW_LAYOUT_AUX]) {
         snprintf(why, size, "destination aux index %u outside decode's aux regions (%llu items)",
                  aux, (unsigned long long)peer->remote_max[KVW_LAYOUT_AUX]);
         return KVW_ERR_OUT_OF_RANGE;
     }
-    if (r->tx.inited &&
-        (r->tx.num_pages != n || (r->tx.aux_index == KVW_NO_AUX) != (aux == KVW_NO_AUX))) {
+    if (r->tx.inited && (r->tx.num_pages != n ||
+                         (rest && (r->tx.aux_index == KVW_NO_AUX) != (aux == KVW_NO_AUX)))) {
         snprintf(why, size, "decode asks for %u pages%s, prefill sends %zu%s", n,
                  aux == KVW_NO_AUX ? "" : " + aux", r->tx.num_pages,
                  r->tx.aux_index == KVW_NO_AUX ? "" : " + aux");
@@ -300,10 +314,63 @@ static kvw_status_t check_request(const kvw_req_t *r, const kvw_peer_t *peer, co
     return KVW_OK;
 }
 
+/* The KV group of our KV slot j. */
+static const kvw_heads_t *slot_heads(const kvw_layout_t *l, uint32_t j)
+{
+    uint32_t r = l->kv_slots[j], g = 0;
+    while (g + 1 < l->num_groups && r >= l->groups[g + 1].first)
+        g++;
+    return &l->groups[g].heads;
+}
+
+/* Decode over several prefill ranks: the head range its REQUEST asks of
+ * this rank, planned per KV slot against decode's heads (tx.kv_geom), or
+ * nothing owed. Every KV group must describe its heads on both sides. */
+static kvw_status_t accept_heads(kvw_req_t *r, const kvw_peer_t *peer, const kvw_msg_t *m,
+                                 char *why, size_t size)
+{
+    const kvw_layout_t *l = &r->engine->layout;
+    kvw_head_range_t want = {m->u.request.head_first, m->u.request.head_count};
+    if (!(m->u.request.heads_flags & KVW_WIRE_HEADS_RANGE))
+        return KVW_OK;
+    for (uint32_t j = 0; j < l->kv_per_layer; j++)
+        if (!slot_heads(l, j)->total || !peer->kv_theirs || !peer->kv_theirs[j].total) {
+            snprintf(why, size,
+                     "decode asks for heads [%u, %u), but KV slot %u does not describe its "
+                     "heads on both sides",
+                     want.first, want.first + want.count, j);
+            return KVW_ERR_UNSUPPORTED;
+        }
+    if (!want.count) {
+        r->tx.owes_none = true;
+        return KVW_OK;
+    }
+    const kvw_heads_t *d = &peer->kv_theirs[0];
+    if (!peer->sliced) { /* the same heads on both sides: all of them, or refused */
+        if (want.first == d->first && want.count == d->count)
+            return KVW_OK;
+        snprintf(why, size, "heads [%u, %u) of decode's [%u, %u): both sides hold the same heads",
+                 want.first, want.first + want.count, d->first, d->first + d->count);
+        return KVW_ERR_UNSUPPORTED;
+    }
+    kvw_heads_geom_t *g = calloc(l->kv_per_layer, sizeof(*g));
+    if (!g)
+        return KVW_ERR_NO_MEMORY;
+    for (uint32_t j = 0; j < l->kv_per_layer; j++)
+        if (kvw__heads_geom(slot_heads(l, j), &peer->kv_theirs[j], want, &g[j], why, size)) {
+            free(g);
+            return KVW_ERR_MISMATCH;
+        }
+    r->tx.kv_geom = g;
+    return KVW_OK;
+}
+
 kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
                                                char *why, size_t size)
 {
     kvw_status_t st = check_request(r, peer, m, why, size);
+    if (!st)
+        st = accept_heads(r, peer, m, why, size);
     if (st)
         return st;
     uint32_t n = m->u.request.num_pages, ns = m->u.request.num_state;
@@ -322,6 +389,7 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
     if (nl)
         memcpy(r->tx.dst_state_n, m->u.request.state_counts, nl * sizeof(uint32_t));
     r->tx.dst_aux = m->u.request.aux_index;
+    r->tx.no_rest = m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST;
     r->token = m->u.request.token;
     kvw__req_attach_locked(r, peer);
     r->tx.have_dst = true;
@@ -385,8 +453,9 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
     } else if ((st = kvw__check_count(e, KVW_LAYOUT_KV, num_pages, why, sizeof(why))) ||
                (st = kvw__check_aux(e, aux_index, why, sizeof(why)))) {
         kvw__sender_fail_locked(r, st, why);
-    } else if (r->tx.have_dst && (r->tx.num_pages != num_pages ||
-                                  (aux_index == KVW_NO_AUX) != (r->tx.dst_aux == KVW_NO_AUX))) {
+    } else if (r->tx.have_dst &&
+               (r->tx.num_pages != num_pages ||
+                (!r->tx.no_rest && (aux_index == KVW_NO_AUX) != (r->tx.dst_aux == KVW_NO_AUX)))) {
         snprintf(why, sizeof(why), "prefill sends %zu pages%s, decode asked for %zu%s", num_pages,
                  aux_index == KVW_NO_AUX ? "" : " + aux", r->tx.num_pages,
                  r->tx.dst_aux == KVW_NO_AUX ? "" : " + aux");
@@ -617,7 +686,8 @@ kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender, const uint64_t *s
     } else if (checked) {
         kvw__sender_fail_locked(r, checked, why);
         st = checked;
-    } else if (r->tx.have_dst && (g = state_mismatch(&e->layout, counts, r->tx.dst_state_n)) >= 0) {
+    } else if (r->tx.have_dst && !r->tx.no_rest &&
+               (g = state_mismatch(&e->layout, counts, r->tx.dst_state_n)) >= 0) {
         snprintf(why, sizeof(why), "state group %u: prefill gives %u indices, decode asked for %u",
                  e->layout.state_group[g], counts[g], r->tx.dst_state_n[g]);
         st = kvw__sender_fail_locked(r, KVW_ERR_MISMATCH, why);

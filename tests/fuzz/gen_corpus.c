@@ -159,6 +159,14 @@ static void prefill_seeds(const kvw_msg_t *all, size_t n)
     const uint8_t multi_flags[] = {FUZZ_MORE, 0, FUZZ_OTHER, FUZZ_OTHER | FUZZ_MORE, FUZZ_OTHER};
     const kvw_msg_t *multi[] = {req, ping, hello, req, ping};
     write_stream("prefill", "multipart-and-stranger", multi, multi_flags, 5);
+    /* Decode over several prefill ranks: a REQUEST naming a head range,
+     * leaving aux and state to another rank. */
+    kvw_msg_t ranged = *req;
+    ranged.u.request.aux_index = KVW_NO_AUX;
+    ranged.u.request.heads_flags = KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_NO_REST;
+    ranged.u.request.head_count = 1;
+    const kvw_msg_t *rtalk[] = {hello, credit, &ranged, ping};
+    write_stream("prefill", "ranged-request", rtalk, NULL, 4);
 }
 
 static void decode_seeds(const kvw_msg_t *all, size_t n)

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "plan/heads.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 
@@ -26,6 +27,7 @@ enum {
     POOL = 24, /* pages per region */
     AUX_ITEM = 64,
     MAX_DECODE = 4,
+    MAX_PREFILL = 8,
     CANARY = 0xee,
     WAIT_MS = 20000,
 };
@@ -41,8 +43,10 @@ typedef struct mem {
 
 static kvw_bootstrap_t *bs;
 static kvw_config_t cfg;
-static mem_t prefill, decode[MAX_DECODE];
+static mem_t prefill, decode[MAX_DECODE], prefills[MAX_PREFILL];
 static uint32_t page_tokens, order;
+static uint32_t total_heads = HEADS; /* the model's KV heads */
+static uint32_t engine_rank;         /* the next prefill engine's rank */
 
 static uint64_t page_len(const kvw_group_heads_t *h)
 {
@@ -65,7 +69,7 @@ static uint8_t value(uint32_t r, uint64_t p, uint32_t t, uint32_t head, uint32_t
 static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, uint32_t hb)
 {
     memset(m, 0, sizeof(*m));
-    m->heads[0] = (kvw_group_heads_t){HEADS, first, count, hb, page_tokens, order};
+    m->heads[0] = (kvw_group_heads_t){total_heads, first, count, hb, page_tokens, order};
     uint64_t pl = page_len(&m->heads[0]);
     for (uint32_t r = 0; r < 2 * LAYERS; r++) {
         m->buf[r] = malloc(pl * POOL);
@@ -95,6 +99,7 @@ static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, 
                              .bootstrap_addr =
                                  role == KVW_ROLE_PREFILL ? kvw_bootstrap_addr(bs) : NULL,
                              .config = &cfg,
+                             .engine_rank = role == KVW_ROLE_PREFILL ? engine_rank : 0,
                              .num_groups = 2,
                              .groups = m->groups,
                              .group_heads = m->heads};
@@ -128,6 +133,11 @@ static int teardown(void **state)
     for (int q = 0; q < MAX_DECODE; q++)
         if (decode[q].engine)
             mem_close(&decode[q]);
+    for (int k = 0; k < MAX_PREFILL; k++)
+        if (prefills[k].engine)
+            mem_close(&prefills[k]);
+    total_heads = HEADS;
+    engine_rank = 0;
     if (prefill.engine)
         mem_close(&prefill);
     kvw_bootstrap_destroy(bs);
@@ -308,12 +318,310 @@ static void test_refusals(void **state)
     kvw_receiver_destroy(r);
 }
 
+/* ------------------------------------------- decode over several ranks */
+
+/* Prefill rank k of ptp: its heads of the model's total_heads, replicated
+ * (GQA) when ranks outnumber heads. */
+static void rank_heads(uint32_t ptp, uint32_t k, uint32_t *first, uint32_t *count)
+{
+    if (ptp <= total_heads) {
+        *count = total_heads / ptp;
+        *first = k * *count;
+    } else {
+        *count = 1;
+        *first = k / (ptp / total_heads);
+    }
+}
+
+/* A receiver over every prefill rank of ptp for room, at decode engine m. */
+static kvw_receiver_t *create_set(const mem_t *m, uint32_t ptp, uint64_t room)
+{
+    kvw_prefill_rank_t ranks[MAX_PREFILL];
+    for (uint32_t k = 0; k < ptp; k++)
+        ranks[k] = (kvw_prefill_rank_t){.bootstrap_addr = kvw_bootstrap_addr(bs), .rank = k};
+    kvw_receiver_params_t rp = {
+        .struct_size = sizeof(rp), .room = room, .num_ranks = ptp, .ranks = ranks};
+    kvw_receiver_t *r = NULL;
+    assert_int_equal(kvw_receiver_create_ranks(m->engine, &rp, &r), KVW_OK);
+    return r;
+}
+
+/* Writes prefill rank k posts toward decode engine m for n pages, with
+ * one write per token row (NHD) or page (HND) of every KV region, plus
+ * the aux item for the rank sending it; a rank owing nothing posts one
+ * empty write, which carries the immediate. */
+static uint64_t rank_writes(const mem_t *m, uint32_t owed, bool aux, size_t n)
+{
+    if (!owed)
+        return 1;
+    (void)m;
+    uint64_t units = order == KVW_PAGE_NHD ? n * page_tokens : n;
+    return 2 * LAYERS * units + aux;
+}
+
+/* Prefill TP ptp -> decode TP dtp (dtp < ptp, or GQA replicas): each decode
+ * engine's receiver spans every prefill rank; every head of every token of
+ * every decode engine is checked, and each rank's share of the writes. */
+static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uint64_t *dst,
+                      size_t n)
+{
+    for (uint32_t k = 0; k < ptp; k++) {
+        uint32_t first, count;
+        rank_heads(ptp, k, &first, &count);
+        engine_rank = k;
+        mem_open(&prefills[k], KVW_ROLE_PREFILL, first, count, HEAD_BYTES);
+    }
+    uint32_t per = total_heads / dtp;
+    for (uint32_t q = 0; q < dtp; q++)
+        mem_open(&decode[q], KVW_ROLE_DECODE, q * per, per, HEAD_BYTES);
+    kvw_sender_t *s[MAX_DECODE][MAX_PREFILL];
+    kvw_receiver_t *r[MAX_DECODE];
+    for (uint32_t q = 0; q < dtp; q++) {
+        r[q] = create_set(&decode[q], ptp, 200 + q);
+        assert_int_equal(kvw_receiver_init(r[q], dst, n, 2), KVW_OK);
+        for (uint32_t k = 0; k < ptp; k++) {
+            assert_int_equal(kvw_sender_create(prefills[k].engine, 200 + q, &s[q][k]), KVW_OK);
+            assert_int_equal(kvw_sender_init(s[q][k], n, 1), KVW_OK);
+            assert_int_equal(kvw_sender_send(s[q][k], src, n / 2), KVW_OK);
+            assert_int_equal(kvw_sender_send(s[q][k], src + n / 2, n - n / 2), KVW_OK);
+        }
+    }
+    for (uint32_t q = 0; q < dtp; q++) {
+        assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
+        assert_int_equal(wrong_bytes(&decode[q], src, dst, n), 0);
+        /* Who owes what: kvw__heads_assign over the ranks in list order. */
+        kvw_heads_t want = {total_heads, q * per, per, HEAD_BYTES, page_tokens, order};
+        kvw_heads_t have[MAX_PREFILL];
+        kvw_head_range_t owed[MAX_PREFILL];
+        char why[160];
+        for (uint32_t k = 0; k < ptp; k++) {
+            have[k] = want;
+            rank_heads(ptp, k, &have[k].first, &have[k].count);
+        }
+        assert_int_equal(kvw__heads_assign(&want, have, ptp, owed, why, sizeof(why)), 0);
+        uint64_t bytes = 0;
+        bool aux_sent = false;
+        for (uint32_t k = 0; k < ptp; k++) {
+            assert_int_equal(wait_sender(s[q][k]), KVW_POLL_SUCCESS);
+            kvw_req_metrics_t mt;
+            assert_int_equal(kvw_sender_metrics(s[q][k], &mt), KVW_OK);
+            bool aux = owed[k].count && !aux_sent;
+            aux_sent |= aux;
+            /* A strided destination (the rank sends part of decode's rows):
+             * one write per row or page; all of them: copies, fewer. */
+            if (owed[k].count < per)
+                assert_int_equal(mt.writes, rank_writes(&decode[q], owed[k].count, aux, n));
+            else
+                assert_in_range(mt.writes, 1, rank_writes(&decode[q], owed[k].count, aux, n));
+            assert_int_equal(mt.bytes, 2 * LAYERS * n * page_tokens * owed[k].count * HEAD_BYTES +
+                                           (aux ? AUX_ITEM : 0));
+            bytes += mt.bytes;
+            kvw_sender_destroy(s[q][k]);
+        }
+        kvw_req_metrics_t rm;
+        assert_int_equal(kvw_receiver_metrics(r[q], &rm), KVW_OK);
+        assert_int_equal(rm.bytes, bytes);
+        assert_int_equal(bytes, 2 * LAYERS * n * page_len(&decode[q].heads[0]) + AUX_ITEM);
+        kvw_receiver_destroy(r[q]);
+    }
+    for (uint32_t q = 0; q < dtp; q++)
+        mem_close(&decode[q]);
+    for (uint32_t k = 0; k < ptp; k++)
+        mem_close(&prefills[k]);
+}
+
+/* 2:1, 4:1 and 8:2, NHD and HND, pages contiguous or fragmented. */
+static void test_decode_more_heads(void **state)
+{
+    (void)state;
+    for (order = KVW_PAGE_NHD; order <= KVW_PAGE_HND; order++)
+        for (page_tokens = 4; page_tokens <= 16; page_tokens *= 4) {
+            run_multi(2, 1, fragmented, contiguous, 8);
+            run_multi(4, 1, contiguous, fragmented, 8);
+            run_multi(8, 2, contiguous, contiguous, 8);
+        }
+}
+
+/* GQA: 2 KV heads over prefill TP 4 (each head on two ranks) to decode
+ * TP 1 and 2: one rank sends each head, its replica owes nothing and
+ * finishes with one empty write. */
+static void test_gqa_replicas(void **state)
+{
+    (void)state;
+    total_heads = 2;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    run_multi(4, 1, fragmented, contiguous, 8);
+    run_multi(4, 2, contiguous, fragmented, 8);
+    order = KVW_PAGE_HND;
+    run_multi(4, 1, contiguous, contiguous, 8);
+}
+
+/* Snapshot of decode engine m's KV and aux bytes. */
+static uint8_t *snapshot(const mem_t *m)
+{
+    uint64_t pl = page_len(&m->heads[0]);
+    uint8_t *c = malloc(2 * LAYERS * pl * POOL + AUX_ITEM * 4);
+    assert_non_null(c);
+    /* Through the fake NIC's lock: its thread may still be writing. */
+    for (uint32_t r = 0; r < 2 * LAYERS; r++)
+        for (uint64_t b = 0; b < pl * POOL; b++)
+            c[r * pl * POOL + b] = fake_nic_peek(&m->buf[r][b]);
+    for (uint64_t b = 0; b < AUX_ITEM * 4; b++)
+        c[2 * LAYERS * pl * POOL + b] = fake_nic_peek(&m->buf[2 * LAYERS][b]);
+    return c;
+}
+
+static bool same(const mem_t *m, const uint8_t *c)
+{
+    uint8_t *now = snapshot(m);
+    uint64_t pl = page_len(&m->heads[0]);
+    bool eq = memcmp(now, c, 2 * LAYERS * pl * POOL + AUX_ITEM * 4) == 0;
+    free(now);
+    return eq;
+}
+
+/* Prefill TP 2 -> decode TP 1; prefill rank 1 is destroyed mid-request
+ * (its process gone) while rank 0 has sent half: the receiver fails, only
+ * once rank 0 confirmed its abort (its sender Failed too), naming rank 1;
+ * nothing lands after Failed. */
+static void test_rank_dies(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    for (uint32_t k = 0; k < 2; k++) {
+        engine_rank = k;
+        mem_open(&prefills[k], KVW_ROLE_PREFILL, k * 4, 4, HEAD_BYTES);
+    }
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    kvw_receiver_t *r = create_set(&decode[0], 2, 300);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 8, 2), KVW_OK);
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(prefills[k].engine, 300, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], 8, 1), KVW_OK);
+    }
+    assert_int_equal(kvw_sender_send(s[0], contiguous, 4), KVW_OK);
+    /* Rank 0's half landed (its writes counted), then rank 1 goes. */
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    kvw_req_metrics_t mt = {0};
+    while (pair_now_ms() < end &&
+           (kvw_sender_metrics(s[0], &mt), mt.bytes < 2 * LAYERS * 4 * 4 * 4 * HEAD_BYTES))
+        pair_sleep_ms(1);
+    assert_int_equal(mt.bytes, 2 * LAYERS * 4 * 4 * 4 * HEAD_BYTES);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    kvw_sender_destroy(s[1]);
+    mem_close(&prefills[1]);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    /* Rank 0 was told, and confirmed, before decode reported Failed. */
+    assert_int_equal(kvw_sender_poll(s[0]), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_not_equal(kvw_receiver_failure(r, &why), KVW_OK);
+    assert_non_null(strstr(why, "prefill rank 1"));
+    uint8_t *before = snapshot(&decode[0]);
+    assert_int_not_equal(kvw_sender_send(s[0], contiguous + 4, 4), KVW_OK);
+    pair_sleep_ms(50);
+    assert_true(same(&decode[0], before));
+    free(before);
+    kvw_sender_destroy(s[0]);
+    kvw_receiver_destroy(r);
+}
+
+/* A receiver over ranks named by their endpoints (no bootstrap lookup),
+ * aborted by the caller while both ranks are mid-request: every rank's
+ * sender fails, the receiver turns Failed (KVW_ERR_ABORTED) once both
+ * confirmed, and nothing lands after. */
+static void test_set_endpoints_abort(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_HND;
+    page_tokens = 4;
+    for (uint32_t k = 0; k < 2; k++) {
+        engine_rank = k;
+        mem_open(&prefills[k], KVW_ROLE_PREFILL, k * 4, 4, HEAD_BYTES);
+    }
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    kvw_prefill_rank_t ranks[2] = {{NULL, kvw_engine_endpoint(prefills[0].engine), 0},
+                                   {NULL, kvw_engine_endpoint(prefills[1].engine), 1}};
+    kvw_receiver_params_t rp = {
+        .struct_size = sizeof(rp), .room = 500, .num_ranks = 2, .ranks = ranks};
+    kvw_receiver_t *r = NULL;
+    assert_int_equal(kvw_receiver_create_ranks(decode[0].engine, &rp, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, fragmented, 8, 2), KVW_OK);
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(prefills[k].engine, 500, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], 8, 1), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], contiguous, 4), KVW_OK);
+    }
+    /* Both ranks' first halves landed. */
+    uint64_t half = 2 * LAYERS * 4 * page_len(&prefills[0].heads[0]), end = pair_now_ms() + WAIT_MS;
+    kvw_req_metrics_t m0 = {0}, m1 = {0};
+    while (pair_now_ms() < end && (kvw_sender_metrics(s[0], &m0), kvw_sender_metrics(s[1], &m1),
+                                   m0.bytes < half || m1.bytes < half))
+        pair_sleep_ms(1);
+    assert_int_equal(m0.bytes, half);
+    assert_int_equal(m1.bytes, half);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    assert_int_equal(kvw_receiver_abort(r), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    for (uint32_t k = 0; k < 2; k++) /* both told, both confirmed */
+        assert_int_equal(kvw_sender_poll(s[k]), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_ABORTED);
+    assert_non_null(strstr(why, "aborted by the caller"));
+    assert_int_equal(kvw_receiver_abort(r), KVW_ERR_STATE);
+    uint8_t *before = snapshot(&decode[0]);
+    for (uint32_t k = 0; k < 2; k++)
+        assert_int_not_equal(kvw_sender_send(s[k], contiguous + 4, 4), KVW_OK);
+    pair_sleep_ms(50);
+    assert_true(same(&decode[0], before));
+    free(before);
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+}
+
+/* What a receiver over several ranks refuses: an empty or repeated list,
+ * and heads no rank holds (failing every member, saying which head). */
+static void test_set_refusals(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    engine_rank = 0;
+    mem_open(&prefills[0], KVW_ROLE_PREFILL, 0, 4, HEAD_BYTES);
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    kvw_prefill_rank_t ranks[2] = {{kvw_bootstrap_addr(bs), NULL, 0},
+                                   {kvw_bootstrap_addr(bs), NULL, 0}};
+    kvw_receiver_params_t rp = {.struct_size = sizeof(rp), .room = 400, .ranks = ranks};
+    kvw_receiver_t *r = NULL;
+    assert_int_equal(kvw_receiver_create_ranks(decode[0].engine, &rp, &r), KVW_ERR_INVALID);
+    rp.num_ranks = 2;
+    assert_int_equal(kvw_receiver_create_ranks(decode[0].engine, &rp, &r), KVW_ERR_INVALID);
+    /* Rank 0 alone holds half of decode's heads. */
+    rp.num_ranks = 1;
+    assert_int_equal(kvw_receiver_create_ranks(decode[0].engine, &rp, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "head 4 of decode's [0, 8) is held by none of 1 prefill ranks"));
+    kvw_receiver_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_decode_fewer_heads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_write_count, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_decode_more_heads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gqa_replicas, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rank_dies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_endpoints_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_refusals, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -52,6 +52,9 @@ typedef struct lpair {
 } lpair_t;
 
 static lpair_t lp;
+/* A second prefill engine (rank 1) and its memory: decode over two ranks. */
+static kvw_engine_t *prefill2;
+static side_t src2;
 
 static uint8_t pattern(uint32_t region, uint64_t item, size_t byte)
 {
@@ -166,6 +169,8 @@ static int teardown(void **state)
     (void)state;
     kvw_engine_destroy(lp.decode);
     kvw_engine_destroy(lp.prefill);
+    kvw_engine_destroy(prefill2);
+    prefill2 = NULL;
     kvw_bootstrap_destroy(lp.bs);
 #ifndef LAYOUTS_ON_RXE
     kvw__verbs_set_ops(NULL);
@@ -173,6 +178,8 @@ static int teardown(void **state)
 #endif
     free_side(&lp.src);
     free_side(&lp.dst);
+    free_side(&src2);
+    memset(&src2, 0, sizeof(src2));
     memset(&lp, 0, sizeof(lp));
     kvw__cuda_set_ops(NULL);
     return 0;
@@ -423,6 +430,158 @@ static void test_heads_tp1_to_tp2_hnd(void **state)
 {
     (void)state;
     heads_tp1_to_tp2(KVW_PAGE_HND);
+}
+
+/* Head slicing, prefill TP 2 -> decode TP 1: two prefill engines (ranks 0
+ * and 1, heads [0, 4) and [4, 8), 64 bytes each, 16-token pages) on the
+ * first device, one decode engine holding all 8 heads, one receiver over
+ * both ranks. Rank 1's memory has its own pattern, so a head from the
+ * wrong rank shows. kill: rank 1 is destroyed (its sender, then its
+ * engine: the process gone) once rank 0 sent half: decode fails only once
+ * rank 0 confirmed its abort, naming rank 1, and nothing lands after. */
+static void heads_tp2_to_tp1(uint32_t order, bool kill)
+{
+    enum { H = 8, HB = 64, T = 16, PAGES = 32, LAYERS_H = 4 };
+    size_t src_item = (size_t)T * (H / 2) * HB, dst_item = (size_t)T * H * HB, aux = 64;
+    size_t items[2] = {src_item, src_item}, ditems[2] = {dst_item, dst_item};
+    add_group(&lp.src, KVW_GROUP_KV, LAYERS_H, 2, items, PAGES, true);
+    add_group(&src2, KVW_GROUP_KV, LAYERS_H, 2, items, PAGES, true);
+    add_group(&lp.dst, KVW_GROUP_KV, LAYERS_H, 2, ditems, PAGES, false);
+    add_both(KVW_GROUP_AUX, 1, 1, &aux, 4);
+    add_group(&src2, KVW_GROUP_AUX, 1, 1, &aux, 4, true);
+    for (uint32_t r = 0; r < src2.num_regions; r++) /* rank 1's own pattern */
+        for (size_t b = 0; b < src2.regions[r].len; b++)
+            src2.mem[r][b] =
+                pattern(r + 100, b / src2.regions[r].item_len, b % src2.regions[r].item_len);
+    lp.src.heads[0] = (kvw_group_heads_t){H, 0, H / 2, HB, T, order};
+    src2.heads[0] = (kvw_group_heads_t){H, H / 2, H / 2, HB, T, order};
+    lp.dst.heads[0] = (kvw_group_heads_t){H, 0, H, HB, T, order};
+    lp.src.has_heads = lp.dst.has_heads = true;
+    assert_int_equal(open_engines(), KVW_OK);
+#ifdef LAYOUTS_ON_RXE
+    tb_device_t d0;
+    assert_true(tb_device(0, &d0));
+#else
+    tb_device_t d0 = {"fake0", "127.0.0.1"};
+#endif
+    kvw_engine_params_t pp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_PREFILL,
+                              .device = d0.name,
+                              .local_ip = d0.ip,
+                              .bootstrap_addr = kvw_bootstrap_addr(lp.bs),
+                              .config = &lp.cfg,
+                              .engine_rank = 1,
+                              .num_groups = src2.num_groups,
+                              .groups = src2.groups,
+                              .group_heads = src2.heads};
+    assert_int_equal(kvw_engine_create(&pp, &prefill2), KVW_OK);
+    uint64_t src[] = {3, 4, 5, 9, 20, 21, 30, 1}, dst[] = {0, 1, 2, 3, 7, 8, 9, 31};
+    kvw_prefill_rank_t ranks[2] = {{kvw_bootstrap_addr(lp.bs), NULL, 0},
+                                   {kvw_bootstrap_addr(lp.bs), NULL, 1}};
+    kvw_receiver_params_t rp = {
+        .struct_size = sizeof(rp), .room = 1, .num_ranks = 2, .ranks = ranks};
+    kvw_receiver_t *r;
+    kvw_sender_t *s[2];
+    assert_int_equal(kvw_receiver_create_ranks(lp.decode, &rp, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, dst, 8, 1), KVW_OK);
+    assert_int_equal(kvw_sender_create(lp.prefill, 1, &s[0]), KVW_OK);
+    assert_int_equal(kvw_sender_create(prefill2, 1, &s[1]), KVW_OK);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_init(s[k], 8, 2), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], src, 3), KVW_OK);
+    }
+    uint64_t units = order == KVW_PAGE_NHD ? 8ull * T : 8; /* one write per row or page */
+    if (kill) {
+        uint64_t half = 3ull * 2 * LAYERS_H * src_item, end = pair_now_ms() + WAIT_MS;
+        kvw_req_metrics_t m = {0};
+        while (pair_now_ms() < end && (kvw_sender_metrics(s[0], &m), m.bytes < half))
+            pair_sleep_ms(1);
+        assert_int_equal(m.bytes, half);
+        assert_int_not_equal(kvw_receiver_poll(r), KVW_POLL_FAILED);
+        kvw_sender_destroy(s[1]);
+        kvw_engine_destroy(prefill2);
+        prefill2 = NULL;
+        assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+        assert_int_equal(kvw_sender_poll(s[0]), KVW_POLL_FAILED); /* told, and confirmed */
+        const char *why = NULL;
+        assert_int_not_equal(kvw_receiver_failure(r, &why), KVW_OK);
+        print_message("heads TP 2 -> 1 (%s), rank 1 killed: %s\n", order ? "HND" : "NHD", why);
+        assert_non_null(strstr(why, "prefill rank 1"));
+        size_t total = 2 * LAYERS_H * PAGES * dst_item;
+        uint8_t *before = malloc(total);
+        assert_non_null(before);
+        for (uint32_t reg = 0; reg < 2 * LAYERS_H; reg++)
+            for (size_t b = 0; b < PAGES * dst_item; b++)
+                before[reg * PAGES * dst_item + b] = peek(&lp.dst.mem[reg][b]);
+        assert_int_not_equal(kvw_sender_send(s[0], src + 3, 5), KVW_OK);
+        pair_sleep_ms(100);
+        size_t changed = 0;
+        for (uint32_t reg = 0; reg < 2 * LAYERS_H; reg++)
+            for (size_t b = 0; b < PAGES * dst_item; b++)
+                changed += before[reg * PAGES * dst_item + b] != peek(&lp.dst.mem[reg][b]);
+        free(before);
+        assert_int_equal(changed, 0);
+        kvw_sender_destroy(s[0]);
+        kvw_receiver_destroy(r);
+        return;
+    }
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(kvw_sender_send(s[k], src + 3, 5), KVW_OK);
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(wait_end(poll_s, s[k]), KVW_POLL_SUCCESS);
+        kvw_req_metrics_t m;
+        assert_int_equal(kvw_sender_metrics(s[k], &m), KVW_OK);
+        print_message("heads TP 2 -> 1 (%s), rank %d: %llu bytes in %llu writes\n",
+                      order ? "HND" : "NHD", k, (unsigned long long)m.bytes,
+                      (unsigned long long)m.writes);
+        /* Rank 0 also sends the aux item. */
+        assert_int_equal(m.bytes, 8ull * 2 * LAYERS_H * src_item + (k == 0 ? aux : 0));
+        assert_int_equal(m.writes, 2ull * LAYERS_H * units + (k == 0));
+    }
+    size_t wrong = 0;
+    for (uint32_t reg = 0; reg < 2 * LAYERS_H; reg++)
+        for (uint64_t p = 0; p < PAGES; p++) {
+            size_t i = 8;
+            for (size_t k = 0; k < 8; k++)
+                i = dst[k] == p ? k : i;
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t k = 0; k < H; k++)
+                    for (uint32_t b = 0; b < HB; b++) {
+                        size_t at = order == KVW_PAGE_NHD ? ((size_t)t * H + k) * HB + b
+                                                          : ((size_t)k * T + t) * HB + b;
+                        uint32_t kk = k % (H / 2), from_reg = reg + (k < H / 2 ? 0 : 100);
+                        size_t from = order == KVW_PAGE_NHD ? ((size_t)t * (H / 2) + kk) * HB + b
+                                                            : ((size_t)kk * T + t) * HB + b;
+                        uint8_t want = i < 8 ? pattern(from_reg, src[i], from) : (uint8_t)CANARY;
+                        wrong += peek(&lp.dst.mem[reg][p * dst_item + at]) != want;
+                    }
+        }
+    for (size_t b = 0; b < 4 * aux; b++) /* aux item 2 of rank 0 -> item 1 */
+        wrong += peek(&lp.dst.mem[2 * LAYERS_H][b]) !=
+                 (b / aux == 1 ? pattern(2 * LAYERS_H, 2, b % aux) : (uint8_t)CANARY);
+    assert_int_equal(wrong, 0);
+    for (int k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+}
+
+static void test_heads_tp2_to_tp1_nhd(void **state)
+{
+    (void)state;
+    heads_tp2_to_tp1(KVW_PAGE_NHD, false);
+}
+
+static void test_heads_tp2_to_tp1_hnd(void **state)
+{
+    (void)state;
+    heads_tp2_to_tp1(KVW_PAGE_HND, false);
+}
+
+static void test_heads_tp2_to_tp1_rank_killed(void **state)
+{
+    (void)state;
+    heads_tp2_to_tp1(KVW_PAGE_NHD, true);
 }
 
 /* K/V with different item lengths per region, two aux groups, and a state
@@ -1251,6 +1410,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kv_two_aux_and_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heads_tp1_to_tp2_nhd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heads_tp1_to_tp2_hnd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heads_tp2_to_tp1_nhd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heads_tp2_to_tp1_hnd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heads_tp2_to_tp1_rank_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunked_sends, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layerwise_from_another_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunks_times_layers, setup, teardown),

@@ -149,6 +149,9 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.request.aux_index, b->u.request.aux_index);
         assert_int_equal(a->u.request.num_pages, b->u.request.num_pages);
         assert_int_equal(a->u.request.num_state, b->u.request.num_state);
+        assert_int_equal(a->u.request.heads_flags, b->u.request.heads_flags);
+        assert_int_equal(a->u.request.head_first, b->u.request.head_first);
+        assert_int_equal(a->u.request.head_count, b->u.request.head_count);
         for (uint32_t i = 0; i < a->u.request.num_pages + a->u.request.num_state; i++)
             assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
         assert_int_equal(a->u.request.num_state_lists, b->u.request.num_state_lists);
@@ -326,7 +329,15 @@ static void test_roundtrip_request(void **state)
     (void)state;
     kvw_msg_t m = sample_request();
     roundtrip(&m);
-    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + 4 * 8 + 4);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + KVW_WIRE_HEADS_LEN + 4 * 8 + 4);
+    /* A head range (decode over several prefill ranks), and one owing nothing. */
+    m.u.request.heads_flags = KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_NO_REST;
+    m.u.request.head_first = 4;
+    m.u.request.head_count = 4;
+    roundtrip(&m);
+    m.u.request.head_count = 0;
+    roundtrip(&m);
+    m.u.request.heads_flags = m.u.request.head_first = 0;
     /* Pages, then state indices, in one array, with a count per state
      * group (a Mamba group of one slot, a skipped group). */
     m.u.request.num_pages = 3;
@@ -334,7 +345,8 @@ static void test_roundtrip_request(void **state)
     m.u.request.num_state_lists = 2;
     m.u.request.state_counts[0] = 1;
     roundtrip(&m);
-    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24 + 4 * 8 + 4 + 2 * 4);
+    assert_int_equal(kvw__wire_size(&m),
+                     KVW_WIRE_HEADER_LEN + 24 + KVW_WIRE_HEADS_LEN + 4 * 8 + 4 + 2 * 4);
     /* An SWA page list of 3 beside a Mamba slot. */
     m.u.request.num_pages = 1;
     m.u.request.num_state = 3;
@@ -544,10 +556,11 @@ static void test_reject_bad_header(void **state)
 }
 
 /* A REQUEST header + body claiming num_pages with `present` pages (and
- * no state list). */
-static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
+ * no state list), with the head block flags, first, count (wire 7). */
+static size_t forge_request_heads(uint8_t *buf, uint32_t num_pages, uint32_t present,
+                                  uint32_t flags, uint32_t first, uint32_t count)
 {
-    size_t body = 24 + 8 * (size_t)present + 4;
+    size_t body = 24 + KVW_WIRE_HEADS_LEN + 8 * (size_t)present + 4;
     put32(buf, KVW_WIRE_MAGIC);
     put16(buf + 4, KVW_WIRE_VERSION);
     put16(buf + 6, KVW_MSG_REQUEST);
@@ -557,12 +570,20 @@ static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
     put32(buf + 24, KVW_NO_AUX); /* aux */
     put32(buf + 28, num_pages);
     put32(buf + 32, 0); /* state indices */
+    put32(buf + 36, flags);
+    put32(buf + 40, first);
+    put32(buf + 44, count);
     /* Pages of 1000 + i: read as a state list count (a shorter num_pages
      * shifts it into the pages), 1000 is over the limit. */
     for (uint32_t i = 0; i < present; i++)
-        put64(buf + 36 + 8 * i, 1000 + i);
-    put32(buf + 36 + 8 * present, 0); /* state lists */
+        put64(buf + 48 + 8 * i, 1000 + i);
+    put32(buf + 48 + 8 * present, 0); /* state lists */
     return KVW_WIRE_HEADER_LEN + body;
+}
+
+static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
+{
+    return forge_request_heads(buf, num_pages, present, 0, 0, 0);
 }
 
 /* A REQUEST of 1 page and num_state state indices whose state lists say
@@ -570,7 +591,8 @@ static size_t forge_request(uint8_t *buf, uint32_t num_pages, uint32_t present)
 static size_t forge_lists(uint8_t *buf, uint32_t num_state, uint32_t num_lists,
                           const uint32_t *counts, uint32_t written)
 {
-    size_t idx = 1 + (size_t)num_state, body = 24 + 8 * idx + 4 + 4 * (size_t)written;
+    size_t idx = 1 + (size_t)num_state,
+           body = 24 + KVW_WIRE_HEADS_LEN + 8 * idx + 4 + 4 * (size_t)written;
     put32(buf, KVW_WIRE_MAGIC);
     put16(buf + 4, KVW_WIRE_VERSION);
     put16(buf + 6, KVW_MSG_REQUEST);
@@ -580,11 +602,14 @@ static size_t forge_lists(uint8_t *buf, uint32_t num_state, uint32_t num_lists,
     put32(buf + 24, KVW_NO_AUX);
     put32(buf + 28, 1);
     put32(buf + 32, num_state);
+    put32(buf + 36, 0); /* no head range */
+    put32(buf + 40, 0);
+    put32(buf + 44, 0);
     for (size_t i = 0; i < idx; i++)
-        put64(buf + 36 + 8 * i, i);
-    put32(buf + 36 + 8 * idx, num_lists);
+        put64(buf + 48 + 8 * i, i);
+    put32(buf + 48 + 8 * idx, num_lists);
     for (uint32_t i = 0; i < written; i++)
-        put32(buf + 40 + 8 * idx + 4 * i, counts[i]);
+        put32(buf + 52 + 8 * idx + 4 * i, counts[i]);
     return KVW_WIRE_HEADER_LEN + body;
 }
 
@@ -618,7 +643,7 @@ static void test_reject_request_state_lists(void **state)
     kvw__wire_free(&out);
     /* Truncated before the list count. */
     size_t len = forge_lists(buf, 3, 1, counts, 1);
-    put32(buf + 8, 24 + 8 * 4);
+    put32(buf + 8, 24 + KVW_WIRE_HEADS_LEN + 8 * 4);
     expect_reject(buf, len - 8);
 }
 
@@ -641,6 +666,15 @@ static void test_reject_request_page_count(void **state)
     expect_reject(buf, forge_request(buf, 4, 3));
     expect_reject(buf, forge_request(buf, 2, 3));
     expect_reject(buf, forge_request(buf, 1, 0));
+    /* The head block: known flags only, a range only with its flag, no
+     * overflow. */
+    decode_ok(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE, 4, 4), &out);
+    assert_int_equal(out.u.request.head_first, 4);
+    assert_int_equal(out.u.request.head_count, 4);
+    kvw__wire_free(&out);
+    expect_reject(buf, forge_request_heads(buf, 3, 3, 4, 0, 0));
+    expect_reject(buf, forge_request_heads(buf, 3, 3, 0, 1, 2));
+    expect_reject(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE, 0xffffffffu, 2));
 }
 
 /* A HELLO whose one group claims layers x per_layer regions, with
