@@ -62,8 +62,11 @@ static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, co
  * would leave decode's QPs connected to QPs we destroyed. */
 static bool hello_resent(kvw_engine_t *e, kvw_peer_t *old, const kvw_msg_t *m)
 {
+    /* A connection that is closing (decode said BYE, or we are killing it)
+     * is not the one a resend asks for: it serves no new request, so a
+     * REQUEST after this HELLO would be lost on it. */
     if (!old || !m->u.hello.num_qps || old->hello_qpn != m->u.hello.qps[0].qpn ||
-        atomic_load(&old->state) != PEER_CONNECTED)
+        atomic_load(&old->state) != PEER_CONNECTED || atomic_load(&old->closing))
         return false;
     kvw_msg_t ack;
     kvw__peer_hello(old, KVW_MSG_HELLO_ACK, &ack);
@@ -202,20 +205,45 @@ static void queue_hello(kvw_engine_t *e, const uint8_t *id, kvw_msg_t *m)
     h->nudged_ns = 0; /* told to wait only if this pass's batch leaves it waiting */
 }
 
-/* A BYE from a decode engine still waiting: it gave up, serve nothing. */
-static bool withdraw_hello(kvw_engine_t *e, const uint8_t *id)
+/* Takes the HELLO queued for id out of the queue (into *out). */
+static bool take_hello(kvw_engine_t *e, const uint8_t *id, struct kvw_pending_hello *out)
 {
-    struct kvw_pending_hello *h = queued_hello(e, id);
+    struct kvw_pending_hello *h = e->hello_count ? queued_hello(e, id) : NULL;
     if (!h)
         return false;
-    kvw__wire_free(&h->m);
+    *out = *h;
     struct kvw_pending_hello *end = &e->hellos[e->hello_head + e->hello_count];
     memmove(h, h + 1, (size_t)(end - (h + 1)) * sizeof(*h));
     e->hello_count--;
     return true;
 }
 
+/* A BYE from a decode engine still waiting: it gave up, serve nothing. */
+static bool withdraw_hello(kvw_engine_t *e, const uint8_t *id)
+{
+    struct kvw_pending_hello h;
+    if (!take_hello(e, id, &h))
+        return false;
+    kvw__wire_free(&h.m);
+    return true;
+}
+
 static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m);
+
+/* Another message from an engine whose HELLO waits in the queue: serve the
+ * HELLO first. A decode engine's messages must be handled in the order it
+ * sent them (a REQUEST after its HELLO belongs to the connection that HELLO
+ * makes); handled before it, the REQUEST met no connection, or the old one,
+ * and was lost. Decode engines wait for HELLO_ACK before they send more, so
+ * a storm still queues; this only keeps order for those that do not. */
+static void serve_hello_before(kvw_engine_t *e, const uint8_t *id)
+{
+    struct kvw_pending_hello h;
+    if (!take_hello(e, id, &h))
+        return;
+    on_hello(e, h.id, &h.m);
+    kvw__wire_free(&h.m);
+}
 
 /* Serve up to max_handshakes queued HELLOs; nudge those left waiting.
  * Returns when to run again: now while any is left. */
@@ -501,13 +529,18 @@ void kvw__prefill_serve_router(kvw_engine_t *e)
          n++) {
         if (st)
             continue; /* dropped (and counted) */
-        kvw_peer_t *p = peer_by_identity(e, id, id_len, false);
-        if (p)
-            p->last_seen_ns = kvw__now_ns();
         if (m.type == KVW_MSG_HELLO && id_len == KVW_IDENTITY_LEN) {
+            kvw_peer_t *old = peer_by_identity(e, id, id_len, false);
+            if (old)
+                old->last_seen_ns = kvw__now_ns();
             queue_hello(e, id, &m); /* takes m */
             continue;
         }
+        if (m.type != KVW_MSG_BYE && id_len == KVW_IDENTITY_LEN)
+            serve_hello_before(e, id);
+        kvw_peer_t *p = peer_by_identity(e, id, id_len, false);
+        if (p)
+            p->last_seen_ns = kvw__now_ns();
         if (!p && !(m.type == KVW_MSG_BYE && withdraw_hello(e, id)))
             answer_dead_peer(e, id, id_len, m.type);
         else if (p)
