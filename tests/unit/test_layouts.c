@@ -432,6 +432,28 @@ static void test_heads_tp1_to_tp2_hnd(void **state)
     heads_tp1_to_tp2(KVW_PAGE_HND);
 }
 
+/* The second prefill engine (rank 1, src2's memory) on the first device. */
+static void open_prefill2(void)
+{
+#ifdef LAYOUTS_ON_RXE
+    tb_device_t d0;
+    assert_true(tb_device(0, &d0));
+#else
+    tb_device_t d0 = {"fake0", "127.0.0.1"};
+#endif
+    kvw_engine_params_t pp = {.struct_size = sizeof(kvw_engine_params_t),
+                              .role = KVW_ROLE_PREFILL,
+                              .device = d0.name,
+                              .local_ip = d0.ip,
+                              .bootstrap_addr = kvw_bootstrap_addr(lp.bs),
+                              .config = &lp.cfg,
+                              .engine_rank = 1,
+                              .num_groups = src2.num_groups,
+                              .groups = src2.groups,
+                              .group_heads = src2.heads};
+    assert_int_equal(kvw_engine_create(&pp, &prefill2), KVW_OK);
+}
+
 /* Head slicing, prefill TP 2 -> decode TP 1: two prefill engines (ranks 0
  * and 1, heads [0, 4) and [4, 8), 64 bytes each, 16-token pages) on the
  * first device, one decode engine holding all 8 heads, one receiver over
@@ -458,23 +480,7 @@ static void heads_tp2_to_tp1(uint32_t order, bool kill)
     lp.dst.heads[0] = (kvw_group_heads_t){H, 0, H, HB, T, order};
     lp.src.has_heads = lp.dst.has_heads = true;
     assert_int_equal(open_engines(), KVW_OK);
-#ifdef LAYOUTS_ON_RXE
-    tb_device_t d0;
-    assert_true(tb_device(0, &d0));
-#else
-    tb_device_t d0 = {"fake0", "127.0.0.1"};
-#endif
-    kvw_engine_params_t pp = {.struct_size = sizeof(kvw_engine_params_t),
-                              .role = KVW_ROLE_PREFILL,
-                              .device = d0.name,
-                              .local_ip = d0.ip,
-                              .bootstrap_addr = kvw_bootstrap_addr(lp.bs),
-                              .config = &lp.cfg,
-                              .engine_rank = 1,
-                              .num_groups = src2.num_groups,
-                              .groups = src2.groups,
-                              .group_heads = src2.heads};
-    assert_int_equal(kvw_engine_create(&pp, &prefill2), KVW_OK);
+    open_prefill2();
     uint64_t src[] = {3, 4, 5, 9, 20, 21, 30, 1}, dst[] = {0, 1, 2, 3, 7, 8, 9, 31};
     kvw_prefill_rank_t ranks[2] = {{kvw_bootstrap_addr(lp.bs), NULL, 0},
                                    {kvw_bootstrap_addr(lp.bs), NULL, 1}};
@@ -1403,6 +1409,291 @@ static void test_hybrid_refusals(void **state)
                 "state group 3: decode asks for 3 indices, prefill gave 2");
 }
 
+/* ------------------------------------ hybrid state over two prefill ranks */
+
+/* Prefill TP 2 -> decode TP 1 with a hybrid model: group 0 K/V of 2 layers
+ * with its heads described (8 heads of 32 bytes, 4-token pages, 32 pages;
+ * rank 0 holds [0, 4), rank 1 [4, 8), decode all 8), group 1 aux, group 2
+ * Mamba state (a conv and an SSM region a layer, 4 slots, one per request),
+ * group 3 an SWA pool (K and V a layer, 12 pages: shorter than KV's). Rank
+ * 1's memory has its own pattern (regions offset by 100), so a byte from
+ * the wrong rank shows. Both ranks' senders declare aux and state, as the
+ * ranks of one TP group run the same code; one rank sends them. */
+enum { HY_H = 8, HY_HB = 32, HY_T = 4, HY_PAGES = 32, HY_LAYERS = 2, HY_KV_REGIONS = 4 };
+static const size_t hy_aux_len = 48, hy_mamba_len[2] = {96, 160}, hy_swa_len[2] = {256, 256};
+static const uint64_t hyr_src[] = {3, 4, 5, 9, 20, 21, 30, 1},
+                      hyr_dst[] = {0, 1, 2, 3, 7, 8, 9, 31};
+
+/* A group on both prefill ranks (rank 1 with its own pattern) and decode. */
+static void add_ranks(kvw_group_kind_t kind, uint32_t per_layer, const size_t *src_len,
+                      const size_t *dst_len, uint64_t items)
+{
+    uint32_t layers = kind == KVW_GROUP_AUX ? 1 : HY_LAYERS;
+    add_group(&lp.src, kind, layers, per_layer, src_len, items, true);
+    uint32_t first = src2.num_regions;
+    add_group(&src2, kind, layers, per_layer, src_len, items, true);
+    for (uint32_t r = first; r < src2.num_regions; r++)
+        for (size_t b = 0; b < src2.regions[r].len; b++)
+            src2.mem[r][b] =
+                pattern(r + 100, b / src2.regions[r].item_len, b % src2.regions[r].item_len);
+    add_group(&lp.dst, kind, layers, per_layer, dst_len, items, false);
+}
+
+static void hybrid_ranks_layout(uint32_t order)
+{
+    size_t src_item = (size_t)HY_T * (HY_H / 2) * HY_HB, dst_item = 2 * src_item;
+    add_ranks(KVW_GROUP_KV, 2, (size_t[]){src_item, src_item}, (size_t[]){dst_item, dst_item},
+              HY_PAGES);
+    add_ranks(KVW_GROUP_AUX, 1, &hy_aux_len, &hy_aux_len, 4);
+    add_ranks(KVW_GROUP_STATE, 2, hy_mamba_len, hy_mamba_len, 4);
+    add_ranks(KVW_GROUP_STATE, 2, hy_swa_len, hy_swa_len, 12);
+    lp.src.heads[0] = (kvw_group_heads_t){HY_H, 0, HY_H / 2, HY_HB, HY_T, order};
+    src2.heads[0] = (kvw_group_heads_t){HY_H, HY_H / 2, HY_H / 2, HY_HB, HY_T, order};
+    lp.dst.heads[0] = (kvw_group_heads_t){HY_H, 0, HY_H, HY_HB, HY_T, order};
+    lp.src.has_heads = lp.dst.has_heads = true;
+    assert_int_equal(open_engines(), KVW_OK);
+    open_prefill2();
+}
+
+/* Decode's bytes that differ from what q should have left: every head of
+ * every token of q's pages from the rank holding it, the aux item and the
+ * state from rank rest (a region of rank 1 has pattern region + 100), the
+ * canary everywhere else. */
+static size_t wrong_hybrid_ranks(uint32_t order, const req_spec_t *q, uint32_t rest)
+{
+    enum { HALF = HY_H / 2 };
+    size_t dst_item = (size_t)HY_T * HY_H * HY_HB, wrong = 0;
+    for (uint32_t reg = 0; reg < HY_KV_REGIONS; reg++)
+        for (uint64_t p = 0; p < HY_PAGES; p++) {
+            size_t i = q->n;
+            for (size_t k = 0; k < q->n; k++)
+                i = q->dst_pages[k] == p ? k : i;
+            for (uint32_t t = 0; t < HY_T; t++)
+                for (uint32_t k = 0; k < HY_H; k++)
+                    for (uint32_t b = 0; b < HY_HB; b++) {
+                        size_t at = order == KVW_PAGE_NHD ? ((size_t)t * HY_H + k) * HY_HB + b
+                                                          : ((size_t)k * HY_T + t) * HY_HB + b;
+                        uint32_t kk = k % HALF, from_reg = reg + (k < HALF ? 0 : 100);
+                        size_t from = order == KVW_PAGE_NHD ? ((size_t)t * HALF + kk) * HY_HB + b
+                                                            : ((size_t)kk * HY_T + t) * HY_HB + b;
+                        uint8_t want =
+                            i < q->n ? pattern(from_reg, q->src_pages[i], from) : (uint8_t)CANARY;
+                        wrong += peek(&lp.dst.mem[reg][p * dst_item + at]) != want;
+                    }
+        }
+    for (uint32_t g = 1; g < lp.dst.num_groups; g++) { /* aux and state: whole items */
+        const kvw_group_t *gr = &lp.dst.groups[g];
+        for (uint32_t k = 0; k < gr->num_layers * gr->regions_per_layer; k++) {
+            uint32_t r = (uint32_t)(gr->regions - lp.dst.regions) + k;
+            const kvw_region_t *reg = &lp.dst.regions[r];
+            for (size_t b = 0; b < reg->len; b++)
+                wrong += peek(&lp.dst.mem[r][b]) !=
+                         expected(q, g, gr->kind, r + 100 * rest, reg->item_len, b);
+        }
+    }
+    return wrong;
+}
+
+/* Runs of n (source, destination) pairs contiguous on both sides: the
+ * writes a state list costs in each of its group's regions. */
+static uint64_t runs_of(const uint64_t *src, const uint64_t *dst, size_t n)
+{
+    uint64_t runs = 0;
+    for (size_t i = 0; i < n; i++)
+        runs += !i || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1;
+    return runs;
+}
+
+static const uint64_t hyr_mamba_src[] = {1}, hyr_mamba_dst[] = {3};
+static const uint64_t hyr_swa_src[] = {4, 5, 9}, hyr_swa_dst[] = {0, 1, 11};
+static const state_spec_t hyr_lists[] = {{2, 1, hyr_mamba_src, hyr_mamba_dst},
+                                         {3, 3, hyr_swa_src, hyr_swa_dst}};
+
+static req_spec_t hybrid_ranks_spec(uint64_t room)
+{
+    return (req_spec_t){.room = room,
+                        .n = 8,
+                        .src_pages = hyr_src,
+                        .dst_pages = hyr_dst,
+                        .aux_src = 2,
+                        .aux_dst = 1,
+                        .lists = hyr_lists,
+                        .nlists = 2};
+}
+
+/* A receiver over both ranks for q, listed first_rank first, initialised
+ * with q's lists. */
+static kvw_receiver_t *hybrid_receiver(const req_spec_t *q, uint32_t first_rank, kvw_status_t want)
+{
+    kvw_prefill_rank_t ranks[2] = {{kvw_bootstrap_addr(lp.bs), NULL, first_rank},
+                                   {kvw_bootstrap_addr(lp.bs), NULL, 1 - first_rank}};
+    kvw_receiver_params_t rp = {
+        .struct_size = sizeof(rp), .room = q->room, .num_ranks = 2, .ranks = ranks};
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_receiver_create_ranks(lp.decode, &rp, &r), KVW_OK);
+    kvw_indices_t x = {q->dst_pages, q->n, q->aux_dst, NULL, 0};
+    kvw_state_list_t lists[MAX_GROUPS];
+    for (size_t i = 0; i < q->nlists; i++)
+        lists[i] = (kvw_state_list_t){q->lists[i].group, 0, q->lists[i].dst, q->lists[i].n};
+    assert_int_equal(kvw_receiver_init_lists(r, &x, lists, q->nlists), want);
+    return r;
+}
+
+/* One request over both ranks; decode lists first_rank first, so that
+ * rank (owing heads) sends the aux item and the state. The other rank's
+ * sender declares other_swa SWA pages (its lists are neither compared nor
+ * sent), before its pages if other_state_first, else after them. */
+static void hybrid_tp2_to_tp1(uint32_t order, uint32_t first_rank, size_t other_swa,
+                              bool other_state_first)
+{
+    hybrid_ranks_layout(order);
+    req_spec_t q = hybrid_ranks_spec(80);
+    kvw_receiver_t *r = hybrid_receiver(&q, first_rank, KVW_OK);
+    kvw_engine_t *eng[2] = {lp.prefill, prefill2};
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(eng[k], q.room, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], q.n, q.aux_src), KVW_OK);
+        kvw_state_list_t lists[2] = {{2, 0, hyr_mamba_src, 1},
+                                     {3, 0, hyr_swa_src, k == first_rank ? 3 : other_swa}};
+        bool state_first = k != first_rank && other_state_first;
+        if (state_first)
+            assert_int_equal(kvw_sender_send_state_lists(s[k], NULL, 0, lists, 2), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], q.src_pages, 3), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], q.src_pages + 3, q.n - 3), KVW_OK);
+        if (!state_first)
+            assert_int_equal(kvw_sender_send_state_lists(s[k], NULL, 0, lists, 2), KVW_OK);
+    }
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
+    size_t src_item = (size_t)HY_T * (HY_H / 2) * HY_HB;
+    uint64_t units = order == KVW_PAGE_NHD ? q.n * HY_T : q.n; /* one write per row or page */
+    uint64_t rest_bytes = hy_aux_len + HY_LAYERS * (hy_mamba_len[0] + hy_mamba_len[1]) +
+                          3 * HY_LAYERS * (hy_swa_len[0] + hy_swa_len[1]);
+    uint64_t rest_writes =
+        1 + 2 * HY_LAYERS *
+                (runs_of(hyr_mamba_src, hyr_mamba_dst, 1) + runs_of(hyr_swa_src, hyr_swa_dst, 3));
+    uint64_t total = 0;
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(wait_end(poll_s, s[k]), KVW_POLL_SUCCESS);
+        kvw_req_metrics_t m;
+        assert_int_equal(kvw_sender_metrics(s[k], &m), KVW_OK);
+        print_message("hybrid TP 2 -> 1 (%s), rank %u%s: %llu bytes in %llu writes\n",
+                      order ? "HND" : "NHD", k, k == first_rank ? " (aux, state)" : "",
+                      (unsigned long long)m.bytes, (unsigned long long)m.writes);
+        bool rest = k == first_rank;
+        assert_int_equal(m.bytes, q.n * HY_KV_REGIONS * src_item + (rest ? rest_bytes : 0));
+        /* The part completing the request carries the immediate. The other
+         * rank's state, given after its pages, completes it with nothing
+         * to write: one empty write (as a rank owing no heads posts). */
+        uint64_t extra = rest ? rest_writes : !other_state_first;
+        assert_int_equal(m.writes, HY_KV_REGIONS * units + extra);
+        total += m.bytes;
+    }
+    kvw_req_metrics_t rm;
+    assert_int_equal(kvw_receiver_metrics(r, &rm), KVW_OK);
+    assert_int_equal(rm.bytes, total);
+    assert_int_equal(wrong_hybrid_ranks(order, &q, first_rank), 0);
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+}
+
+/* Rank 0 listed first sends aux and state, NHD; both ranks declare the
+ * same lists, after their pages. */
+static void test_hybrid_tp2_to_tp1_nhd(void **state)
+{
+    (void)state;
+    hybrid_tp2_to_tp1(KVW_PAGE_NHD, 0, 3, false);
+}
+
+/* Rank 1 listed first sends them, HND; rank 0, sending no state, declares
+ * 2 SWA pages where decode asks for 3 (not compared, not refused), and
+ * before its pages, so its last KV write carries the immediate. */
+static void test_hybrid_tp2_to_tp1_hnd_rank1_rest(void **state)
+{
+    (void)state;
+    hybrid_tp2_to_tp1(KVW_PAGE_HND, 1, 2, true);
+}
+
+/* Both ranks' senders of q and the receiver end Failed (want for the
+ * receiver and rank 0, the sending one; rank 1 aborted), decode's reason
+ * naming rank 0 and why_has, and nothing landed. */
+static void hybrid_both_failed(kvw_sender_t **s, kvw_receiver_t *r, kvw_status_t want,
+                               const char *why_has)
+{
+    assert_int_equal(wait_end(poll_r, r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), want);
+    print_message("decode: %s\n", why);
+    assert_non_null(strstr(why, "prefill rank 0"));
+    assert_non_null(strstr(why, why_has));
+    for (uint32_t k = 0; k < 2; k++)
+        assert_int_equal(wait_end(poll_s, s[k]), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(s[0], NULL), want);
+    req_spec_t none = {.aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    assert_int_equal(wrong_hybrid_ranks(KVW_PAGE_NHD, &none, 0), 0);
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+}
+
+/* Over two ranks: a state count differing from the sending rank's fails
+ * both sides, whichever came first; a decode state index outside its
+ * group is refused at init, before any request leaves. */
+static void test_hybrid_tp2_to_tp1_refusals(void **state)
+{
+    (void)state;
+    hybrid_ranks_layout(KVW_PAGE_NHD);
+    kvw_engine_t *eng[2] = {lp.prefill, prefill2};
+    kvw_state_list_t short_swa[2] = {{2, 0, hyr_mamba_src, 1}, {3, 0, hyr_swa_src, 2}};
+    kvw_sender_t *s[2];
+    /* Rank 0 (sending the state) gives 2 SWA pages after decode asked for 3. */
+    req_spec_t q = hybrid_ranks_spec(81);
+    kvw_receiver_t *r = hybrid_receiver(&q, 0, KVW_OK);
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(eng[k], q.room, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], q.n, q.aux_src), KVW_OK);
+        assert_int_equal(wait_end_ready(s[k]), KVW_POLL_WAITING_FOR_INPUT);
+    }
+    assert_int_equal(kvw_sender_send_state_lists(s[0], NULL, 0, short_swa, 2), KVW_ERR_MISMATCH);
+    hybrid_both_failed(s, r, KVW_ERR_MISMATCH,
+                       "state group 3: prefill gives 2 indices, decode asked for 3");
+    /* ... and before decode's request: refused when it arrives. */
+    q = hybrid_ranks_spec(82);
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(eng[k], q.room, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], q.n, q.aux_src), KVW_OK);
+        assert_int_equal(kvw_sender_send_state_lists(s[k], NULL, 0, short_swa, 2), KVW_OK);
+    }
+    r = hybrid_receiver(&q, 0, KVW_OK);
+    hybrid_both_failed(s, r, KVW_ERR_MISMATCH,
+                       "state group 3: decode asks for 3 indices, prefill gave 2");
+    /* Decode's SWA page 12: inside the KV pool (32), past the SWA pool (12). */
+    static const uint64_t swa12_dst[] = {0, 1, 12};
+    state_spec_t bad[2] = {hyr_lists[0], {3, 3, hyr_swa_src, swa12_dst}};
+    q = hybrid_ranks_spec(83);
+    q.lists = bad;
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(eng[k], q.room, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], q.n, q.aux_src), KVW_OK);
+    }
+    r = hybrid_receiver(&q, 0, KVW_ERR_OUT_OF_RANGE);
+    assert_int_equal(kvw_receiver_poll(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_OUT_OF_RANGE);
+    print_message("decode: %s\n", why);
+    assert_non_null(strstr(why, "destination state index 12 (index 2) of group 3"));
+    /* No request left: neither sender ever saw decode's indices. */
+    for (uint32_t k = 0; k < 2; k++) {
+        kvw_poll_t p = kvw_sender_poll(s[k]);
+        assert_true(p == KVW_POLL_BOOTSTRAPPING || p == KVW_POLL_FAILED);
+        kvw_sender_destroy(s[k]);
+    }
+    req_spec_t none = {.aux_src = KVW_NO_AUX, .aux_dst = KVW_NO_AUX};
+    assert_int_equal(wrong_hybrid_ranks(KVW_PAGE_NHD, &none, 0), 0);
+    kvw_receiver_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1429,6 +1720,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hybrid_mamba_swa, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hybrid_staged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hybrid_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hybrid_tp2_to_tp1_nhd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hybrid_tp2_to_tp1_hnd_rank1_rest, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hybrid_tp2_to_tp1_refusals, setup, teardown),
     };
 #ifdef LAYOUTS_ON_RXE
     tb_device_t d, d1;
