@@ -141,9 +141,13 @@ def _model_kv_heads(server_args: Any) -> int:
         from sglang.srt.configs.model_config import ModelConfig
 
         return int(ModelConfig.from_server_args(server_args).get_total_num_kv_heads())
-    except Exception as e:  # no head description: different TP sizes are refused
-        logger.warning("kvwire: cannot read the model's KV head count (%s): heads not "
-                       "described, different prefill/decode TP sizes will be refused", e)
+    except Exception as e:  # no head description
+        # Prefill (kv_head_num in its KV args) describes its heads, and the
+        # handshake refuses a peer that does not: this decode rank then
+        # serves no MHA/GQA prefill, at equal TP either. Say so loudly.
+        logger.error("kvwire: cannot read the model's KV head count (%s): this decode rank "
+                     "does not describe its KV heads, so the handshake with a prefill rank "
+                     "that does (any MHA/GQA prefill) will fail", e)
         return 0
 
 
