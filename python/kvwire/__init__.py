@@ -61,6 +61,8 @@ from ._engine import (
     Engine,
     Group,
     GroupHeads,
+    PrefillRank,
+    RanksReceiver,
     Receiver,
     Region,
     ReqMetrics,
@@ -71,6 +73,6 @@ from ._indices import Indices, as_indices
 
 __all__ = [
     "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupHeads", "GroupKind",
-    "LogLevel", "NO_AUX", "Poll", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
+    "LogLevel", "NO_AUX", "Poll", "PrefillRank", "RanksReceiver", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
     "as_indices", "features", "library_path", "set_log_handler", "version", "version_info",
 ]

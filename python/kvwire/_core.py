@@ -40,7 +40,9 @@ def features() -> Dict[str, bool]:
     Engine), init_indices (Receiver.init with state), send_part, send_state,
     metrics, send_after (the event= argument of Sender.send and
     Sender.send_part), state_lists (an index list per state group:
-    Receiver.init(state_lists=...), Sender.send_state(lists=...)). A
+    Receiver.init(state_lists=...), Sender.send_state(lists=...)),
+    receiver_ranks (Engine.receiver_ranks: decode over several prefill
+    ranks, head slicing). A
     missing one makes only the method that needs it
     raise Error(KVW_ERR_UNSUPPORTED)."""
     return {
@@ -51,6 +53,7 @@ def features() -> Dict[str, bool]:
         "metrics": _L.has("kvw_sender_metrics") and _L.has("kvw_receiver_metrics"),
         "send_after": _L.has("kvw_sender_send_after") and _L.has("kvw_sender_send_part_after"),
         "state_lists": _L.has("kvw_receiver_init_lists") and _L.has("kvw_sender_send_state_lists"),
+        "receiver_ranks": _L.has("kvw_receiver_create_ranks"),
     }
 
 

@@ -379,6 +379,15 @@ class Engine(_Handle):
         prefill_rank at bootstrap_addr (kvw_receiver_create)."""
         return Receiver(self, bootstrap_addr, prefill_rank, room)
 
+    def receiver_ranks(self, ranks: Sequence[Any], room: int) -> "RanksReceiver":
+        """Decode: one Receiver for room whose heads come from several
+        prefill ranks (kvw_receiver_create_ranks; head slicing with decode
+        TP < prefill TP, docs/head-slicing.md). ranks: PrefillRank, or
+        (address, rank) pairs where an address "tcp://ip:port" is a prefill
+        engine's control endpoint (as sglang's bootstrap server carries it)
+        and any other a kvwire bootstrap service ("host:port")."""
+        return RanksReceiver(self, ranks, room)
+
     def close(self) -> None:
         """Close every Sender/Receiver of this engine (receivers wait for
         their abort barrier), then destroy the engine. Idempotent."""
@@ -679,3 +688,81 @@ class Receiver(_Request):
     def __repr__(self) -> str:
         st = "closed" if self.closed else self.poll().name
         return f"<kvwire.Receiver room {self.room} {st}>"
+
+
+class PrefillRank(NamedTuple):
+    """One prefill rank of a receiver over several (kvw_prefill_rank_t):
+    rank at the kvwire bootstrap service bootstrap_addr ("host:port"), or,
+    bootstrap_addr None, the prefill engine whose control endpoint is
+    endpoint ("tcp://ip:port"). Exactly one of the two."""
+
+    rank: int
+    bootstrap_addr: Optional[str] = None
+    endpoint: Optional[str] = None
+
+
+def _prefill_rank(x: Any, what: str) -> PrefillRank:
+    if not isinstance(x, PrefillRank):
+        if not isinstance(x, (tuple, list)) or len(x) != 2 or not isinstance(x[0], str):
+            raise TypeError(f"{what}: a rank is a PrefillRank or an (address, rank) pair, "
+                            f"not {x!r}")
+        addr, rank = x
+        x = (PrefillRank(rank, endpoint=addr) if addr.startswith("tcp://")
+             else PrefillRank(rank, bootstrap_addr=addr))
+    if isinstance(x.rank, bool) or not isinstance(x.rank, int) or not 0 <= x.rank < 2**32:
+        raise ValueError(f"{what}: rank {x.rank!r} is not an integer in [0, 2^32)")
+    if (x.bootstrap_addr is None) == (x.endpoint is None):
+        raise ValueError(f"{what}: rank {x.rank} needs exactly one of bootstrap_addr and "
+                         "endpoint")
+    if x.endpoint is not None and (not x.endpoint.startswith("tcp://") or
+                                   len(x.endpoint) == len("tcp://")):
+        raise ValueError(f"{what}: rank {x.rank}'s endpoint {x.endpoint!r} is not tcp://ip:port")
+    if x.bootstrap_addr is not None and (not x.bootstrap_addr or x.bootstrap_addr[0] == "@"):
+        raise ValueError(f"{what}: rank {x.rank}'s bootstrap address {x.bootstrap_addr!r} "
+                         "is not host:port")
+    return x
+
+
+class RanksReceiver(Receiver):
+    """A Receiver for one room from several prefill ranks
+    (kvw_receiver_create_ranks). Once every rank is connected, each is
+    asked for the heads it sends (exactly one sender per head; ranks
+    holding only heads another sends owe nothing and finish at once); the
+    first rank owing heads also sends aux and state. Success once every
+    rank delivered; when one fails the others are aborted and it turns
+    Failed once none can land anything more, its reason naming the rank.
+    Both engines must describe their heads (Engine(group_heads=...)).
+    ranks is the list of PrefillRank, in the order given."""
+
+    def __init__(self, engine: Engine, ranks: Sequence[Any], room: int):
+        what = "kvwire.Engine.receiver_ranks"
+        fn = _L.optional.get("kvw_receiver_create_ranks")
+        if fn is None:
+            raise _unsupported("kvw_receiver_create_ranks", what)
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+            raise TypeError(f"{what}: ranks is a list of PrefillRank or (address, rank)")
+        self.ranks: List[PrefillRank] = [_prefill_rank(x, what) for x in ranks]
+        if not 1 <= len(self.ranks) <= _lib.MAX_PREFILL_RANKS:
+            raise ValueError(f"{what}: {len(self.ranks)} ranks; 1 to "
+                             f"{_lib.MAX_PREFILL_RANKS} (KVW_MAX_PREFILL_RANKS)")
+        self._engine = engine
+        self.room = int(room)
+        self.prefill_rank = self.ranks[0].rank
+        self.bootstrap_addr = ", ".join(
+            f"rank {k.rank} at {k.bootstrap_addr or k.endpoint}" for k in self.ranks)
+        arr = (_lib.kvw_prefill_rank_t * len(self.ranks))()
+        for i, k in enumerate(self.ranks):
+            arr[i].bootstrap_addr = k.bootstrap_addr.encode() if k.bootstrap_addr else None
+            arr[i].endpoint = k.endpoint.encode() if k.endpoint else None
+            arr[i].rank = k.rank
+        p = _lib.kvw_receiver_params_t(ctypes.sizeof(_lib.kvw_receiver_params_t), self.room,
+                                       len(self.ranks), arr)
+        h = ctypes.c_void_p()
+        with engine._lock:
+            _call(fn, f"kvw_receiver_create_ranks(room {self.room}, {len(self.ranks)} ranks)",
+                  engine._get(), ctypes.byref(p), ctypes.byref(h))
+            self._cell = engine._adopt(h.value, "receiver")
+
+    def __repr__(self) -> str:
+        st = "closed" if self.closed else self.poll().name
+        return f"<kvwire.RanksReceiver room {self.room} {len(self.ranks)} ranks {st}>"

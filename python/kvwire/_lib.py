@@ -283,7 +283,12 @@ OPTIONAL = {
                                         POINTER(kvw_state_list_t), c_size_t]),
     "kvw_sender_send_state_lists": (c_int, [c_void_p, _u64p, c_size_t,
                                             POINTER(kvw_state_list_t), c_size_t]),
+    # Decode over several prefill ranks (head slicing, decode TP < prefill TP).
+    "kvw_receiver_create_ranks": (c_int, [c_void_p, POINTER(kvw_receiver_params_t),
+                                          POINTER(c_void_p)]),
 }
+# KVW_MAX_PREFILL_RANKS: the most ranks one kvw_receiver_create_ranks takes.
+MAX_PREFILL_RANKS = 64
 # Buffer groups change kvw_engine_params_t, which no symbol names: a library
 # that has the calls introduced with them is taken to understand groups.
 GROUPS_MARKER = "kvw_receiver_init_indices"

@@ -15,7 +15,7 @@ def test_import_and_library():
     assert os.path.exists(kvwire.library_path()) or kvwire.library_path().startswith("lib")
     feats = kvwire.features()
     assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
-                          "send_after", "state_lists"}
+                          "send_after", "state_lists", "receiver_ranks"}
     assert feats["state_lists"]
 
 
@@ -305,3 +305,93 @@ def test_group_heads_reach_engine_params(monkeypatch):
     with pytest.raises(ValueError):
         kvwire.Engine("decode", "127.0.0.1", groups=[kv, st],
                       group_heads=[kvwire.GroupHeads(4, 0, 2, 128, 8, "XYZ"), None])
+
+
+@pytest.fixture
+def fake_engine():
+    """An Engine whose calls reach the (monkeypatched) C functions: its
+    handle is a dummy never dereferenced, and never destroyed."""
+    import threading
+
+    e = kvwire.Engine.__new__(kvwire.Engine)
+    e._cell = kvwire._Cell(1, "engine")
+    e._lock = threading.Lock()
+    e._children = {}
+    yield e
+    for c in e._children.values():
+        c.h = None
+    e._cell = None
+
+
+def test_receiver_ranks_reach_c_in_order(monkeypatch, fake_engine):
+    """Engine.receiver_ranks fills kvw_receiver_params_t: struct_size, room,
+    each rank by endpoint (tcp://, as sglang's bootstrap server carries it)
+    or by bootstrap address, in the order given."""
+    seen = {}
+
+    def create(eh, pp, hp):
+        p = pp._obj
+        seen["p"] = (p.struct_size, p.room, p.num_ranks)
+        seen["ranks"] = [(p.ranks[i].bootstrap_addr, p.ranks[i].endpoint, p.ranks[i].rank)
+                         for i in range(p.num_ranks)]
+        hp._obj.value = 77
+        return 0
+
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_create_ranks", create)
+    e = fake_engine
+    r = e.receiver_ranks([("tcp://10.0.0.2:4100", 0), kvwire.PrefillRank(1, "10.0.0.9:8998"),
+                          kvwire.PrefillRank(3, endpoint="tcp://[fe80::1]:5")], room=42)
+    assert seen["p"] == (ctypes.sizeof(_lib.kvw_receiver_params_t), 42, 3)
+    assert seen["ranks"] == [(None, b"tcp://10.0.0.2:4100", 0), (b"10.0.0.9:8998", None, 1),
+                             (None, b"tcp://[fe80::1]:5", 3)]
+    assert r._cell.h == 77 and r.room == 42 and r.prefill_rank == 0
+    assert [k.rank for k in r.ranks] == [0, 1, 3]
+    assert "rank 1 at 10.0.0.9:8998" in r.bootstrap_addr
+    r._cell = None  # never destroy the dummy handle (the fixture forgets the engine's)
+
+
+@pytest.mark.parametrize("ranks, exc", [
+    ([], ValueError),                                   # none
+    ([("tcp://1.2.3.4:5", i) for i in range(65)], ValueError),  # > KVW_MAX_PREFILL_RANKS
+    ("tcp://1.2.3.4:5", TypeError),                     # not a list
+    ([("tcp://1.2.3.4:5",)], TypeError),                # not a pair
+    ([("tcp://1.2.3.4:5", -1)], ValueError),            # negative rank
+    ([("tcp://1.2.3.4:5", 2**32)], ValueError),         # rank beyond uint32
+    ([("tcp://1.2.3.4:5", True)], ValueError),          # bool is no rank
+    ([kvwire.PrefillRank(0)], ValueError),              # neither address
+    ([kvwire.PrefillRank(0, "h:1", "tcp://h:1")], ValueError),  # both
+    ([kvwire.PrefillRank(0, endpoint="udp://h:1")], ValueError),
+    ([kvwire.PrefillRank(0, endpoint="tcp://")], ValueError),
+    ([("@tcp://h:1", 0)], ValueError),                  # "@" is the library's own prefix
+])
+def test_receiver_ranks_refuses_bad_lists_before_c(monkeypatch, fake_engine, ranks, exc):
+    called = []
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_create_ranks",
+                        lambda *a: called.append(a) or 0)
+    with pytest.raises(exc):
+        fake_engine.receiver_ranks(ranks, room=1)
+    assert called == []
+
+
+def test_receiver_ranks_errors_come_back(monkeypatch, fake_engine):
+    """The library's refusal (e.g. the same rank twice, an engine that does
+    not describe its heads) is an Error with its status; an older library
+    without the call raises KVW_ERR_UNSUPPORTED naming it."""
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_create_ranks",
+                        lambda *a: int(kvwire.Status.ERR_UNSUPPORTED))
+    e = fake_engine
+    with pytest.raises(kvwire.Error) as ei:
+        e.receiver_ranks([("tcp://1.2.3.4:5", 0), ("tcp://1.2.3.4:6", 1)], room=9)
+    assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+    assert "kvw_receiver_create_ranks(room 9, 2 ranks)" in str(ei.value)
+    assert e._children == {}
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_create_ranks", None)
+    with pytest.raises(kvwire.Error) as ei:
+        e.receiver_ranks([("tcp://1.2.3.4:5", 0)], room=9)
+    assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+    assert "kvw_receiver_create_ranks" in ei.value.reason
+
+
+def test_receiver_ranks_in_the_real_library():
+    """The library this binding loads exports the call."""
+    assert kvwire.features()["receiver_ranks"]

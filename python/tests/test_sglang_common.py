@@ -154,3 +154,71 @@ def test_state_indices_map_to_their_own_lists(sg):
     assert got == {1: [5], 2: [7, 8, 9], 3: []}
     assert _state_lists(None, groups) == {1: [], 2: [], 3: []}
     assert _state_lists([[np.array([5])]], groups) == {1: [5], 2: [], 3: []}
+
+
+def test_heads_described_from_sglangs_kv_args(sg):
+    """Head slicing's description of a rank's KV heads: prefill's from
+    kv_head_num / total_kv_head_num, decode's (no head count in its KV args)
+    from the model's over the attention TP size; GQA replication; none
+    (different TP sizes then refused) where the args cannot say."""
+    from sglang.srt.configs.model_config import set_model
+    from sglang.srt.runtime_context import set_rank
+    from kvwire.sglang import conn
+
+    GH = conn.kvwire.GroupHeads
+    item = 4 * 2 * 128  # 4-token pages, 2 heads of 128 bytes
+    try:
+        set_rank(attn_tp_size=2, attn_tp_rank=1)
+        a = _args(kv_item_lens=[item] * 4, page_size=4, kv_head_num=2, total_kv_head_num=4)
+        assert conn._heads(a, 4, None) == GH(4, 2, 2, 128, 4, "NHD")
+        set_model(4)  # decode: the model's 4 heads over attn TP 2
+        assert conn._heads(_args(kv_item_lens=[item] * 4, page_size=4), 4, None) == \
+            GH(4, 2, 2, 128, 4, "NHD")
+        set_rank(attn_tp_size=1, attn_tp_rank=0)  # decode TP 1: all 4 heads
+        assert conn._heads(_args(kv_item_lens=[4 * 4 * 128] * 4, page_size=4), 4, None) == \
+            GH(4, 0, 4, 128, 4, "NHD")
+        set_rank(attn_tp_size=8, attn_tp_rank=5)  # GQA: 2 heads over 8 ranks
+        set_model(2)
+        assert conn._heads(_args(kv_item_lens=[4 * 128] * 4, page_size=4), 4, None) == \
+            GH(2, 1, 1, 128, 4, "NHD")
+        set_model(None)  # no model config: not described
+        assert conn._heads(_args(kv_item_lens=[item] * 4, page_size=4), 4, None) is None
+        set_rank(attn_tp_size=2, attn_tp_rank=0)
+        # a draft model's regions (other item lengths) or a size that does not divide
+        assert conn._heads(_args(kv_item_lens=[item, item, 256, 256], page_size=4,
+                                 kv_head_num=2), 4, None) is None
+        assert conn._heads(_args(kv_item_lens=[100] * 4, page_size=4, kv_head_num=2), 4,
+                           None) is None
+    finally:
+        set_rank()
+        set_model(None)
+
+
+def test_tp_refusals_name_both_sizes(sg, monkeypatch):
+    """Decode's verdict on a prefill attn TP size (None: served), each
+    refusal naming both TP sizes."""
+    import types
+
+    from kvwire.sglang import conn
+
+    r = conn.KVWireKVReceiver.__new__(conn.KVWireKVReceiver)
+    heads = conn.kvwire.GroupHeads(4, 0, 4, 128, 4, "NHD")
+    r.kv_mgr = types.SimpleNamespace(attn_tp_size=1, is_mla_backend=False, heads=heads,
+                                     state_groups={})
+    assert r._refusal(1) is None and r._refusal(2) is None  # equal; MHA 2 -> 1 served
+    r.kv_mgr.heads = None
+    assert "prefill attn TP size 2 != decode attn TP size 1" in r._refusal(2)
+    r.kv_mgr.heads, r.kv_mgr.state_groups = heads, {0: 2}
+    assert "prefill attn TP size 2, decode attn TP size 1: a hybrid" in r._refusal(2)
+    r.kv_mgr.state_groups = {}
+    monkeypatch.setenv("KVW_GPU_PATH", "staging")
+    assert "prefill attn TP size 2, decode attn TP size 1" in r._refusal(2)
+    assert "staged" in r._refusal(2)
+    monkeypatch.delenv("KVW_GPU_PATH")
+    r.kv_mgr.attn_tp_size = 2
+    assert "prefill attn TP size 1 < decode attn TP size 2" in r._refusal(1)
+    r.kv_mgr.is_mla_backend = True
+    assert "decode attn TP size 2 > prefill attn TP size 1" in r._refusal(1)
+    r.kv_mgr.attn_tp_size = 1
+    assert r._refusal(2) is None  # MLA 2 -> 1: one prefill rank sends
+    r.recvs = []

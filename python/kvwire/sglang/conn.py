@@ -22,14 +22,20 @@ What is sglang's and what is kvwire's:
 Layouts: TP equal on both sides, DP attention on either side (sglang's
 mapping), MLA with prefill TP > decode TP (decode reads one prefill rank;
 the others are asked for nothing and finish with an empty final part, as
-mooncake's dummy ranks do). Refused with a reason: MHA/GQA with different
-TP sizes (needs head slicing), MLA with decode TP > prefill TP, prefill
-PP > 1, context parallelism, decode-context parallelism (sglang's own
-guard), decode prefix reuse (decode_prefix_len > 0),
-token_position_offset != 0. Hybrid models: each StateType with buffers is
-its own kvwire state group and index space (Mamba's slot, SWA/DSA page
-lists; a None component moves nothing for that group); prefill's and
-decode's counts must agree per group or the request fails on both sides.
+mooncake's dummy ranks do), MHA/GQA with prefill TP > decode TP (head
+slicing: each engine describes its heads from sglang's KV args, and one
+kvwire receiver over the prefill ranks of sglang's target range asks each
+for the heads it sends; GQA replicas owe nothing). Refused with a reason
+naming both TP sizes: MHA/GQA and MLA with decode TP > prefill TP (one
+prefill rank would serve several decode ranks), MHA/GQA with different TP
+sizes and hybrid state or staged GPU memory (KVW_GPU_PATH=staging) or KV
+args that do not describe the heads. Refused too: prefill PP > 1, context
+parallelism, decode-context parallelism (sglang's own guard), decode
+prefix reuse (decode_prefix_len > 0), token_position_offset != 0.
+Hybrid models: each StateType with buffers is its own kvwire state group
+and index space (Mamba's slot, SWA/DSA page lists; a None component moves
+nothing for that group); prefill's and decode's counts must agree per
+group or the request fails on both sides.
 """
 
 from __future__ import annotations
@@ -127,6 +133,64 @@ def _state_lists(state_indices: Optional[List], groups: Dict[int, int]) -> Dict[
     return out
 
 
+def _model_kv_heads(server_args: Any) -> int:
+    """The model's KV heads as sglang's scheduler reads them (ModelConfig
+    from the server args: the HF config), 0 if that fails. Decode's KV args
+    carry no head count (sglang sets kv_head_num on prefill only)."""
+    try:
+        from sglang.srt.configs.model_config import ModelConfig
+
+        return int(ModelConfig.from_server_args(server_args).get_total_num_kv_heads())
+    except Exception as e:  # no head description
+        # Prefill (kv_head_num in its KV args) describes its heads, and the
+        # handshake refuses a peer that does not: this decode rank then
+        # serves no MHA/GQA prefill, at equal TP either. Say so loudly.
+        logger.error("kvwire: cannot read the model's KV head count (%s): this decode rank "
+                     "does not describe its KV heads, so the handshake with a prefill rank "
+                     "that does (any MHA/GQA prefill) will fail", e)
+        return 0
+
+
+def _heads(args: KVArgs, nkv: int, server_args: Any) -> Optional[kvwire.GroupHeads]:
+    """This rank's KV heads (head slicing, docs/head-slicing.md) from
+    sglang's MHA/GQA KV args: kv_head_num heads per rank (on decode, which
+    lacks it: the model's total over the attn TP size, at least 1, as
+    sglang sizes its pool); the model's total_kv_head_num, or kv_head_num x
+    attn TP size when not given; with
+    fewer KV heads than ranks (GQA replication) each rank holds head
+    attn_tp_rank x total / attn_tp_size. head bytes from the item length
+    (page_size tokens x heads x head bytes: sglang's MHA pools are
+    token-major, NHD). None when the args do not say (the engine then
+    moves whole regions, and different TP sizes are refused)."""
+    page = int(getattr(args, "page_size", 0) or 0)
+    lens = list(args.kv_item_lens or [])
+    if page <= 0 or not lens or nkv == 0:
+        return None
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    tp, rank = int(par.attn_tp_size or 1), int(par.attn_tp_rank or 0)
+    n = int(getattr(args, "kv_head_num", 0) or 0)
+    total = int(getattr(args, "total_kv_head_num", 0) or 0)
+    if n <= 0:
+        total = total or _model_kv_heads(server_args)
+        n = max(1, total // tp) if total > 0 else 0
+    if n <= 0:
+        return None
+    total = total or n * tp
+    if lens[0] % (page * n) or any(x != lens[0] for x in lens):
+        return None  # not one page of n equal heads per item: move regions whole
+    if total >= tp:
+        if n * tp != total:
+            return None
+        first = rank * n
+    else:  # replicated: each head on tp // total ranks
+        if n != 1 or tp % total:
+            return None
+        first = rank * total // tp
+    return kvwire.GroupHeads(total, first, n, lens[0] // (page * n), page, "NHD")
+
+
 def _endpoint(info: dict) -> str:
     ip = str(info["rank_ip"])
     if ":" in ip and not ip.startswith("["):
@@ -211,6 +275,7 @@ class KVWireKVManager(CommonKVManager):
         # rank: its endpoint is what gets registered.
         self.kvwire_ip = _rdma_ip(server_args)
         self._kvwire_args = (args, disaggregation_mode, bool(is_mla_backend))
+        self._server_args_for_heads = server_args
         self.engine = self._make_engine()
         try:
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
@@ -283,6 +348,7 @@ class KVWireKVManager(CommonKVManager):
             self.state_groups[i] = len(groups)
             self.state_kinds[i] = _state_kind(types[i]) if i < len(types) else str(i)
             groups.append(kvwire.Group(kvwire.GroupKind.STATE, 1, len(regs), regs))
+        self.heads = None if is_mla else _heads(args, len(kv), self._server_args_for_heads)
         device = getattr(args, "ib_device", None) or None
         if device and "," in device:
             devs = [d.strip() for d in device.split(",") if d.strip()]
@@ -295,8 +361,12 @@ class KVWireKVManager(CommonKVManager):
 
             sg_ms = int(float(envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()) * 1000)
             cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
+        heads = None
+        if self.heads is not None:
+            heads = [self.heads] + [None] * (len(groups) - 1)
         return kvwire.Engine(role, self.kvwire_ip, groups=groups, device=device,
-                             engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg)
+                             engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg,
+                             group_heads=heads)
 
     # ------------------------------------------------------ registration
 
@@ -392,8 +462,9 @@ class KVWireKVSender(CommonKVSender):
             if not self.kv_mgr.is_mla_backend:
                 self._fail(
                     f"decode asked nothing of this MHA/GQA prefill rank (attn tp "
-                    f"{self.kv_mgr.attn_tp_size}): decode refused the layout (different TP "
-                    "sizes need head slicing); decode's failure names both sizes")
+                    f"{self.kv_mgr.attn_tp_size}): decode refused the layout (decode TP > "
+                    "prefill TP, or a layout head slicing does not serve); decode's failure "
+                    "names both TP sizes")
                 return
             self.dummy = True  # MLA: another prefill rank sends this decode rank's copy
             num_kv_indices, aux_index = 0, None
@@ -531,15 +602,10 @@ class KVWireKVReceiver(CommonKVReceiver):
         info = self.prefill_info
         mgr = self.kv_mgr
         mla = bool(mgr.is_mla_backend)
-        refuse = None
-        if not mla and info.attn_tp_size != mgr.attn_tp_size:
-            refuse = (f"prefill attn TP size {info.attn_tp_size} != decode attn TP size "
-                      f"{mgr.attn_tp_size} for an MHA/GQA model: kvwire does not slice heads "
-                      "yet; use equal TP sizes")
-        elif mla and mgr.attn_tp_size > info.attn_tp_size:
-            refuse = (f"MLA with decode attn TP size {mgr.attn_tp_size} > prefill attn TP size "
-                      f"{info.attn_tp_size}: one prefill rank would serve several decode ranks, "
-                      "which kvwire does not do yet")
+        refuse = self._refusal(info.attn_tp_size)
+        if refuse is None and not mla and info.attn_tp_size > mgr.attn_tp_size:
+            self._init_sliced(info.attn_tp_size)
+            return
         for bi in self.bootstrap_infos or []:
             dummy = bool(bi.get("is_dummy")) or refuse is not None
             try:
@@ -563,6 +629,57 @@ class KVWireKVReceiver(CommonKVReceiver):
             # nothing by an MHA/GQA decode rank, fails its side at once.
             self._fail(f"kvwire refuses room {self.bootstrap_room} ({mgr.where()}): {refuse}",
                        abort=False)
+
+    def _refusal(self, ptp: int) -> Optional[str]:
+        """Why this layout cannot be served (None: it can), naming both
+        attention TP sizes."""
+        mgr = self.kv_mgr
+        dtp = mgr.attn_tp_size
+        sizes = f"prefill attn TP size {ptp}, decode attn TP size {dtp}"
+        if ptp == dtp:
+            return None
+        if mgr.is_mla_backend:
+            if dtp > ptp:
+                return (f"MLA with decode attn TP size {dtp} > prefill attn TP size {ptp}: one "
+                        "prefill rank would serve several decode ranks, which kvwire does not "
+                        "do yet")
+            return None
+        if dtp > ptp:
+            return (f"prefill attn TP size {ptp} < decode attn TP size {dtp} for an MHA/GQA "
+                    "model: one prefill rank would serve several decode ranks, which kvwire "
+                    "does not do yet; use decode TP <= prefill TP")
+        if mgr.heads is None:
+            return (f"prefill attn TP size {ptp} != decode attn TP size {dtp} for an MHA/GQA "
+                    "model whose KV args do not describe its heads (kv_head_num, page_size, "
+                    "equal item lengths)")
+        if mgr.state_groups:
+            return (f"{sizes}: a hybrid model's state (Mamba, SWA, DSA) is not head-sliced "
+                    "yet; use equal TP sizes")
+        if os.environ.get("KVW_GPU_PATH", "").lower() == "staging":
+            return (f"{sizes}: head slicing does not work with staged GPU memory "
+                    "(KVW_GPU_PATH=staging)")
+        return None
+
+    def _init_sliced(self, ptp: int) -> None:
+        """MHA/GQA with decode attn TP < prefill attn TP: one kvwire
+        receiver over every prefill rank of the target range (sglang's
+        target_tp_ranks, one bootstrap_info each), which asks each rank for
+        the heads it sends (head slicing, docs/head-slicing.md)."""
+        mgr = self.kv_mgr
+        infos = list(self.bootstrap_infos or [])
+        tps = list(self.target_tp_ranks or [])
+        if len(infos) != len(tps) or not infos:
+            self._fail(f"kvwire: {len(infos)} prefill ranks resolved for target attn TP ranks "
+                       f"{tps} (prefill attn TP size {ptp}, decode {mgr.attn_tp_size})")
+            return
+        ranks = [kvwire.PrefillRank(int(t), endpoint=_endpoint(bi)) for t, bi in zip(tps, infos)]
+        try:
+            r = mgr.engine.receiver_ranks(ranks, int(self.bootstrap_room))
+        except Error as e:
+            self._fail(f"kvwire receiver over prefill attn TP ranks {tps} (prefill attn TP size "
+                       f"{ptp}, decode attn TP size {mgr.attn_tp_size}): {e}")
+            return
+        self.recvs.append((r, False))
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List] = None,

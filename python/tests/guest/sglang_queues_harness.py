@@ -37,7 +37,12 @@ python/tests/sglang_stubs holds the module-level stubs for the rest of sglang):
   - CpuKVPool (a KVCache / MLATokenToKVPool subclass of the stub classes):
     the model's KV pool on the GPU; here numpy host buffers, one per layer
     for K then V (MHA) or one per layer (MLA), page_size tokens per item,
-    get_contiguous_buf_infos() as sglang's pools report them.
+    token-major (NHD) with this rank's KV heads (the model's 4 over the
+    attention TP size), get_contiguous_buf_infos() as sglang's pools
+    report them.
+  - ModelConfig (sglang_stubs' configs/model_config.py): sglang loads the
+    model's HF config; here set_model() gives its KV head count, which
+    decode's KV manager reads (sglang's decode KV args carry none).
   - PagedAllocator: sglang's paged token-to-KV allocator (GPU kernels);
     here a free list of pages with alloc_extend() for a fresh request.
   - PrefillReqToTokenPool: sglang's ReqToTokenPool (a GPU tensor); here a
@@ -58,7 +63,9 @@ python/tests/sglang_stubs holds the module-level stubs for the rest of sglang):
 Cases (CASES; chunked prefill everywhere: CHUNK tokens per forward, so
 several send() per request): tp11, tp22 (MHA, a gloo group of 2), abort22
 (aborts on either side, see aborts()), dpattn (tp 2, attn_tp 1, dp 2 on both
-sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 and mla12 (refused),
+sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 (MHA, prefill TP 2
+-> decode TP 1: head slicing, decode's one receiver over both prefill
+ranks, each sending its 2 of decode's 4 heads), mha12 and mla12 (refused),
 freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
 in the transfer queue: its bootstrap server stops answering, kvwire's own
 peer timers are set to 60 s, so only sglang's heartbeat can fail them;
@@ -103,6 +110,7 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT  # noqa: E402
 from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import KVCache, MLATokenToKVPool  # noqa: E402
 from sglang.srt.runtime_context import set_rank  # noqa: E402
+from sglang.srt.configs.model_config import set_model  # noqa: E402 (the stub's)
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 BACKEND = TransferBackend("kvwire")
@@ -113,13 +121,15 @@ CASES = {
     "abort22": (False, (2, 1), (2, 1)),
     "dpattn": (False, (1, 2), (1, 2)),  # tp 2, attn_tp 1, dp 2 on both sides
     "mla21": (True, (2, 1), (1, 1)),
-    "mha21": (False, (2, 1), (1, 1)),  # refused: kvwire does not slice heads yet
+    "mha21": (False, (2, 1), (1, 1)),  # head slicing: decode takes 2 heads from each rank
+    "mha12": (False, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
     "mla12": (True, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
     "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
 }
-PAGE, TOKEN_BYTES, LAYERS, POOL_PAGES = 4, 64, 2, 96
-HEADS = 2  # KV heads per rank (TOKEN_BYTES = HEADS x head_dim x dtype)
+PAGE, LAYERS, POOL_PAGES = 4, 2, 96
+MODEL_KV_HEADS, HEAD_BYTES = 4, 16  # MHA: a head of a token is head_dim x dtype bytes
+MLA_TOKEN_BYTES = 64  # MLA: one latent "head", the same on every rank
 MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
 BASE = {c: 1000 * (i + 1) for i, c in enumerate(CASES)}
 
@@ -151,11 +161,11 @@ def aborts(case):
 
 
 def expect_success(case, room):
-    return case not in ("mha21", "mla12", "freeze22") and room not in aborts(case).values()
+    return case not in ("mha12", "mla12", "freeze22") and room not in aborts(case).values()
 
 
 REFUSALS = {  # what decode's reason must say for a refused layout
-    "mha21": "prefill attn TP size 2 != decode attn TP size 1",
+    "mha12": "prefill attn TP size 1 < decode attn TP size 2",
     "mla12": "MLA with decode attn TP size 2 > prefill attn TP size 1",
 }
 
@@ -178,18 +188,30 @@ def decode_dp(room, dp):
     return (room // 7) % dp  # the router's choice of decode DP rank: any
 
 
-def src_key(case, room, decode_attn_tp_rank):
-    """Which prefill rank's content a decode rank receives for a room: MLA
-    ranks hold the same (replicated) KV, MHA ranks their own heads."""
-    mla, (ptp, pdp), _ = CASES[case]
-    return 0 if mla else prefill_dp(room, pdp) * ptp + decode_attn_tp_rank
+def heads_of(mla, attn_tp, attn_tp_rank):
+    """(first head, heads) a rank holds: MHA splits the model's KV heads
+    over the attention TP ranks; MLA's latent cache is one replicated head."""
+    if mla:
+        return 0, 1
+    n = MODEL_KV_HEADS // attn_tp
+    return attn_tp_rank * n, n
 
 
-def kv_content(room, tp_rank, buf, n):
+def token_bytes(mla, attn_tp):
+    return MLA_TOKEN_BYTES if mla else heads_of(False, attn_tp, 0)[1] * HEAD_BYTES
+
+
+def kv_content(room, dp_rank, buf, n, mla, heads):
     """What prefill's forward pass writes for a request's n tokens in KV
-    buffer buf (rank-specific: MHA ranks hold different heads)."""
-    rng = np.random.default_rng([room, tp_rank, buf])
-    return rng.integers(0, 256, (n, TOKEN_BYTES), dtype=np.uint8)
+    buffer buf on a rank of prefill DP rank dp_rank holding heads (first,
+    count): each head of each token its own bytes, so that a decode rank
+    holding other heads than one prefill rank checks each head it got."""
+    rng = np.random.default_rng([room, dp_rank, buf])
+    if mla:
+        return rng.integers(0, 256, (n, MLA_TOKEN_BYTES), dtype=np.uint8)
+    full = rng.integers(0, 256, (n, MODEL_KV_HEADS * HEAD_BYTES), dtype=np.uint8)
+    first, count = heads
+    return full[:, first * HEAD_BYTES:(first + count) * HEAD_BYTES]
 
 
 def first_token(room):
@@ -259,26 +281,27 @@ class FakeReq:
 
 
 class CpuKVPool(KVCache):
-    def __init__(self, mla=False):
-        self.page_size, self.head_num, self.start_layer, self.end_layer = PAGE, HEADS, 0, LAYERS
+    def __init__(self, mla, attn_tp):
+        self.page_size, self.start_layer, self.end_layer = PAGE, 0, LAYERS
+        self.head_num = heads_of(mla, attn_tp, 0)[1]
+        self.token_bytes = token_bytes(mla, attn_tp)
         self.size = POOL_PAGES * PAGE
         nbuf = LAYERS if mla else 2 * LAYERS
         # + one page: sglang's pools keep slot 0 (page 0) as padding.
-        self.bufs = [np.zeros((self.size + PAGE, TOKEN_BYTES), dtype=np.uint8)
+        self.bufs = [np.zeros((self.size + PAGE, self.token_bytes), dtype=np.uint8)
                      for _ in range(nbuf)]
 
     def get_contiguous_buf_infos(self):
         return ([b.ctypes.data for b in self.bufs], [b.nbytes for b in self.bufs],
-                [TOKEN_BYTES * PAGE] * len(self.bufs))
+                [self.token_bytes * PAGE] * len(self.bufs))
 
 
 class CpuMLAPool(CpuKVPool, MLATokenToKVPool):
-    def __init__(self, mla=True):
-        CpuKVPool.__init__(self, mla=True)
+    pass
 
 
-def kv_pool(mla):
-    return CpuMLAPool() if mla else CpuKVPool()
+def kv_pool(mla, attn_tp):
+    return CpuMLAPool(True, attn_tp) if mla else CpuKVPool(False, attn_tp)
 
 
 class PagedAllocator(BaseTokenToKVPoolAllocator):
@@ -379,12 +402,12 @@ class _Sched:
     """What both schedulers share: the attributes the queue code reads."""
 
     def __init__(self, o, lay, port, group, cp_group):
-        tp, dp, _, dp_rank, mla = lay
-        self.mla = mla
+        tp, dp, tp_rank, dp_rank, mla = lay
+        self.mla, self.dp_rank, self.heads = mla, dp_rank, heads_of(mla, tp, tp_rank)
         self.server_args = server_args(o.ip, port, tp, dp, o.dev)
         self.ps = _Obj(tp_rank=o.rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=0)
         self.model_config = _Obj(num_hidden_layers=LAYERS,
-                                 get_total_num_kv_heads=lambda: HEADS * tp)
+                                 get_total_num_kv_heads=lambda: 1 if mla else MODEL_KV_HEADS)
         self.tp_worker = _Obj(is_hybrid_swa=False)
         self.metrics_reporter = _Obj(enable_metrics=False)
         self.attn_tp_cpu_group, self.attn_cp_cpu_group = group, cp_group
@@ -399,7 +422,7 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
         super().__init__(o, lay, port, group, cp_group)
         tp, dp = lay[0], lay[1]
         self.enable_hicache_storage = False
-        self.pool = kv_pool(self.mla)
+        self.pool = kv_pool(self.mla, tp)
         self.token_to_kv_pool_allocator = PagedAllocator(self.pool)
         self.req_to_token_pool = PrefillReqToTokenPool()
         self.tree_cache = FakeTreeCache(self.token_to_kv_pool_allocator, self.req_to_token_pool)
@@ -425,10 +448,9 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
             assert locs is not None, "prefill pool full"
             self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = locs
         locs = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].numpy()
-        key = 0 if self.mla else self.ps.tp_rank
         for b, buf in enumerate(self.pool.bufs):
-            buf[locs] = kv_content(req.bootstrap_room, key, b,
-                                   len(req.origin_input_ids))[start:end]
+            buf[locs] = kv_content(req.bootstrap_room, self.dp_rank, b,
+                                   len(req.origin_input_ids), self.mla, self.heads)[start:end]
         req.fill_ids = req.origin_input_ids[:end]
 
 
@@ -443,7 +465,7 @@ class DecodeSched(_Sched):
         self.spec_algorithm = _Obj(is_none=lambda: True)
         self.sliding_window_size = None
         self.output_streamer = self
-        self.pool = kv_pool(self.mla)
+        self.pool = kv_pool(self.mla, tp)
         self.allocator = PagedAllocator(self.pool)
         self.req_to_token_pool = DecodeReqToTokenPool(size=MD_SLOTS, max_context_len=MAX_CTX,
                                                       device="cpu", enable_memory_saver=False,
@@ -484,6 +506,7 @@ def prefill_case(o, case, groups, world_group):
         return True
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
+    set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
     s = PrefillSched(o, lay, port, group, groups[(o.rank,)])
     if o.rank == 0:
@@ -492,7 +515,7 @@ def prefill_case(o, case, groups, world_group):
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
     reqs = [FakeReq(room, n, o.ip, port) for room, n in requests(case)
             if prefill_dp(room, dp) == dp_rank]
-    bq.extend(reqs, HEADS)
+    bq.extend(reqs, s.pool.head_num)
     running, done, sends = [], {}, {}
     frozen = False
     end = time.monotonic() + 180
@@ -501,6 +524,12 @@ def prefill_case(o, case, groups, world_group):
             running.append(r)
         if case == "kill22" and not bq.queue:
             return hang(o, s)
+        if case in ("kill22", "freeze22") and bq.queue and not frozen:
+            # No forward pass before every request is bootstrapped: one that
+            # bootstrapped early (a 5-token request is one chunk) would
+            # otherwise be sent whole before prefill stalls or dies.
+            time.sleep(0.002)
+            continue
         if case == "freeze22" and not bq.queue and not frozen:
             # A forward pass that stalls (the test SIGSTOPs this process),
             # then goes on: every rank waits for the same file, no collective.
@@ -580,6 +609,7 @@ def decode_case(o, case, groups, world_group):
         return True
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
+    set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]
     saved = dict(os.environ)
     if case in ("freeze22", "kill22"):  # read when the manager (and its engine) is made
@@ -612,7 +642,7 @@ def decode_case(o, case, groups, world_group):
                 d.kv_receiver.abort()  # abort_request on the transfer queue
         tq.extend(pre)
         for r in tq.pop_transferred():  # Success: every byte, then free as decode would
-            wrong = verify(s, r, src_key(case, r.bootstrap_room, tp_rank))
+            wrong = verify(s, r, prefill_dp(r.bootstrap_room, CASES[case][1][1]))
             wrong_total += wrong
             out[r.rid] = f"Success, {wrong} bytes wrong"
             s.tree_cache.cache_finished_req(r)
@@ -706,7 +736,7 @@ def decode_lost(o, case, s, reqs, world_group):
     return ok
 
 
-def verify(s, req, key):
+def verify(s, req, dp_rank):
     """Every byte of the request's KV in decode's pool, the first token and
     cached-token count from the metadata buffers, and the bootstrap_room
     sglang's transfer queue read for it."""
@@ -714,7 +744,7 @@ def verify(s, req, key):
     locs = s.req_to_token_pool.req_to_token[req.req_pool_idx, :n].numpy()
     wrong = 0
     for b, buf in enumerate(s.pool.bufs):
-        want = kv_content(req.bootstrap_room, key, b, n)
+        want = kv_content(req.bootstrap_room, dp_rank, b, n, s.mla, s.heads)
         wrong += int((buf[locs] != want).sum())
     room = req.bootstrap_room
     wrong += int(req.finished_reason is not None)

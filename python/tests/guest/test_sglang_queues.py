@@ -30,7 +30,7 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mla12,freeze22,kill22"
+CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,freeze22,kill22"
 
 
 def _report(text, tag):
@@ -178,10 +178,27 @@ def test_mla_2_to_1(run):
         assert len(got) == 2 and min(got) == 0 and max(got) > 0, (room, got)
 
 
-def test_mha_2_to_1_refused(run):
-    """MHA, prefill TP 2 -> decode TP 1: refused on both sides at once, the
-    decode reason naming both TP sizes (kvwire does not slice heads yet)."""
+def test_mha_2_to_1_head_slicing(run):
+    """MHA, prefill TP 2 -> decode TP 1 (4 KV heads: each prefill rank holds
+    2, decode 4): decode's one kvwire receiver over both prefill ranks takes
+    heads 0-1 from rank 0 and 2-3 from rank 1; every byte of every head of
+    every token right on decode, first token and bootstrap_room too. Each
+    prefill rank's metric is its own pages' bytes (its heads of each token)."""
     _case_ok(run, "mha21", 2, 1)
+    per_room = {}
+    for m in re.finditer(r"prefill mha21 rank (\d)\| room (\d+): FINISH_LENGTH .* "
+                         r"sglang's metric (\d+) bytes", run[1]):
+        per_room.setdefault(m.group(2), []).append(int(m.group(3)))
+    assert len(per_room) == 5, per_room
+    for room, got in per_room.items():
+        assert len(got) == 2 and min(got) > 0 and got[0] == got[1], (room, got)
+
+
+def test_mha_1_to_2_refused(run):
+    """MHA, prefill TP 1 -> decode TP 2: refused at once on both sides, the
+    decode reason naming both TP sizes (one prefill rank would serve two
+    decode ranks, which kvwire does not do yet)."""
+    _case_ok(run, "mha12", 1, 2)
 
 
 def test_mla_1_to_2_refused(run):
