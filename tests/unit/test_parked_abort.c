@@ -358,13 +358,8 @@ static int open_capped(void **state)
 
 /* A decode engine of our own on prefill's ROUTER: a HELLO with the pair's
  * layout and a made-up QP (nothing is ever written to it). */
-static void *rogue_connect(void *zctx)
+static void rogue_hello(void *s)
 {
-    void *s = zmq_socket(zctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    zmq_setsockopt(s, ZMQ_ROUTING_ID, rogue_id, KVW_IDENTITY_LEN);
-    assert_int_equal(zmq_connect(s, kvw_engine_endpoint(pair.prefill)), 0);
     kvw_wire_region_t regions[2 * PAIR_LAYERS + 1];
     kvw_msg_t m = {.type = KVW_MSG_HELLO};
     m.u.hello.engine_id = 0x40605e;
@@ -383,6 +378,11 @@ static void *rogue_connect(void *zctx)
     }
     m.u.hello.regions = regions;
     assert_int_equal(kvw__zsend(s, &m, 0), KVW_OK);
+}
+
+/* The rogue's HELLO_ACK, which must say the connection is made. */
+static void rogue_await_ack(void *s)
+{
     kvw_msg_t ack;
     zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
     assert_int_equal(zmq_poll(&item, 1, WAIT_MS), 1);
@@ -390,6 +390,23 @@ static void *rogue_connect(void *zctx)
     assert_int_equal(ack.type, KVW_MSG_HELLO_ACK);
     assert_int_equal(ack.status, KVW_OK);
     kvw__wire_free(&ack);
+}
+
+static void *rogue_socket(void *zctx)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, rogue_id, KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(s, kvw_engine_endpoint(pair.prefill)), 0);
+    return s;
+}
+
+static void *rogue_connect(void *zctx)
+{
+    void *s = rogue_socket(zctx);
+    rogue_hello(s);
+    rogue_await_ack(s);
     return s;
 }
 
@@ -539,6 +556,34 @@ static void test_request_abort_flood(void **state)
     zmq_ctx_term(zctx);
 }
 
+/* A REQUEST sent right behind its HELLO, before HELLO_ACK, belongs to the
+ * connection that HELLO makes: prefill queues handshakes, and once handled
+ * this REQUEST before the queued HELLO (as from an unknown peer) and lost
+ * it. Held, it counts once against the rogue's orphan cap (no sender has
+ * its room). The same after a BYE: a HELLO with the closing connection's
+ * QPs makes a new connection, not a resend answered with the closing one. */
+static void test_request_right_behind_hello(void **state)
+{
+    (void)state;
+    void *zctx = zmq_ctx_new();
+    void *s = rogue_socket(zctx);
+    rogue_hello(s);
+    rogue_request(s, 7000);
+    rogue_await_ack(s);
+    rogue_sync(s, NULL);
+    assert_int_equal(held_now().orphans, 1);
+
+    kvw_msg_t bye = {.type = KVW_MSG_BYE, .status = KVW_ERR_PEER};
+    assert_int_equal(kvw__zsend(s, &bye, 0), KVW_OK);
+    rogue_hello(s); /* the same QPs as the connection just closed */
+    rogue_request(s, 7001);
+    rogue_await_ack(s);
+    rogue_sync(s, NULL);
+    assert_int_equal(held_now().orphans, 1); /* 7001 on the new connection */
+    zmq_close(s);
+    zmq_ctx_term(zctx);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -552,6 +597,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_parked_past_transfer_timeout, open_long, close_pair),
         cmocka_unit_test_setup_teardown(test_abort_flood_unknown_rooms, open_capped, close_pair),
         cmocka_unit_test_setup_teardown(test_request_abort_flood, open_capped, close_pair),
+        cmocka_unit_test_setup_teardown(test_request_right_behind_hello, open_capped, close_pair),
     };
     return cmocka_run_group_tests_name("parked requests and aborts (fake NIC, not RDMA)", tests,
                                        NULL, NULL);
