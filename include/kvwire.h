@@ -346,6 +346,17 @@ typedef struct kvw_config {
      * connecting at once are served in turn, never into timeouts
      * (docs/topology.md, "Many peers at once"). */
     uint32_t max_handshakes;
+    /* KVW_LANDING_MIB, 64 (0..1048576): decode's landing buffer for head
+     * slicing over several prefill ranks (kvw_receiver_create_ranks, decode
+     * TP < prefill TP; docs/head-slicing.md). Each prefill rank writes its
+     * heads contiguously into a slice of it (as many writes as equal TP),
+     * and decode copies them into its rows (host memcpy, or
+     * cuMemcpy2DAsync for GPU regions) before Success. Registered once at
+     * engine creation, only by a decode engine whose KV groups describe
+     * their heads (GPU memory of the KV regions' GPU for GPU regions). A
+     * request that finds no room, or 0 here, takes one write per token row
+     * (NHD) or page (HND) instead. */
+    uint32_t landing_mib;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set
