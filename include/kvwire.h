@@ -883,8 +883,14 @@ typedef struct kvw_receiver_params {
  * and the engine must register its memory directly (not staged):
  * KVW_ERR_UNSUPPORTED otherwise; KVW_ERR_INVALID for a bad list (none,
  * too many, the same rank twice). metrics' bytes are the sum over ranks.
- * Each rank fills a slice of decode's rows: one RDMA write per token row
- * (NHD) or per page (HND), as docs/head-slicing.md measures. */
+ * Each rank fills a slice of decode's rows. By default it writes that
+ * slice contiguously into a slice of decode's landing buffer (config
+ * landing_mib, registered once per decode engine: as many RDMA writes as
+ * equal TP), and decode copies it into the rows (host memcpy, or
+ * cuMemcpy2DAsync for GPU regions) before the rank's part is Success; a
+ * request that finds no room in the buffer, or landing_mib 0, takes one
+ * RDMA write per token row (NHD) or per page (HND) instead.
+ * docs/head-slicing.md measures both. */
 KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
                                                const kvw_receiver_params_t *params,
                                                kvw_receiver_t **receiver_p);
