@@ -551,6 +551,76 @@ static void test_landing_full(void **state)
     close_multi(2, 1);
 }
 
+/* Prefill checks the landing slice a REQUEST names against the buffer
+ * decode's HELLO advertised, like any index: here rank 0 is made to
+ * believe the buffer is 4 KiB, so the 16 KiB slice of the request is
+ * outside it. Rank 0's request fails on both sides (KVW_ERR_OUT_OF_RANGE,
+ * before any write), rank 1 is aborted, none of rank 0's heads reaches
+ * decode's rows, and every reservation is released. */
+static void test_landing_refused(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    open_multi(2, 1);
+    xfer_multi(2, 1, contiguous, contiguous, 8, 800, true); /* connected, landing works */
+    kvw_engine_t *p0 = prefills[0].engine;
+    pthread_mutex_lock(&p0->lock);
+    uint32_t shrunk = 0;
+    for (uint32_t i = 0; i < p0->peer_slots; i++) {
+        kvw_peer_t *p = kvw__peer_at(p0, i);
+        if (p && p->landing_len) {
+            p->landing_len = 4096;
+            shrunk++;
+        }
+    }
+    pthread_mutex_unlock(&p0->lock);
+    assert_int_equal(shrunk, 1);
+    for (uint32_t g = 0; g < 2 * LAYERS; g++)
+        memset(decode[0].buf[g], CANARY, decode[0].regions[g].len);
+    kvw_receiver_t *r = create_set(&decode[0], 2, 810);
+    assert_int_equal(kvw_receiver_init(r, fragmented, 8, 2), KVW_OK);
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(prefills[k].engine, 810, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], 8, 1), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], contiguous, 8), KVW_OK);
+    }
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_OUT_OF_RANGE);
+    assert_non_null(strstr(why, "prefill rank 0"));
+    assert_non_null(strstr(why, "outside decode's landing buffer (4096 bytes)"));
+    assert_int_equal(wait_sender(s[0]), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(s[0], &why), KVW_ERR_OUT_OF_RANGE);
+    kvw_req_metrics_t mt;
+    assert_int_equal(kvw_sender_metrics(s[0], &mt), KVW_OK);
+    assert_int_equal(mt.writes, 0);
+    /* Rank 1 may have delivered all its writes before its abort came (its
+     * sender Success, its heads maybe copied in), as on any path; rank 0's
+     * heads never reach the rows. */
+    kvw_poll_t s1 = wait_sender(s[1]);
+    assert_true(s1 == KVW_POLL_FAILED || s1 == KVW_POLL_SUCCESS);
+    const kvw_group_heads_t *h = &decode[0].heads[0];
+    size_t touched = 0;
+    for (uint32_t g = 0; g < 2 * LAYERS; g++)
+        for (uint64_t p = 0; p < POOL; p++)
+            for (uint32_t t = 0; t < page_tokens; t++)
+                for (uint32_t k = 0; k < HEADS / 2; k++)
+                    for (uint32_t b = 0; b < HEAD_BYTES; b++)
+                        touched +=
+                            fake_nic_peek(
+                                &decode[0].buf[g][p * page_len(h) + in_page(h, t, k, b)]) != CANARY;
+    assert_int_equal(touched, 0);
+    kvw_landing_stats_t ls = landing_of(0);
+    assert_int_equal(ls.reserved, 0);
+    assert_in_range(ls.scatters, 2, 3); /* the first request's two ranks, maybe rank 1's */
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+    close_multi(2, 1);
+}
+
 /* Decode's KV regions in (fake) GPU memory, registered as dma-bufs: the
  * landing buffer is GPU memory from the CUDA seam, and each landed rank's
  * heads reach the rows by cuMemcpy2DAsync, one per KV region and run of
@@ -776,6 +846,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_decode_more_heads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_decode_more_heads_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_landing_full, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_landing_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_landing_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gqa_replicas, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, teardown),
