@@ -278,11 +278,13 @@ esac
 # Head slicing, prefill TP != decode TP (docs/head-slicing.md): a
 # Llama-like layout (8 KV heads of 128 x 2 B, K and V, 4 layers, 512 tokens,
 # fragmented pages in runs of 4 on average), pages of 16 and 64 tokens.
-# 2:1 (two prefill ranks of 4 heads into decode's 8: one write per token
-# row) against 1:1 with 8 heads; 1:2 (decode rank 0 of TP 2 takes 4 of
-# prefill's 8 heads: gather writes) against 1:1 with 4 heads: the same
-# decode bytes each time. Interleaved reps; the median of the per-rep
-# MB/s ratios, and WRs per request.
+# 2:1 (two prefill ranks of 4 heads into decode's 8) twice: landed in
+# decode's landing buffer and copied into the rows (path (b), the default)
+# and with --landing-mib 0 (path (a), one write per token row), each
+# against 1:1 with 8 heads, and (b) against (a); 1:2 (decode rank 0 of TP 2
+# takes 4 of prefill's 8 heads: gather writes) against 1:1 with 4 heads:
+# the same decode bytes each time. Interleaved reps; the median of the
+# per-rep MB/s ratios, and WRs per request.
 tp_run() { # tag page rep args...
     tag=$1 page=$2 rep=$3
     shift 3
@@ -306,6 +308,7 @@ case " $sizes " in *" tp "*)
         for page in 16 64; do
             tp_run eq8 "$page" "$rep" --kv-heads 8
             tp_run 2:1 "$page" "$rep" --kv-heads 8 --prefill-tp 2
+            tp_run 2:1a "$page" "$rep" --kv-heads 8 --prefill-tp 2 --landing-mib 0
             tp_run eq4 "$page" "$rep" --kv-heads 4
             tp_run 1:2 "$page" "$rep" --kv-heads 8 --decode-tp 2
         done
@@ -316,20 +319,25 @@ case " $sizes " in *" tp "*)
             for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { x = a[j]; a[j] = a[j-1]; a[j-1] = x }
             return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
         }
-        function row(tag, eq, page,   r, m, a, all) {
+        function row(tag, eq, page, label,   r, m, a, all) {
             m = 0; all = ""
             for (r = 1; r <= reps; r++)
                 if (mb[tag, page, r] > 0 && mb[eq, page, r] > 0) {
                     a[++m] = mb[tag, page, r] / mb[eq, page, r]
                     all = all sprintf("%s%.2f", m > 1 ? " " : "", a[m])
                 }
-            printf "| %s | %s | %s / %s | %s | %s |\n", tag, page, wr[tag, page], wr[eq, page],
+            printf "| %s | %s | %s / %s | %s | %s |\n", label, page, wr[tag, page], wr[eq, page],
                 m ? sprintf("%.2fx", med(a, m)) : "n/a", all
         }
         END {
             print "| P:D | page tokens | WRs/request, sliced / equal TP | MB/s ratio, median | per rep |"
             print "|---|---|---|---|---|"
-            for (p = 16; p <= 64; p *= 4) { row("2:1", "eq8", p); row("1:2", "eq4", p) }
+            for (p = 16; p <= 64; p *= 4) {
+                row("2:1", "eq8", p, "2:1 (b) land + 2D copy")
+                row("2:1a", "eq8", p, "2:1 (a) a write per row")
+                row("2:1", "2:1a", p, "2:1 (b) / (a)")
+                row("1:2", "eq4", p, "1:2 gather")
+            }
         }' reps="$reps" "$work/tp.tsv"
     ;;
 esac

@@ -346,6 +346,17 @@ typedef struct kvw_config {
      * connecting at once are served in turn, never into timeouts
      * (docs/topology.md, "Many peers at once"). */
     uint32_t max_handshakes;
+    /* KVW_LANDING_MIB, 64 (0..1048576): decode's landing buffer for head
+     * slicing over several prefill ranks (kvw_receiver_create_ranks, decode
+     * TP < prefill TP; docs/head-slicing.md). Each prefill rank writes its
+     * heads contiguously into a slice of it (as many writes as equal TP),
+     * and decode copies them into its rows (host memcpy, or
+     * cuMemcpy2DAsync for GPU regions) before Success. Registered once at
+     * engine creation, only by a decode engine whose KV groups describe
+     * their heads (GPU memory of the KV regions' GPU for GPU regions). A
+     * request that finds no room, or 0 here, takes one write per token row
+     * (NHD) or page (HND) instead. */
+    uint32_t landing_mib;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set
@@ -872,8 +883,14 @@ typedef struct kvw_receiver_params {
  * and the engine must register its memory directly (not staged):
  * KVW_ERR_UNSUPPORTED otherwise; KVW_ERR_INVALID for a bad list (none,
  * too many, the same rank twice). metrics' bytes are the sum over ranks.
- * Each rank fills a slice of decode's rows: one RDMA write per token row
- * (NHD) or per page (HND), as docs/head-slicing.md measures. */
+ * Each rank fills a slice of decode's rows. By default it writes that
+ * slice contiguously into a slice of decode's landing buffer (config
+ * landing_mib, registered once per decode engine: as many RDMA writes as
+ * equal TP), and decode copies it into the rows (host memcpy, or
+ * cuMemcpy2DAsync for GPU regions) before the rank's part is Success; a
+ * request that finds no room in the buffer, or landing_mib 0, takes one
+ * RDMA write per token row (NHD) or per page (HND) instead.
+ * docs/head-slicing.md measures both. */
 KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
                                                const kvw_receiver_params_t *params,
                                                kvw_receiver_t **receiver_p);

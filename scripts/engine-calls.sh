@@ -8,8 +8,10 @@
 # cycles (strongly connected components, mutual pairs, elementary cycles),
 # and the calls that go "up" against the intended order:
 #
-#   0  wake, txq, reqtab, request  (thread wake-ups; one QP's send queue; the
-#                                  request table; a request's life)
+#   0  wake, txq, reqtab, request, landing
+#                                 (thread wake-ups; one QP's send queue; the
+#                                  request table; a request's life; decode's
+#                                  landing buffer for head slicing)
 #   1  peer                        (connections, their QPs and slots)
 #   2  part, poller; stager, stage_send, stage_recv
 #                                  (the data path: a sender's parts, the
@@ -35,7 +37,7 @@ for o in "$dir"/*.o; do
 done | python3 -c '
 import sys, itertools
 rank = {}
-for r, names in enumerate([["wake", "txq", "reqtab", "request"], ["peer"],
+for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing"], ["peer"],
                            ["part", "poller", "stager", "stage_send", "stage_recv"],
                            ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode"],
                            ["control"], ["engine"]]):

@@ -12,7 +12,7 @@
  *                [--page-tokens T] [--item BYTES] [--tokens N]
  *                [--requests N] [--warmup N] [--inflight N] [--seed S]
  *                [--verify N|all] [--poll-us US] [--json] [--quiet] [--decode-tp D]
- *                [--prefill-tp P]
+ *                [--prefill-tp P] [--landing-mib MB]
  *
  * Item (bytes per page per layer, K or V) = kv_heads*head_dim*dtype_bytes*
  * page_tokens unless --item; pages per request = ceil(tokens/page_tokens).
@@ -26,8 +26,13 @@
  * --prefill-tp P (1 by default; needs --decode-tp 1): the prefill process
  * runs P engines, ranks 0..P-1, each holding kv_heads / P heads, and
  * decode (all heads) receives each request from all P with one receiver
- * (kvw_receiver_create_ranks): a strided destination, one write per token
- * row. Compare with --prefill-tp 1, the same bytes at equal TP.
+ * (kvw_receiver_create_ranks): a strided destination. By default each
+ * rank's heads land contiguously in decode's landing buffer and decode
+ * copies them into the rows (path (b), as many writes as equal TP);
+ * --landing-mib 0 turns the buffer off: one write per token row (path
+ * (a)). --landing-mib MB sets decode's KVW_LANDING_MIB (default: the
+ * library's, 64, or the environment's). Compare with --prefill-tp 1, the
+ * same bytes at equal TP.
  * contiguous: each request's pages are one run on both sides (one WR per
  * K/V layer). fragmented: runs of 1..2C-1 pages (mean C) placed in random
  * order on each side (one WR per run per K/V layer).
@@ -82,6 +87,7 @@ typedef struct opts {
     uint64_t decode_tp, src_item; /* head slicing: decode's share; prefill's item */
     uint64_t prefill_tp;          /* prefill engines (ranks), each kv_heads / prefill_tp heads */
     uint64_t requests, warmup, inflight, seed, verify, poll_us, max_pool_mb, layer_ms;
+    uint64_t landing_mib; /* decode's KVW_LANDING_MIB; UINT64_MAX: the library's */
     /* derived */
     uint64_t pages, total, dst_windows, src_windows, pool;
 } opts_t;
@@ -246,6 +252,13 @@ static kvw_engine_t *make_engine(const opts_t *o, const memory_t *m, bool prefil
         .num_layers = (uint32_t)o->layers,
         .kv_regions = m->kv,
     };
+    kvw_config_t cfg;
+    if (!prefill && o->landing_mib != UINT64_MAX) {
+        if (kvw_config_init(&cfg))
+            die("decode", "reading the config", KVW_ERR_INVALID, NULL);
+        cfg.landing_mib = (uint32_t)o->landing_mib;
+        p.config = &cfg;
+    }
     kvw_engine_t *e;
     kvw_status_t st = kvw_engine_create(&p, &e);
     if (st)
@@ -673,7 +686,9 @@ static void usage(void)
             "  output:   --json (one JSON line) --quiet (no table, no progress)\n"
             "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer)\n"
             "  head slicing: --decode-tp D (1): prefill TP 1, decode rank 0 of TP D\n"
-            "                --prefill-tp P (1): P prefill ranks, decode TP 1 takes from all\n");
+            "                --prefill-tp P (1): P prefill ranks, decode TP 1 takes from all\n"
+            "                --landing-mib MB (library default 64): decode's landing buffer;\n"
+            "                0: a write per token row instead of landing and a 2D copy\n");
     exit(2);
 }
 
@@ -694,17 +709,22 @@ static void parse(int argc, char **argv, opts_t *o)
                   .decode_tp = 1,
                   .prefill_tp = 1,
                   .poll_us = 50,
-                  .max_pool_mb = 512};
-    static const struct option lo[] = {
-        {"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},         {"dev1", 1, 0, 'D'},
-        {"ip1", 1, 0, 'I'},         {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
-        {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},    {"head-dim", 1, 0, 'h'},
-        {"dtype-bytes", 1, 0, 'b'}, {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
-        {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},    {"warmup", 1, 0, 'W'},
-        {"inflight", 1, 0, 'f'},    {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
-        {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'}, {"json", 0, 0, 'j'},
-        {"quiet", 0, 0, 'q'},       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
-        {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},  {0, 0, 0, 0}};
+                  .max_pool_mb = 512,
+                  .landing_mib = UINT64_MAX};
+    static const struct option lo[] = {{"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},
+                                       {"dev1", 1, 0, 'D'},        {"ip1", 1, 0, 'I'},
+                                       {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
+                                       {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},
+                                       {"head-dim", 1, 0, 'h'},    {"dtype-bytes", 1, 0, 'b'},
+                                       {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
+                                       {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'W'},      {"inflight", 1, 0, 'f'},
+                                       {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
+                                       {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
+                                       {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
+                                       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
+                                       {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},
+                                       {"landing-mib", 1, 0, 'G'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
@@ -786,6 +806,9 @@ static void parse(int argc, char **argv, opts_t *o)
             break;
         case 'P':
             o->prefill_tp = v;
+            break;
+        case 'G':
+            o->landing_mib = v;
             break;
         default:
             usage();

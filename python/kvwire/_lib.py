@@ -79,6 +79,7 @@ class kvw_config_t(Structure):
         ("qps_per_peer", c_uint32),
         ("poll_busy_us", c_uint32),
         ("max_handshakes", c_uint32),
+        ("landing_mib", c_uint32),
     ]
 
 

@@ -66,6 +66,7 @@ static const config_field_t fields[] = {
     FIELD(qps_per_peer, FIELD_U32, 1, 1, 16),
     FIELD(poll_busy_us, FIELD_U32, 0, 0, 1000000),
     FIELD(max_handshakes, FIELD_U32, 16, 1, 65536),
+    FIELD(landing_mib, FIELD_U32, 64, 0, 1u << 20),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))

@@ -121,7 +121,7 @@ static size_t hello_regions(const kvw_msg_t *m)
     return (size_t)kvw__wire_hello_regions(m);
 }
 
-enum { GROUP_LEN = 1 + 4 + 4 + 6 * 4 };
+enum { GROUP_LEN = 1 + 4 + 4 + 6 * 4, LANDING_LEN = 8 + 8 + 4 };
 
 size_t kvw__wire_size(const kvw_msg_t *m)
 {
@@ -143,7 +143,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
         body = 4 + 8 + 4 + (size_t)m->u.hello.num_qps * QP_INFO_LEN + 4 +
-               (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + 2 +
+               (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + LANDING_LEN + 2 +
                strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * REGION_LEN;
         break;
     case KVW_MSG_REQUEST:
@@ -210,6 +210,10 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         }
         put_le(w, m->u.hello.recv_credits, 4);
         put_le(w, m->u.hello.max_msg_sz, 4);
+        /* wire 8: decode's landing buffer */
+        put_le(w, m->u.hello.landing_addr, 8);
+        put_le(w, m->u.hello.landing_len, 8);
+        put_le(w, m->u.hello.landing_rkey, 4);
         put_str(w, m->u.hello.reason, sizeof(m->u.hello.reason));
         for (size_t i = 0; i < hello_regions(m); i++) {
             const kvw_wire_region_t *g = &m->u.hello.regions[i];
@@ -229,6 +233,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.request.heads_flags, 4);
         put_le(w, m->u.request.head_first, 4);
         put_le(w, m->u.request.head_count, 4);
+        put_le(w, m->u.request.landing_off, 8); /* wire 8 */
         for (size_t i = 0; i < (size_t)m->u.request.num_pages + m->u.request.num_state; i++)
             put_le(w, m->u.request.pages[i], 8);
         /* Wire 6: the state lists. */
@@ -330,8 +335,15 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     }
     m->u.hello.recv_credits = (uint32_t)get_le(r, 4);
     m->u.hello.max_msg_sz = (uint32_t)get_le(r, 4);
+    m->u.hello.landing_addr = get_le(r, 8);
+    m->u.hello.landing_len = get_le(r, 8);
+    m->u.hello.landing_rkey = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
+    if (m->u.hello.landing_addr + m->u.hello.landing_len < m->u.hello.landing_addr)
+        return fail(reason, rsize, "%s: landing buffer [0x%llx, +%llu) overflows",
+                    kvw__wire_type_name(m->type), (unsigned long long)m->u.hello.landing_addr,
+                    (unsigned long long)m->u.hello.landing_len);
     if (!get_str(r, m->u.hello.reason, sizeof(m->u.hello.reason)))
         return fail(reason, rsize, "%s: bad reason string", kvw__wire_type_name(m->type));
     /* QPNs and PSNs are 24-bit; MTU is an enum ibv_mtu (256..4096). A
@@ -420,6 +432,7 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     m->u.request.heads_flags = (uint32_t)get_le(r, 4);
     m->u.request.head_first = (uint32_t)get_le(r, 4);
     m->u.request.head_count = (uint32_t)get_le(r, 4);
+    m->u.request.landing_off = get_le(r, 8); /* wire 8 */
     if (r->short_read)
         return fail(reason, rsize, "REQUEST truncated");
     if (m->u.request.heads_flags & ~KVW_WIRE_HEADS_FLAGS)
@@ -427,6 +440,11 @@ static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size
     if (!(m->u.request.heads_flags & KVW_WIRE_HEADS_RANGE) &&
         (m->u.request.head_first || m->u.request.head_count))
         return fail(reason, rsize, "REQUEST: a head range without its flag");
+    bool landing = m->u.request.heads_flags & KVW_WIRE_HEADS_LANDING;
+    if (landing && (!(m->u.request.heads_flags & KVW_WIRE_HEADS_RANGE) || !m->u.request.head_count))
+        return fail(reason, rsize, "REQUEST: landing without a head range");
+    if (!landing && m->u.request.landing_off)
+        return fail(reason, rsize, "REQUEST: a landing offset without its flag");
     if ((uint64_t)m->u.request.head_first + m->u.request.head_count > UINT32_MAX)
         return fail(reason, rsize, "REQUEST: head range [%u, +%u) overflows",
                     m->u.request.head_first, m->u.request.head_count);

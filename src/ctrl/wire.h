@@ -11,8 +11,10 @@
 #define KVW_WIRE_MAGIC 0x3157564bu /* "KVW1" read little-endian */
 /* 5: HELLO's groups carry their heads (head slicing); 6: REQUEST carries
  * an index list per state group; 7: REQUEST carries the head range decode
- * asks this prefill rank for (decode over several ranks) */
-#define KVW_WIRE_VERSION 7
+ * asks this prefill rank for (decode over several ranks); 8: decode's
+ * HELLO advertises its landing buffer, and REQUEST may ask for the heads
+ * in a slice of it (an offset) */
+#define KVW_WIRE_VERSION 8
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -25,8 +27,9 @@
 #define KVW_WIRE_TOKEN_MASK 0x0fffffffu
 #define KVW_WIRE_IMM_COUNT_SHIFT 28
 #define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi page and state indices per request */
-/* REQUEST's head range (wire 7): flags, first head, head count. */
-#define KVW_WIRE_HEADS_LEN 12u
+/* REQUEST's head range (wire 7): flags, first head, head count; then
+ * (wire 8) the landing offset. */
+#define KVW_WIRE_HEADS_LEN 20u
 enum {
     /* The request names a head range: prefill sends decode's heads [first,
      * first + count) of every described KV group (count 0: none, it owes
@@ -35,7 +38,13 @@ enum {
     /* Another prefill rank sends the aux item and the state: this rank's
      * aux_index and state list are empty whatever its sender declares. */
     KVW_WIRE_HEADS_NO_REST = 2u,
-    KVW_WIRE_HEADS_FLAGS = 3u, /* every known flag */
+    /* Wire 8: write the heads contiguously into decode's landing buffer
+     * (its HELLO's), from landing_off on, instead of into decode's rows:
+     * KV slot i (layer-major, kv_per_layer a layer) of the request at
+     * landing_off + i * pages * slice per page, page position k of it at
+     * k * slice per page. Needs RANGE with a count above 0. */
+    KVW_WIRE_HEADS_LANDING = 4u,
+    KVW_WIRE_HEADS_FLAGS = 7u, /* every known flag */
 };
 /* The largest valid message (a REQUEST of KVW_WIRE_MAX_PAGES pages): ZeroMQ
  * drops anything longer before we buffer it. */
@@ -97,8 +106,12 @@ typedef struct kvw_msg {
             kvw_qp_info_t qps[KVW_WIRE_MAX_QPS];
             uint32_t num_groups;
             kvw_wire_group_t groups[KVW_WIRE_MAX_GROUPS];
-            uint32_t recv_credits;            /* decode: receives posted per QP for immediates */
-            uint32_t max_msg_sz;              /* largest RDMA message the sender's port takes */
+            uint32_t recv_credits; /* decode: receives posted per QP for immediates */
+            uint32_t max_msg_sz;   /* largest RDMA message the sender's port takes */
+            /* Wire 8, decode: its landing buffer (len 0: none; prefill
+             * sends none) */
+            uint64_t landing_addr, landing_len;
+            uint32_t landing_rkey;
             char reason[KVW_WIRE_REASON_MAX]; /* HELLO_ACK refusal: why */
             kvw_wire_region_t *regions;       /* every group's, in order; owned by the msg */
         } hello;
@@ -112,7 +125,8 @@ typedef struct kvw_msg {
             /* Head slicing over several prefill ranks (wire 7): KVW_WIRE_HEADS_*
              * flags and the range; all 0 for a request of all decode's heads. */
             uint32_t heads_flags, head_first, head_count;
-            uint64_t *pages; /* num_pages, then num_state state indices; owned by the msg */
+            uint64_t landing_off; /* wire 8: with KVW_WIRE_HEADS_LANDING, else 0 */
+            uint64_t *pages;      /* num_pages, then num_state state indices; owned by the msg */
             /* Wire 6, state lists: the num_state indices are state group
              * 0's state_counts[0], then group 1's, ... (num_state_lists
              * groups, their counts summing to num_state). */

@@ -480,6 +480,10 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
             KVW_WIRE_HEADS_RANGE | (r->rx.no_rest ? KVW_WIRE_HEADS_NO_REST : 0u);
         m.u.request.head_first = r->rx.heads.first;
         m.u.request.head_count = r->rx.heads.count;
+        if (r->rx.land_len) { /* its heads go to its slice of our landing buffer */
+            m.u.request.heads_flags |= KVW_WIRE_HEADS_LANDING;
+            m.u.request.landing_off = r->rx.land_off;
+        }
     }
     /* Wire 6: each state group's own list (the indices are in group order). */
     m.u.request.num_state_lists = r->engine->layout.num_state_groups;

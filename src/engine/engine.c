@@ -300,7 +300,8 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         (st = kvw__dev_check_limits(e->dev, e->cfg.sq_depth, e->cfg.rq_depth)))
         return st;
     if ((st = kvw__mem_ctx_init(&e->mem, &e->cfg)) || (st = register_regions(e)) ||
-        (st = kvw__stager_create(e)) || (st = open_channel(e)) || (st = open_control(e)))
+        (st = kvw__stager_create(e)) || (st = kvw__landing_create(e)) || (st = open_channel(e)) ||
+        (st = open_control(e)))
         return st;
     return start_threads(e);
 }
@@ -365,7 +366,8 @@ void kvw_engine_destroy(kvw_engine_t *e)
     if (e->peers)
         kvw__peers_destroy_all(e);
     free((void *)e->peers);
-    kvw__stager_destroy(e); /* no QP reads the pool any more */
+    kvw__stager_destroy(e);  /* no QP reads the pool any more */
+    kvw__landing_destroy(e); /* nor writes the landing buffer */
     /* A clean exit frees the rank at once (only a crash waits out the lease). */
     kvw__registrar_destroy(e->registrar, true);
     kvw__zmonitor_close(e->router, e->router_monitor);

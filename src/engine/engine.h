@@ -83,6 +83,12 @@ typedef struct kvw_seg {
     kvw_plan_set_t *state_sets; /* final part: one per state group */
     kvw_plan_t plan;
     kvw_plan_cursor_t cursor; /* poller */
+    /* Landing (decode's path (b)): KV slot i's writes go to land_addr + i *
+     * land_area (land_rkey), page position k at k * the slice per page;
+     * the runs' destinations are positions. Set when planned. */
+    bool landing;
+    uint64_t land_addr, land_area;
+    uint32_t land_rkey;
     /* Head slicing (the peer is sliced): the KV writes are gather writes
      * of kvw__heads_next, slot by slot over layers [lb, le), before the
      * plan's state and aux writes (its KV part is left empty). Poller. */
@@ -140,6 +146,9 @@ struct kvw_peer {
     kvw_heads_t *kv_theirs;
     uint32_t max_sge;
     char slice_why[KVW_WIRE_REASON_MAX];
+    /* Prefill: decode's landing buffer from its HELLO (len 0: none). */
+    uint64_t landing_addr, landing_len;
+    uint32_t landing_rkey;
     char dead_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
@@ -225,6 +234,11 @@ typedef struct kvw_req_tx {
     kvw_heads_geom_t *kv_geom;
     bool owes_none;
     bool no_rest; /* another rank sends decode the aux item and the state */
+    /* (lock, fixed once have_dst) Decode asked for its heads in its landing
+     * buffer (KVW_WIRE_HEADS_LANDING): kv_geom is the landing geometry,
+     * KV slot i's writes start at land_addr + i * land_area. */
+    bool landing;
+    uint64_t land_addr, land_area;
 } kvw_req_tx_t;
 
 /* A receiver's side of a request (decode; kvw_receiver_*, receiver.c and
@@ -256,6 +270,11 @@ typedef struct kvw_req_rx {
     struct kvw_rxset *set;
     bool heads_set, no_rest;
     kvw_head_range_t heads;
+    /* (lock) Landing (path (b), landing.c): land_len bytes of the engine's
+     * landing buffer from land_off hold this member's heads until the
+     * scatter into the rows; 0: none (its writes land in the rows). Freed
+     * when it ends (Failed comes only once nothing more can land). */
+    uint64_t land_off, land_len;
 } kvw_req_rx_t;
 
 /* A request's staging through host memory (engine/stager.h), on engines
@@ -358,9 +377,10 @@ struct kvw_engine {
     bool layout_heads;     /* some KV group describes its heads (head slicing) */
     kvw_region_t *regions; /* layout.num_regions, group by group */
     kvw_mr_t *mrs;
-    kvw_mem_ctx_t mem;         /* how each region was registered; read-only once threads run */
-    struct kvw_stager *stager; /* GPU regions copied through host memory; NULL: none */
-    uint64_t local_max[3];     /* items every local region of each kind holds (KVW_LAYOUT_*) */
+    kvw_mem_ctx_t mem;           /* how each region was registered; read-only once threads run */
+    struct kvw_stager *stager;   /* GPU regions copied through host memory; NULL: none */
+    struct kvw_landing *landing; /* decode's landing buffer (landing.c); NULL: none */
+    uint64_t local_max[3];       /* items every local region of each kind holds (KVW_LAYOUT_*) */
     uint64_t state_max[KVW_LAYOUT_MAX_GROUPS]; /* the same per state group */
     struct ibv_comp_channel *channel;
     int poller_wake_fd, control_wake_fd; /* eventfds */
@@ -546,6 +566,33 @@ void kvw__rxset_member_failed_locked(kvw_req_t *r);
  * first call that finds them connected assigns them and touches every
  * member). */
 bool kvw__rxset_ready_locked(kvw_req_t *r);
+/* landing.c: decode's landing buffer (head slicing's path (b)). Create:
+ * registered once when the config asks for one and the engine describes
+ * heads (no buffer is no error: requests take path (a)); destroy once no
+ * QP can write any more. */
+kvw_status_t kvw__landing_create(kvw_engine_t *e);
+void kvw__landing_destroy(kvw_engine_t *e);
+/* Put the buffer (address, length, rkey) in a HELLO of ours (none: 0). */
+void kvw__landing_advertise(const kvw_engine_t *e, kvw_msg_t *m);
+/* (lock) Reserve bytes of it for member r (r->rx.land_off/len); false
+ * when there is no buffer or no room (logged once per engine). */
+bool kvw__landing_reserve_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t bytes);
+/* (lock) Give r's reservation back (none: nothing). */
+void kvw__landing_release_locked(kvw_engine_t *e, kvw_req_t *r);
+/* Copy r's landed heads into its rows: every KV slot, a 2D copy per run of
+ * contiguous pages (host rows, or cuMemcpy2DAsync then a wait for GPU
+ * regions). No lock held; r's immediates all arrived. KVW_OK, or
+ * KVW_ERR_TRANSFER with why. */
+kvw_status_t kvw__landing_scatter(kvw_engine_t *e, const kvw_req_t *r, char *why, size_t size);
+/* What the buffer holds (tests): its bytes (0: none), those reserved
+ * now, the scatters done (one per member landed), and 2D copies queued
+ * (one per KV slot and run of contiguous pages). */
+typedef struct kvw_landing_stats {
+    uint64_t len, reserved, scatters, copies;
+    bool gpu;
+} kvw_landing_stats_t;
+void kvw__landing_stats(kvw_engine_t *e, kvw_landing_stats_t *out);
+
 /* Poller: r left the poller's queues and none of its writes is in flight. */
 void kvw__req_drained(kvw_req_t *r);
 /* (lock) Plan the parts handed over so far (once decode's request is

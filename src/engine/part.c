@@ -58,11 +58,13 @@ void kvw__seg_slice_plan(const kvw_peer_t *p, const kvw_layout_t *l, const kvw_s
                          size_t slot, kvw_heads_plan_t *hp)
 {
     const kvw_plan_region_t *g = &p->regions[l->kv_slots[slot]];
+    /* Landing: slot after slot in decode's landing buffer, not its rows. */
     *hp = (kvw_heads_plan_t){.geom = s->kv_geom[slot % l->kv_per_layer],
                              .local_addr = g->local_addr,
-                             .remote_addr = g->remote_addr,
+                             .remote_addr =
+                                 s->landing ? s->land_addr + slot * s->land_area : g->remote_addr,
                              .lkey = g->lkey,
-                             .rkey = g->rkey,
+                             .rkey = s->landing ? s->land_rkey : g->rkey,
                              .runs = s->runs,
                              .num_runs = s->plan.num_runs,
                              .max_sge = p->max_sge,

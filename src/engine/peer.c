@@ -184,6 +184,7 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     /* The same on every lane: each got rq_depth receives before the HELLO. */
     m->u.hello.recv_credits = (uint32_t)atomic_load(&p->lanes[0].recvs_posted);
     m->u.hello.max_msg_sz = e->dev->max_msg_sz;
+    kvw__landing_advertise(e, m);
     m->u.hello.regions = calloc(l->num_regions, sizeof(kvw_wire_region_t));
     if (!m->u.hello.regions)
         return; /* no groups: encodes, and the peer rejects it */
@@ -264,6 +265,11 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     /* rxe takes 8 MiB per message, mlx5 1 GiB: plan with the smaller. */
     p->max_msg_sz =
         h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz : e->dev->max_msg_sz;
+    if (e->role == KVW_ROLE_PREFILL) { /* decode's landing buffer, for REQUESTs asking for it */
+        p->landing_addr = h->u.hello.landing_addr;
+        p->landing_len = h->u.hello.landing_len;
+        p->landing_rkey = h->u.hello.landing_rkey;
+    }
     kvw_layout_group_t peer[KVW_LAYOUT_MAX_GROUPS];
     uint32_t ng = h->u.hello.num_groups < KVW_LAYOUT_MAX_GROUPS ? h->u.hello.num_groups
                                                                 : KVW_LAYOUT_MAX_GROUPS;

@@ -654,6 +654,27 @@ static bool all_immediates_locked(kvw_req_t *r, uint32_t imm)
     return ++r->rx.imms_landed >= (imm >> KVW_WIRE_IMM_COUNT_SHIFT) + 1;
 }
 
+/* Every write of r landed in its slice of the landing buffer: copy it
+ * into the rows, then end r (and only then: its pages hold the heads once
+ * Success is seen), giving the slice back. Outside the lock. */
+static void scatter_landed(kvw_engine_t *e, kvw_req_t *r)
+{
+    char why[200] = "";
+    kvw_status_t st = kvw__landing_scatter(e, r, why, sizeof(why));
+    pthread_mutex_lock(&e->lock);
+    r->stage.staging_in = false;
+    if (st)
+        kvw__req_fail(r, KVW_ERR_TRANSFER,
+                      "the data landed but copying it from the landing buffer failed: %s", why);
+    else if (r->rx.aborting)
+        kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
+    else
+        kvw__req_succeed(r);
+    kvw__landing_release_locked(e, r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__req_unref(r);
+}
+
 static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const struct ibv_wc *wc)
 {
     uint32_t imm = ntohl(wc->imm_data), token = imm & KVW_WIRE_TOKEN_MASK;
@@ -663,7 +684,7 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
     kvw_status_t flushed =
         kvw__mem_needs_flush(&e->mem) ? kvw__mem_flush_gpu_writes(&e->mem) : KVW_OK;
     pthread_mutex_lock(&e->lock);
-    kvw_req_t *r = kvw__token_lookup_locked(e, token);
+    kvw_req_t *r = kvw__token_lookup_locked(e, token), *scatter = NULL;
     bool staged = r && r->stage.slots && kvw__stager_on(e);
     if (r && r->peer == p && !all_immediates_locked(r, imm))
         ; /* another lane's still to come */
@@ -680,12 +701,23 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
         atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0);
         kvw__stager_landed_locked(r);
+    } else if (r && r->peer == p && r->rx.land_len && !kvw__req_ended(r)) {
+        /* Landed in the landing buffer: Success once copied into the rows.
+         * Failures meanwhile are ignored (staging_in), as for the stager's
+         * copy: every byte of it landed. */
+        atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
+        kvw__req_set_deadline_locked(r, 0);
+        r->stage.staging_in = true;
+        atomic_fetch_add(&r->refs, 1);
+        scatter = r;
     } else if (r && r->peer == p && kvw__req_succeed(r)) {
         atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0); /* its transfer limit no longer applies */
     } else
         KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
     pthread_mutex_unlock(&e->lock);
+    if (scatter)
+        scatter_landed(e, scatter);
     /* Give the receive back at once so the peer never meets an empty queue. */
     if (wc->wr_id < e->cfg.rq_depth)
         repost_receive(e, p, l, wc->wr_id);

@@ -90,6 +90,10 @@ static void receiver_free(kvw_req_t *r)
 /* (lock) One rank of a receiver over several failed: the others follow. */
 static void receiver_failed_locked(kvw_req_t *r)
 {
+    /* Failed comes only once nothing more of it can land: its landing
+     * space may serve another request. */
+    if (atomic_load(&r->state) == KVW_POLL_FAILED)
+        kvw__landing_release_locked(r->engine, r);
     if (r->rx.set)
         kvw__rxset_member_failed_locked(r);
 }

@@ -125,9 +125,8 @@ kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x,
     return first;
 }
 
-/* (lock) Bytes member r expects: its share of every KV page, and the aux
- * item and state if it is the one asking for them. */
-static uint64_t member_bytes(const kvw_engine_t *e, const kvw_req_t *r)
+/* (lock) Bytes of its share of every KV page member r expects. */
+static uint64_t member_kv_bytes(const kvw_engine_t *e, const kvw_req_t *r)
 {
     const kvw_layout_t *l = &e->layout;
     uint64_t bytes = 0;
@@ -136,6 +135,15 @@ static uint64_t member_bytes(const kvw_engine_t *e, const kvw_req_t *r)
         bytes +=
             r->rx.npages * (e->regions[l->kv_slots[i]].item_len / h->count) * r->rx.heads.count;
     }
+    return bytes;
+}
+
+/* (lock) Bytes member r expects: its share of every KV page, and the aux
+ * item and state if it is the one asking for them. */
+static uint64_t member_bytes(const kvw_engine_t *e, const kvw_req_t *r)
+{
+    const kvw_layout_t *l = &e->layout;
+    uint64_t bytes = member_kv_bytes(e, r);
     for (uint32_t i = 0; r->rx.aux != KVW_NO_AUX && i < l->num_aux; i++)
         bytes += e->regions[l->aux_slots[i]].item_len;
     for (uint32_t g = 0; r->rx.state_n && g < l->num_state_groups; g++)
@@ -182,9 +190,16 @@ bool kvw__rxset_ready_locked(kvw_req_t *r)
                 m->rx.state_n[g] = 0;
         }
         atomic_store(&m->bytes_posted, member_bytes(e, m));
-        KVW_INFO("room %llu: prefill rank %u sends heads [%u, %u)%s", (unsigned long long)m->room,
+        /* Fewer heads than ours: strided rows, landed then copied (path
+         * (b)) where the landing buffer has room, else a write per row. */
+        bool strided = out[i].count && out[i].count < slot_heads(&e->layout, 0)->count;
+        bool landing = strided && kvw__landing_reserve_locked(e, m, member_kv_bytes(e, m));
+        KVW_INFO("room %llu: prefill rank %u sends heads [%u, %u)%s%s", (unsigned long long)m->room,
                  m->rx.prefill_rank, out[i].first, out[i].first + out[i].count,
-                 m->rx.no_rest ? "" : " and the aux item and state");
+                 m->rx.no_rest ? "" : " and the aux item and state",
+                 landing   ? ", landed and copied"
+                 : strided ? ", a write per row"
+                           : "");
         kvw__req_touch_locked(m);
     }
     set->assigned = true;

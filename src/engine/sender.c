@@ -80,6 +80,21 @@ static void plan_state_sets(const kvw_req_t *r, kvw_seg_t *s, uint32_t nsets)
     s->plan.num_state_sets = nsets;
 }
 
+/* Landing: page position first + k lands at position first + k of each
+ * KV slot's area, so runs break only where the source jumps. */
+static size_t landing_runs(const uint64_t *src, size_t first, size_t n, kvw_run_t *runs)
+{
+    size_t nr = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (nr && runs[nr - 1].src + runs[nr - 1].count == src[k]) {
+            runs[nr - 1].count++;
+            continue;
+        }
+        runs[nr++] = (kvw_run_t){src[k], first + k, 1};
+    }
+    return nr;
+}
+
 static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
 {
     const kvw_engine_t *e = r->engine;
@@ -106,9 +121,15 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
                       .layer_begin = s->lb,
                       .layer_end = s->le,
                       .max_msg = r->peer->max_msg_sz};
-    p->num_runs =
-        kvw__plan_runs(s->src, r->tx.dst_pages ? r->tx.dst_pages + s->first : NULL, s->n, s->runs);
+    s->landing = r->tx.landing;
+    p->num_runs = s->landing
+                      ? landing_runs(s->src, s->first, s->n, s->runs)
+                      : kvw__plan_runs(s->src, r->tx.dst_pages ? r->tx.dst_pages + s->first : NULL,
+                                       s->n, s->runs);
     p->runs = s->runs;
+    s->land_addr = r->tx.land_addr;
+    s->land_area = r->tx.land_area;
+    s->land_rkey = r->peer->landing_rkey;
     s->sliced = r->peer->sliced || r->tx.kv_geom || r->tx.owes_none;
     s->kv_geom = r->tx.kv_geom ? r->tx.kv_geom : r->peer->kv_geom;
     s->slices_done = r->tx.owes_none; /* a rank owing no heads: no KV write */
@@ -323,6 +344,40 @@ static const kvw_heads_t *slot_heads(const kvw_layout_t *l, uint32_t j)
     return &l->groups[g].heads;
 }
 
+/* Decode asks for its heads in its landing buffer (path (b)): every KV
+ * slot's slices contiguous there, slot after slot from off, which must lie
+ * inside the buffer its HELLO advertised, like any index. tx.kv_geom turns
+ * into the landing geometry. */
+static kvw_status_t accept_landing(kvw_req_t *r, const kvw_peer_t *peer, const kvw_msg_t *m,
+                                   char *why, size_t size)
+{
+    const kvw_layout_t *l = &r->engine->layout;
+    const kvw_heads_geom_t *g = r->tx.kv_geom;
+    uint64_t off = m->u.request.landing_off;
+    for (uint32_t j = 1; j < l->kv_per_layer; j++)
+        if (g[j].slice != g[0].slice || g[j].units_per_page != g[0].units_per_page) {
+            snprintf(why, size, "a landing buffer needs the same head slice in every KV slot");
+            return KVW_ERR_UNSUPPORTED;
+        }
+    uint64_t slots = (uint64_t)l->kv_layers * l->kv_per_layer;
+    uint64_t area = 0, need = 0;
+    bool over = __builtin_mul_overflow((uint64_t)m->u.request.num_pages * g[0].units_per_page,
+                                       g[0].slice, &area) ||
+                __builtin_mul_overflow(area, slots, &need);
+    if (over || !peer->landing_len || off > peer->landing_len || need > peer->landing_len - off) {
+        snprintf(why, size, "landing [%llu, +%llu) outside decode's landing buffer (%llu bytes)",
+                 (unsigned long long)off, (unsigned long long)need,
+                 (unsigned long long)peer->landing_len);
+        return KVW_ERR_OUT_OF_RANGE;
+    }
+    for (uint32_t j = 0; j < l->kv_per_layer; j++)
+        kvw__heads_landing(&r->tx.kv_geom[j], &r->tx.kv_geom[j]);
+    r->tx.landing = true;
+    r->tx.land_addr = peer->landing_addr + off;
+    r->tx.land_area = area;
+    return KVW_OK;
+}
+
 /* Decode over several prefill ranks: the head range its REQUEST asks of
  * this rank, planned per KV slot against decode's heads (tx.kv_geom), or
  * nothing owed. Every KV group must describe its heads on both sides. */
@@ -362,7 +417,8 @@ static kvw_status_t accept_heads(kvw_req_t *r, const kvw_peer_t *peer, const kvw
             return KVW_ERR_MISMATCH;
         }
     r->tx.kv_geom = g;
-    return KVW_OK;
+    return m->u.request.heads_flags & KVW_WIRE_HEADS_LANDING ? accept_landing(r, peer, m, why, size)
+                                                             : KVW_OK;
 }
 
 kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,

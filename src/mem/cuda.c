@@ -49,6 +49,10 @@ static struct {
     CUresult (*stream_destroy)(CUstream_t stream);
     CUresult (*memcpy_async)(CUdeviceptr_t dst, CUdeviceptr_t src, size_t len, CUstream_t stream);
     CUresult (*stream_synchronize)(CUstream_t stream);
+    /* Head slicing's landing buffer (optional, like staging). */
+    CUresult (*mem_alloc)(CUdeviceptr_t *p, size_t len);
+    CUresult (*mem_free)(CUdeviceptr_t p);
+    CUresult (*memcpy_2d_async)(const cu_memcpy2d_t *copy, CUstream_t stream);
     /* Producer events (optional: event_query says when it is missing). */
     CUresult (*event_query)(CUevent_t event);
     CUcontext_t primary[MAX_GPUS];
@@ -104,6 +108,9 @@ static void cuda_load(void)
      * stream 0, and kvwire passes streams of its own. */
     SYM(memcpy_async, "cuMemcpyAsync");
     SYM(stream_synchronize, "cuStreamSynchronize");
+    SYM(mem_alloc, "cuMemAlloc_v2");
+    SYM(mem_free, "cuMemFree_v2");
+    SYM(memcpy_2d_async, "cuMemcpy2DAsync_v2");
     SYM(event_query, "cuEventQuery");
     if (!cu.init || !cu.pointer_get_attribute || !cu.device_get_count || !cu.device_get ||
         !cu.device_get_attribute || !cu.primary_ctx_retain || !cu.ctx_get_current ||
@@ -517,6 +524,85 @@ static int real_stream_sync(void *stream, char *why, size_t size)
     return 0;
 }
 
+/* ---- head slicing: the landing buffer ----------------------------------- */
+
+typedef struct {
+    CUdeviceptr_t p;
+    size_t len;
+} dev_arg_t;
+
+static CUresult do_dev_alloc(void *arg)
+{
+    dev_arg_t *a = arg;
+    return cu.mem_alloc(&a->p, a->len);
+}
+
+static CUresult do_dev_free(void *arg)
+{
+    return cu.mem_free(((dev_arg_t *)arg)->p);
+}
+
+static void *real_dev_alloc(void *ctx, size_t len, char *why, size_t size)
+{
+    if (real_init(why, size) || lacks(cu.mem_alloc != NULL, "cuMemAlloc_v2", why, size) ||
+        lacks(cu.mem_free != NULL, "cuMemFree_v2", why, size))
+        return NULL;
+    dev_arg_t a = {.p = 0, .len = len};
+    CUresult rc = in_ctx(ctx, do_dev_alloc, &a);
+    if (rc != CUDA_SUCCESS || !a.p) {
+        say(why, size, "cuMemAlloc", rc);
+        return NULL;
+    }
+    return (void *)(uintptr_t)a.p;
+}
+
+static void real_dev_free(void *ctx, void *p)
+{
+    if (!p || !cu.mem_free) /* p non-NULL: real_dev_alloc loaded the driver */
+        return;
+    dev_arg_t a = {.p = (CUdeviceptr_t)(uintptr_t)p};
+    in_ctx(ctx, do_dev_free, &a);
+}
+
+typedef struct {
+    stream_t *s;
+    cu_memcpy2d_t c;
+} copy2d_arg_t;
+
+static CUresult do_copy_2d(void *arg)
+{
+    copy2d_arg_t *a = arg;
+    return cu.memcpy_2d_async(&a->c, a->s->stream);
+}
+
+/* Unified addressing on both sides: the driver tells device from host. */
+static int real_copy_2d_async(void *stream, void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t height, char *why, size_t size)
+{
+    if (real_init(why, size) || lacks(cu.memcpy_2d_async != NULL, "cuMemcpy2DAsync_v2", why, size))
+        return -1;
+    if (!stream) {
+        if (why && size)
+            snprintf(why, size, "cuMemcpy2DAsync: no stream");
+        return -1;
+    }
+    copy2d_arg_t a = {.s = stream,
+                      .c = {.src_memory_type = CU_MEMORYTYPE_UNIFIED,
+                            .src_device = (CUdeviceptr_t)(uintptr_t)src,
+                            .src_pitch = spitch,
+                            .dst_memory_type = CU_MEMORYTYPE_UNIFIED,
+                            .dst_device = (CUdeviceptr_t)(uintptr_t)dst,
+                            .dst_pitch = dpitch,
+                            .width_bytes = width,
+                            .height = height}};
+    CUresult rc = in_ctx(a.s->ctx, do_copy_2d, &a);
+    if (rc != CUDA_SUCCESS) {
+        say(why, size, "cuMemcpy2DAsync", rc);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- producer events ------------------------------------------------------ */
 
 typedef struct {
@@ -568,6 +654,9 @@ const kvw_cuda_ops_t kvw__cuda_real_ops = {
     .copy_async = real_copy_async,
     .stream_sync = real_stream_sync,
     .event_query = real_event_query,
+    .dev_alloc = real_dev_alloc,
+    .dev_free = real_dev_free,
+    .copy_2d_async = real_copy_2d_async,
 };
 
 static const kvw_cuda_ops_t *current_ops = &kvw__cuda_real_ops;

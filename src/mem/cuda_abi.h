@@ -6,6 +6,8 @@
 #ifndef KVW_MEM_CUDA_ABI_H
 #define KVW_MEM_CUDA_ABI_H
 
+#include <stddef.h>
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr_t;
 typedef unsigned long long CUmemHandle_t;
@@ -43,7 +45,25 @@ enum {
     CU_MEM_LOCATION_TYPE_DEVICE = 1,
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
     CU_MEM_ATTACH_GLOBAL = 1,
+    CU_MEMORYTYPE_UNIFIED = 4,
 };
+
+/* CUDA_MEMCPY2D (cuMemcpy2DAsync_v2). */
+typedef struct {
+    size_t src_x_bytes, src_y;
+    int src_memory_type;
+    const void *src_host;
+    CUdeviceptr_t src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x_bytes, dst_y;
+    int dst_memory_type;
+    void *dst_host;
+    CUdeviceptr_t dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width_bytes, height;
+} cu_memcpy2d_t;
 
 /* CUmemAllocationProp. */
 typedef struct {

@@ -113,6 +113,18 @@ typedef struct kvw_cuda_ops {
      * current should the driver want one (NULL: none). Optional: NULL in a
      * table without events. */
     int (*event_query)(void *ctx, void *event, char *why, size_t size);
+
+    /* Head slicing's landing buffer on decode (docs/head-slicing.md).
+     * Optional: NULL in a table without them (landing then stays off for
+     * GPU regions). Device memory of len bytes in ctx (cuMemAlloc); NULL
+     * with why. */
+    void *(*dev_alloc)(void *ctx, size_t len, char *why, size_t size);
+    void (*dev_free)(void *ctx, void *p);
+    /* Queue a 2D copy on stream (cuMemcpy2DAsync): height rows of width
+     * bytes, from src at pitch spitch to dst at pitch dpitch. 0, or -1
+     * with why. */
+    int (*copy_2d_async)(void *stream, void *dst, size_t dpitch, const void *src, size_t spitch,
+                         size_t width, size_t height, char *why, size_t size);
 } kvw_cuda_ops_t;
 
 /* The table used from now on; NULL restores the real one. Not thread-safe:

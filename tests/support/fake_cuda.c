@@ -22,6 +22,7 @@ typedef struct copy_op {
     void *dst;
     const void *src;
     size_t len;
+    size_t height, dpitch, spitch; /* a 2D copy: height rows of len bytes; 0: 1D */
     bool fail, to_gpu;
 } copy_op_t;
 
@@ -297,8 +298,9 @@ static void run_copy(fake_stream_t *s, copy_op_t *op)
     pass_gate(op);
     if (fk.cfg.copy_delay_us)
         sleep_us(fk.cfg.copy_delay_us);
-    if (!op->fail)
-        memmove(op->dst, op->src, op->len);
+    for (size_t y = 0; !op->fail && y < (op->height ? op->height : 1); y++)
+        memmove((uint8_t *)op->dst + y * op->dpitch, (const uint8_t *)op->src + y * op->spitch,
+                op->len);
     pthread_mutex_lock(&fk.lock);
     fk.pending--;
     pthread_mutex_unlock(&fk.lock);
@@ -369,16 +371,68 @@ static void f_stream_destroy(void *stream)
     pthread_mutex_unlock(&fk.lock);
 }
 
+static int queue_copy(fake_stream_t *s, copy_op_t *op);
+
 static int f_copy_async(void *stream, void *dst, const void *src, size_t len, char *why,
                         size_t size)
 {
-    fake_stream_t *s = stream;
     copy_op_t *op = calloc(1, sizeof(*op));
     if (!op) {
         snprintf(why, size, "out of memory");
         return -1;
     }
     *op = (copy_op_t){.dst = dst, .src = src, .len = len};
+    return queue_copy(stream, op);
+}
+
+static int f_copy_2d_async(void *stream, void *dst, size_t dpitch, const void *src, size_t spitch,
+                           size_t width, size_t height, char *why, size_t size)
+{
+    if (width > dpitch || width > spitch) {
+        snprintf(why, size, "cuMemcpy2DAsync: CUDA_ERROR_INVALID_VALUE (1): width over a pitch");
+        return -1;
+    }
+    copy_op_t *op = calloc(1, sizeof(*op));
+    if (!op) {
+        snprintf(why, size, "out of memory");
+        return -1;
+    }
+    *op = (copy_op_t){
+        .dst = dst, .src = src, .len = width, .height = height, .dpitch = dpitch, .spitch = spitch};
+    pthread_mutex_lock(&fk.lock);
+    fk.st.copies_2d++;
+    fk.st.rows_2d += height;
+    pthread_mutex_unlock(&fk.lock);
+    return queue_copy(stream, op);
+}
+
+static void *f_dev_alloc(void *ctx, size_t len, char *why, size_t size)
+{
+    (void)ctx;
+    void *p = fake_cuda_alloc(len);
+    if (!p)
+        snprintf(why, size, "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY (2) (fake)");
+    pthread_mutex_lock(&fk.lock);
+    fk.st.live_dev_allocs += p != NULL;
+    pthread_mutex_unlock(&fk.lock);
+    return p;
+}
+
+static void f_dev_free(void *ctx, void *p)
+{
+    (void)ctx;
+    if (!p)
+        return;
+    fake_cuda_free(p);
+    pthread_mutex_lock(&fk.lock);
+    fk.st.live_dev_allocs--;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+static int queue_copy(fake_stream_t *s, copy_op_t *op)
+{
+    const void *src = op->src, *dst = op->dst;
+    size_t len = op->len * (op->height ? op->height : 1);
     pthread_mutex_lock(&fk.lock);
     fk.st.copies++;
     bool from_gpu = find_alloc(src) >= 0, to_gpu = find_alloc(dst) >= 0;
@@ -549,4 +603,7 @@ const kvw_cuda_ops_t fake_cuda_ops = {
     .copy_async = f_copy_async,
     .stream_sync = f_stream_sync,
     .event_query = f_event_query,
+    .dev_alloc = f_dev_alloc,
+    .dev_free = f_dev_free,
+    .copy_2d_async = f_copy_2d_async,
 };

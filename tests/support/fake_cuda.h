@@ -80,8 +80,11 @@ typedef struct fake_cuda_stats {
     long exports;                     /* dma-buf exports asked for (granted or not) */
     uint64_t export_start;            /* the last one's range */
     size_t export_len;
-    long flushes;      /* flush_writes calls */
-    void *flushed_ctx; /* the last one's context */
+    long flushes;         /* flush_writes calls */
+    long copies_2d;       /* copy_2d_async calls (also counted in copies) */
+    uint64_t rows_2d;     /* their rows */
+    long live_dev_allocs; /* dev_alloc not yet freed */
+    void *flushed_ctx;    /* the last one's context */
 } fake_cuda_stats_t;
 void fake_cuda_stats(fake_cuda_stats_t *st);
 

@@ -50,6 +50,7 @@ static const char *const env_names[] = {
     "KVW_QPS_PER_PEER",
     "KVW_POLL_BUSY_US",
     "KVW_MAX_HANDSHAKES",
+    "KVW_LANDING_MIB",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -390,6 +391,7 @@ static void test_print(void **state)
         {"qps_per_peer", "KVW_QPS_PER_PEER", 1},
         {"poll_busy_us", "KVW_POLL_BUSY_US", 0},
         {"max_handshakes", "KVW_MAX_HANDSHAKES", 16},
+        {"landing_mib", "KVW_LANDING_MIB", 64},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);

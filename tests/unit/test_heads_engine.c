@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "plan/heads.h"
 #include "support/engine_pair.h"
+#include "support/fake_cuda.h"
 #include "support/fake_nic.h"
 
 enum {
@@ -37,6 +38,7 @@ typedef struct mem {
     kvw_group_heads_t heads[2];
     kvw_region_t regions[2 * LAYERS + 1];
     uint8_t *buf[2 * LAYERS + 1];
+    bool gpu; /* KV regions in fake GPU memory */
     kvw_group_t groups[2];
     kvw_engine_t *engine;
 } mem_t;
@@ -47,6 +49,11 @@ static mem_t prefill, decode[MAX_DECODE], prefills[MAX_PREFILL];
 static uint32_t page_tokens, order;
 static uint32_t total_heads = HEADS; /* the model's KV heads */
 static uint32_t engine_rank;         /* the next prefill engine's rank */
+/* Decode engines opened from now on: their landing buffer (KVW_LANDING_MIB,
+ * 0: none, path (a)), and their KV regions in fake GPU memory (the fake
+ * CUDA seam installed) instead of host memory. */
+static uint32_t landing_mib = 64;
+static bool decode_gpu;
 
 static uint64_t page_len(const kvw_group_heads_t *h)
 {
@@ -71,8 +78,9 @@ static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, 
     memset(m, 0, sizeof(*m));
     m->heads[0] = (kvw_group_heads_t){total_heads, first, count, hb, page_tokens, order};
     uint64_t pl = page_len(&m->heads[0]);
+    m->gpu = role == KVW_ROLE_DECODE && decode_gpu;
     for (uint32_t r = 0; r < 2 * LAYERS; r++) {
-        m->buf[r] = malloc(pl * POOL);
+        m->buf[r] = m->gpu ? fake_cuda_alloc(pl * POOL) : malloc(pl * POOL);
         assert_non_null(m->buf[r]);
         memset(m->buf[r], CANARY, pl * POOL);
         if (role == KVW_ROLE_PREFILL)
@@ -92,13 +100,16 @@ static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, 
     m->regions[a] = (kvw_region_t){m->buf[a], AUX_ITEM * 4, AUX_ITEM};
     m->groups[0] = (kvw_group_t){KVW_GROUP_KV, LAYERS, 2, m->regions};
     m->groups[1] = (kvw_group_t){KVW_GROUP_AUX, 1, 1, &m->regions[a]};
+    kvw_config_t c = cfg;
+    if (role == KVW_ROLE_DECODE)
+        c.landing_mib = landing_mib;
     kvw_engine_params_t p = {.struct_size = sizeof(kvw_engine_params_t),
                              .role = role,
                              .device = role == KVW_ROLE_PREFILL ? "fake0" : "fake1",
                              .local_ip = "127.0.0.1",
                              .bootstrap_addr =
                                  role == KVW_ROLE_PREFILL ? kvw_bootstrap_addr(bs) : NULL,
-                             .config = &cfg,
+                             .config = &c,
                              .engine_rank = role == KVW_ROLE_PREFILL ? engine_rank : 0,
                              .num_groups = 2,
                              .groups = m->groups,
@@ -110,7 +121,10 @@ static void mem_close(mem_t *m)
 {
     kvw_engine_destroy(m->engine);
     for (uint32_t r = 0; r < 2 * LAYERS + 1; r++)
-        free(m->buf[r]);
+        if (m->gpu && r < 2 * LAYERS)
+            fake_cuda_free(m->buf[r]);
+        else
+            free(m->buf[r]);
     memset(m, 0, sizeof(*m));
 }
 
@@ -138,6 +152,9 @@ static int teardown(void **state)
             mem_close(&prefills[k]);
     total_heads = HEADS;
     engine_rank = 0;
+    landing_mib = 64;
+    decode_gpu = false;
+    kvw__cuda_set_ops(NULL);
     if (prefill.engine)
         mem_close(&prefill);
     kvw_bootstrap_destroy(bs);
@@ -359,11 +376,9 @@ static uint64_t rank_writes(const mem_t *m, uint32_t owed, bool aux, size_t n)
     return 2 * LAYERS * units + aux;
 }
 
-/* Prefill TP ptp -> decode TP dtp (dtp < ptp, or GQA replicas): each decode
- * engine's receiver spans every prefill rank; every head of every token of
- * every decode engine is checked, and each rank's share of the writes. */
-static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uint64_t *dst,
-                      size_t n)
+/* Prefill TP ptp -> decode TP dtp: the engines (decode engine q holds
+ * heads [q per, (q + 1) per)). */
+static void open_multi(uint32_t ptp, uint32_t dtp)
 {
     for (uint32_t k = 0; k < ptp; k++) {
         uint32_t first, count;
@@ -374,13 +389,47 @@ static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uin
     uint32_t per = total_heads / dtp;
     for (uint32_t q = 0; q < dtp; q++)
         mem_open(&decode[q], KVW_ROLE_DECODE, q * per, per, HEAD_BYTES);
+}
+
+static void close_multi(uint32_t ptp, uint32_t dtp)
+{
+    for (uint32_t q = 0; q < dtp; q++)
+        mem_close(&decode[q]);
+    for (uint32_t k = 0; k < ptp; k++)
+        mem_close(&prefills[k]);
+}
+
+/* Decode engine q's landing buffer now. */
+static kvw_landing_stats_t landing_of(uint32_t q)
+{
+    kvw_landing_stats_t st;
+    kvw__landing_stats(decode[q].engine, &st);
+    return st;
+}
+
+/* One request of room base + q per decode engine over every prefill rank,
+ * each rank sending it in two parts: every head of every token of every
+ * decode engine is checked, and each rank's share of the writes. landed:
+ * ranks sending part of decode's rows land them in the landing buffer
+ * (path (b)), else write a row at a time (path (a)). */
+static void xfer_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uint64_t *dst,
+                       size_t n, uint64_t base, bool landed)
+{
+    uint32_t per = total_heads / dtp;
     kvw_sender_t *s[MAX_DECODE][MAX_PREFILL];
     kvw_receiver_t *r[MAX_DECODE];
+    kvw_landing_stats_t before[MAX_DECODE];
+    for (uint32_t q = 0; q < dtp; q++) { /* the canary back where a request before landed */
+        for (uint32_t g = 0; g < 2 * LAYERS; g++)
+            memset(decode[q].buf[g], CANARY, decode[q].regions[g].len);
+        memset(decode[q].buf[2 * LAYERS], CANARY, AUX_ITEM * 4);
+    }
     for (uint32_t q = 0; q < dtp; q++) {
-        r[q] = create_set(&decode[q], ptp, 200 + q);
+        before[q] = landing_of(q);
+        r[q] = create_set(&decode[q], ptp, base + q);
         assert_int_equal(kvw_receiver_init(r[q], dst, n, 2), KVW_OK);
         for (uint32_t k = 0; k < ptp; k++) {
-            assert_int_equal(kvw_sender_create(prefills[k].engine, 200 + q, &s[q][k]), KVW_OK);
+            assert_int_equal(kvw_sender_create(prefills[k].engine, base + q, &s[q][k]), KVW_OK);
             assert_int_equal(kvw_sender_init(s[q][k], n, 1), KVW_OK);
             assert_int_equal(kvw_sender_send(s[q][k], src, n / 2), KVW_OK);
             assert_int_equal(kvw_sender_send(s[q][k], src + n / 2, n - n / 2), KVW_OK);
@@ -399,7 +448,7 @@ static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uin
             rank_heads(ptp, k, &have[k].first, &have[k].count);
         }
         assert_int_equal(kvw__heads_assign(&want, have, ptp, owed, why, sizeof(why)), 0);
-        uint64_t bytes = 0;
+        uint64_t bytes = 0, strided = 0;
         bool aux_sent = false;
         for (uint32_t k = 0; k < ptp; k++) {
             assert_int_equal(wait_sender(s[q][k]), KVW_POLL_SUCCESS);
@@ -408,11 +457,19 @@ static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uin
             bool aux = owed[k].count && !aux_sent;
             aux_sent |= aux;
             /* A strided destination (the rank sends part of decode's rows):
-             * one write per row or page; all of them: copies, fewer. */
-            if (owed[k].count < per)
-                assert_int_equal(mt.writes, rank_writes(&decode[q], owed[k].count, aux, n));
-            else
-                assert_in_range(mt.writes, 1, rank_writes(&decode[q], owed[k].count, aux, n));
+             * landed, one gather write per part and KV region (its pages'
+             * runs are at most 4 entries, contiguous in the landing
+             * buffer), as equal TP with contiguous destination pages;
+             * else one write per row or page. All of decode's heads:
+             * copies, fewer. */
+            uint64_t rows = rank_writes(&decode[q], owed[k].count, aux, n);
+            if (owed[k].count && owed[k].count < per) {
+                strided++;
+                assert_int_equal(mt.writes, landed ? (uint64_t)(2 * LAYERS * 2 + aux) : rows);
+                assert_true(!landed || mt.writes < rows);
+            } else {
+                assert_in_range(mt.writes, 1, rows);
+            }
             assert_int_equal(mt.bytes, 2 * LAYERS * n * page_tokens * owed[k].count * HEAD_BYTES +
                                            (aux ? AUX_ITEM : 0));
             bytes += mt.bytes;
@@ -423,14 +480,25 @@ static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uin
         assert_int_equal(rm.bytes, bytes);
         assert_int_equal(bytes, 2 * LAYERS * n * page_len(&decode[q].heads[0]) + AUX_ITEM);
         kvw_receiver_destroy(r[q]);
+        /* Each landed rank scattered once, and gave its space back. */
+        kvw_landing_stats_t now = landing_of(q);
+        assert_int_equal(now.scatters - before[q].scatters, landed ? strided : 0);
+        assert_int_equal(now.reserved, before[q].reserved);
     }
-    for (uint32_t q = 0; q < dtp; q++)
-        mem_close(&decode[q]);
-    for (uint32_t k = 0; k < ptp; k++)
-        mem_close(&prefills[k]);
 }
 
-/* 2:1, 4:1 and 8:2, NHD and HND, pages contiguous or fragmented. */
+/* Prefill TP ptp -> decode TP dtp (dtp < ptp, or GQA replicas), landed
+ * where the destination is strided unless landing_mib is 0. */
+static void run_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const uint64_t *dst,
+                      size_t n)
+{
+    open_multi(ptp, dtp);
+    xfer_multi(ptp, dtp, src, dst, n, 200, landing_mib != 0);
+    close_multi(ptp, dtp);
+}
+
+/* 2:1, 4:1 and 8:2, NHD and HND, pages contiguous or fragmented: landed
+ * and copied (path (b), the default). */
 static void test_decode_more_heads(void **state)
 {
     (void)state;
@@ -440,6 +508,154 @@ static void test_decode_more_heads(void **state)
             run_multi(4, 1, contiguous, fragmented, 8);
             run_multi(8, 2, contiguous, contiguous, 8);
         }
+}
+
+/* The same without a landing buffer (KVW_LANDING_MIB=0): a write per row
+ * (NHD) or page (HND), path (a). */
+static void test_decode_more_heads_rows(void **state)
+{
+    (void)state;
+    landing_mib = 0;
+    for (order = KVW_PAGE_NHD; order <= KVW_PAGE_HND; order++)
+        for (page_tokens = 4; page_tokens <= 16; page_tokens *= 4) {
+            run_multi(2, 1, fragmented, contiguous, 8);
+            run_multi(4, 1, contiguous, fragmented, 8);
+            run_multi(8, 2, contiguous, contiguous, 8);
+        }
+}
+
+/* A landing buffer with no room for the request: path (a) for it, every
+ * byte still right; once room is back, path (b) again. The room is taken
+ * by a reservation of the test's own. */
+static void test_landing_full(void **state)
+{
+    (void)state;
+    landing_mib = 1;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    open_multi(2, 1);
+    kvw_engine_t *e = decode[0].engine;
+    assert_int_equal(landing_of(0).len, 1u << 20);
+    kvw_req_t hog;
+    memset(&hog, 0, sizeof(hog));
+    pthread_mutex_lock(&e->lock);
+    /* All but 4 KiB; the request's share is 2 x 2 x 8 x 4 x 4 x 32 = 16 KiB. */
+    assert_true(kvw__landing_reserve_locked(e, &hog, (1u << 20) - 4096));
+    pthread_mutex_unlock(&e->lock);
+    xfer_multi(2, 1, fragmented, contiguous, 8, 600, false);
+    pthread_mutex_lock(&e->lock);
+    kvw__landing_release_locked(e, &hog);
+    pthread_mutex_unlock(&e->lock);
+    assert_int_equal(landing_of(0).reserved, 0);
+    xfer_multi(2, 1, contiguous, fragmented, 8, 610, true);
+    close_multi(2, 1);
+}
+
+/* Prefill checks the landing slice a REQUEST names against the buffer
+ * decode's HELLO advertised, like any index: here rank 0 is made to
+ * believe the buffer is 4 KiB, so the 16 KiB slice of the request is
+ * outside it. Rank 0's request fails on both sides (KVW_ERR_OUT_OF_RANGE,
+ * before any write), rank 1 is aborted, none of rank 0's heads reaches
+ * decode's rows, and every reservation is released. */
+static void test_landing_refused(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    open_multi(2, 1);
+    xfer_multi(2, 1, contiguous, contiguous, 8, 800, true); /* connected, landing works */
+    kvw_engine_t *p0 = prefills[0].engine;
+    pthread_mutex_lock(&p0->lock);
+    uint32_t shrunk = 0;
+    for (uint32_t i = 0; i < p0->peer_slots; i++) {
+        kvw_peer_t *p = kvw__peer_at(p0, i);
+        if (p && p->landing_len) {
+            p->landing_len = 4096;
+            shrunk++;
+        }
+    }
+    pthread_mutex_unlock(&p0->lock);
+    assert_int_equal(shrunk, 1);
+    for (uint32_t g = 0; g < 2 * LAYERS; g++)
+        memset(decode[0].buf[g], CANARY, decode[0].regions[g].len);
+    kvw_receiver_t *r = create_set(&decode[0], 2, 810);
+    assert_int_equal(kvw_receiver_init(r, fragmented, 8, 2), KVW_OK);
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(prefills[k].engine, 810, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], 8, 1), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], contiguous, 8), KVW_OK);
+    }
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_OUT_OF_RANGE);
+    assert_non_null(strstr(why, "prefill rank 0"));
+    assert_non_null(strstr(why, "outside decode's landing buffer (4096 bytes)"));
+    assert_int_equal(wait_sender(s[0]), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(s[0], &why), KVW_ERR_OUT_OF_RANGE);
+    kvw_req_metrics_t mt;
+    assert_int_equal(kvw_sender_metrics(s[0], &mt), KVW_OK);
+    assert_int_equal(mt.writes, 0);
+    /* Rank 1 may have delivered all its writes before its abort came (its
+     * sender Success, its heads maybe copied in), as on any path; rank 0's
+     * heads never reach the rows. */
+    kvw_poll_t s1 = wait_sender(s[1]);
+    assert_true(s1 == KVW_POLL_FAILED || s1 == KVW_POLL_SUCCESS);
+    const kvw_group_heads_t *h = &decode[0].heads[0];
+    size_t touched = 0;
+    for (uint32_t g = 0; g < 2 * LAYERS; g++)
+        for (uint64_t p = 0; p < POOL; p++)
+            for (uint32_t t = 0; t < page_tokens; t++)
+                for (uint32_t k = 0; k < HEADS / 2; k++)
+                    for (uint32_t b = 0; b < HEAD_BYTES; b++)
+                        touched +=
+                            fake_nic_peek(
+                                &decode[0].buf[g][p * page_len(h) + in_page(h, t, k, b)]) != CANARY;
+    assert_int_equal(touched, 0);
+    kvw_landing_stats_t ls = landing_of(0);
+    assert_int_equal(ls.reserved, 0);
+    assert_in_range(ls.scatters, 2, 3); /* the first request's two ranks, maybe rank 1's */
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+    close_multi(2, 1);
+}
+
+/* Decode's KV regions in (fake) GPU memory, registered as dma-bufs: the
+ * landing buffer is GPU memory from the CUDA seam, and each landed rank's
+ * heads reach the rows by cuMemcpy2DAsync, one per KV region and run of
+ * contiguous pages, on the fake CUDA's stream thread. */
+static void test_landing_gpu(void **state)
+{
+    (void)state;
+    fake_cuda_init(&(fake_cuda_config_t){.gdr = 1});
+    kvw__cuda_set_ops(&fake_cuda_ops);
+    decode_gpu = true;
+    for (order = KVW_PAGE_NHD; order <= KVW_PAGE_HND; order++) {
+        page_tokens = 4;
+        open_multi(2, 1);
+        assert_int_equal(decode[0].engine->mrs[0].path, KVW_MEM_PATH_DMABUF);
+        kvw_landing_stats_t st = landing_of(0);
+        assert_true(st.gpu);
+        fake_cuda_stats_t c0, c1;
+        fake_cuda_stats(&c0);
+        assert_int_equal(c0.live_dev_allocs, 1);
+        /* A destination of one run (contiguous), then of 8 (fragmented). */
+        xfer_multi(2, 1, fragmented, contiguous, 8, 700 + order, true);
+        fake_cuda_stats(&c1);
+        uint64_t rows = order == KVW_PAGE_NHD ? 8 * page_tokens : 8; /* per region */
+        /* 2 ranks x 4 regions x the destination's 1 run */
+        assert_int_equal(c1.copies_2d - c0.copies_2d, 2 * 2 * LAYERS);
+        assert_int_equal(c1.rows_2d - c0.rows_2d, 2 * 2 * LAYERS * rows);
+        xfer_multi(2, 1, contiguous, fragmented, 8, 710 + order, true);
+        fake_cuda_stats(&c0);
+        assert_int_equal(c0.copies_2d - c1.copies_2d, 2 * 2 * LAYERS * 8);
+        assert_int_equal(c0.rows_2d - c1.rows_2d, 2 * 2 * LAYERS * rows);
+        assert_int_equal(landing_of(0).copies - st.copies, 2 * 2 * LAYERS * 9);
+        close_multi(2, 1);
+        fake_cuda_stats(&c1);
+        assert_int_equal(c1.live_dev_allocs, 0);
+    }
 }
 
 /* GQA: 2 KV heads over prefill TP 4 (each head on two ranks) to decode
@@ -511,6 +727,8 @@ static void test_rank_dies(void **state)
         pair_sleep_ms(1);
     assert_int_equal(mt.bytes, 2 * LAYERS * 4 * 4 * 4 * HEAD_BYTES);
     assert_int_equal(kvw_receiver_poll(r), KVW_POLL_TRANSFERRING);
+    /* Each rank's 8 pages of 4 tokens x 4 heads, in every region, landed. */
+    assert_int_equal(landing_of(0).reserved, 2 * 2 * LAYERS * 8 * 4 * 4 * HEAD_BYTES);
     kvw_sender_destroy(s[1]);
     mem_close(&prefills[1]);
     assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
@@ -519,6 +737,11 @@ static void test_rank_dies(void **state)
     const char *why = NULL;
     assert_int_not_equal(kvw_receiver_failure(r, &why), KVW_OK);
     assert_non_null(strstr(why, "prefill rank 1"));
+    /* Both ranks' heads were to land in the landing buffer: neither was
+     * copied into the rows, and both gave their space back. */
+    kvw_landing_stats_t ls = landing_of(0);
+    assert_int_equal(ls.scatters, 0);
+    assert_int_equal(ls.reserved, 0);
     uint8_t *before = snapshot(&decode[0]);
     assert_int_not_equal(kvw_sender_send(s[0], contiguous + 4, 4), KVW_OK);
     pair_sleep_ms(50);
@@ -611,13 +834,20 @@ static void test_set_refusals(void **state)
     kvw_receiver_destroy(r);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* An argument runs only the tests whose name contains it. */
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_decode_fewer_heads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_write_count, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_decode_more_heads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_decode_more_heads_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_landing_full, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_landing_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_landing_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gqa_replicas, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_endpoints_abort, setup, teardown),

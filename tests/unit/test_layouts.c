@@ -513,6 +513,10 @@ static void heads_tp2_to_tp1(uint32_t order, bool kill)
         assert_int_not_equal(kvw_receiver_failure(r, &why), KVW_OK);
         print_message("heads TP 2 -> 1 (%s), rank 1 killed: %s\n", order ? "HND" : "NHD", why);
         assert_non_null(strstr(why, "prefill rank 1"));
+        kvw_landing_stats_t ls; /* nothing copied from the landing buffer, all of it free */
+        kvw__landing_stats(lp.decode, &ls);
+        assert_int_equal(ls.scatters, 0);
+        assert_int_equal(ls.reserved, 0);
         size_t total = 2 * LAYERS_H * PAGES * dst_item;
         uint8_t *before = malloc(total);
         assert_non_null(before);
@@ -543,8 +547,16 @@ static void heads_tp2_to_tp1(uint32_t order, bool kill)
                       (unsigned long long)m.writes);
         /* Rank 0 also sends the aux item. */
         assert_int_equal(m.bytes, 8ull * 2 * LAYERS_H * src_item + (k == 0 ? aux : 0));
-        assert_int_equal(m.writes, 2ull * LAYERS_H * units + (k == 0));
+        /* Landed in decode's landing buffer (path (b)): one gather write per
+         * part and region (a part's source runs fit one write's entries),
+         * where a write per row or page would take units per region. */
+        assert_int_equal(m.writes, 2ull * LAYERS_H * 2 + (k == 0));
+        assert_true(m.writes < 2ull * LAYERS_H * units);
     }
+    kvw_landing_stats_t ls;
+    kvw__landing_stats(lp.decode, &ls);
+    assert_int_equal(ls.scatters, 2); /* each rank's heads copied into the rows */
+    assert_int_equal(ls.reserved, 0);
     size_t wrong = 0;
     for (uint32_t reg = 0; reg < 2 * LAYERS_H; reg++)
         for (uint64_t p = 0; p < PAGES; p++) {
@@ -1586,7 +1598,11 @@ static void hybrid_tp2_to_tp1(uint32_t order, uint32_t first_rank, size_t other_
          * rank's state, given after its pages, completes it with nothing
          * to write: one empty write (as a rank owing no heads posts). */
         uint64_t extra = rest ? rest_writes : !other_state_first;
-        assert_int_equal(m.writes, HY_KV_REGIONS * units + extra);
+        /* KV landed in decode's landing buffer (path (b)): one gather write
+         * per part (3 pages, then the rest) and region, not one per row or
+         * page (units). */
+        assert_int_equal(m.writes, HY_KV_REGIONS * 2 + extra);
+        assert_true(HY_KV_REGIONS * 2 < HY_KV_REGIONS * units);
         total += m.bytes;
     }
     kvw_req_metrics_t rm;

@@ -134,6 +134,9 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         }
         assert_int_equal(a->u.hello.recv_credits, b->u.hello.recv_credits);
         assert_int_equal(a->u.hello.max_msg_sz, b->u.hello.max_msg_sz);
+        assert_int_equal(a->u.hello.landing_addr, b->u.hello.landing_addr);
+        assert_int_equal(a->u.hello.landing_len, b->u.hello.landing_len);
+        assert_int_equal(a->u.hello.landing_rkey, b->u.hello.landing_rkey);
         assert_string_equal(a->u.hello.reason, b->u.hello.reason);
         for (size_t i = 0; i < kvw__wire_hello_regions(a); i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
@@ -152,6 +155,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.request.heads_flags, b->u.request.heads_flags);
         assert_int_equal(a->u.request.head_first, b->u.request.head_first);
         assert_int_equal(a->u.request.head_count, b->u.request.head_count);
+        assert_int_equal(a->u.request.landing_off, b->u.request.landing_off);
         for (uint32_t i = 0; i < a->u.request.num_pages + a->u.request.num_state; i++)
             assert_int_equal(a->u.request.pages[i], b->u.request.pages[i]);
         assert_int_equal(a->u.request.num_state_lists, b->u.request.num_state_lists);
@@ -306,6 +310,15 @@ static void test_roundtrip_hello(void **state)
     (void)state;
     kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
     roundtrip(&m);
+    /* Wire 8: decode's landing buffer; one running past the address space
+     * is refused. */
+    m.u.hello.landing_addr = 0x7f0000001000ull;
+    m.u.hello.landing_len = 64u << 20;
+    m.u.hello.landing_rkey = 0x4321;
+    roundtrip(&m);
+    uint8_t buf[BUF_CAP];
+    m.u.hello.landing_addr = UINT64_MAX - 4095;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
     m = sample_hello(KVW_MSG_HELLO_ACK);
     roundtrip(&m);
     /* No regions at all (e.g. an ACK carrying only a status). */
@@ -335,6 +348,12 @@ static void test_roundtrip_request(void **state)
     m.u.request.head_first = 4;
     m.u.request.head_count = 4;
     roundtrip(&m);
+    /* Wire 8: in decode's landing buffer, from an offset. */
+    m.u.request.heads_flags |= KVW_WIRE_HEADS_LANDING;
+    m.u.request.landing_off = 0x123456789ull;
+    roundtrip(&m);
+    m.u.request.heads_flags &= ~KVW_WIRE_HEADS_LANDING;
+    m.u.request.landing_off = 0;
     m.u.request.head_count = 0;
     roundtrip(&m);
     m.u.request.heads_flags = m.u.request.head_first = 0;
@@ -573,11 +592,12 @@ static size_t forge_request_heads(uint8_t *buf, uint32_t num_pages, uint32_t pre
     put32(buf + 36, flags);
     put32(buf + 40, first);
     put32(buf + 44, count);
+    put64(buf + 48, 0); /* landing offset (wire 8) */
     /* Pages of 1000 + i: read as a state list count (a shorter num_pages
      * shifts it into the pages), 1000 is over the limit. */
     for (uint32_t i = 0; i < present; i++)
-        put64(buf + 48 + 8 * i, 1000 + i);
-    put32(buf + 48 + 8 * present, 0); /* state lists */
+        put64(buf + 56 + 8 * i, 1000 + i);
+    put32(buf + 56 + 8 * present, 0); /* state lists */
     return KVW_WIRE_HEADER_LEN + body;
 }
 
@@ -605,11 +625,12 @@ static size_t forge_lists(uint8_t *buf, uint32_t num_state, uint32_t num_lists,
     put32(buf + 36, 0); /* no head range */
     put32(buf + 40, 0);
     put32(buf + 44, 0);
+    put64(buf + 48, 0); /* no landing (wire 8) */
     for (size_t i = 0; i < idx; i++)
-        put64(buf + 48 + 8 * i, i);
-    put32(buf + 48 + 8 * idx, num_lists);
+        put64(buf + 56 + 8 * i, i);
+    put32(buf + 56 + 8 * idx, num_lists);
     for (uint32_t i = 0; i < written; i++)
-        put32(buf + 52 + 8 * idx + 4 * i, counts[i]);
+        put32(buf + 60 + 8 * idx + 4 * i, counts[i]);
     return KVW_WIRE_HEADER_LEN + body;
 }
 
@@ -672,7 +693,20 @@ static void test_reject_request_page_count(void **state)
     assert_int_equal(out.u.request.head_first, 4);
     assert_int_equal(out.u.request.head_count, 4);
     kvw__wire_free(&out);
-    expect_reject(buf, forge_request_heads(buf, 3, 3, 4, 0, 0));
+    expect_reject(buf, forge_request_heads(buf, 3, 3, 8, 0, 0)); /* an unknown flag */
+    /* Landing (wire 8) only with a range of some heads; an offset only
+     * with its flag. */
+    expect_reject(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_LANDING, 0, 0));
+    expect_reject(
+        buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_LANDING, 4, 0));
+    decode_ok(buf,
+              forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_LANDING, 4, 4),
+              &out);
+    assert_int_equal(out.u.request.heads_flags, KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_LANDING);
+    kvw__wire_free(&out);
+    size_t n = forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE, 4, 4);
+    put64(buf + 48, 4096);
+    expect_reject(buf, n);
     expect_reject(buf, forge_request_heads(buf, 3, 3, 0, 1, 2));
     expect_reject(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_RANGE, 0xffffffffu, 2));
 }
