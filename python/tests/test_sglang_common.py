@@ -154,6 +154,9 @@ def test_state_indices_map_to_their_own_lists(sg):
     assert got == {1: [5], 2: [7, 8, 9], 3: []}
     assert _state_lists(None, groups) == {1: [], 2: [], 3: []}
     assert _state_lists([[np.array([5])]], groups) == {1: [5], 2: [], 3: []}
+    # sglang's Mamba payload: its 1-D mapping indexed by one request slot,
+    # a 0-d array (numpy's 0-d arrays have __len__ but no length)
+    assert _state_lists([[np.array(6, dtype=np.int32)]], groups) == {1: [6], 2: [], 3: []}
 
 
 def test_heads_described_from_sglangs_kv_args(sg):

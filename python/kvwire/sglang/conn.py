@@ -112,10 +112,12 @@ def _flat_indices(x: Any) -> List[int]:
     if x is None:
         return out
     for v in x:
-        if hasattr(v, "__len__") and not isinstance(v, (str, bytes)):
-            out.extend(int(i) for i in v)
-        else:
+        # sglang's Mamba payload indexes its 1-D req_index_to_mamba_index_mapping
+        # with one request slot: a 0-d array, which has __len__ but no length.
+        if getattr(v, "ndim", 1) == 0 or not hasattr(v, "__len__") or isinstance(v, (str, bytes)):
             out.append(int(v))
+        else:
+            out.extend(int(i) for i in v)
     return out
 
 

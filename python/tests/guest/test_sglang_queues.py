@@ -30,7 +30,7 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,freeze22,kill22"
+CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,freeze22,kill22"
 
 
 def _report(text, tag):
@@ -206,6 +206,21 @@ def test_mla_1_to_2_refused(run):
     both TP sizes (kvwire does not fan one prefill rank out to two decode
     ranks); prefill's requests end too (nothing is left Bootstrapping)."""
     _case_ok(run, "mla12", 1, 2)
+
+
+def test_hybrid_mamba_swa(run):
+    """TP 2 -> 2, a hybrid model: Mamba state (one slot per request, from
+    sglang's req_index_to_mamba_index_mapping) and an SWA pool (its own page
+    ids, the window's pages through translate_loc_from_full_to_swa), each
+    StateType its own kvwire state group, the payloads built by sglang's
+    send_kv_chunk and pop_preallocated; every KV byte, every state byte of
+    the window and of the Mamba slot, first token and bootstrap_room right;
+    no page, SWA page or Mamba slot left held."""
+    _case_ok(run, "hybrid22", 2, 2)
+    for r in range(WORLD):
+        m = re.search(f"decode hybrid22 rank {r}: (\\d+) state bytes checked .* still held "
+                      r"\(0, 0\)", run[1])
+        assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
 
 
 def test_prefill_frozen_fails_by_sglangs_heartbeat(run):
