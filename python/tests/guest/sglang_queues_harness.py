@@ -76,7 +76,11 @@ several send() per request): tp11, tp22 (MHA, a gloo group of 2), abort22
 (aborts on either side, see aborts()), dpattn (tp 2, attn_tp 1, dp 2 on both
 sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 (MHA, prefill TP 2
 -> decode TP 1: head slicing, decode's one receiver over both prefill
-ranks, each sending its 2 of decode's 4 heads), mha12 and mla12 (refused),
+ranks, each sending its 2 of decode's 4 heads), mha12 and mla12 (prefill
+TP 1 -> decode TP 2: one prefill rank serves each room to both decode
+ranks, kvw_sender_create_fanout; MHA each its 2 heads, MLA the latent to
+each, each its own metadata; prefill told decode's TP as sglang's
+--disaggregation-decode-tp),
 hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
 StateType its own kvwire state group; every byte of the SWA window and of
 the Mamba slot checked on decode),
@@ -141,8 +145,8 @@ CASES = {
     "dpattn": (False, (1, 2), (1, 2)),  # tp 2, attn_tp 1, dp 2 on both sides
     "mla21": (True, (2, 1), (1, 1)),
     "mha21": (False, (2, 1), (1, 1)),  # head slicing: decode takes 2 heads from each rank
-    "mha12": (False, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
-    "mla12": (True, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
+    "mha12": (False, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks their heads
+    "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
     "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
@@ -188,13 +192,10 @@ def aborts(case):
 
 
 def expect_success(case, room):
-    return case not in ("mha12", "mla12", "freeze22") and room not in aborts(case).values()
+    return case != "freeze22" and room not in aborts(case).values()
 
 
-REFUSALS = {  # what decode's reason must say for a refused layout
-    "mha12": "prefill attn TP size 1 < decode attn TP size 2",
-    "mla12": "MLA with decode attn TP size 2 > prefill attn TP size 1",
-}
+REFUSALS = {}  # case: what decode's reason must say for a refused layout (none now)
 
 
 def layout(case, role, rank):
@@ -543,22 +544,28 @@ def metadata_buffers():
     return RecordingMetadataBuffers(MD_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32)
 
 
-def server_args(ip, port, tp, dp, dev):
+def server_args(ip, port, tp, dp, dev, decode=None):
+    """decode (prefill only): decode's (attn TP, DP) sizes, given to prefill
+    as sglang's --disaggregation-decode-tp / --disaggregation-decode-dp."""
+    extra = {}
+    if decode is not None:
+        extra = dict(disaggregation_decode_tp=decode[0] * decode[1],
+                     disaggregation_decode_dp=decode[1])
     return ServerArgs(host=ip, port=30000, disaggregation_bootstrap_port=port,
                       disaggregation_transfer_backend="kvwire", disaggregation_ib_device=dev,
-                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1)
+                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, **extra)
 
 
 class _Sched:
     """What both schedulers share: the attributes the queue code reads."""
 
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False):
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
         tp, dp, tp_rank, dp_rank, mla = lay
         self.mla, self.dp_rank, self.heads = mla, dp_rank, heads_of(mla, tp, tp_rank)
         self.hybrid = hybrid
         self.sliding_window_size = WINDOW if hybrid else None
         self.state_checked = 0  # hybrid: the state bytes verify() compared on decode
-        self.server_args = server_args(o.ip, port, tp, dp, o.dev)
+        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode)
         self.ps = _Obj(tp_rank=o.rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=0)
         self.model_config = _Obj(num_hidden_layers=LAYERS,
                                  get_total_num_kv_heads=lambda: 1 if mla else MODEL_KV_HEADS)
@@ -572,8 +579,8 @@ class _Sched:
 
 
 class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False):
-        super().__init__(o, lay, port, group, cp_group, hybrid)
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
+        super().__init__(o, lay, port, group, cp_group, hybrid, decode)
         tp, dp = lay[0], lay[1]
         self.enable_hicache_storage = False
         self.pool = kv_pool(self.mla, tp, hybrid)
@@ -672,10 +679,12 @@ def prefill_case(o, case, groups, world_group):
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
     set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
-    s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID)
+    s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
+                     decode=CASES[case][2])
     if o.rank == 0:
         publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
     bq = s.disagg_prefill_bootstrap_queue
+    fan = CASES[case][2][0] > tp  # decode attn TP > this side's: one sender serves several
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
     reqs = [FakeReq(room, n, o.ip, port) for room, n in requests(case)
             if prefill_dp(room, dp) == dp_rank]
@@ -730,12 +739,13 @@ def prefill_case(o, case, groups, world_group):
     for r in reqs:
         why = done.get(r.rid, "stuck")
         good = why != "stuck" and failed(why) != expect_success(case, r.bootstrap_room)
-        if case == "mla12":  # decode refused; prefill, asked for nothing (MLA), may end either way
-            good = why != "stuck"
         got = r.time_stats.metric_bytes
         if good and not failed(why):  # sglang's count: pages sent x item bytes; 0 if asked none
             full = -(-len(r.origin_input_ids) // PAGE) * sum(s.pool.get_contiguous_buf_infos()[2])
-            good &= got == full or (s.mla and got == 0) or (s.hybrid and got >= full)
+            # hybrid: + the state. Fan-out (decode TP > prefill TP): MLA's latent counted
+            # once per decode rank (sglang's replica factor), MHA's head slices once.
+            copies = CASES[case][2][0] // tp if fan and s.mla else 1
+            good &= got == full * copies or (s.mla and got == 0) or (s.hybrid and got >= full)
         ok &= good
         msg = getattr(why, "message", why)
         say(f"prefill {case} rank {o.rank}| room {r.bootstrap_room}: {type(why).__name__} "

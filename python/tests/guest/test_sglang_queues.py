@@ -194,17 +194,21 @@ def test_mha_2_to_1_head_slicing(run):
         assert len(got) == 2 and min(got) > 0 and got[0] == got[1], (room, got)
 
 
-def test_mha_1_to_2_refused(run):
-    """MHA, prefill TP 1 -> decode TP 2: refused at once on both sides, the
-    decode reason naming both TP sizes (one prefill rank would serve two
-    decode ranks, which kvwire does not do yet)."""
+def test_mha_1_to_2_fanout(run):
+    """MHA, prefill TP 1 -> decode TP 2 (4 KV heads: prefill holds 4, each
+    decode rank 2): the prefill rank's one kvwire sender per room serves
+    both decode ranks (kvw_sender_create_fanout, prefill told decode's TP
+    through sglang's --disaggregation-decode-tp), each its heads gathered;
+    every byte of every head of every token right on each decode rank,
+    first token and bootstrap_room too."""
     _case_ok(run, "mha12", 1, 2)
 
 
-def test_mla_1_to_2_refused(run):
-    """MLA, prefill TP 1 -> decode TP 2: refused by decode at once, naming
-    both TP sizes (kvwire does not fan one prefill rank out to two decode
-    ranks); prefill's requests end too (nothing is left Bootstrapping)."""
+def test_mla_1_to_2_fanout(run):
+    """MLA, prefill TP 1 -> decode TP 2: the latent (replicated) whole to
+    both decode ranks from the one prefill rank, each its own metadata;
+    every byte right on each; sglang's metric counts both copies (the
+    harness checks it is twice one copy's pages x item bytes)."""
     _case_ok(run, "mla12", 1, 2)
 
 
