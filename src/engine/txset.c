@@ -95,6 +95,11 @@ kvw_status_t kvw_sender_create_fanout(kvw_engine_t *e, uint64_t room, uint32_t n
         else
             set_member_locked(set, set->n++, r);
     }
+    /* A decode engine gave the room up before the sender existed: the
+     * room fails for every receiver. */
+    for (uint32_t i = 0; !st && !set->failed && i < set->n; i++)
+        if (atomic_load(&set->m[i]->state) == KVW_POLL_FAILED)
+            kvw__txset_member_failed_locked(set->m[i]);
     pthread_mutex_unlock(&e->lock);
     if (st) {
         if (set->n)
