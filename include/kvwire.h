@@ -555,7 +555,10 @@ typedef struct kvw_receiver kvw_receiver_t;
  * WaitingForInput; Transferring after kvw_sender_send(); Success once every
  * write of the request has completed. KVW_ERR_INVALID on a decode engine,
  * KVW_ERR_EXISTS when a live sender already has the room, KVW_ERR_NO_MEMORY.
- * The caller owns *sender_p until kvw_sender_destroy(). */
+ * It serves one decode request: should several decode engines have asked
+ * for the room before it was created, it serves one and the others are
+ * refused at once (KVW_ERR_EXISTS); kvw_sender_create_fanout() serves
+ * several. The caller owns *sender_p until kvw_sender_destroy(). */
 KVW_API kvw_status_t kvw_sender_create(kvw_engine_t *engine, uint64_t room,
                                        kvw_sender_t **sender_p);
 /* Declare how many pages will be sent and which aux item (or KVW_NO_AUX).
