@@ -566,7 +566,10 @@ typedef struct kvw_receiver kvw_receiver_t;
  * WaitingForInput; Transferring after kvw_sender_send(); Success once every
  * write of the request has completed. KVW_ERR_INVALID on a decode engine,
  * KVW_ERR_EXISTS when a live sender already has the room, KVW_ERR_NO_MEMORY.
- * The caller owns *sender_p until kvw_sender_destroy(). */
+ * It serves one decode request: should several decode engines have asked
+ * for the room before it was created, it serves one and the others are
+ * refused at once (KVW_ERR_EXISTS); kvw_sender_create_fanout() serves
+ * several. The caller owns *sender_p until kvw_sender_destroy(). */
 KVW_API kvw_status_t kvw_sender_create(kvw_engine_t *engine, uint64_t room,
                                        kvw_sender_t **sender_p);
 /* Declare how many pages will be sent and which aux item (or KVW_NO_AUX).
@@ -894,6 +897,38 @@ typedef struct kvw_receiver_params {
 KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
                                                const kvw_receiver_params_t *params,
                                                kvw_receiver_t **receiver_p);
+
+/* Prefill over several decode receivers (decode TP > prefill TP: one
+ * prefill rank holds what num_receivers decode ranks each need, the same
+ * room for all of them, as sglang's decode ranks ask): one sender for room
+ * that serves num_receivers decode requests for it, one per decode engine.
+ * Each request is served as a plain sender serves its one: its own pages,
+ * aux item and state, and, with head slicing (group_heads), the heads that
+ * decode engine holds (decode's heads from the handshake: a gather when it
+ * holds fewer than this rank, docs/head-slicing.md); MLA's replicated
+ * latent goes whole to each. The calls (init, send, send_part, send_state,
+ * their _after forms) apply to every request, and are checked against
+ * each; the source pages must stay unchanged until the sender ended.
+ * Success once every request is delivered. A failure of any (its decode
+ * engine died or aborted, a count mismatch, a timeout) fails the others at
+ * once, each decode receiver is told once none of its writes can still
+ * land, and the sender is Failed once every request ended, its reason
+ * naming the first one that failed ("decode receiver 1 of 2: ..."). A
+ * second request for the room from a decode engine that already has one
+ * (another token) is refused to it with KVW_ERR_EXISTS, a request past
+ * num_receivers with KVW_ERR_LIMIT; the requests already accepted go on.
+ * Requests decode sent before the sender existed are adopted, up to
+ * num_receivers. kvw_sender_requested() answers for the first request to
+ * arrive; kvw_sender_metrics() sums bytes and writes over the requests.
+ * num_receivers 1 is kvw_sender_create(). KVW_ERR_INVALID for 0 or more
+ * than KVW_MAX_DECODE_RECEIVERS, or a decode engine; KVW_ERR_EXISTS as
+ * kvw_sender_create(); KVW_ERR_UNSUPPORTED on an engine staging GPU memory
+ * (KVW_GPU_PATH=staging). Thread safety as any sender: one thread at a time
+ * per handle. The caller owns *sender_p until kvw_sender_destroy(), which
+ * ends every request. */
+#define KVW_MAX_DECODE_RECEIVERS 64
+KVW_API kvw_status_t kvw_sender_create_fanout(kvw_engine_t *engine, uint64_t room,
+                                              uint32_t num_receivers, kvw_sender_t **sender_p);
 
 /* Prefill side: what decode asked for in the request for this sender's
  * room, once it has arrived: its page count and whether it wants the aux

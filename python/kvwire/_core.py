@@ -54,6 +54,7 @@ def features() -> Dict[str, bool]:
         "send_after": _L.has("kvw_sender_send_after") and _L.has("kvw_sender_send_part_after"),
         "state_lists": _L.has("kvw_receiver_init_lists") and _L.has("kvw_sender_send_state_lists"),
         "receiver_ranks": _L.has("kvw_receiver_create_ranks"),
+        "sender_fanout": _L.has("kvw_sender_create_fanout"),
     }
 
 

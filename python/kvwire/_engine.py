@@ -370,9 +370,14 @@ class Engine(_Handle):
         with self._lock:
             self._children.pop(id(cell), None)
 
-    def sender(self, room: int) -> "Sender":
-        """Prefill: a Sender for room (kvw_sender_create)."""
-        return Sender(self, room)
+    def sender(self, room: int, receivers: int = 1) -> "Sender":
+        """Prefill: a Sender for room (kvw_sender_create). receivers > 1:
+        one sender serving the room to that many decode receivers, one per
+        decode engine (kvw_sender_create_fanout: decode TP > prefill TP,
+        each decode rank getting its heads, or MLA's replicated latent, and
+        its own aux item); the calls apply to each request, Success once
+        every one is delivered, a failure of any fails them all."""
+        return Sender(self, room, receivers)
 
     def receiver(self, bootstrap_addr: str, prefill_rank: int, room: int) -> "Receiver":
         """Decode: a Receiver for room from the prefill engine registered as
@@ -491,13 +496,26 @@ class Sender(_Request):
 
     _what = "kvwire.Sender"
 
-    def __init__(self, engine: Engine, room: int):
+    def __init__(self, engine: Engine, room: int, receivers: int = 1):
         self._engine = engine
         self.room = int(room)
+        self.receivers = int(receivers)
+        if not 1 <= self.receivers <= _lib.MAX_DECODE_RECEIVERS:
+            raise ValueError(f"kvwire: receivers {self.receivers} is outside "
+                             f"1..{_lib.MAX_DECODE_RECEIVERS}")
+        fan = None
+        if self.receivers > 1:
+            fan = _L.optional.get("kvw_sender_create_fanout")
+            if fan is None:
+                raise _unsupported("kvw_sender_create_fanout", "kvwire.Engine.sender(receivers>1)")
         h = ctypes.c_void_p()
         with engine._lock:
-            _call(_c.kvw_sender_create, f"kvw_sender_create(room {self.room})", engine._get(),
-                  self.room, ctypes.byref(h))
+            if fan is None:
+                _call(_c.kvw_sender_create, f"kvw_sender_create(room {self.room})",
+                      engine._get(), self.room, ctypes.byref(h))
+            else:
+                _call(fan, f"kvw_sender_create_fanout(room {self.room}, {self.receivers} "
+                      "receivers)", engine._get(), self.room, self.receivers, ctypes.byref(h))
             self._cell = engine._adopt(h.value, "sender")
 
     def init(self, num_pages: int, aux_index: Optional[int] = None) -> None:

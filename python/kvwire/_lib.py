@@ -287,7 +287,11 @@ OPTIONAL = {
     # Decode over several prefill ranks (head slicing, decode TP < prefill TP).
     "kvw_receiver_create_ranks": (c_int, [c_void_p, POINTER(kvw_receiver_params_t),
                                           POINTER(c_void_p)]),
+    # Prefill over several decode receivers (decode TP > prefill TP).
+    "kvw_sender_create_fanout": (c_int, [c_void_p, c_uint64, c_uint32, POINTER(c_void_p)]),
 }
+# KVW_MAX_DECODE_RECEIVERS: the most decode receivers one fan-out sender serves.
+MAX_DECODE_RECEIVERS = 64
 # KVW_MAX_PREFILL_RANKS: the most ranks one kvw_receiver_create_ranks takes.
 MAX_PREFILL_RANKS = 64
 # Buffer groups change kvw_engine_params_t, which no symbol names: a library

@@ -15,7 +15,7 @@ def test_import_and_library():
     assert os.path.exists(kvwire.library_path()) or kvwire.library_path().startswith("lib")
     feats = kvwire.features()
     assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
-                          "send_after", "state_lists", "receiver_ranks"}
+                          "send_after", "state_lists", "receiver_ranks", "sender_fanout"}
     assert feats["state_lists"]
 
 
@@ -395,3 +395,42 @@ def test_receiver_ranks_errors_come_back(monkeypatch, fake_engine):
 def test_receiver_ranks_in_the_real_library():
     """The library this binding loads exports the call."""
     assert kvwire.features()["receiver_ranks"]
+
+
+def test_sender_fanout_reaches_c(monkeypatch, fake_engine):
+    """Engine.sender(room, receivers=n) calls kvw_sender_create_fanout with
+    the room and n; receivers=1 is a plain kvw_sender_create; n outside
+    1..KVW_MAX_DECODE_RECEIVERS is refused before C; the library's refusal
+    comes back as an Error naming the call; an older library without it
+    raises KVW_ERR_UNSUPPORTED."""
+    seen = []
+
+    def create(eh, room, n, hp):
+        seen.append((room, n))
+        hp._obj.value = 78
+        return 0
+
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_create_fanout", create)
+    e = fake_engine
+    s = e.sender(43, receivers=2)
+    assert seen == [(43, 2)] and s._cell.h == 78 and s.receivers == 2
+    s._cell = None  # never destroy the dummy handle
+    for bad in (0, 65):
+        with pytest.raises(ValueError):
+            e.sender(1, receivers=bad)
+    assert seen == [(43, 2)]
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_create_fanout",
+                        lambda *a: int(kvwire.Status.ERR_EXISTS))
+    with pytest.raises(kvwire.Error) as ei:
+        e.sender(44, receivers=3)
+    assert ei.value.status == kvwire.Status.ERR_EXISTS
+    assert "kvw_sender_create_fanout(room 44, 3 receivers)" in str(ei.value)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_create_fanout", None)
+    with pytest.raises(kvwire.Error) as ei:
+        e.sender(45, receivers=2)
+    assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+
+
+def test_sender_fanout_in_the_real_library():
+    """The library this binding loads exports the call."""
+    assert kvwire.features()["sender_fanout"]

@@ -154,6 +154,9 @@ def test_state_indices_map_to_their_own_lists(sg):
     assert got == {1: [5], 2: [7, 8, 9], 3: []}
     assert _state_lists(None, groups) == {1: [], 2: [], 3: []}
     assert _state_lists([[np.array([5])]], groups) == {1: [5], 2: [], 3: []}
+    # sglang's Mamba payload: its 1-D mapping indexed by one request slot,
+    # a 0-d array (numpy's 0-d arrays have __len__ but no length)
+    assert _state_lists([[np.array(6, dtype=np.int32)]], groups) == {1: [6], 2: [], 3: []}
 
 
 def test_heads_described_from_sglangs_kv_args(sg):
@@ -216,9 +219,42 @@ def test_tp_refusals_name_both_sizes(sg, monkeypatch):
     assert "staged" in r._refusal(2)
     monkeypatch.delenv("KVW_GPU_PATH")
     r.kv_mgr.attn_tp_size = 2
-    assert "prefill attn TP size 1 < decode attn TP size 2" in r._refusal(1)
+    assert r._refusal(1) is None  # MHA 1 -> 2 served: prefill's sender fans out
+    r.kv_mgr.heads = None
+    assert "prefill attn TP size 1 != decode attn TP size 2" in r._refusal(1)
+    r.kv_mgr.heads, r.kv_mgr.state_groups = heads, {0: 2}
+    assert "prefill attn TP size 1, decode attn TP size 2: a hybrid" in r._refusal(1)
+    r.kv_mgr.state_groups = {}
     r.kv_mgr.is_mla_backend = True
-    assert "decode attn TP size 2 > prefill attn TP size 1" in r._refusal(1)
+    assert r._refusal(1) is None  # MLA 1 -> 2 served: the latent to each decode rank
     r.kv_mgr.attn_tp_size = 1
     assert r._refusal(2) is None  # MLA 2 -> 1: one prefill rank sends
     r.recvs = []
+
+
+def test_prefill_decode_receivers_from_sglangs_decode_tp(sg):
+    """Prefill serves each room to decode attn TP / prefill attn TP decode
+    ranks, decode's sizes from sglang's --disaggregation-decode-tp / -dp
+    (set on prefill only; unset: one); a size that is no multiple, or a
+    hybrid MHA model's state with different sizes, is refused at creation."""
+    import types
+
+    from kvwire.sglang import conn
+
+    m = conn.KVWireKVManager.__new__(conn.KVWireKVManager)
+    m.attn_tp_size, m.state_groups, m.is_mla_backend = 1, {}, False
+    sa = types.SimpleNamespace
+    assert m._decode_receivers(sa()) == 1
+    assert m._decode_receivers(sa(disaggregation_decode_tp=1)) == 1
+    assert m._decode_receivers(sa(disaggregation_decode_tp=4)) == 4
+    assert m._decode_receivers(sa(disaggregation_decode_tp=4, disaggregation_decode_dp=2)) == 2
+    m.attn_tp_size = 2
+    assert m._decode_receivers(sa(disaggregation_decode_tp=8)) == 4
+    assert m._decode_receivers(sa(disaggregation_decode_tp=2)) == 1
+    with pytest.raises(RuntimeError, match="not a multiple"):
+        m._decode_receivers(sa(disaggregation_decode_tp=3))
+    m.state_groups = {0: 2}
+    with pytest.raises(RuntimeError, match="prefill attn TP size 2, decode attn TP size 4"):
+        m._decode_receivers(sa(disaggregation_decode_tp=4))
+    m.is_mla_backend = True  # MLA's state goes whole to each: not sliced
+    assert m._decode_receivers(sa(disaggregation_decode_tp=4)) == 2

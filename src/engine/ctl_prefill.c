@@ -345,12 +345,55 @@ static void count_orphan_locked(kvw_req_t *r)
     r->peer->orphan_bytes += r->tx.num_pages * sizeof(uint64_t);
 }
 
+/* (lock) Among the room's requests no sender owns yet (several decode
+ * engines may ask before a fan-out sender exists), the one p sent, or
+ * NULL. */
+static kvw_req_t *orphan_of_locked(kvw_req_t *r, const kvw_peer_t *p)
+{
+    for (; r; r = kvw__req_find_next_locked(r))
+        if (r->peer == p)
+            return r;
+    return NULL;
+}
+
+/* (lock) The room's request p's REQUEST is for: a fan-out sender's member
+ * (false: answered here), the one p sent ahead, or the room's request. */
+static bool request_target_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m,
+                                  kvw_req_t **r_p)
+{
+    uint64_t room = m->u.request.room;
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    if (r && r->tx.set) {
+        char why[KVW_WIRE_REASON_MAX];
+        bool resend = false;
+        kvw_status_t st = kvw__txset_claim_locked(r->tx.set, p, m->u.request.token, r_p, &resend,
+                                                  why, sizeof(why));
+        if (st || resend) {
+            KVW_WARN("room %llu: %s from peer %u refused%s%s", (unsigned long long)room,
+                     resend ? "repeated request" : "request", p->index, st ? ": " : "",
+                     st ? why : "");
+            if (st)
+                send_failed(e, p, room, m->u.request.token, st, why);
+            return false;
+        }
+        return true;
+    }
+    if (r && !r->has_user && !r->user_gone && r->peer && r->peer != p)
+        r = orphan_of_locked(r, p); /* another decode engine asked ahead: its own record */
+    *r_p = r;
+    return true;
+}
+
 static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     char why[KVW_WIRE_REASON_MAX] = "";
     uint64_t room = m->u.request.room;
     pthread_mutex_lock(&e->lock);
-    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    kvw_req_t *r = NULL;
+    if (!request_target_locked(e, p, m, &r)) {
+        pthread_mutex_unlock(&e->lock);
+        return;
+    }
     if (r && atomic_load(&r->state) == KVW_POLL_FAILED && !r->tx.have_dst) {
         /* It failed (bad source pages, abort, destroy, timeout) before
          * decode asked: nothing was posted, answer at once. */
@@ -429,6 +472,17 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     snprintf(why, sizeof(why), "decode gave the room up: %.120s", m->u.failed.reason);
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    if (r && r->tx.set) {
+        if (!(r = kvw__txset_member_of_locked(r->tx.set, p))) {
+            /* Every member serves another decode engine: nothing of the
+             * room was posted for this one. */
+            pthread_mutex_unlock(&e->lock);
+            send_failed(e, p, room, m->u.failed.token, (kvw_status_t)m->status, why);
+            return;
+        }
+    } else if (r && !r->has_user && !r->user_gone && r->peer && r->peer != p) {
+        r = orphan_of_locked(r, p); /* another decode engine asked ahead */
+    }
     if (r && ((r->peer && r->peer != p) || (r->tx.have_dst && r->token != m->u.failed.token))) {
         pthread_mutex_unlock(&e->lock);
         KVW_WARN("room %llu: abort from peer %u for a request it does not own ignored",

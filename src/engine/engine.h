@@ -239,6 +239,11 @@ typedef struct kvw_req_tx {
      * KV slot i's writes start at land_addr + i * land_area. */
     bool landing;
     uint64_t land_addr, land_area;
+    /* One sender serving several decode receivers of the room (txset.c):
+     * the set this request is a member of, fixed by create and cleared
+     * (lock) by the set's destroy; NULL for a plain sender. */
+    struct kvw_txset *set;
+    uint32_t set_index;
 } kvw_req_tx_t;
 
 /* A receiver's side of a request (decode; kvw_receiver_*, receiver.c and
@@ -593,6 +598,45 @@ typedef struct kvw_landing_stats {
 } kvw_landing_stats_t;
 void kvw__landing_stats(kvw_engine_t *e, kvw_landing_stats_t *out);
 
+/* sender.c, for txset.c: one member's calls (the public ones dispatch a
+ * set's handle to txset.c, which calls these for each member). */
+kvw_status_t kvw__sender_init_one(kvw_req_t *r, size_t num_pages, uint32_t aux_index);
+kvw_status_t kvw__sender_send_part_one(kvw_req_t *r, const kvw_part_t *part, void *event);
+kvw_status_t kvw__sender_send_one(kvw_req_t *r, const uint64_t *pages, size_t n, void *event);
+kvw_status_t kvw__sender_send_state_one(kvw_req_t *r, const uint64_t *state, size_t n,
+                                        const kvw_state_list_t *lists, size_t num_lists);
+kvw_status_t kvw__sender_abort_one(kvw_req_t *r, const char *why);
+kvw_status_t kvw__sender_requested_one(const kvw_req_t *r, size_t *num_pages_p, uint32_t *aux_p);
+void kvw__sender_destroy_one(kvw_req_t *r);
+/* (lock) Make r the caller's sender (it may be a request decode sent ahead). */
+void kvw__sender_adopt_locked(kvw_req_t *r);
+/* txset.c: one sender serving a room to several decode receivers
+ * (kvw_sender_create_fanout). The public sender calls on a set's handle
+ * (its member 0) land here. */
+typedef struct kvw_txset kvw_txset_t;
+kvw_status_t kvw__txset_init(kvw_txset_t *set, size_t num_pages, uint32_t aux_index);
+kvw_status_t kvw__txset_send_part(kvw_txset_t *set, const kvw_part_t *part, void *event);
+kvw_status_t kvw__txset_send(kvw_txset_t *set, const uint64_t *pages, size_t n, void *event);
+kvw_status_t kvw__txset_send_state(kvw_txset_t *set, const uint64_t *state, size_t n,
+                                   const kvw_state_list_t *lists, size_t num_lists);
+kvw_poll_t kvw__txset_poll(kvw_txset_t *set);
+kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p);
+kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_t *aux_p);
+kvw_status_t kvw__txset_metrics(kvw_txset_t *set, kvw_req_metrics_t *m);
+kvw_status_t kvw__txset_abort(kvw_txset_t *set);
+void kvw__txset_destroy(kvw_txset_t *set);
+/* (lock) A member failed: fail the others (each tells its decode receiver
+ * once its writes drained), keep the first reason. */
+void kvw__txset_member_failed_locked(kvw_req_t *r);
+/* (lock) The member of r's set that decode engine p's REQUEST (token)
+ * is for: *r_p the member p claimed already (*resend: the same token), or
+ * one nobody claimed; NULL and why when p claimed one with another token,
+ * or every member is claimed. */
+kvw_status_t kvw__txset_claim_locked(kvw_txset_t *set, const kvw_peer_t *p, uint32_t token,
+                                     kvw_req_t **r_p, bool *resend, char *why, size_t size);
+/* (lock) The member of r's set that p claimed, else one nobody claimed,
+ * else NULL (an ABORT from decode engine p). */
+kvw_req_t *kvw__txset_member_of_locked(kvw_txset_t *set, const kvw_peer_t *p);
 /* Poller: r left the poller's queues and none of its writes is in flight. */
 void kvw__req_drained(kvw_req_t *r);
 /* (lock) Plan the parts handed over so far (once decode's request is
@@ -624,6 +668,10 @@ kvw_status_t kvw__reqtab_reserve_locked(kvw_engine_t *e);
 void kvw__room_insert_locked(kvw_engine_t *e, kvw_req_t *r);
 void kvw__room_remove_locked(kvw_engine_t *e, kvw_req_t *r);
 kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room);
+/* (lock) The next request of the same room and role after r in the room
+ * table (several: a fan-out sender's members, or requests decode engines
+ * sent ahead of it), NULL after the last. */
+kvw_req_t *kvw__req_find_next_locked(kvw_req_t *r);
 /* 0 removes r's deadline. Wakes the control thread if it is the earliest. */
 void kvw__req_set_deadline_locked(kvw_req_t *r, uint64_t ns);
 uint64_t kvw__next_deadline_locked(const kvw_engine_t *e);

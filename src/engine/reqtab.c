@@ -90,6 +90,14 @@ kvw_req_t *kvw__req_find_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     return NULL;
 }
 
+kvw_req_t *kvw__req_find_next_locked(kvw_req_t *r)
+{
+    for (kvw_req_t *n = r->hnext; n; n = n->hnext)
+        if (n->room == r->room && n->role == r->role)
+            return n;
+    return NULL;
+}
+
 /* ------------------------------------------------------------ the heap */
 
 static bool earlier(const kvw_req_t *a, const kvw_req_t *b)

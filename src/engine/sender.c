@@ -223,8 +223,17 @@ void kvw__sender_unstarve_locked(kvw_req_t *r)
         hand_to_poller_locked(r);
 }
 
+/* (lock) r just failed: hand a parked request back to the poller, and a
+ * fan-out member's failure fails the room for the set's other receivers. */
+static void sender_failed_locked(kvw_req_t *r)
+{
+    kvw__sender_unstarve_locked(r);
+    if (r->tx.set)
+        kvw__txset_member_failed_locked(r);
+}
+
 const kvw_role_ops_t kvw__prefill_ops = {
-    .failed_locked = kvw__sender_unstarve_locked,
+    .failed_locked = sender_failed_locked,
     .free = sender_free,
 };
 
@@ -462,6 +471,16 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
 
 /* ------------------------------------------------------------- the API */
 
+void kvw__sender_adopt_locked(kvw_req_t *r)
+{
+    r->has_user = true; /* adopt a request decode sent ahead of us, if any */
+    if (r->orphan) {
+        kvw__req_unorphan_locked(r);
+        kvw__req_set_deadline_locked(r, 0); /* waiting for our compute has no limit */
+    }
+    atomic_fetch_add(&r->refs, 1);
+}
+
 kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **sender_p)
 {
     if (!e || !sender_p || e->role != KVW_ROLE_PREFILL)
@@ -479,12 +498,14 @@ kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **se
         st = KVW_ERR_NO_MEMORY;
     }
     if (!st) {
-        r->has_user = true; /* adopt a request decode sent ahead of us, if any */
-        if (r->orphan) {
-            kvw__req_unorphan_locked(r);
-            kvw__req_set_deadline_locked(r, 0); /* waiting for our compute has no limit */
-        }
-        atomic_fetch_add(&r->refs, 1);
+        kvw__sender_adopt_locked(r);
+        /* Other decode engines that asked for the room ahead of us (a
+         * fan-out sender would serve them): this one serves one. */
+        for (kvw_req_t *o = kvw__req_find_next_locked(r); o; o = kvw__req_find_next_locked(o))
+            if (!o->has_user && !o->user_gone && !kvw__req_ended(o))
+                kvw__sender_fail_locked(o, KVW_ERR_EXISTS,
+                                        "the room is already claimed by another request (its "
+                                        "sender serves one decode receiver)");
     }
     pthread_mutex_unlock(&e->lock);
     if (!st)
@@ -496,7 +517,13 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
 {
     if (!s)
         return KVW_ERR_INVALID;
-    kvw_req_t *r = &s->req;
+    if (s->req.tx.set)
+        return kvw__txset_init(s->req.tx.set, num_pages, aux_index);
+    return kvw__sender_init_one(&s->req, num_pages, aux_index);
+}
+
+kvw_status_t kvw__sender_init_one(kvw_req_t *r, size_t num_pages, uint32_t aux_index)
+{
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
     kvw_status_t st = KVW_OK;
@@ -665,7 +692,13 @@ kvw_status_t kvw_sender_send_part_after(kvw_sender_t *sender, const kvw_part_t *
 {
     if (!sender || !part || (part->num_pages && !part->pages))
         return KVW_ERR_INVALID;
-    kvw_req_t *r = &sender->req;
+    if (sender->req.tx.set)
+        return kvw__txset_send_part(sender->req.tx.set, part, cuda_event);
+    return kvw__sender_send_part_one(&sender->req, part, cuda_event);
+}
+
+kvw_status_t kvw__sender_send_part_one(kvw_req_t *r, const kvw_part_t *part, void *cuda_event)
+{
     kvw_status_t st = check_event(r, cuda_event);
     if (st)
         return st;
@@ -688,7 +721,13 @@ kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *pages, 
 {
     if (!sender || (n && !pages))
         return KVW_ERR_INVALID;
-    kvw_req_t *r = &sender->req;
+    if (sender->req.tx.set)
+        return kvw__txset_send(sender->req.tx.set, pages, n, cuda_event);
+    return kvw__sender_send_one(&sender->req, pages, n, cuda_event);
+}
+
+kvw_status_t kvw__sender_send_one(kvw_req_t *r, const uint64_t *pages, size_t n, void *cuda_event)
+{
     kvw_status_t st = check_event(r, cuda_event);
     if (st)
         return st;
@@ -718,7 +757,14 @@ kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender, const uint64_t *s
 {
     if (!sender || (n && !state) || (num_lists && !lists))
         return KVW_ERR_INVALID;
-    kvw_req_t *r = &sender->req;
+    if (sender->req.tx.set)
+        return kvw__txset_send_state(sender->req.tx.set, state, n, lists, num_lists);
+    return kvw__sender_send_state_one(&sender->req, state, n, lists, num_lists);
+}
+
+kvw_status_t kvw__sender_send_state_one(kvw_req_t *r, const uint64_t *state, size_t n,
+                                        const kvw_state_list_t *lists, size_t num_lists)
+{
     kvw_engine_t *e = r->engine;
     char why[KVW_WIRE_REASON_MAX];
     uint64_t *copy = NULL;
@@ -774,11 +820,15 @@ kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender, const uint64_t *s
 
 kvw_poll_t kvw_sender_poll(kvw_sender_t *s)
 {
+    if (s && s->req.tx.set)
+        return kvw__txset_poll(s->req.tx.set);
     return kvw__req_poll(&s->req);
 }
 
 kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
 {
+    if (s && s->req.tx.set)
+        return kvw__txset_failure(s->req.tx.set, reason_p);
     return kvw__req_failure(&s->req, reason_p);
 }
 
@@ -786,7 +836,13 @@ kvw_status_t kvw_sender_requested(const kvw_sender_t *s, size_t *num_pages_p, ui
 {
     if (!s)
         return KVW_ERR_INVALID;
-    const kvw_req_t *r = &s->req;
+    if (s->req.tx.set)
+        return kvw__txset_requested(s->req.tx.set, num_pages_p, aux_p);
+    return kvw__sender_requested_one(&s->req, num_pages_p, aux_p);
+}
+
+kvw_status_t kvw__sender_requested_one(const kvw_req_t *r, size_t *num_pages_p, uint32_t *aux_p)
+{
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     /* Decode's count: prefill's own, once inited, equals it or failed the request. */
@@ -807,6 +863,8 @@ kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
 {
     if (!s || !m)
         return KVW_ERR_INVALID;
+    if (s->req.tx.set)
+        return kvw__txset_metrics(s->req.tx.set, m);
     const kvw_req_t *r = &s->req;
     uint64_t first = atomic_load(&r->tx.first_post_ns), done = atomic_load(&r->tx.done_ns);
     *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
@@ -821,12 +879,18 @@ kvw_status_t kvw_sender_abort(kvw_sender_t *s)
 {
     if (!s)
         return KVW_ERR_INVALID;
-    kvw_req_t *r = &s->req;
+    if (s->req.tx.set)
+        return kvw__txset_abort(s->req.tx.set);
+    return kvw__sender_abort_one(&s->req, "aborted by prefill");
+}
+
+kvw_status_t kvw__sender_abort_one(kvw_req_t *r, const char *why)
+{
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = kvw__req_ended(r) ? KVW_ERR_STATE : KVW_OK;
     if (!st)
-        kvw__sender_fail_locked(r, KVW_ERR_ABORTED, "aborted by prefill");
+        kvw__sender_fail_locked(r, KVW_ERR_ABORTED, why);
     pthread_mutex_unlock(&e->lock);
     kvw__wake(e->poller_wake_fd); /* stop feeding it now, not at the next completion */
     return st;
@@ -836,7 +900,14 @@ void kvw_sender_destroy(kvw_sender_t *s)
 {
     if (!s)
         return;
-    kvw_req_t *r = &s->req;
+    if (s->req.tx.set)
+        kvw__txset_destroy(s->req.tx.set);
+    else
+        kvw__sender_destroy_one(&s->req);
+}
+
+void kvw__sender_destroy_one(kvw_req_t *r)
+{
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     if (!kvw__req_ended(r))

@@ -1349,6 +1349,26 @@ static void test_empty_request_succeeds(void **state)
     pair_destroy_room(&a);
 }
 
+/* A fan-out sender (one room, several decode receivers) on an engine that
+ * stages its GPU regions through host memory is refused: each member would
+ * stage the same source pages again. The plain sender still works there. */
+static void test_fanout_refused_when_staged(void **state)
+{
+    (void)state;
+    kvw_sender_t *s = NULL;
+    assert_int_equal(kvw_sender_create_fanout(pair.prefill, 77, 2, &s), KVW_ERR_UNSUPPORTED);
+    assert_null(s);
+    assert_int_equal(kvw_sender_create_fanout(pair.prefill, 77, 1, &s), KVW_OK); /* plain */
+    kvw_sender_destroy(s);
+}
+
+static int open_staged(void **state)
+{
+    (void)state;
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    return pair_open_staged(&pair, NULL, NULL, true, false, NULL) == KVW_OK ? 0 : -1;
+}
+
 /* A known endpoint where nothing listens: retried, then Failed with a
  * reason naming its rank, within bootstrap_timeout_ms (3 s here) and a little. */
 static void test_dead_endpoint_fails(void **state)
@@ -1422,6 +1442,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_empty_request_succeeds, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_dead_endpoint_fails, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_fanout_refused_when_staged, open_staged, close_pair),
     };
     return cmocka_run_group_tests_name("engine on the fake NIC (not RDMA)", tests, NULL, NULL);
 }

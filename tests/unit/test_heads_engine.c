@@ -834,6 +834,237 @@ static void test_set_refusals(void **state)
     kvw_receiver_destroy(r);
 }
 
+/* ------------------------------------- prefill over several decode ranks */
+
+/* Wait until the prefill engine holds n requests (decode's REQUESTs that
+ * arrived before any sender: each decode engine's own). */
+static void wait_table(kvw_engine_t *e, size_t n)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (pair_table_size(e) < n && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    assert_int_equal(pair_table_size(e), n);
+}
+
+/* One prefill rank holding heads [0, heads) of total_heads serves one
+ * room to dtp decode engines, each holding its slice (or, MLA, the same
+ * one latent head): one fan-out sender, a receiver on each decode engine.
+ * early: decode's REQUESTs arrive before the sender exists (adopted). */
+static void run_fanout(uint32_t dtp, bool early, const uint64_t *src, const uint64_t *dst, size_t n)
+{
+    uint32_t per = total_heads == 1 ? 1 : total_heads / dtp;
+    uint32_t hb = total_heads == 1 ? 4 * HEAD_BYTES : HEAD_BYTES;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, total_heads, hb);
+    for (uint32_t q = 0; q < dtp; q++)
+        mem_open(&decode[q], KVW_ROLE_DECODE, total_heads == 1 ? 0 : q * per, per, hb);
+    kvw_sender_t *s = NULL;
+    kvw_receiver_t *r[MAX_DECODE];
+    if (!early)
+        assert_int_equal(kvw_sender_create_fanout(prefill.engine, 400, dtp, &s), KVW_OK);
+    for (uint32_t q = 0; q < dtp; q++) {
+        assert_int_equal(
+            kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, 400, &r[q]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(r[q], dst, n, 2), KVW_OK);
+    }
+    if (early) {
+        wait_table(prefill.engine, dtp);
+        assert_int_equal(kvw_sender_create_fanout(prefill.engine, 400, dtp, &s), KVW_OK);
+        assert_int_equal(pair_table_size(prefill.engine), dtp); /* adopted, none added */
+    }
+    assert_int_equal(kvw_sender_init(s, n, 1), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, src, n / 2), KVW_OK); /* chunked */
+    assert_int_equal(kvw_sender_send(s, src + n / 2, n - n / 2), KVW_OK);
+    uint64_t want = 0;
+    for (uint32_t q = 0; q < dtp; q++) {
+        assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
+        assert_int_equal(wrong_bytes(&decode[q], src, dst, n), 0); /* every head, aux, canary */
+        want += 2 * LAYERS * n * page_len(&decode[q].heads[0]) + AUX_ITEM;
+    }
+    assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
+    kvw_req_metrics_t mt;
+    assert_int_equal(kvw_sender_metrics(s, &mt), KVW_OK);
+    assert_int_equal(mt.bytes, want); /* each decode engine's share of every page, its aux */
+    size_t np = 0;
+    uint32_t aux = 0;
+    assert_int_equal(kvw_sender_requested(s, &np, &aux), KVW_OK);
+    assert_int_equal(np, n);
+    assert_int_equal(aux, 0);
+    kvw_sender_destroy(s);
+    for (uint32_t q = 0; q < dtp; q++) {
+        kvw_receiver_destroy(r[q]);
+        mem_close(&decode[q]);
+    }
+    mem_close(&prefill);
+}
+
+/* MHA 1 -> 2 and 1 -> 4 through one sender: each decode engine gets its
+ * heads (gathered), NHD and HND, 4- and 16-token pages, the sender made
+ * before or after decode asked. */
+static void test_fanout_heads(void **state)
+{
+    (void)state;
+    for (order = KVW_PAGE_NHD; order <= KVW_PAGE_HND; order++)
+        for (page_tokens = 4; page_tokens <= 16; page_tokens *= 4) {
+            run_fanout(2, false, fragmented, contiguous, 8);
+            run_fanout(2, true, contiguous, fragmented, 8);
+            run_fanout(4, false, contiguous, contiguous, 8);
+        }
+}
+
+/* MLA 1 -> 2: the one latent head, replicated, goes whole to each decode
+ * engine (no slicing), with its own aux item. */
+static void test_fanout_mla_replicated(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    total_heads = 1;
+    run_fanout(2, false, fragmented, contiguous, 8);
+    run_fanout(2, true, contiguous, fragmented, 8);
+}
+
+/* 1 -> 2; decode engine 1 goes (its receiver destroyed and the engine
+ * closed, as its process exiting does; or it aborts) while prefill has
+ * sent half: the sender fails every request, decode engine 0's
+ * receiver is Failed only once prefill confirmed (nothing lands after),
+ * and the sender's reason names the receiver that failed first. */
+static void run_fanout_receiver_fails(bool kill)
+{
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    for (uint32_t q = 0; q < 2; q++)
+        mem_open(&decode[q], KVW_ROLE_DECODE, q * 4, 4, HEAD_BYTES);
+    kvw_sender_t *s;
+    kvw_receiver_t *r[2];
+    assert_int_equal(kvw_sender_create_fanout(prefill.engine, 500, 2, &s), KVW_OK);
+    for (uint32_t q = 0; q < 2; q++) {
+        assert_int_equal(
+            kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, 500, &r[q]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(r[q], contiguous, 8, 2), KVW_OK);
+    }
+    assert_int_equal(kvw_sender_init(s, 8, 1), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, contiguous, 4), KVW_OK);
+    uint64_t half = 2 * 2 * LAYERS * 4 * 4 * 4 * HEAD_BYTES; /* both engines' first 4 pages */
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    kvw_req_metrics_t mt = {0};
+    while (pair_now_ms() < end && (kvw_sender_metrics(s, &mt), mt.bytes < half))
+        pair_sleep_ms(1);
+    assert_int_equal(mt.bytes, half);
+    assert_int_equal(kvw_receiver_poll(r[0]), KVW_POLL_TRANSFERRING);
+    if (kill) {
+        kvw_receiver_destroy(r[1]);
+        mem_close(&decode[1]);
+    } else {
+        assert_int_equal(kvw_receiver_abort(r[1]), KVW_OK);
+        assert_int_equal(wait_receiver(r[1]), KVW_POLL_FAILED);
+    }
+    assert_int_equal(wait_receiver(r[0]), KVW_POLL_FAILED);
+    assert_int_equal(wait_sender(s), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_not_equal(kvw_sender_failure(s, &why), KVW_OK);
+    /* Receivers are numbered in the order their requests claimed the sender. */
+    assert_non_null(strstr(why, " of 2: decode gave the room up: "));
+    assert_non_null(strstr(why, kill ? "receiver destroyed" : "aborted by the caller"));
+    assert_int_not_equal(kvw_receiver_failure(r[0], &why), KVW_OK);
+    assert_non_null(strstr(why, " of 2 of the room failed"));
+    uint8_t *before = snapshot(&decode[0]);
+    assert_int_equal(kvw_sender_send(s, contiguous + 4, 4), KVW_ERR_STATE);
+    pair_sleep_ms(50);
+    assert_true(same(&decode[0], before));
+    free(before);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r[0]);
+    if (!kill)
+        kvw_receiver_destroy(r[1]);
+}
+
+static void test_fanout_receiver_killed(void **state)
+{
+    (void)state;
+    run_fanout_receiver_fails(true);
+}
+
+static void test_fanout_receiver_aborts(void **state)
+{
+    (void)state;
+    run_fanout_receiver_fails(false);
+}
+
+/* Wrong counts and misuse: bad arguments; a room a sender owns; a third
+ * decode engine asking a sender that serves two is refused (KVW_ERR_LIMIT)
+ * and the two others go on; a plain sender serves one of two decode
+ * engines that asked ahead and refuses the other at once (KVW_ERR_EXISTS). */
+static void test_fanout_refusals(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    for (uint32_t q = 0; q < 3; q++)
+        mem_open(&decode[q], KVW_ROLE_DECODE, (q % 2) * 4, 4, HEAD_BYTES);
+    kvw_sender_t *s, *s2, *plain;
+    assert_int_equal(kvw_sender_create_fanout(prefill.engine, 600, 0, &s), KVW_ERR_INVALID);
+    assert_int_equal(
+        kvw_sender_create_fanout(prefill.engine, 600, KVW_MAX_DECODE_RECEIVERS + 1, &s),
+        KVW_ERR_INVALID);
+    assert_int_equal(kvw_sender_create_fanout(decode[0].engine, 600, 2, &s), KVW_ERR_INVALID);
+    assert_int_equal(kvw_sender_create(prefill.engine, 600, &plain), KVW_OK);
+    assert_int_equal(kvw_sender_create_fanout(prefill.engine, 600, 2, &s), KVW_ERR_EXISTS);
+    assert_int_equal(kvw_sender_create_fanout(prefill.engine, 601, 2, &s), KVW_OK);
+    assert_int_equal(kvw_sender_create(prefill.engine, 601, &s2), KVW_ERR_EXISTS);
+    assert_int_equal(kvw_sender_create_fanout(prefill.engine, 601, 2, &s2), KVW_ERR_EXISTS);
+    /* Three decode engines ask a sender serving two. */
+    kvw_receiver_t *r[3];
+    const char *why = NULL;
+    for (uint32_t q = 0; q < 3; q++) {
+        assert_int_equal(
+            kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, 601, &r[q]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(r[q], contiguous, 4, 2), KVW_OK);
+        uint64_t end = pair_now_ms() + WAIT_MS; /* the first two claimed their requests */
+        while (q == 1 && kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING && pair_now_ms() < end)
+            pair_sleep_ms(1);
+    }
+    assert_int_equal(wait_receiver(r[2]), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r[2], &why), KVW_ERR_LIMIT);
+    assert_non_null(strstr(why, "serves 2 decode receivers, all claimed"));
+    assert_int_equal(kvw_sender_init(s, 4, 1), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, contiguous, 4), KVW_OK);
+    for (uint32_t q = 0; q < 2; q++) {
+        assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
+        assert_int_equal(wrong_bytes(&decode[q], contiguous, contiguous, 4), 0);
+    }
+    assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
+    uint64_t pl = page_len(&decode[2].heads[0]);
+    for (uint64_t b = 0; b < pl * POOL; b++) /* the refused engine's pages untouched */
+        assert_int_equal(decode[2].buf[0][b], CANARY);
+    kvw_sender_destroy(s);
+    for (uint32_t q = 0; q < 3; q++)
+        kvw_receiver_destroy(r[q]);
+    /* A plain sender, two decode engines asked ahead: one is served, the
+     * other refused at once. */
+    size_t base = pair_table_size(prefill.engine);
+    for (uint32_t q = 0; q < 2; q++) {
+        assert_int_equal(
+            kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, 602, &r[q]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(r[q], fragmented, 4, KVW_NO_AUX), KVW_OK);
+    }
+    wait_table(prefill.engine, base + 2);
+    assert_int_equal(kvw_sender_create(prefill.engine, 602, &s), KVW_OK);
+    assert_int_equal(kvw_sender_init(s, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, contiguous, 4), KVW_OK);
+    assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
+    kvw_poll_t a = wait_receiver(r[0]), b = wait_receiver(r[1]);
+    assert_true((a == KVW_POLL_SUCCESS) != (b == KVW_POLL_SUCCESS));
+    assert_int_equal(kvw_receiver_failure(a == KVW_POLL_SUCCESS ? r[1] : r[0], &why),
+                     KVW_ERR_EXISTS);
+    assert_non_null(strstr(why, "already claimed"));
+    kvw_sender_destroy(s);
+    kvw_sender_destroy(plain);
+    for (uint32_t q = 0; q < 2; q++)
+        kvw_receiver_destroy(r[q]);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -852,6 +1083,11 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_endpoints_abort, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_heads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_mla_replicated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_receiver_killed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_receiver_aborts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_refusals, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

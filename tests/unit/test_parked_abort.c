@@ -593,6 +593,109 @@ static void test_request_right_behind_hello(void **state)
     zmq_ctx_term(zctx);
 }
 
+/* ------------------------------------- a fan-out sender's requests, raw */
+
+/* A second rogue decode engine: its own routing identity, so its own
+ * connection on prefill. */
+static void *rogue2_connect(void *zctx)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, "rogue-decod2", KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(s, kvw_engine_endpoint(pair.prefill)), 0);
+    rogue_hello(s);
+    rogue_await_ack(s);
+    return s;
+}
+
+static void rogue_request_token(void *s, uint64_t room, uint32_t token)
+{
+    uint64_t pages[4] = {0, 1, 2, 3};
+    kvw_msg_t m = {.type = KVW_MSG_REQUEST};
+    m.u.request.room = room;
+    m.u.request.token = token;
+    m.u.request.aux_index = KVW_NO_AUX;
+    m.u.request.num_pages = 4;
+    m.u.request.pages = pages;
+    assert_int_equal(kvw__zsend(s, &m, 0), KVW_OK);
+}
+
+/* Prefill's answer to the rogue's request (room, token): the status of its
+ * REQUEST_FAILED, or KVW_OK if none came before a PING's PONG. */
+static kvw_status_t rogue_refusal(void *s, uint64_t room, uint32_t token)
+{
+    kvw_msg_t ping = {.type = KVW_MSG_PING}, m;
+    assert_int_equal(kvw__zsend(s, &ping, 0), KVW_OK);
+    kvw_status_t got = KVW_OK;
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    for (bool pong = false; !pong && pair_now_ms() < end;) {
+        zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, 10) != 1 || kvw__zrecv(s, &m, 0, NULL, 0) != KVW_OK)
+            continue;
+        pong = m.type == KVW_MSG_PONG;
+        if (m.type == KVW_MSG_REQUEST_FAILED && m.u.failed.room == room &&
+            m.u.failed.token == token)
+            got = (kvw_status_t)m.status;
+        kvw__wire_free(&m);
+    }
+    assert_true(pair_now_ms() < end);
+    return got;
+}
+
+/* A fan-out sender serving two decode receivers, against raw decode
+ * engines: a decode engine's second request for the room (another token)
+ * is refused with KVW_ERR_EXISTS, its exact resend dropped, a third decode
+ * engine's request refused with KVW_ERR_LIMIT; the claims stand. Requests
+ * that came before the sender are adopted: none stays held against the
+ * orphan caps. */
+static void test_fanout_claims(void **state)
+{
+    (void)state;
+    void *zctx = zmq_ctx_new();
+    void *a = rogue_connect(zctx), *b = rogue2_connect(zctx);
+    kvw_sender_t *s;
+    assert_int_equal(kvw_sender_create_fanout(pair.prefill, 8000, 2, &s), KVW_OK);
+    rogue_request_token(a, 8000, 11);
+    assert_int_equal(rogue_refusal(a, 8000, 11), KVW_OK); /* claimed */
+    rogue_request_token(a, 8000, 12);
+    assert_int_equal(rogue_refusal(a, 8000, 12), KVW_ERR_EXISTS);
+    rogue_request_token(a, 8000, 11);
+    assert_int_equal(rogue_refusal(a, 8000, 11), KVW_OK); /* a resend: dropped */
+    rogue_request_token(b, 8000, 21);
+    assert_int_equal(rogue_refusal(b, 8000, 21), KVW_OK); /* the second receiver */
+    assert_int_equal(kvw_sender_poll(s), KVW_POLL_WAITING_FOR_INPUT);
+    kvw_receiver_t *r; /* a third decode engine: the pair's own */
+    assert_int_equal(
+        kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0, 8000, &r), KVW_OK);
+    uint64_t dst[4] = {0, 1, 2, 3};
+    assert_int_equal(kvw_receiver_init(r, dst, 4, KVW_NO_AUX), KVW_OK);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_LIMIT);
+    assert_non_null(strstr(why, "serves 2 decode receivers, all claimed"));
+    kvw_receiver_destroy(r);
+    /* Before the sender: one record per decode engine, adopted by it. */
+    rogue_request_token(a, 8100, 31);
+    rogue_request_token(b, 8100, 41);
+    rogue_sync(a, NULL);
+    rogue_sync(b, NULL);
+    held_t before = held_now();
+    assert_int_equal(before.orphans, 1); /* the first rogue's, against its caps */
+    kvw_sender_t *s2;
+    assert_int_equal(kvw_sender_create_fanout(pair.prefill, 8100, 2, &s2), KVW_OK);
+    assert_int_equal(held_now().orphans, 0);
+    assert_int_equal(held_now().reqs, before.reqs); /* both adopted, none made */
+    assert_int_equal(kvw_sender_poll(s2), KVW_POLL_WAITING_FOR_INPUT);
+    kvw_sender_destroy(s);
+    kvw_sender_destroy(s2);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(zctx);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -607,6 +710,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_abort_flood_unknown_rooms, open_capped, close_pair),
         cmocka_unit_test_setup_teardown(test_request_abort_flood, open_capped, close_pair),
         cmocka_unit_test_setup_teardown(test_request_right_behind_hello, open_capped, close_pair),
+        cmocka_unit_test_setup_teardown(test_fanout_claims, open_capped, close_pair),
     };
     return cmocka_run_group_tests_name("parked requests and aborts (fake NIC, not RDMA)", tests,
                                        NULL, NULL);

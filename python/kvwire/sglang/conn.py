@@ -25,9 +25,15 @@ the others are asked for nothing and finish with an empty final part, as
 mooncake's dummy ranks do), MHA/GQA with prefill TP > decode TP (head
 slicing: each engine describes its heads from sglang's KV args, and one
 kvwire receiver over the prefill ranks of sglang's target range asks each
-for the heads it sends; GQA replicas owe nothing). Refused with a reason
-naming both TP sizes: MHA/GQA and MLA with decode TP > prefill TP (one
-prefill rank would serve several decode ranks), MHA/GQA with different TP
+for the heads it sends; GQA replicas owe nothing), MLA and MHA/GQA with
+decode TP > prefill TP (one prefill rank serves each room to the decode
+ranks of its range, kvw_sender_create_fanout: MLA's latent whole to each,
+MHA/GQA each decode rank's heads gathered; each gets its own aux item, as
+mooncake sends to every decode rank of transfer_infos). Prefill learns how
+many decode ranks read a room from sglang's --disaggregation-decode-tp (and
+--disaggregation-decode-dp: DP attention), which sglang sets on prefill
+only; without it prefill serves one, and the others fail with a reason.
+Refused with a reason naming both TP sizes: MHA/GQA with different TP
 sizes and hybrid state or staged GPU memory (KVW_GPU_PATH=staging) or KV
 args that do not describe the heads. Refused too: prefill PP > 1, context
 parallelism, decode-context parallelism (sglang's own guard), decode
@@ -112,10 +118,12 @@ def _flat_indices(x: Any) -> List[int]:
     if x is None:
         return out
     for v in x:
-        if hasattr(v, "__len__") and not isinstance(v, (str, bytes)):
-            out.extend(int(i) for i in v)
-        else:
+        # sglang's Mamba payload indexes its 1-D req_index_to_mamba_index_mapping
+        # with one request slot: a 0-d array, which has __len__ but no length.
+        if getattr(v, "ndim", 1) == 0 or not hasattr(v, "__len__") or isinstance(v, (str, bytes)):
             out.append(int(v))
+        else:
+            out.extend(int(i) for i in v)
     return out
 
 
@@ -288,11 +296,15 @@ class KVWireKVManager(CommonKVManager):
             self.server_socket.close(linger=0)
         except Exception:  # pragma: no cover
             pass
-        # One prefill rank's copy never fans out to several decode ranks here
-        # (MLA with decode TP > prefill TP is refused), so sglang's transfer
-        # metrics use a factor of 1; mooncake resolves it from its own
-        # handshake, which kvwire does not run.
-        self._kv_replica_factor = 1
+        # Prefill: how many decode ranks read each room of this rank (decode
+        # TP > prefill TP: one fan-out sender per room). sglang's transfer
+        # metrics count MLA's replicated copy once per decode rank (mooncake
+        # resolves the factor from its own handshake, which kvwire does not
+        # run); MHA/GQA head slices are disjoint (factor 1).
+        self.decode_receivers = 1
+        if self.disaggregation_mode == DisaggregationMode.PREFILL:
+            self.decode_receivers = self._decode_receivers(server_args)
+        self._kv_replica_factor = self.decode_receivers if is_mla_backend else 1
         if self.disaggregation_mode == DisaggregationMode.DECODE:
             self._start_heartbeat_checker_thread()
         logger.info("kvwire %s rank: attn tp %d/%d dp %d/%d pp %d/%d, engine %s on %s",
@@ -301,6 +313,30 @@ class KVWireKVManager(CommonKVManager):
                     self.engine.endpoint, self.engine.device_name)
 
     # ------------------------------------------------------------ layout
+
+    def _decode_receivers(self, server_args: Any) -> int:
+        """Prefill: the decode ranks that read each room of this rank: the
+        decode attention TP size over this rank's, when larger. sglang sets
+        --disaggregation-decode-tp (and --disaggregation-decode-dp, taken as
+        DP attention: attention TP = TP / DP) on the prefill server only;
+        unset, decode is taken to have prefill's TP (one receiver)."""
+        dtp = int(getattr(server_args, "disaggregation_decode_tp", None) or 0)
+        ddp = int(getattr(server_args, "disaggregation_decode_dp", None) or 1)
+        if dtp <= 0:
+            return 1
+        attn = dtp // ddp if ddp > 1 and dtp % ddp == 0 else dtp
+        ptp = int(self.attn_tp_size or 1)
+        if attn <= ptp:
+            return 1
+        if attn % ptp:
+            raise RuntimeError(f"kvwire: decode attn TP size {attn} (disaggregation_decode_tp "
+                               f"{dtp}, _dp {ddp}) is not a multiple of prefill attn TP size "
+                               f"{ptp}")
+        if self.state_groups and not self.is_mla_backend:
+            raise RuntimeError(f"kvwire: prefill attn TP size {ptp}, decode attn TP size "
+                               f"{attn}: a hybrid model's state (Mamba, SWA, DSA) is not "
+                               "head-sliced yet; use equal TP sizes")
+        return attn // ptp
 
     def _refuse_layout(self, args: KVArgs, server_args: Any) -> None:
         dcp = getattr(args, "dcp_size", 1) or 1
@@ -439,9 +475,11 @@ class KVWireKVSender(CommonKVSender):
         self.sender: Optional[kvwire.Sender] = None
         self._t_first: Optional[float] = None
         try:
-            self.sender = mgr.engine.sender(int(bootstrap_room))
+            n = getattr(mgr, "decode_receivers", 1)
+            self.sender = mgr.engine.sender(int(bootstrap_room), receivers=n)
         except Error as e:
-            self._fail(f"cannot create the kvwire sender: {e}")
+            self._fail(f"cannot create the kvwire sender ({mgr.where()}, "
+                       f"{getattr(mgr, 'decode_receivers', 1)} decode receivers): {e}")
 
     def _fail(self, reason: str) -> None:
         self.kv_mgr.record_failure(self.bootstrap_room, reason)
@@ -639,15 +677,10 @@ class KVWireKVReceiver(CommonKVReceiver):
         if ptp == dtp:
             return None
         if mgr.is_mla_backend:
-            if dtp > ptp:
-                return (f"MLA with decode attn TP size {dtp} > prefill attn TP size {ptp}: one "
-                        "prefill rank would serve several decode ranks, which kvwire does not "
-                        "do yet")
+            # prefill TP > decode TP: one rank sends, the others finish empty;
+            # decode TP > prefill TP: the prefill rank's fan-out sender sends
+            # the latent whole to each decode rank of its range
             return None
-        if dtp > ptp:
-            return (f"prefill attn TP size {ptp} < decode attn TP size {dtp} for an MHA/GQA "
-                    "model: one prefill rank would serve several decode ranks, which kvwire "
-                    "does not do yet; use decode TP <= prefill TP")
         if mgr.heads is None:
             return (f"prefill attn TP size {ptp} != decode attn TP size {dtp} for an MHA/GQA "
                     "model whose KV args do not describe its heads (kv_head_num, page_size, "

@@ -47,6 +47,17 @@ python/tests/sglang_stubs holds the module-level stubs for the rest of sglang):
     here a free list of pages with alloc_extend() for a fresh request.
   - PrefillReqToTokenPool: sglang's ReqToTokenPool (a GPU tensor); here a
     CPU int32 tensor of the same shape.
+  - hybrid22's pools: CpuHybridPool (an SWAKVPool subclass: sglang's SWA
+    pool, whose get_state_buf_infos its real setup_state_kv_args reads as
+    StateType.SWA, plus Mamba's conv and ssm buffers), the allocator's SWA
+    pages and translate_loc_from_full_to_swa (sglang's
+    SWATokenToKVPoolAllocator, GPU), MambaSlots / HybridDecodeReqToTokenPool
+    (the Mamba side of sglang's HybridReqToTokenPool: a 1-D
+    req_index_to_mamba_index_mapping, GPU); and Mamba's component appended
+    after the real setup_state_kv_args (_setup_state_kv_args_hybrid: no pool
+    class at the pinned commit has both kinds). The payloads themselves
+    (_mamba_payload, _swa_payload) are sglang's send_kv_chunk and
+    pop_preallocated code.
   - FakeTreeCache: the radix cache (off, as --disable-radix-cache); it only
     frees a finished or failed request's pages and slot, counting them.
   - PrefillSched / DecodeSched: the Scheduler object; they carry the
@@ -65,7 +76,14 @@ several send() per request): tp11, tp22 (MHA, a gloo group of 2), abort22
 (aborts on either side, see aborts()), dpattn (tp 2, attn_tp 1, dp 2 on both
 sides), mla21 (MLA, prefill TP 2 -> decode TP 1), mha21 (MHA, prefill TP 2
 -> decode TP 1: head slicing, decode's one receiver over both prefill
-ranks, each sending its 2 of decode's 4 heads), mha12 and mla12 (refused),
+ranks, each sending its 2 of decode's 4 heads), mha12 and mla12 (prefill
+TP 1 -> decode TP 2: one prefill rank serves each room to both decode
+ranks, kvw_sender_create_fanout; MHA each its 2 heads, MLA the latent to
+each, each its own metadata; prefill told decode's TP as sglang's
+--disaggregation-decode-tp),
+hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
+StateType its own kvwire state group; every byte of the SWA window and of
+the Mamba slot checked on decode),
 freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
 in the transfer queue: its bootstrap server stops answering, kvwire's own
 peer timers are set to 60 s, so only sglang's heartbeat can fail them;
@@ -99,16 +117,21 @@ import torch.distributed as dist  # noqa: E402
 import kvwire.sglang as ks  # noqa: E402
 
 ks.install("kvwire")
+import sglang.srt.disaggregation.decode as sg_decode  # noqa: E402
+import sglang.srt.disaggregation.prefill as sg_prefill  # noqa: E402
+from sglang.srt.disaggregation.base.conn import StateType  # noqa: E402
 from sglang.srt.disaggregation.decode import (DecodePreallocQueue,  # noqa: E402
                                               DecodeReqToTokenPool, DecodeTransferQueue)
 from sglang.srt.disaggregation.prefill import (PrefillBootstrapQueue,  # noqa: E402
                                                SchedulerDisaggregationPrefillMixin)
 from sglang.srt.disaggregation.utils import (MetadataBuffers,  # noqa: E402
                                              ReqToMetadataIdxAllocator, TransferBackend,
-                                             KVClassType, get_kv_class)
+                                             KVClassType, append_state_component,
+                                             get_kv_class)
 from sglang.srt.managers.schedule_batch import FINISH_ABORT  # noqa: E402
 from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import KVCache, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 from sglang.srt.runtime_context import set_rank  # noqa: E402
 from sglang.srt.configs.model_config import set_model  # noqa: E402 (the stub's)
 from sglang.srt.server_args import ServerArgs  # noqa: E402
@@ -122,8 +145,9 @@ CASES = {
     "dpattn": (False, (1, 2), (1, 2)),  # tp 2, attn_tp 1, dp 2 on both sides
     "mla21": (True, (2, 1), (1, 1)),
     "mha21": (False, (2, 1), (1, 1)),  # head slicing: decode takes 2 heads from each rank
-    "mha12": (False, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
-    "mla12": (True, (1, 1), (2, 1)),  # refused: one prefill rank would serve two decode ranks
+    "mha12": (False, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks their heads
+    "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
+    "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
     "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
 }
@@ -131,6 +155,13 @@ PAGE, LAYERS, POOL_PAGES = 4, 2, 96
 MODEL_KV_HEADS, HEAD_BYTES = 4, 16  # MHA: a head of a token is head_dim x dtype bytes
 MLA_TOKEN_BYTES = 64  # MLA: one latent "head", the same on every rank
 MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
+# A hybrid model (HYBRID cases): Mamba's conv and ssm state, one slot per
+# request (MAMBA_SLOTS in its pool, slot 0 padding as sglang's), and an SWA
+# KV pool of its own (K and V per layer, its own page ids) holding the last
+# WINDOW tokens; each is its own sglang StateType, so its own kvwire state
+# group and index space.
+HYBRID = {"hybrid22"}
+MAMBA_SLOTS, MAMBA_ITEMS, WINDOW = 2 * MD_SLOTS + 1, (96, 160), 9
 BASE = {c: 1000 * (i + 1) for i, c in enumerate(CASES)}
 
 
@@ -161,13 +192,10 @@ def aborts(case):
 
 
 def expect_success(case, room):
-    return case not in ("mha12", "mla12", "freeze22") and room not in aborts(case).values()
+    return case != "freeze22" and room not in aborts(case).values()
 
 
-REFUSALS = {  # what decode's reason must say for a refused layout
-    "mha12": "prefill attn TP size 1 < decode attn TP size 2",
-    "mla12": "MLA with decode attn TP size 2 > prefill attn TP size 1",
-}
+REFUSALS = {}  # case: what decode's reason must say for a refused layout (none now)
 
 
 def layout(case, role, rank):
@@ -212,6 +240,24 @@ def kv_content(room, dp_rank, buf, n, mla, heads):
     full = rng.integers(0, 256, (n, MODEL_KV_HEADS * HEAD_BYTES), dtype=np.uint8)
     first, count = heads
     return full[:, first * HEAD_BYTES:(first + count) * HEAD_BYTES]
+
+
+def mamba_content(room, dp_rank, j):
+    """Prefill's final Mamba state of a request: its conv (j 0) and ssm (j 1)
+    item."""
+    return np.random.default_rng([room, dp_rank, 100 + j]).integers(
+        0, 256, MAMBA_ITEMS[j], dtype=np.uint8)
+
+
+def swa_content(room, dp_rank, buf, n, heads):
+    """What prefill's forward pass writes in SWA buffer buf (K, V per layer)
+    for a request's n tokens: other bytes than its full-attention KV."""
+    return kv_content(room + 100000, dp_rank, buf, n, False, heads)
+
+
+def swa_window_start(n):
+    """sglang's _swa_payload: the window's first token, page-aligned down."""
+    return max(0, n - WINDOW) // PAGE * PAGE
 
 
 def first_token(room):
@@ -300,14 +346,69 @@ class CpuMLAPool(CpuKVPool, MLATokenToKVPool):
     pass
 
 
-def kv_pool(mla, attn_tp):
+class CpuHybridPool(CpuKVPool, SWAKVPool):
+    """A hybrid model's pools: the full-attention KV (CpuKVPool), an SWA KV
+    pool of its own pages (K and V per layer: sglang's SWAKVPool, whose
+    get_state_buf_infos setup_state_kv_args reads as StateType.SWA) and
+    Mamba's state (conv, ssm: one item per slot, get_mamba_buf_infos)."""
+
+    def __init__(self, attn_tp):
+        super().__init__(False, attn_tp)
+        self.swa_bufs = [np.zeros((self.size + PAGE, self.token_bytes), dtype=np.uint8)
+                         for _ in range(2 * LAYERS)]
+        self.mamba_bufs = [np.zeros((MAMBA_SLOTS, n), dtype=np.uint8) for n in MAMBA_ITEMS]
+
+    def get_state_buf_infos(self):
+        return ([b.ctypes.data for b in self.swa_bufs], [b.nbytes for b in self.swa_bufs],
+                [self.token_bytes * PAGE] * len(self.swa_bufs))
+
+    def get_mamba_buf_infos(self):
+        return ([b.ctypes.data for b in self.mamba_bufs], [b.nbytes for b in self.mamba_bufs],
+                list(MAMBA_ITEMS))
+
+
+def kv_pool(mla, attn_tp, hybrid=False):
+    if hybrid:
+        return CpuHybridPool(attn_tp)
     return CpuMLAPool(True, attn_tp) if mla else CpuKVPool(False, attn_tp)
+
+
+def _setup_state_kv_args_hybrid(real):
+    """sglang's setup_state_kv_args, then Mamba's component. Stand-in: at the
+    pinned commit it reads one state kind per pool class (SWAKVPool: SWA;
+    HybridLinearKVPool: Mamba), and no pool class there has both; a model
+    with both is modelled by appending Mamba's component (sglang's own
+    append_state_component) after the real call reads the SWA pool. The
+    queues then build both payloads per StateType, as they do for any
+    state_types list."""
+
+    def setup(kv_args, token_to_kv_pool, *a, **k):
+        real(kv_args, token_to_kv_pool, *a, **k)
+        if isinstance(token_to_kv_pool, CpuHybridPool):
+            append_state_component(kv_args, StateType.MAMBA,
+                                   *token_to_kv_pool.get_mamba_buf_infos())
+
+    return setup
+
+
+sg_prefill.setup_state_kv_args = _setup_state_kv_args_hybrid(sg_prefill.setup_state_kv_args)
+sg_decode.setup_state_kv_args = _setup_state_kv_args_hybrid(sg_decode.setup_state_kv_args)
 
 
 class PagedAllocator(BaseTokenToKVPoolAllocator):
     def __init__(self, pool):
         self.pool, self.page_size, self.device = pool, PAGE, "cpu"
         self.free_pages = list(range(1, POOL_PAGES + 1))
+        # A hybrid model's SWA pool: its own pages, one per full page here
+        # (sglang's SWA allocator frees those out of the window; not needed
+        # for the transfer), in another order than the full pool's.
+        self.swa_free = list(range(POOL_PAGES, 0, -1))
+        self.swa_of = {}  # full page -> SWA page
+
+    def translate_loc_from_full_to_swa(self, locs):
+        """sglang's SWATokenToKVPoolAllocator: a full-pool token slot's SWA slot."""
+        return torch.tensor([self.swa_of[int(x) // PAGE] * PAGE + int(x) % PAGE for x in locs],
+                            dtype=torch.int64)
 
     def get_kvcache(self):
         return self.pool
@@ -320,6 +421,9 @@ class PagedAllocator(BaseTokenToKVPoolAllocator):
         if pages > len(self.free_pages):
             return None
         got, self.free_pages = self.free_pages[:pages], self.free_pages[pages:]
+        if isinstance(self.pool, CpuHybridPool):
+            for p in got:
+                self.swa_of[p] = self.swa_free.pop()
         return torch.tensor([p * PAGE + i for p in got for i in range(PAGE)][:n],
                             dtype=torch.int64)
 
@@ -329,20 +433,68 @@ class PagedAllocator(BaseTokenToKVPoolAllocator):
         return self.alloc_tokens(int(extend_num_tokens))
 
     def free_tokens(self, locs):
-        self.free_pages.extend(sorted({int(x) // PAGE for x in locs}))
+        pages = sorted({int(x) // PAGE for x in locs})
+        self.free_pages.extend(pages)
+        self.swa_free.extend(self.swa_of.pop(p) for p in pages if p in self.swa_of)
 
 
 class PrefillReqToTokenPool:
     def __init__(self):
         self.req_to_token = torch.zeros((MD_SLOTS * 2 + 1, MAX_CTX), dtype=torch.int32)
         self.free_slots = list(range(1, MD_SLOTS * 2 + 1))
+        self.mamba = MambaSlots()
+        self.req_index_to_mamba_index_mapping = self.mamba.mapping
 
     def alloc_req(self, req):
         req.req_pool_idx = self.free_slots.pop(0)
+        self.mamba.alloc(req.req_pool_idx)
 
     def free(self, req):
+        self.mamba.free(req.req_pool_idx)
         self.free_slots.append(req.req_pool_idx)
         req.req_pool_idx = None
+
+
+class MambaSlots:
+    """sglang's HybridReqToTokenPool's Mamba side (a GPU pool): a request
+    slot's Mamba slot in req_index_to_mamba_index_mapping (1-D, as
+    sglang's: indexed by one request slot it gives a 0-d tensor), taken from
+    a free list in another order than the request slots."""
+
+    def __init__(self):
+        self.mapping = torch.zeros(MD_SLOTS * 2 + 1, dtype=torch.int32)
+        self.free_list = list(range(1, MAMBA_SLOTS))
+
+    def alloc(self, req_slot):
+        self.mapping[req_slot] = self.free_list.pop()
+
+    def free(self, req_slot):
+        self.free_list.append(int(self.mapping[req_slot]))
+        self.mapping[req_slot] = 0
+
+
+class HybridDecodeReqToTokenPool(DecodeReqToTokenPool):
+    """sglang's DecodeReqToTokenPool with the Mamba slots its hybrid pool
+    (HybridMambaDecodeReqToTokenPool: a GPU Mamba pool) gives each request."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.mamba = MambaSlots()
+        self.req_index_to_mamba_index_mapping = self.mamba.mapping
+
+    def alloc(self, reqs):
+        out = super().alloc(reqs)
+        for r in reqs if out is not None else []:
+            if int(self.mapping_of(r)) == 0:
+                self.mamba.alloc(r.req_pool_idx)
+        return out
+
+    def mapping_of(self, r):
+        return self.mamba.mapping[r.req_pool_idx]
+
+    def free(self, req):
+        self.mamba.free(req.req_pool_idx)
+        super().free(req)
 
 
 class FakeTreeCache:
@@ -392,19 +544,28 @@ def metadata_buffers():
     return RecordingMetadataBuffers(MD_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32)
 
 
-def server_args(ip, port, tp, dp, dev):
+def server_args(ip, port, tp, dp, dev, decode=None):
+    """decode (prefill only): decode's (attn TP, DP) sizes, given to prefill
+    as sglang's --disaggregation-decode-tp / --disaggregation-decode-dp."""
+    extra = {}
+    if decode is not None:
+        extra = dict(disaggregation_decode_tp=decode[0] * decode[1],
+                     disaggregation_decode_dp=decode[1])
     return ServerArgs(host=ip, port=30000, disaggregation_bootstrap_port=port,
                       disaggregation_transfer_backend="kvwire", disaggregation_ib_device=dev,
-                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1)
+                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, **extra)
 
 
 class _Sched:
     """What both schedulers share: the attributes the queue code reads."""
 
-    def __init__(self, o, lay, port, group, cp_group):
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
         tp, dp, tp_rank, dp_rank, mla = lay
         self.mla, self.dp_rank, self.heads = mla, dp_rank, heads_of(mla, tp, tp_rank)
-        self.server_args = server_args(o.ip, port, tp, dp, o.dev)
+        self.hybrid = hybrid
+        self.sliding_window_size = WINDOW if hybrid else None
+        self.state_checked = 0  # hybrid: the state bytes verify() compared on decode
+        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode)
         self.ps = _Obj(tp_rank=o.rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=0)
         self.model_config = _Obj(num_hidden_layers=LAYERS,
                                  get_total_num_kv_heads=lambda: 1 if mla else MODEL_KV_HEADS)
@@ -418,11 +579,11 @@ class _Sched:
 
 
 class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
-    def __init__(self, o, lay, port, group, cp_group):
-        super().__init__(o, lay, port, group, cp_group)
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
+        super().__init__(o, lay, port, group, cp_group, hybrid, decode)
         tp, dp = lay[0], lay[1]
         self.enable_hicache_storage = False
-        self.pool = kv_pool(self.mla, tp)
+        self.pool = kv_pool(self.mla, tp, hybrid)
         self.token_to_kv_pool_allocator = PagedAllocator(self.pool)
         self.req_to_token_pool = PrefillReqToTokenPool()
         self.tree_cache = FakeTreeCache(self.token_to_kv_pool_allocator, self.req_to_token_pool)
@@ -451,25 +612,35 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
         for b, buf in enumerate(self.pool.bufs):
             buf[locs] = kv_content(req.bootstrap_room, self.dp_rank, b,
                                    len(req.origin_input_ids), self.mla, self.heads)[start:end]
+        if self.hybrid:  # the SWA layers' KV, and at the end the Mamba state
+            n = len(req.origin_input_ids)
+            swa = self.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(locs).numpy()
+            for b, buf in enumerate(self.pool.swa_bufs):
+                buf[swa] = swa_content(req.bootstrap_room, self.dp_rank, b, n,
+                                       self.heads)[start:end]
+            if end == n:
+                slot = int(self.req_to_token_pool.req_index_to_mamba_index_mapping[
+                    req.req_pool_idx])
+                for j, buf in enumerate(self.pool.mamba_bufs):
+                    buf[slot] = mamba_content(req.bootstrap_room, self.dp_rank, j)
         req.fill_ids = req.origin_input_ids[:end]
 
 
 class DecodeSched(_Sched):
-    def __init__(self, o, lay, port, group, cp_group):
-        super().__init__(o, lay, port, group, cp_group)
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False):
+        super().__init__(o, lay, port, group, cp_group, hybrid)
         tp, dp = lay[0], lay[1]
         self.running_batch = _Obj(reqs=[], batch_is_full=False)
         self.waiting_queue, self.last_batch = [], None
         self.enable_priority_scheduling = self.enable_hisparse = False
         self.enable_decode_hicache = False
         self.spec_algorithm = _Obj(is_none=lambda: True)
-        self.sliding_window_size = None
         self.output_streamer = self
-        self.pool = kv_pool(self.mla, tp)
+        self.pool = kv_pool(self.mla, tp, hybrid)
         self.allocator = PagedAllocator(self.pool)
-        self.req_to_token_pool = DecodeReqToTokenPool(size=MD_SLOTS, max_context_len=MAX_CTX,
-                                                      device="cpu", enable_memory_saver=False,
-                                                      pre_alloc_size=MD_SLOTS)
+        rtp = HybridDecodeReqToTokenPool if hybrid else DecodeReqToTokenPool
+        self.req_to_token_pool = rtp(size=MD_SLOTS, max_context_len=MAX_CTX, device="cpu",
+                                     enable_memory_saver=False, pre_alloc_size=MD_SLOTS)
         self.tree_cache = FakeTreeCache(self.allocator, self.req_to_token_pool)
         self.md = metadata_buffers()
         self.md_alloc = ReqToMetadataIdxAllocator(MD_SLOTS)
@@ -508,10 +679,12 @@ def prefill_case(o, case, groups, world_group):
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
     set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
-    s = PrefillSched(o, lay, port, group, groups[(o.rank,)])
+    s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
+                     decode=CASES[case][2])
     if o.rank == 0:
         publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
     bq = s.disagg_prefill_bootstrap_queue
+    fan = CASES[case][2][0] > tp  # decode attn TP > this side's: one sender serves several
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
     reqs = [FakeReq(room, n, o.ip, port) for room, n in requests(case)
             if prefill_dp(room, dp) == dp_rank]
@@ -566,12 +739,13 @@ def prefill_case(o, case, groups, world_group):
     for r in reqs:
         why = done.get(r.rid, "stuck")
         good = why != "stuck" and failed(why) != expect_success(case, r.bootstrap_room)
-        if case == "mla12":  # decode refused; prefill, asked for nothing (MLA), may end either way
-            good = why != "stuck"
         got = r.time_stats.metric_bytes
         if good and not failed(why):  # sglang's count: pages sent x item bytes; 0 if asked none
             full = -(-len(r.origin_input_ids) // PAGE) * sum(s.pool.get_contiguous_buf_infos()[2])
-            good &= got == full or (s.mla and got == 0)
+            # hybrid: + the state. Fan-out (decode TP > prefill TP): MLA's latent counted
+            # once per decode rank (sglang's replica factor), MHA's head slices once.
+            copies = CASES[case][2][0] // tp if fan and s.mla else 1
+            good &= got == full * copies or (s.mla and got == 0) or (s.hybrid and got >= full)
         ok &= good
         msg = getattr(why, "message", why)
         say(f"prefill {case} rank {o.rank}| room {r.bootstrap_room}: {type(why).__name__} "
@@ -580,7 +754,7 @@ def prefill_case(o, case, groups, world_group):
             f"{'' if good else '  <-- unexpected'}")
     leaks = (POOL_PAGES - len(s.token_to_kv_pool_allocator.free_pages),
              MD_SLOTS - s.req_to_metadata_buffer_idx_allocator.available_size())
-    ok &= leaks == (0, 0)
+    ok &= leaks == (0, 0) and state_leaks(s) == (0, 0)
     multi = sum(1 for v in sends.values() if v > 1)
     if all(expect_success(case, r.bootstrap_room) for r in reqs):  # every request longer
         # than a chunk was chunked
@@ -618,7 +792,7 @@ def decode_case(o, case, groups, world_group):
                           SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE="2")
     if case == "freeze22":  # kvwire would notice a silent peer in 2 s: let sglang's heartbeat
         os.environ.update(KVW_PEER_TIMEOUT_MS="60000", KVW_IDLE_HEARTBEAT_MS="60000")
-    s = DecodeSched(o, lay, port, group, groups[(o.rank,)])
+    s = DecodeSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID)
     os.environ.clear()
     os.environ.update(saved)
     pq, tq = s.prealloc_queue, s.transfer_queue
@@ -661,7 +835,11 @@ def decode_case(o, case, groups, world_group):
             f"{'' if good else '  <-- unexpected'}")
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size(),
              MD_SLOTS * 2 - s.req_to_token_pool.available_size())
-    ok &= leaks == (0, 0, 0)
+    ok &= leaks == (0, 0, 0) and state_leaks(s) == (0, 0)
+    if s.hybrid:  # every request's state was there to check
+        ok &= s.state_checked > 0 and len(out) == len(reqs)
+        say(f"decode {case} rank {o.rank}: {s.state_checked} state bytes checked (SWA window, "
+            f"Mamba slot), SWA pages/Mamba slots still held {state_leaks(s)}")
     say(f"decode {case} rank {o.rank}: {wrong_total} bytes wrong, pages/metadata slots/req "
         f"slots still held {leaks}, as expected: {ok}")
     s.prealloc_queue.kv_manager.close()
@@ -736,6 +914,14 @@ def decode_lost(o, case, s, reqs, world_group):
     return ok
 
 
+def state_leaks(s):
+    """A hybrid model's SWA pages and Mamba slots still held (0, 0 if none)."""
+    if not s.hybrid:
+        return 0, 0
+    alloc = getattr(s, "allocator", None) or s.token_to_kv_pool_allocator
+    return POOL_PAGES - len(alloc.swa_free), MAMBA_SLOTS - 1 - len(s.req_to_token_pool.mamba.free_list)
+
+
 def verify(s, req, dp_rank):
     """Every byte of the request's KV in decode's pool, the first token and
     cached-token count from the metadata buffers, and the bootstrap_room
@@ -747,6 +933,17 @@ def verify(s, req, dp_rank):
         want = kv_content(req.bootstrap_room, dp_rank, b, n, s.mla, s.heads)
         wrong += int((buf[locs] != want).sum())
     room = req.bootstrap_room
+    if s.hybrid:  # the SWA window's tokens in decode's SWA pages, the Mamba slot
+        w0 = swa_window_start(n)
+        swa = s.allocator.translate_loc_from_full_to_swa(locs[w0:]).numpy()
+        for b, buf in enumerate(s.pool.swa_bufs):
+            want = swa_content(room, dp_rank, b, n, s.heads)[w0:]
+            wrong += int((buf[swa] != want).sum())
+        slot = int(s.req_to_token_pool.req_index_to_mamba_index_mapping[req.req_pool_idx])
+        for j, buf in enumerate(s.pool.mamba_bufs):
+            wrong += int((buf[slot] != mamba_content(room, dp_rank, j)).sum())
+        s.state_checked += (n - w0) * len(s.pool.swa_bufs) * s.pool.token_bytes + \
+            sum(MAMBA_ITEMS)
     wrong += int(req.finished_reason is not None)
     wrong += int(req.output_ids != [first_token(room)])
     wrong += int(req.cached_tokens != cached_tokens(room))

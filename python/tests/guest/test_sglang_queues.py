@@ -30,7 +30,7 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,freeze22,kill22"
+CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,freeze22,kill22"
 
 
 def _report(text, tag):
@@ -194,18 +194,37 @@ def test_mha_2_to_1_head_slicing(run):
         assert len(got) == 2 and min(got) > 0 and got[0] == got[1], (room, got)
 
 
-def test_mha_1_to_2_refused(run):
-    """MHA, prefill TP 1 -> decode TP 2: refused at once on both sides, the
-    decode reason naming both TP sizes (one prefill rank would serve two
-    decode ranks, which kvwire does not do yet)."""
+def test_mha_1_to_2_fanout(run):
+    """MHA, prefill TP 1 -> decode TP 2 (4 KV heads: prefill holds 4, each
+    decode rank 2): the prefill rank's one kvwire sender per room serves
+    both decode ranks (kvw_sender_create_fanout, prefill told decode's TP
+    through sglang's --disaggregation-decode-tp), each its heads gathered;
+    every byte of every head of every token right on each decode rank,
+    first token and bootstrap_room too."""
     _case_ok(run, "mha12", 1, 2)
 
 
-def test_mla_1_to_2_refused(run):
-    """MLA, prefill TP 1 -> decode TP 2: refused by decode at once, naming
-    both TP sizes (kvwire does not fan one prefill rank out to two decode
-    ranks); prefill's requests end too (nothing is left Bootstrapping)."""
+def test_mla_1_to_2_fanout(run):
+    """MLA, prefill TP 1 -> decode TP 2: the latent (replicated) whole to
+    both decode ranks from the one prefill rank, each its own metadata;
+    every byte right on each; sglang's metric counts both copies (the
+    harness checks it is twice one copy's pages x item bytes)."""
     _case_ok(run, "mla12", 1, 2)
+
+
+def test_hybrid_mamba_swa(run):
+    """TP 2 -> 2, a hybrid model: Mamba state (one slot per request, from
+    sglang's req_index_to_mamba_index_mapping) and an SWA pool (its own page
+    ids, the window's pages through translate_loc_from_full_to_swa), each
+    StateType its own kvwire state group, the payloads built by sglang's
+    send_kv_chunk and pop_preallocated; every KV byte, every state byte of
+    the window and of the Mamba slot, first token and bootstrap_room right;
+    no page, SWA page or Mamba slot left held."""
+    _case_ok(run, "hybrid22", 2, 2)
+    for r in range(WORLD):
+        m = re.search(f"decode hybrid22 rank {r}: (\\d+) state bytes checked .* still held "
+                      r"\(0, 0\)", run[1])
+        assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
 
 
 def test_prefill_frozen_fails_by_sglangs_heartbeat(run):

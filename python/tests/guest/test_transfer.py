@@ -202,3 +202,48 @@ def test_groups_mla_aux_and_state():
         assert (daux[0][3 * 64:4 * 64] == saux[0][64:128]).all()
         assert (daux[1][3 * 128:4 * 128] == saux[1][128:256]).all()
         assert (dst_[0][6 * SITEM:7 * SITEM] == sst[0][2 * SITEM:3 * SITEM]).all()
+
+
+def test_fanout_two_decode_engines(pair):
+    """One prefill sender serving a room to two decode engines
+    (kvw_sender_create_fanout: sglang's decode TP > prefill TP, here
+    without heads, the replicated MLA case): every byte and the aux item on
+    both, chunked; then one decode engine aborts mid-request and the room
+    fails on every side."""
+    if not kvwire.features().get("sender_fanout"):
+        pytest.skip("libkvwire without kvw_sender_create_fanout")
+    bs, pre, dec, src, dst, srcaux, dstaux = pair
+    dst2 = [np.zeros(POOL * ITEM, dtype=np.uint8) for _ in range(2 * L)]
+    dstaux2 = np.zeros(4 * AUX_ITEM, dtype=np.uint8)
+    dec2 = kvwire.Engine("decode", IP1, device=DEV1, config=kvwire.Config(peer_timeout_ms=2000),
+                         kv=[kvwire.Region.of(a, ITEM) for a in dst2],
+                         aux=[kvwire.Region.of(dstaux2, AUX_ITEM)])
+    try:
+        sp = np.array([4, 9, 10, 11, 25, 26], dtype=np.uint64)
+        dp = np.array([12, 13, 3, 20, 21, 2], dtype=np.uint64)
+        with pre.sender(300, receivers=2) as s, dec.receiver(bs.addr, 0, 300) as r1, \
+                dec2.receiver(bs.addr, 0, 300) as r2:
+            r1.init(dp, aux_index=3)
+            r2.init(dp, aux_index=3)
+            s.init(len(sp), aux_index=0)
+            s.send(sp[:3])
+            s.send(sp[3:])
+            assert wait(r1) == Poll.SUCCESS and wait(r2) == Poll.SUCCESS
+            assert wait(s) == Poll.SUCCESS
+        check(src, dst, sp, dp)
+        check(src, dst2, sp, dp)
+        for d in (dstaux, dstaux2):
+            assert (d[3 * AUX_ITEM:4 * AUX_ITEM] == srcaux[:AUX_ITEM]).all()
+        # One decode engine gives up after the first chunk: all fail.
+        with pre.sender(301, receivers=2) as s, dec.receiver(bs.addr, 0, 301) as r1, \
+                dec2.receiver(bs.addr, 0, 301) as r2:
+            r1.init(dp, aux_index=None)
+            r2.init(dp, aux_index=None)
+            s.init(len(sp), aux_index=None)
+            s.send(sp[:3])
+            r2.abort()
+            assert wait(r2) == Poll.FAILED and wait(r1) == Poll.FAILED
+            assert wait(s) == Poll.FAILED
+            assert "of 2" in s.failure().reason
+    finally:
+        dec2.close()

@@ -15,6 +15,9 @@ class ServerArgs:
     disaggregation_transfer_backend: str = "mooncake"
     disaggregation_bootstrap_port: int = 8998
     disaggregation_ib_device: Optional[str] = None
+    # set on the prefill server only: decode's TP / DP sizes (None: as prefill's)
+    disaggregation_decode_tp: Optional[int] = None
+    disaggregation_decode_dp: Optional[int] = None
     dist_init_addr: Optional[str] = None
     nnodes: int = 1
     tp_size: int = 1

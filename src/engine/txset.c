@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Prefill over several decode receivers (decode TP > prefill TP): one
+ * sender handle over one plain sender ("member") per decode request, all
+ * for the same room. A decode engine's REQUEST claims a member nobody
+ * claimed yet (kvw__txset_claim_locked, from the control thread), which
+ * then serves it as a plain sender serves its one request: its pages, aux
+ * item, state and, with head slicing, its heads. The caller's calls apply
+ * to every member. The set is Success once every member is; when one
+ * fails, the others are failed at once (each tells its decode receiver once
+ * its writes drained), and the set is Failed once every member ended, with
+ * the first failure's reason naming its receiver. */
+#include "engine/engine.h"
+#include "engine/stager.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvw_txset {
+    kvw_engine_t *engine;
+    uint32_t n;
+    bool failed;                           /* (lock) a member failed, or the caller aborted */
+    kvw_status_t fail_status;              /* (lock) the first failure's */
+    char fail_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
+    kvw_req_t *m[];                        /* member i serves the i-th decode request to claim it */
+};
+
+/* (lock) A request of the room no sender owns yet (decode asked first). */
+static bool is_orphan(const kvw_req_t *r)
+{
+    return !r->has_user && !r->user_gone;
+}
+
+/* (lock) The room's requests before the set exists: drop tombstones of
+ * destroyed senders, and refuse a room a live sender owns. */
+static kvw_status_t check_room_locked(kvw_engine_t *e, uint64_t room)
+{
+    kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
+    while (r) {
+        kvw_req_t *next = kvw__req_find_next_locked(r);
+        if (r->user_gone && r->tx.drained && !r->tx.notify_failure)
+            kvw__req_drop_locked(r); /* a destroyed sender's tombstone */
+        else if (r->has_user)
+            return KVW_ERR_EXISTS;
+        r = next;
+    }
+    return KVW_OK;
+}
+
+static void set_member_locked(kvw_txset_t *set, uint32_t i, kvw_req_t *r)
+{
+    kvw__sender_adopt_locked(r);
+    r->tx.set = set;
+    r->tx.set_index = i;
+    set->m[i] = r;
+}
+
+kvw_status_t kvw_sender_create_fanout(kvw_engine_t *e, uint64_t room, uint32_t n,
+                                      kvw_sender_t **sender_p)
+{
+    if (!e || !sender_p || e->role != KVW_ROLE_PREFILL || !n || n > KVW_MAX_DECODE_RECEIVERS)
+        return KVW_ERR_INVALID;
+    if (n == 1)
+        return kvw_sender_create(e, room, sender_p);
+    if (kvw__stager_on(e)) {
+        KVW_ERROR("room %llu: a sender over several decode receivers needs memory registered "
+                  "directly (not staged)",
+                  (unsigned long long)room);
+        return KVW_ERR_UNSUPPORTED;
+    }
+    kvw_txset_t *set = calloc(1, sizeof(*set) + n * sizeof(kvw_req_t *));
+    if (!set)
+        return KVW_ERR_NO_MEMORY;
+    set->engine = e;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = check_room_locked(e, room);
+    /* Requests decode engines sent ahead (or their aborts): the first n are
+     * members (a failed one fails the set), the rest refused. */
+    for (kvw_req_t *r = st ? NULL : kvw__req_find_locked(e, KVW_ROLE_PREFILL, room); r;
+         r = kvw__req_find_next_locked(r)) {
+        if (!is_orphan(r) || r->tx.set)
+            continue;
+        if (set->n < n)
+            set_member_locked(set, set->n++, r);
+        else if (!kvw__req_ended(r))
+            kvw__sender_fail_locked(r, KVW_ERR_LIMIT,
+                                    "the room's sender serves fewer decode receivers");
+    }
+    while (!st && set->n < n) {
+        kvw_req_t *r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, room);
+        if (!r)
+            st = KVW_ERR_NO_MEMORY;
+        else
+            set_member_locked(set, set->n++, r);
+    }
+    /* A decode engine gave the room up before the sender existed: the
+     * room fails for every receiver. */
+    for (uint32_t i = 0; !st && !set->failed && i < set->n; i++)
+        if (atomic_load(&set->m[i]->state) == KVW_POLL_FAILED)
+            kvw__txset_member_failed_locked(set->m[i]);
+    pthread_mutex_unlock(&e->lock);
+    if (st) {
+        if (set->n)
+            kvw__txset_destroy(set);
+        else
+            free(set);
+        return st;
+    }
+    *sender_p = (kvw_sender_t *)set->m[0];
+    return KVW_OK;
+}
+
+kvw_status_t kvw__txset_claim_locked(kvw_txset_t *set, const kvw_peer_t *p, uint32_t token,
+                                     kvw_req_t **r_p, bool *resend, char *why, size_t size)
+{
+    kvw_req_t *free_member = NULL;
+    *r_p = NULL;
+    *resend = false;
+    for (uint32_t i = 0; i < set->n; i++) {
+        kvw_req_t *m = set->m[i];
+        if (m->peer == p && m->tx.have_dst) {
+            if (m->token == token) { /* an exact resend */
+                *r_p = m;
+                *resend = true;
+                return KVW_OK;
+            }
+            snprintf(why, size,
+                     "this decode engine already asked for the room (one request per decode "
+                     "engine; the room's sender serves %u)",
+                     set->n);
+            return KVW_ERR_EXISTS;
+        }
+        if (!free_member && !m->tx.have_dst && !m->peer)
+            free_member = m;
+    }
+    if (!free_member) {
+        snprintf(why, size, "the room's sender serves %u decode receivers, all claimed", set->n);
+        return KVW_ERR_LIMIT;
+    }
+    *r_p = free_member;
+    return KVW_OK;
+}
+
+kvw_req_t *kvw__txset_member_of_locked(kvw_txset_t *set, const kvw_peer_t *p)
+{
+    kvw_req_t *free_member = NULL;
+    for (uint32_t i = 0; i < set->n; i++) {
+        kvw_req_t *m = set->m[i];
+        if (m->peer == p)
+            return m;
+        if (!free_member && !m->tx.have_dst && !m->peer)
+            free_member = m;
+    }
+    return free_member;
+}
+
+/* (lock) Fail every member still live for why. */
+static void fail_all_locked(kvw_txset_t *set, kvw_status_t st, const char *why)
+{
+    if (!set->failed) {
+        set->failed = true;
+        set->fail_status = st;
+        snprintf(set->fail_reason, sizeof(set->fail_reason), "%s", why);
+    }
+    for (uint32_t i = 0; i < set->n; i++)
+        if (!kvw__req_ended(set->m[i]))
+            kvw__sender_fail_locked(set->m[i], KVW_ERR_ABORTED, why);
+}
+
+void kvw__txset_member_failed_locked(kvw_req_t *r)
+{
+    kvw_txset_t *set = r->tx.set;
+    if (set->failed)
+        return; /* the first failure fails the rest (fail_all_locked's loop) */
+    char why[KVW_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why), "decode receiver %u of %u: %.100s", r->tx.set_index + 1, set->n,
+             r->fail_reason);
+    set->failed = true;
+    set->fail_status = r->fail_status;
+    snprintf(set->fail_reason, sizeof(set->fail_reason), "%s", why);
+    snprintf(why, sizeof(why), "decode receiver %u of %u of the room failed", r->tx.set_index + 1,
+             set->n);
+    fail_all_locked(set, r->fail_status, why);
+}
+
+/* Apply one call to every member; the first error is returned (a member
+ * that failed fails the others, whose calls then return KVW_ERR_STATE). */
+#define EACH_MEMBER(set, call)                                                                     \
+    do {                                                                                           \
+        kvw_status_t first_ = KVW_OK;                                                              \
+        for (uint32_t i_ = 0; i_ < (set)->n; i_++) {                                               \
+            kvw_req_t *m = (set)->m[i_];                                                           \
+            kvw_status_t st_ = (call);                                                             \
+            if (st_ && !first_)                                                                    \
+                first_ = st_;                                                                      \
+        }                                                                                          \
+        return first_;                                                                             \
+    } while (0)
+
+kvw_status_t kvw__txset_init(kvw_txset_t *set, size_t num_pages, uint32_t aux_index)
+{
+    EACH_MEMBER(set, kvw__sender_init_one(m, num_pages, aux_index));
+}
+
+kvw_status_t kvw__txset_send_part(kvw_txset_t *set, const kvw_part_t *part, void *event)
+{
+    EACH_MEMBER(set, kvw__sender_send_part_one(m, part, event));
+}
+
+kvw_status_t kvw__txset_send(kvw_txset_t *set, const uint64_t *pages, size_t n, void *event)
+{
+    EACH_MEMBER(set, kvw__sender_send_one(m, pages, n, event));
+}
+
+kvw_status_t kvw__txset_send_state(kvw_txset_t *set, const uint64_t *state, size_t n,
+                                   const kvw_state_list_t *lists, size_t num_lists)
+{
+    EACH_MEMBER(set, kvw__sender_send_state_one(m, state, n, lists, num_lists));
+}
+
+kvw_poll_t kvw__txset_poll(kvw_txset_t *set)
+{
+    bool failed = false, ended = true;
+    kvw_poll_t least = KVW_POLL_SUCCESS;
+    for (uint32_t i = 0; i < set->n; i++) {
+        kvw_poll_t s = kvw__req_poll(set->m[i]);
+        if (s == KVW_POLL_FAILED)
+            failed = true;
+        else if (s != KVW_POLL_SUCCESS)
+            ended = false;
+        if (s != KVW_POLL_FAILED && s < least)
+            least = s;
+    }
+    if (ended)
+        return failed ? KVW_POLL_FAILED : KVW_POLL_SUCCESS;
+    /* One failed, the others not yet ended (they are being failed). */
+    return failed ? KVW_POLL_TRANSFERRING : least;
+}
+
+kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p)
+{
+    if (kvw__txset_poll(set) != KVW_POLL_FAILED)
+        return KVW_OK;
+    pthread_mutex_lock(&set->engine->lock);
+    kvw_status_t st = set->failed ? set->fail_status : KVW_ERR_ABORTED;
+    pthread_mutex_unlock(&set->engine->lock);
+    if (reason_p)
+        *reason_p = set->fail_reason;
+    return st;
+}
+
+kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_t *aux_p)
+{
+    for (uint32_t i = 0; i < set->n; i++) { /* members are claimed in order */
+        kvw_status_t st = kvw__sender_requested_one(set->m[i], num_pages_p, aux_p);
+        if (st != KVW_ERR_STATE)
+            return st;
+    }
+    return KVW_ERR_STATE;
+}
+
+kvw_status_t kvw__txset_metrics(kvw_txset_t *set, kvw_req_metrics_t *out)
+{
+    kvw_req_metrics_t sum = {0};
+    for (uint32_t i = 0; i < set->n; i++) {
+        const kvw_req_t *r = set->m[i];
+        uint64_t first = atomic_load(&r->tx.first_post_ns), done = atomic_load(&r->tx.done_ns);
+        sum.bytes += atomic_load(&r->bytes_posted);
+        sum.writes += atomic_load(&r->tx.writes_posted);
+        if (first && (!sum.start_ns || first < sum.start_ns))
+            sum.start_ns = first;
+        if (done > sum.end_ns)
+            sum.end_ns = done;
+    }
+    sum.transfer_us =
+        sum.start_ns && sum.end_ns > sum.start_ns ? (sum.end_ns - sum.start_ns) / 1000 : 0;
+    *out = sum;
+    return KVW_OK;
+}
+
+kvw_status_t kvw__txset_abort(kvw_txset_t *set)
+{
+    kvw_engine_t *e = set->engine;
+    pthread_mutex_lock(&e->lock);
+    bool live = false;
+    for (uint32_t i = 0; i < set->n; i++)
+        live |= !kvw__req_ended(set->m[i]);
+    if (live)
+        fail_all_locked(set, KVW_ERR_ABORTED, "aborted by prefill");
+    pthread_mutex_unlock(&e->lock);
+    kvw__wake(e->poller_wake_fd); /* stop feeding them now */
+    return live ? KVW_OK : KVW_ERR_STATE;
+}
+
+void kvw__txset_destroy(kvw_txset_t *set)
+{
+    kvw_engine_t *e = set->engine;
+    pthread_mutex_lock(&e->lock);
+    bool live = false;
+    for (uint32_t i = 0; i < set->n; i++)
+        live |= !kvw__req_ended(set->m[i]);
+    if (live)
+        fail_all_locked(set, KVW_ERR_ABORTED, "sender destroyed by the caller");
+    /* Plain senders from here on: a member the engine keeps (its decode
+     * receiver not told yet) no longer points at the set. */
+    for (uint32_t i = 0; i < set->n; i++)
+        set->m[i]->tx.set = NULL;
+    pthread_mutex_unlock(&e->lock);
+    for (uint32_t i = 0; i < set->n; i++)
+        kvw__sender_destroy_one(set->m[i]);
+    free(set);
+}
