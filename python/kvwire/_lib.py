@@ -79,6 +79,7 @@ class kvw_config_t(Structure):
         ("qps_per_peer", c_uint32),
         ("poll_busy_us", c_uint32),
         ("max_handshakes", c_uint32),
+        ("devices", ctypes.c_char * 128),
     ]
 
 
@@ -195,6 +196,16 @@ class kvw_req_metrics_t(Structure):
     ]
 
 
+class kvw_rail_t(Structure):
+    _fields_ = [
+        ("device", ctypes.c_char * 64),
+        ("gid_index", ctypes.c_int32),
+        ("link_mbps", c_uint32),
+        ("wrs_posted", c_uint64),
+        ("bytes_posted", c_uint64),
+    ]
+
+
 class kvw_prefill_rank_t(Structure):
     _fields_ = [
         ("bootstrap_addr", c_char_p),
@@ -223,6 +234,7 @@ STRUCTS = {
     "kvw_indices_t": kvw_indices_t,
     "kvw_state_list_t": kvw_state_list_t,
     "kvw_part_t": kvw_part_t,
+    "kvw_rail_t": kvw_rail_t,
     "kvw_req_metrics_t": kvw_req_metrics_t,
     "kvw_prefill_rank_t": kvw_prefill_rank_t,
     "kvw_receiver_params_t": kvw_receiver_params_t,
@@ -286,6 +298,8 @@ OPTIONAL = {
     # Decode over several prefill ranks (head slicing, decode TP < prefill TP).
     "kvw_receiver_create_ranks": (c_int, [c_void_p, POINTER(kvw_receiver_params_t),
                                           POINTER(c_void_p)]),
+    # An engine's rails (KVW_DEVICES, 1.2).
+    "kvw_engine_rails": (c_uint32, [c_void_p, POINTER(kvw_rail_t), c_uint32]),
 }
 # KVW_MAX_PREFILL_RANKS: the most ranks one kvw_receiver_create_ranks takes.
 MAX_PREFILL_RANKS = 64

@@ -133,10 +133,32 @@ static void lane_totals(const kvw_peer_t *p, uint64_t t[3])
     }
 }
 
-static void publish_counters(kvw_engine_t *e, const kvw_peer_t *p, const uint64_t before[3])
+/* Work requests and bytes per rail: with one rail, what the connection
+ * posted; with several, each lane's growth since it was last counted. */
+static void publish_rails(kvw_engine_t *e, kvw_peer_t *p, const uint64_t now[3],
+                          const uint64_t before[3])
+{
+    if (e->nrails == 1) {
+        atomic_fetch_add_explicit(&e->rail_wrs[0], now[1] - before[1], memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->rail_bytes[0], now[2] - before[2], memory_order_relaxed);
+        return;
+    }
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        kvw_lane_t *l = &p->lanes[i];
+        atomic_fetch_add_explicit(&e->rail_wrs[l->rail], l->txq.wrs_posted - l->wrs_counted,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->rail_bytes[l->rail], l->txq.bytes_posted - l->bytes_counted,
+                                  memory_order_relaxed);
+        l->wrs_counted = l->txq.wrs_posted;
+        l->bytes_counted = l->txq.bytes_posted;
+    }
+}
+
+static void publish_counters(kvw_engine_t *e, kvw_peer_t *p, const uint64_t before[3])
 {
     uint64_t now[3];
     lane_totals(p, now);
+    publish_rails(e, p, now, before);
     atomic_fetch_add_explicit(&e->counters.chains, now[0] - before[0], memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.wrs, now[1] - before[1], memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.bytes, now[2] - before[2], memory_order_relaxed);
@@ -261,6 +283,15 @@ static void seg_posted(kvw_peer_t *p, kvw_seg_t *s)
         kvw__stager_chunk_posted(p, s);
 }
 
+/* s's writes go on `lane` next: its plan takes that lane's keys (its
+ * rail's lkeys, the peer rail's rkeys). A staged slice keeps its own
+ * regions (the staging chunk; one rail only). */
+static inline void use_lane_keys(const kvw_peer_t *p, uint32_t lane, kvw_seg_t *s)
+{
+    if (!s->chunk)
+        s->plan.regions = p->lanes[lane].regions;
+}
+
 /* The request's last write, with the immediate, on the lane the finish
  * began on, and a zero-length write with the same immediate on every other
  * lane that carried part of it: each lands after that lane's writes (RC
@@ -281,6 +312,7 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
             continue;
         if (!imm_room(p, j))
             return false;
+        use_lane_keys(p, j, s);
         kvw_write_t zero = {.remote_addr = s->plan.regions[0].remote_addr,
                             .rkey = s->plan.regions[0].rkey};
         note_lane(r, j, kvw__txq_add(&p->lanes[j].txq, &zero, 1, imm));
@@ -289,6 +321,7 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
     }
     uint32_t f = r->tx.final_lane;
     uint64_t seq;
+    use_lane_keys(p, f, s);
     if (!imm_room(p, f) || !add_next(p, &p->lanes[f].txq, s, 1, imm, &seq, bytes))
         return false;
     note_lane(r, f, seq);
@@ -326,6 +359,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
     uint64_t bytes = 0;
     kvw_write_t w;
     kvw_seg_t *s = current_seg(r);
+    use_lane_keys(p, lane, s);
     while (built < room) {
         uint64_t total = seg_total(s);
         if (s->writes_built == total) {
@@ -333,6 +367,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             if (s->final || next == s)
                 break; /* done, or the next part is not here yet */
             s = next;
+            use_lane_keys(p, lane, s);
             continue;
         }
         if (s->event && part_event(r, s) != 1) {
@@ -402,6 +437,14 @@ static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
     retire_inflight(p);
 }
 
+/* The next lane in the connection's weighted turn (sched: each lane as
+ * often as its rail's speed says; 0, 1, ..., nlanes - 1 on equal rails). */
+static void advance_lane(kvw_peer_t *p)
+{
+    p->sched_pos = p->sched_pos + 1 >= p->nsched ? 0 : p->sched_pos + 1;
+    p->next_lane = p->sched[p->sched_pos];
+}
+
 static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
 {
     for (uint32_t i = 0; i < p->nlanes; i++) {
@@ -431,7 +474,7 @@ static kvw_status_t flush_lanes(kvw_peer_t *p)
         if (p->lanes[i].txq.pending)
             st = kvw__txq_flush(&p->lanes[i].txq);
     if (rotate)
-        p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+        advance_lane(p);
     return st;
 }
 
@@ -440,7 +483,7 @@ static kvw_status_t flush_lanes(kvw_peer_t *p)
  * out of send-queue credits: wait for completions. */
 static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
 {
-    for (uint32_t tried = 0; tried < p->nlanes; tried++) {
+    for (uint32_t tried = 0; tried < p->nsched; tried++) {
         kvw_txq_t *q = &p->lanes[p->next_lane].txq;
         if (kvw__txq_room(q))
             return q;
@@ -448,7 +491,7 @@ static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
             return NULL;
         if (q->pending == 0 && kvw__txq_room(q))
             return q; /* a full chain posted: room again on the same lane */
-        p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+        advance_lane(p);
     }
     return NULL;
 }
@@ -545,7 +588,7 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             bytes += q->pending_bytes - pending_before;
         if (p->nlanes > 1 && !kvw__txq_room(q) && q->pending) { /* a full chain: next lane */
             st = kvw__txq_flush(q);
-            p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+            advance_lane(p);
         }
         if (r->tx.ev_blocked) {
             r->tx.ev_blocked = false;
@@ -810,22 +853,28 @@ static void sleep_on_channel(kvw_engine_t *e)
         atomic_store(&e->poller_sleeping, false);
         return;
     }
-    struct pollfd fds[2] = {{e->channel->fd, POLLIN, 0}, {e->poller_wake_fd, POLLIN, 0}};
+    /* Every rail's completion channel, then the wake-up. */
+    struct pollfd fds[KVW_MAX_RAILS + 1];
+    uint32_t nr = e->nrails;
+    for (uint32_t k = 0; k < nr; k++)
+        fds[k] = (struct pollfd){e->channels[k]->fd, POLLIN, 0};
+    fds[nr] = (struct pollfd){e->poller_wake_fd, POLLIN, 0};
     /* A part waiting on its producer's event: look again soon (no
      * completion or wake-up says when a CUDA event completes). */
     struct timespec idle = {IDLE_SLEEP_MS / 1000, (IDLE_SLEEP_MS % 1000) * 1000000L};
     struct timespec recheck = {0, KVW_EVENT_RECHECK_US * 1000L};
     atomic_fetch_add_explicit(&e->counters.sleeps, 1, memory_order_relaxed);
-    int ready = ppoll(fds, 2, atomic_load(&e->ev_waiting) ? &recheck : &idle, NULL);
+    int ready = ppoll(fds, nr + 1, atomic_load(&e->ev_waiting) ? &recheck : &idle, NULL);
     atomic_store(&e->poller_sleeping, false);
     if (ready <= 0)
         return;
     struct ibv_cq *cq;
     void *ctx;
-    while (fds[0].revents && e->dev->ops->get_cq_event(e->channel, &cq, &ctx) == 0)
-        e->dev->ops->ack_cq_events(cq, 1);
+    for (uint32_t k = 0; k < nr; k++)
+        while (fds[k].revents && e->dev->ops->get_cq_event(e->channels[k], &cq, &ctx) == 0)
+            e->dev->ops->ack_cq_events(cq, 1);
     uint64_t v;
-    if (fds[1].revents && read(e->poller_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (fds[nr].revents && read(e->poller_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         KVW_WARN("poller wake read failed: %s", strerror(errno));
 }
 
