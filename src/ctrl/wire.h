@@ -22,10 +22,15 @@
 #define KVW_WIRE_MAX_GROUPS 64
 #define KVW_WIRE_MAX_QPS 16  /* QPs per connection (KVW_QPS_PER_PEER) */
 #define KVW_WIRE_MAX_RAILS 4 /* devices per engine (KVW_DEVICES) */
-/* The immediate of a request's last writes: its token in the low 28 bits,
- * and how many QPs carry one (each that carried part of it), less one, in
- * the top 4. Decode reports the request landed once all of them arrived. */
-#define KVW_WIRE_TOKEN_MASK 0x0fffffffu
+/* The immediate of a request's last writes: its token in the low 26 bits,
+ * the attempt (epoch) in the next 2, and how many QPs carry one (each that
+ * carried part of it), less one, in the top 4. Decode reports the request
+ * landed once all of them of its latest epoch arrived. Wire 8: prefill
+ * replays a request's writes on other lanes when a rail fails (epoch + 1);
+ * decode then forgets the immediates of earlier epochs. */
+#define KVW_WIRE_TOKEN_MASK 0x03ffffffu
+#define KVW_WIRE_IMM_EPOCH_SHIFT 26
+#define KVW_WIRE_IMM_EPOCH_MASK 3u
 #define KVW_WIRE_IMM_COUNT_SHIFT 28
 #define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi page and state indices per request */
 /* REQUEST's head range (wire 7): flags, first head, head count. */

@@ -75,6 +75,26 @@ static void kill_all_peers(kvw_engine_t *e, const char *why)
     }
 }
 
+/* A rail's port went down on an engine with several: every lane on it
+ * to ERR, so that its writes complete (flushed) now rather than after the
+ * retries, and the poller fails them over to the other rails (or fails
+ * the connection when no other rail is left). Verbs calls, no lock. */
+static void rail_down(kvw_engine_t *e, const kvw_dev_t *dev, const char *why)
+{
+    KVW_ERROR("%s: its lanes fail over to the other rails", why);
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        for (uint32_t j = 0; p && atomic_load(&p->state) != PEER_DEAD && j < p->nlanes; j++)
+            if (e->rails[p->lanes[j].rail] == dev) {
+                kvw__qp_set_error(p->lanes[j].qp);
+                atomic_store(&p->lanes[j].down_due, true);
+                atomic_store(&p->lanes_down, true);
+            }
+    }
+    kvw__wake(e->poller_wake_fd);
+}
+
 /* What one event asks of us: a connection to fail (*peer_p), every
  * connection to fail (returns true), or nothing. why gets the reason. */
 static bool judge_async_event(kvw_engine_t *e, const kvw_dev_t *dev,
@@ -95,6 +115,10 @@ static bool judge_async_event(kvw_engine_t *e, const kvw_dev_t *dev,
         if (ev->element.port_num != dev->port)
             return false;
         snprintf(why, size, "%s port %u went down (%s)", dev->name, dev->port, name);
+        if (e->nrails > 1) { /* one rail of several: its lanes fail over */
+            rail_down(e, dev, why);
+            return false;
+        }
         return true;
     case IBV_EVENT_DEVICE_FATAL:
         snprintf(why, size, "%s: %s", dev->name, name);

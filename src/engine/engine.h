@@ -76,7 +76,11 @@ typedef struct kvw_lane {
     bool txq_ready;
     uint64_t imm_posted;                 /* prefill: immediates posted */
     uint64_t wrs_counted, bytes_counted; /* prefill: txq totals already in the rail counters */
-    struct ibv_recv_wr *rwrs;            /* decode: zero-SGE receives, set before publish */
+    bool dead; /* its QP failed and its rail has others: no more writes, nor turns, on it */
+    /* Its rail's port went down (control thread): the poller fails it over
+     * before it posts again. */
+    atomic_bool down_due;
+    struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
 } kvw_lane_t;
 
 /* One part of a sender's request (kvw_sender_send / send_part /
@@ -190,6 +194,8 @@ struct kvw_peer {
     bool credit_blocked;                      /* the next immediate waits for a CREDIT */
     uint32_t next_lane;                       /* prefill: the lane the next chain goes on */
     uint32_t sched_pos;                       /* prefill: next_lane's place in sched */
+    uint32_t dead_lanes;                      /* lanes failed over (kvw_lane_t.dead), a bit each */
+    atomic_bool lanes_down;                   /* some lane's down_due is set */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
@@ -238,6 +244,7 @@ typedef struct kvw_req_tx {
     uint32_t imm_lanes;               /* lanes its final immediates go on, fixed at the finish */
     uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
     uint32_t final_lane;              /* the lane of its last write */
+    uint32_t epoch;                   /* attempts replayed after a lane failed (rails) */
     _Atomic uint64_t writes_posted;   /* poller writes, anyone reads */
     /* (lock, fixed once have_dst) Decode over several prefill ranks: the
      * REQUEST named a head range. KV slot j's writes follow kv_geom[j]
@@ -269,6 +276,7 @@ typedef struct kvw_req_rx {
     uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
     uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
+    uint32_t imm_epoch;         /* (lock) the latest attempt whose immediates are counted */
     /* Decode over several prefill ranks (rxset.c): the set this request is
      * one rank's member of, fixed by create and cleared (lock) by the set's
      * destroy; NULL for a plain receiver. Once the set assigned the heads
@@ -364,6 +372,10 @@ typedef struct kvw_engine_counters {
      * because its event had not completed (tests: a wait is counted, not
      * spun). */
     _Atomic uint64_t event_queries, event_waits;
+    /* Rails: lanes failed over, requests whose writes started over on the
+     * live lanes, requests failed instead (their final immediate on the
+     * failed lane may have landed). */
+    _Atomic uint64_t lanes_failed, replays, replay_refused;
 } kvw_engine_counters_t;
 
 struct kvw_engine {
