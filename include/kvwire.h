@@ -352,10 +352,14 @@ typedef struct kvw_config {
      * qps_per_peer QPs on every rail the two sides share (rail i of decode
      * pairs with rail i mod n of prefill), and prefill stripes each request
      * over them, weighted by the rails' link speeds; decode reports it
-     * landed once every rail that carried part of it delivered. "" (the
-     * default): one device, engine params' `device` or the one picked by
-     * affinity. Set, it overrides `device`. Not with staged GPU regions
-     * (KVW_ERR_UNSUPPORTED). docs/topology.md, "Several rails". */
+     * landed once every rail that carried part of it delivered. When a
+     * rail fails (an error completion, its port going down) while another
+     * lives, the requests it left unfinished start over on the others
+     * (one whose final immediate may already have reached decode fails
+     * instead). "" (the default): one device, engine params' `device` or
+     * the one picked by affinity. Set, it overrides `device`. Not with
+     * staged GPU regions (KVW_ERR_UNSUPPORTED). docs/topology.md, "Several
+     * rails per engine" and "A rail that goes down". */
     char devices[128];
 } kvw_config_t;
 

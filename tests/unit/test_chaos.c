@@ -335,6 +335,9 @@ static void describe(const schedule_t *sc)
            : sc->close == CLOSE_PREFILL ? "prefill restarts"
                                         : "none",
            sc->close_ms);
+    if (sc->rails)
+        printf("chaos:   two rails per engine (fake0+fake2, fake1+fake3)%s\n",
+               sc->rail_down ? ", fake3 (decode's second rail) dies at 2 ms" : "");
     for (uint32_t i = 0; i < sc->rooms; i++)
         printf("chaos:   room %u: %s, %u parts %u ms apart%s; %s at %s (%u ms)%s%s\n", i,
                sends[sc->send[i]], parts_of(sc, i), sc->gap_ms[i],
