@@ -124,7 +124,8 @@ static void engine_setup(harness_t *h, const wopts_t *o)
     h->ops.poll_cq = null_poll_cq;
     h->dev.ops = &h->ops;
     h->dev.max_msg_sz = 1u << 30;
-    e->dev = &h->dev;
+    e->dev = e->rails[0] = &h->dev;
+    e->nrails = 1;
     uint32_t nreg = e->layout.num_regions;
     p->regions = calloc(nreg, sizeof(*p->regions));
     if (!p->regions)
@@ -137,7 +138,10 @@ static void engine_setup(harness_t *h, const wopts_t *o)
                                             .rkey = 200 + i};
     p->engine = e;
     p->nlanes = 1;
+    p->nroutes = 1;
+    p->nsched = 1; /* the one lane's turn (sched[0] = 0) */
     p->lanes[0].qp = &h->qp;
+    p->lanes[0].regions = p->regions;
     h->qp.qp = (struct ibv_qp *)h; /* the null device never looks at them */
     h->qp.cq = (struct ibv_cq *)h;
     p->max_msg_sz = h->dev.max_msg_sz;

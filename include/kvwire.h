@@ -357,6 +357,21 @@ typedef struct kvw_config {
      * request that finds no room, or 0 here, takes one write per token row
      * (NHD) or page (HND) instead. */
     uint32_t landing_mib;
+    /* KVW_DEVICES, "" (at most 127 characters): several RDMA devices
+     * ("rails") for one engine, by name, comma-separated ("mlx5_0,mlx5_1",
+     * at most 4). Every region is registered on each; a connection gets
+     * qps_per_peer QPs on every rail the two sides share (rail i of decode
+     * pairs with rail i mod n of prefill), and prefill stripes each request
+     * over them, weighted by the rails' link speeds; decode reports it
+     * landed once every rail that carried part of it delivered. When a
+     * rail fails (an error completion, its port going down) while another
+     * lives, the requests it left unfinished start over on the others
+     * (one whose final immediate may already have reached decode fails
+     * instead). "" (the default): one device, engine params' `device` or
+     * the one picked by affinity. Set, it overrides `device`. Not with
+     * staged GPU regions (KVW_ERR_UNSUPPORTED). docs/topology.md, "Several
+     * rails per engine" and "A rail that goes down". */
+    char devices[128];
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set
@@ -542,6 +557,21 @@ typedef struct kvw_counters {
 /* Snapshot the counters; thread-safe, values are each exact but not taken
  * atomically together. */
 KVW_API void kvw_engine_counters(const kvw_engine_t *engine, kvw_counters_t *counters_p);
+
+/* One rail (RDMA device) of an engine: KVW_DEVICES names several, else
+ * the engine has one (docs/topology.md, "Several rails"). */
+typedef struct kvw_rail {
+    char device[64];
+    int32_t gid_index;
+    uint32_t link_mbps;    /* the port's active speed x width; 0: unknown */
+    uint64_t wrs_posted;   /* prefill: RDMA writes posted on this rail */
+    uint64_t bytes_posted; /* prefill: their payload bytes */
+} kvw_rail_t;
+
+/* The engine's rails: returns how many it has, and fills the first
+ * min(that, max) entries of rails (NULL with max 0: just the count).
+ * Thread-safe; the counts are each exact but not taken together. */
+KVW_API uint32_t kvw_engine_rails(const kvw_engine_t *engine, kvw_rail_t *rails, uint32_t max);
 
 /* -------------------------------------------------------------- requests */
 

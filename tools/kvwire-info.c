@@ -7,6 +7,7 @@
  * matrix and, per GPU, the device an engine naming none would open, with
  * the reason (verbs/topo.h). Text, or JSON with --json. Exits 0 whatever it
  * finds (2 for bad arguments): it reports, it does not judge. */
+#include "common/config.h"
 #include "mem/mem.h"
 #include "verbs/device.h"
 #include "verbs/topo.h"
@@ -75,6 +76,11 @@ typedef struct {
     int nrows;
     kvw_topo_pick_t picks[MAX_GPUS], host_pick;
     int host_numa;
+    /* Rails: the devices KVW_DEVICES names (nrails 0: unset, -1: malformed),
+     * each an index into nics (-1: not found). */
+    kvw_config_t cfg;
+    char rails[KVW_CONFIG_MAX_DEVICES][KVW_CONFIG_DEVICE_NAME];
+    int nrails, rail_nic[KVW_CONFIG_MAX_DEVICES];
 } report_t;
 
 /* ---- gathering ---------------------------------------------------------------- */
@@ -266,6 +272,74 @@ static void read_topology(report_t *r)
 
 /* ---- text ------------------------------------------------------------------------ */
 
+/* KVW_DEVICES, as an engine created now in this environment reads it. */
+static void read_rails(report_t *r)
+{
+    kvw_config_init(&r->cfg);
+    r->nrails = kvw__config_devices(r->cfg.devices, r->rails);
+    for (int k = 0; k < r->nrails; k++) {
+        r->rail_nic[k] = -1;
+        for (int i = 0; i < r->nnics; i++)
+            if (!strcmp(r->nics[i].name, r->rails[k]))
+                r->rail_nic[k] = i;
+    }
+}
+
+/* A rail's port (the engine's ib_port), or NULL. */
+static const port_t *rail_port(const report_t *r, int k)
+{
+    if (r->rail_nic[k] < 0)
+        return NULL;
+    const nic_t *n = &r->nics[r->rail_nic[k]];
+    for (int p = 0; p < n->nports; p++)
+        if (n->ports[p].num == r->cfg.ib_port)
+            return &n->ports[p];
+    return NULL;
+}
+
+/* The GID a rail uses: its first RoCEv2 IPv4-mapped one (an engine on
+ * several devices matches no local_ip), GID 0 on InfiniBand; -1 none. */
+static int rail_gid(const port_t *p)
+{
+    if (p->attr.link_layer == IBV_LINK_LAYER_INFINIBAND)
+        return 0;
+    for (int i = 0; i < p->ngids; i++)
+        if (!strcmp(p->gids[i].type, "RoCEv2") && !strncmp(p->gids[i].addr, "::ffff:", 7))
+            return p->gids[i].index;
+    return -1;
+}
+
+static void text_rails(const report_t *r)
+{
+    if (r->nrails < 0) {
+        printf("Rails: KVW_DEVICES \"%s\" is malformed (engines refuse it)\n", r->cfg.devices);
+        return;
+    }
+    if (r->nrails == 0) {
+        printf("Rails: one device per engine (KVW_DEVICES unset; set it to a comma-separated list "
+               "to stripe over several)\n");
+        return;
+    }
+    printf("Rails (KVW_DEVICES=%s): an engine opens %d device%s, registers every region on each "
+           "and stripes requests over them, weighted by link speed:\n",
+           r->cfg.devices, r->nrails, r->nrails > 1 ? "s" : "");
+    for (int k = 0; k < r->nrails; k++) {
+        const port_t *p = rail_port(r, k);
+        if (!p) {
+            printf("  rail %d  %-10s not found (engines refuse the list)\n", k, r->rails[k]);
+            continue;
+        }
+        uint32_t mbps = kvw__link_mbps(p->attr.active_speed, p->attr.active_width);
+        int gid = rail_gid(p);
+        printf("  rail %d  %-10s port %u %s  link %u Mb/s%s  GID %d%s\n", k, r->rails[k],
+               (unsigned)p->num, ibv_port_state_str(p->attr.state), mbps, mbps ? "" : " (unknown)",
+               gid, gid < 0 ? " (none usable: the engine refuses it)" : "");
+    }
+    printf("  a connection: decode's rail i pairs with prefill's rail i mod (prefill's rails), "
+           "qps_per_peer (%u) QPs on each pair\n",
+           r->cfg.qps_per_peer);
+}
+
 static const char *reach_name(int reaches)
 {
     return reaches > 0 ? "yes" : reaches == 0 ? "no" : "cannot tell";
@@ -377,6 +451,7 @@ static void print_text(const report_t *r)
     }
     text_memlock(&r->memlock);
     text_topology(r);
+    text_rails(r);
     if (!r->ngpus) {
         printf("GPUs: none - %s; GPU regions are not possible here\n", r->cuda_why);
         return;
@@ -508,6 +583,22 @@ static void json_topology(const report_t *r)
     printf("}}");
 }
 
+static void json_rails(const report_t *r)
+{
+    printf(",\"rails\":{\"devices\":");
+    json_str(r->cfg.devices);
+    printf(",\"valid\":%s,\"rails\":[", r->nrails >= 0 ? "true" : "false");
+    for (int k = 0; k < r->nrails; k++) {
+        const port_t *p = rail_port(r, k);
+        printf("%s{\"device\":", k ? "," : "");
+        json_str(r->rails[k]);
+        printf(",\"found\":%s,\"link_mbps\":%u,\"gid_index\":%d}", p ? "true" : "false",
+               p ? kvw__link_mbps(p->attr.active_speed, p->attr.active_width) : 0,
+               p ? rail_gid(p) : -1);
+    }
+    printf("]}");
+}
+
 static void print_json(const report_t *r)
 {
     printf("{\"rdma_devices\":[");
@@ -530,6 +621,7 @@ static void print_json(const report_t *r)
     }
     printf("]");
     json_topology(r);
+    json_rails(r);
     printf("}\n");
 }
 
@@ -576,6 +668,7 @@ int main(int argc, char **argv)
     getrlimit(RLIMIT_MEMLOCK, &r.memlock);
     read_gpus(&r);
     read_topology(&r);
+    read_rails(&r);
     if (json)
         print_json(&r);
     else

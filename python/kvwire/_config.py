@@ -23,7 +23,7 @@ for _name, _ct in _lib.kvw_config_t._fields_:
         _CFG_FIELDS[_name] = (-(1 << 31), (1 << 31) - 1)
     elif _ct is ctypes.c_uint8:
         _CFG_FIELDS[_name] = (0, 255)
-_CFG_TEXT = {"cluster_key_file": 255, "cluster_key": 40, "gpu_path": 15}
+_CFG_TEXT = {"cluster_key_file": 255, "cluster_key": 40, "gpu_path": 15, "devices": 127}
 
 
 class Config:

@@ -360,6 +360,20 @@ class Engine(_Handle):
             _c.kvw_engine_counters(self._get(), ctypes.byref(c))
         return Counters(*(getattr(c, n) for n, _ in c._fields_))
 
+    def rails(self) -> List[dict]:
+        """The engine's rails (KVW_DEVICES; one entry with one device): each a
+        dict of device, gid_index, link_mbps (0: unknown), and the WRs and
+        bytes prefill posted on it (kvw_engine_rails)."""
+        fn = _L.optional.get("kvw_engine_rails")
+        if fn is None:
+            raise _unsupported("kvw_engine_rails", "an engine's rails")
+        buf = (_lib.kvw_rail_t * 8)()
+        with self._lock:
+            n = fn(self._get(), buf, 8)
+        return [{"device": buf[i].device.decode(), "gid_index": buf[i].gid_index,
+                 "link_mbps": buf[i].link_mbps, "wrs_posted": buf[i].wrs_posted,
+                 "bytes_posted": buf[i].bytes_posted} for i in range(min(n, 8))]
+
     # -- requests --------------------------------------------------------
     def _adopt(self, h: int, kind: str) -> _Cell:
         cell = _Cell(h, kind)

@@ -80,6 +80,7 @@ class kvw_config_t(Structure):
         ("poll_busy_us", c_uint32),
         ("max_handshakes", c_uint32),
         ("landing_mib", c_uint32),
+        ("devices", ctypes.c_char * 128),
     ]
 
 
@@ -196,6 +197,16 @@ class kvw_req_metrics_t(Structure):
     ]
 
 
+class kvw_rail_t(Structure):
+    _fields_ = [
+        ("device", ctypes.c_char * 64),
+        ("gid_index", ctypes.c_int32),
+        ("link_mbps", c_uint32),
+        ("wrs_posted", c_uint64),
+        ("bytes_posted", c_uint64),
+    ]
+
+
 class kvw_prefill_rank_t(Structure):
     _fields_ = [
         ("bootstrap_addr", c_char_p),
@@ -224,6 +235,7 @@ STRUCTS = {
     "kvw_indices_t": kvw_indices_t,
     "kvw_state_list_t": kvw_state_list_t,
     "kvw_part_t": kvw_part_t,
+    "kvw_rail_t": kvw_rail_t,
     "kvw_req_metrics_t": kvw_req_metrics_t,
     "kvw_prefill_rank_t": kvw_prefill_rank_t,
     "kvw_receiver_params_t": kvw_receiver_params_t,
@@ -289,6 +301,8 @@ OPTIONAL = {
                                           POINTER(c_void_p)]),
     # Prefill over several decode receivers (decode TP > prefill TP).
     "kvw_sender_create_fanout": (c_int, [c_void_p, c_uint64, c_uint32, POINTER(c_void_p)]),
+    # An engine's rails (KVW_DEVICES, 1.2).
+    "kvw_engine_rails": (c_uint32, [c_void_p, POINTER(kvw_rail_t), c_uint32]),
 }
 # KVW_MAX_DECODE_RECEIVERS: the most decode receivers one fan-out sender serves.
 MAX_DECODE_RECEIVERS = 64

@@ -145,7 +145,7 @@ def test_requests_raise_after_close_never_crash():
         with pytest.raises(kvwire.ClosedError):
             call()
     e = _closed(kvwire.Engine, _lock=__import__("threading").RLock(), _children={})
-    for call in (lambda: e.endpoint, lambda: e.counters(), lambda: e.sender(1),
+    for call in (lambda: e.endpoint, lambda: e.counters(), lambda: e.rails(), lambda: e.sender(1),
                  lambda: e.receiver("1.2.3.4:5", 0, 1)):
         with pytest.raises(kvwire.ClosedError):
             call()

@@ -67,6 +67,7 @@ static const config_field_t fields[] = {
     FIELD(poll_busy_us, FIELD_U32, 0, 0, 1000000),
     FIELD(max_handshakes, FIELD_U32, 16, 1, 65536),
     FIELD(landing_mib, FIELD_U32, 64, 0, 1u << 20),
+    TEXT(devices, FIELD_STR),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))
@@ -267,4 +268,34 @@ kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
         return KVW_ERR_INVALID;
     }
     return KVW_OK;
+}
+
+/* KVW_DEVICES: split the comma-separated names into names[] (at most
+ * KVW_CONFIG_MAX_DEVICES, none twice). The count, or -1 (logged) when the list
+ * is malformed. */
+int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME])
+{
+    int n = 0;
+    for (const char *s = list; *s;) {
+        while (*s == ' ' || *s == ',')
+            s++;
+        size_t len = strcspn(s, ", ");
+        if (!len)
+            break;
+        if (n == KVW_CONFIG_MAX_DEVICES || len >= KVW_CONFIG_DEVICE_NAME) {
+            KVW_ERROR("KVW_DEVICES \"%s\": at most %d devices of at most 63 characters", list,
+                      KVW_CONFIG_MAX_DEVICES);
+            return -1;
+        }
+        memcpy(names[n], s, len);
+        names[n][len] = '\0';
+        for (int k = 0; k < n; k++)
+            if (!strcmp(names[k], names[n])) {
+                KVW_ERROR("KVW_DEVICES \"%s\" names %s twice", list, names[n]);
+                return -1;
+            }
+        n++;
+        s += len;
+    }
+    return n;
 }

@@ -10,4 +10,11 @@ kvw_status_t kvw__config_validate(const kvw_config_t *cfg);
  * -1 for auto ("" or "auto"), -2 if it names none of them. */
 int kvw__config_gpu_path(const kvw_config_t *cfg);
 
+/* KVW_DEVICES (cfg.devices): the device names of an engine's rails,
+ * comma-separated, split into names (at most KVW_CONFIG_MAX_DEVICES, each
+ * shorter than KVW_CONFIG_DEVICE_NAME, none twice). The count (0: none
+ * named), or -1 (logged) when the list is malformed. */
+enum { KVW_CONFIG_MAX_DEVICES = 4, KVW_CONFIG_DEVICE_NAME = 64 };
+int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME]);
+
 #endif

@@ -86,7 +86,19 @@ static int get_str(reader_t *r, char *dst, size_t cap)
     return strlen(dst) == n;
 }
 
-enum { QP_INFO_LEN = 4 + 4 + 2 + 1 + 1 + 16, REGION_LEN = 8 + 8 + 8 + 4 };
+enum { QP_INFO_LEN = 4 + 4 + 2 + 1 + 1 + 16, REGION_LEN = 8 + 8 + 8 };
+
+/* Rails a HELLO encodes: a message built without any (a refusal) has one. */
+static uint32_t hello_rails(const kvw_msg_t *m)
+{
+    return m->u.hello.num_rails ? m->u.hello.num_rails : 1;
+}
+
+/* Bytes of one region entry: its addresses and one rkey per rail. */
+static size_t region_len(const kvw_msg_t *m)
+{
+    return REGION_LEN + 4 * (size_t)hello_rails(m);
+}
 
 static void put_qp(writer_t *w, const kvw_qp_info_t *q)
 {
@@ -143,8 +155,9 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_HELLO:
     case KVW_MSG_HELLO_ACK:
         body = 4 + 8 + 4 + (size_t)m->u.hello.num_qps * QP_INFO_LEN + 4 +
-               (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + LANDING_LEN + 2 +
-               strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * REGION_LEN;
+               (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + LANDING_LEN + 1 +
+               m->u.hello.num_qps + 4 * (size_t)hello_rails(m) + 2 +
+               strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * region_len(m);
         break;
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 4 + KVW_WIRE_HEADS_LEN +
@@ -214,13 +227,20 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.hello.landing_addr, 8);
         put_le(w, m->u.hello.landing_len, 8);
         put_le(w, m->u.hello.landing_rkey, 4);
+        /* wire 9: the sender's rails */
+        put_le(w, hello_rails(m), 1);
+        for (uint32_t i = 0; i < m->u.hello.num_qps; i++)
+            put_le(w, m->u.hello.qp_rail[i], 1);
+        for (uint32_t i = 0; i < hello_rails(m); i++)
+            put_le(w, m->u.hello.rail_mbps[i], 4);
         put_str(w, m->u.hello.reason, sizeof(m->u.hello.reason));
         for (size_t i = 0; i < hello_regions(m); i++) {
             const kvw_wire_region_t *g = &m->u.hello.regions[i];
             put_le(w, g->addr, 8);
             put_le(w, g->len, 8);
             put_le(w, g->item_len, 8);
-            put_le(w, g->rkey, 4);
+            for (uint32_t k = 0; k < hello_rails(m); k++)
+                put_le(w, kvw__wire_region_rkey(g, k), 4);
         }
         break;
     case KVW_MSG_REQUEST:
@@ -269,6 +289,7 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
         return KVW_ERR_INVALID;
     if ((m->type == KVW_MSG_HELLO || m->type == KVW_MSG_HELLO_ACK) &&
         (m->u.hello.num_groups > KVW_WIRE_MAX_GROUPS || m->u.hello.num_qps > KVW_WIRE_MAX_QPS ||
+         m->u.hello.num_rails > KVW_WIRE_MAX_RAILS ||
          kvw__wire_hello_regions(m) > KVW_WIRE_MAX_REGIONS))
         return KVW_ERR_INVALID;
     if (m->type == KVW_MSG_CREDIT && m->u.credit.num_qps > KVW_WIRE_MAX_QPS)
@@ -338,6 +359,18 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
     m->u.hello.landing_addr = get_le(r, 8);
     m->u.hello.landing_len = get_le(r, 8);
     m->u.hello.landing_rkey = (uint32_t)get_le(r, 4);
+    m->u.hello.num_rails = (uint32_t)get_le(r, 1);
+    if (!m->u.hello.num_rails || m->u.hello.num_rails > KVW_WIRE_MAX_RAILS)
+        return fail(reason, rsize, "%s: %u rails (1..%u)", kvw__wire_type_name(m->type),
+                    m->u.hello.num_rails, KVW_WIRE_MAX_RAILS);
+    for (uint32_t i = 0; i < m->u.hello.num_qps; i++) {
+        m->u.hello.qp_rail[i] = (uint8_t)get_le(r, 1);
+        if (m->u.hello.qp_rail[i] >= m->u.hello.num_rails)
+            return fail(reason, rsize, "%s: QP %u on rail %u of %u", kvw__wire_type_name(m->type),
+                        i, m->u.hello.qp_rail[i], m->u.hello.num_rails);
+    }
+    for (uint32_t i = 0; i < m->u.hello.num_rails; i++)
+        m->u.hello.rail_mbps[i] = (uint32_t)get_le(r, 4);
     if (r->short_read)
         return fail(reason, rsize, "%s truncated", kvw__wire_type_name(m->type));
     if (m->u.hello.landing_addr + m->u.hello.landing_len < m->u.hello.landing_addr)
@@ -363,7 +396,7 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
                     kvw__wire_type_name(m->type), m->u.hello.max_msg_sz);
     uint64_t n64 = kvw__wire_hello_regions(m);
     /* Bound counts by the bytes actually present before allocating. */
-    if (n64 > KVW_WIRE_MAX_REGIONS || n64 * REGION_LEN != remaining(r))
+    if (n64 > KVW_WIRE_MAX_REGIONS || n64 * region_len(m) != remaining(r))
         return fail(reason, rsize, "%s: %u groups of %llu regions do not match %zu body bytes",
                     kvw__wire_type_name(m->type), m->u.hello.num_groups, (unsigned long long)n64,
                     remaining(r));
@@ -377,6 +410,8 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
         g->len = get_le(r, 8);
         g->item_len = get_le(r, 8);
         g->rkey = (uint32_t)get_le(r, 4);
+        for (uint32_t k = 1; k < m->u.hello.num_rails; k++)
+            g->rail_rkeys[k - 1] = (uint32_t)get_le(r, 4);
         if (!g->item_len || g->len % g->item_len || g->addr + g->len < g->addr) {
             unsigned long long len = g->len, item_len = g->item_len;
             free(m->u.hello.regions);

@@ -13,18 +13,26 @@
  * an index list per state group; 7: REQUEST carries the head range decode
  * asks this prefill rank for (decode over several ranks); 8: decode's
  * HELLO advertises its landing buffer, and REQUEST may ask for the heads
- * in a slice of it (an offset) */
-#define KVW_WIRE_VERSION 8
+ * in a slice of it (an offset); 9: HELLO carries the sender's rails
+ * (devices): each QP's rail, each rail's link speed, and every region's
+ * rkey on each rail */
+#define KVW_WIRE_VERSION 9
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
 #define KVW_WIRE_MAX_REGIONS 16384 /* every buffer group's regions together */
 #define KVW_WIRE_MAX_GROUPS 64
-#define KVW_WIRE_MAX_QPS 16 /* QPs per connection (KVW_QPS_PER_PEER) */
-/* The immediate of a request's last writes: its token in the low 28 bits,
- * and how many QPs carry one (each that carried part of it), less one, in
- * the top 4. Decode reports the request landed once all of them arrived. */
-#define KVW_WIRE_TOKEN_MASK 0x0fffffffu
+#define KVW_WIRE_MAX_QPS 16  /* QPs per connection (KVW_QPS_PER_PEER) */
+#define KVW_WIRE_MAX_RAILS 4 /* devices per engine (KVW_DEVICES) */
+/* The immediate of a request's last writes: its token in the low 26 bits,
+ * the attempt (epoch) in the next 2, and how many QPs carry one (each that
+ * carried part of it), less one, in the top 4. Decode reports the request
+ * landed once all of them of its latest epoch arrived. Wire 9: prefill
+ * replays a request's writes on other lanes when a rail fails (epoch + 1);
+ * decode then forgets the immediates of earlier epochs. */
+#define KVW_WIRE_TOKEN_MASK 0x03ffffffu
+#define KVW_WIRE_IMM_EPOCH_SHIFT 26
+#define KVW_WIRE_IMM_EPOCH_MASK 3u
 #define KVW_WIRE_IMM_COUNT_SHIFT 28
 #define KVW_WIRE_MAX_PAGES (1u << 22) /* 4 Mi page and state indices per request */
 /* REQUEST's head range (wire 7): flags, first head, head count; then
@@ -85,11 +93,20 @@ typedef struct kvw_wire_group {
     uint32_t total_heads, first_head, num_heads, head_bytes, page_tokens, page_order;
 } kvw_wire_group_t;
 
-/* One registered region as a peer sees it. */
+/* One registered region as a peer sees it: one rkey per rail (the
+ * region is registered on every device of the engine, each with its own
+ * PD); rkey is rail 0's, rail_rkeys[r - 1] rail r's. */
 typedef struct kvw_wire_region {
     uint64_t addr, len, item_len;
     uint32_t rkey;
+    uint32_t rail_rkeys[KVW_WIRE_MAX_RAILS - 1];
 } kvw_wire_region_t;
+
+/* The rkey of region g on rail `rail` (< the HELLO's num_rails). */
+static inline uint32_t kvw__wire_region_rkey(const kvw_wire_region_t *g, uint32_t rail)
+{
+    return rail ? g->rail_rkeys[rail - 1] : g->rkey;
+}
 
 typedef struct kvw_msg {
     uint16_t type;
@@ -112,6 +129,13 @@ typedef struct kvw_msg {
              * sends none) */
             uint64_t landing_addr, landing_len;
             uint32_t landing_rkey;
+            /* Wire 9, rails: the sender's devices (0 is encoded as 1), the
+             * rail of each QP (< num_rails), and each rail's link speed in
+             * Mb/s (ibv_query_port's active_speed x active_width; 0:
+             * unknown), which weighs the striping. */
+            uint32_t num_rails;
+            uint8_t qp_rail[KVW_WIRE_MAX_QPS];
+            uint32_t rail_mbps[KVW_WIRE_MAX_RAILS];
             char reason[KVW_WIRE_REASON_MAX]; /* HELLO_ACK refusal: why */
             kvw_wire_region_t *regions;       /* every group's, in order; owned by the msg */
         } hello;

@@ -75,10 +75,31 @@ static void kill_all_peers(kvw_engine_t *e, const char *why)
     }
 }
 
+/* A rail's port went down on an engine with several: every lane on it
+ * to ERR, so that its writes complete (flushed) now rather than after the
+ * retries, and the poller fails them over to the other rails (or fails
+ * the connection when no other rail is left). Verbs calls, no lock. */
+static void rail_down(kvw_engine_t *e, const kvw_dev_t *dev, const char *why)
+{
+    KVW_ERROR("%s: its lanes fail over to the other rails", why);
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        for (uint32_t j = 0; p && atomic_load(&p->state) != PEER_DEAD && j < p->nlanes; j++)
+            if (e->rails[p->lanes[j].rail] == dev) {
+                kvw__qp_set_error(p->lanes[j].qp);
+                atomic_store(&p->lanes[j].down_due, true);
+                atomic_store(&p->lanes_down, true);
+            }
+    }
+    kvw__wake(e->poller_wake_fd);
+}
+
 /* What one event asks of us: a connection to fail (*peer_p), every
  * connection to fail (returns true), or nothing. why gets the reason. */
-static bool judge_async_event(kvw_engine_t *e, const struct ibv_async_event *ev,
-                              kvw_peer_t **peer_p, char *why, size_t size)
+static bool judge_async_event(kvw_engine_t *e, const kvw_dev_t *dev,
+                              const struct ibv_async_event *ev, kvw_peer_t **peer_p, char *why,
+                              size_t size)
 {
     const char *name = ibv_event_type_str(ev->event_type);
     *peer_p = NULL;
@@ -88,20 +109,24 @@ static bool judge_async_event(kvw_engine_t *e, const struct ibv_async_event *ev,
     case IBV_EVENT_QP_ACCESS_ERR:
     case IBV_EVENT_CQ_ERR:
         *peer_p = peer_of_event(e, ev);
-        snprintf(why, size, "%s: %s", e->dev->name, name);
+        snprintf(why, size, "%s: %s", dev->name, name);
         return false;
     case IBV_EVENT_PORT_ERR:
-        if (ev->element.port_num != e->dev->port)
+        if (ev->element.port_num != dev->port)
             return false;
-        snprintf(why, size, "%s port %u went down (%s)", e->dev->name, e->dev->port, name);
+        snprintf(why, size, "%s port %u went down (%s)", dev->name, dev->port, name);
+        if (e->nrails > 1) { /* one rail of several: its lanes fail over */
+            rail_down(e, dev, why);
+            return false;
+        }
         return true;
     case IBV_EVENT_DEVICE_FATAL:
-        snprintf(why, size, "%s: %s", e->dev->name, name);
+        snprintf(why, size, "%s: %s", dev->name, name);
         return true;
     case IBV_EVENT_PORT_ACTIVE:
     case IBV_EVENT_GID_CHANGE:
     case IBV_EVENT_LID_CHANGE:
-        KVW_WARN("%s port %u: %s", e->dev->name, ev->element.port_num, name);
+        KVW_WARN("%s port %u: %s", dev->name, ev->element.port_num, name);
         return false;
     default:
         return false;
@@ -114,14 +139,14 @@ static bool judge_async_event(kvw_engine_t *e, const struct ibv_async_event *ev,
  * timeout, seconds), and requests not yet posted would learn nothing. The
  * event is acknowledged before acting on it: destroying a QP waits for
  * its events to be acknowledged. */
-static void serve_async_events(kvw_engine_t *e)
+static void serve_async_events(kvw_engine_t *e, const kvw_dev_t *dev)
 {
     struct ibv_async_event ev;
-    while (e->dev->ops->get_async_event(e->dev->ctx, &ev) == 0) {
+    while (dev->ops->get_async_event(dev->ctx, &ev) == 0) {
         char why[KVW_WIRE_REASON_MAX] = "";
         kvw_peer_t *p = NULL;
-        bool all = judge_async_event(e, &ev, &p, why, sizeof(why));
-        e->dev->ops->ack_async_event(&ev);
+        bool all = judge_async_event(e, dev, &ev, &p, why, sizeof(why));
+        dev->ops->ack_async_event(&ev);
         if (all) {
             KVW_ERROR("%s: failing every connection", why);
             kill_all_peers(e, why);
@@ -163,8 +188,9 @@ static void build_poll_set(kvw_engine_t *e, poll_set_t *ps)
 {
     ps->n = 0;
     add_item(ps, NULL, e->control_wake_fd, NULL, ITEM_WAKE);
-    if (e->dev->ctx->async_fd >= 0)
-        add_item(ps, NULL, e->dev->ctx->async_fd, NULL, ITEM_ASYNC);
+    for (uint32_t r = 0; r < e->nrails; r++) /* every rail's device events */
+        if (e->rails[r]->ctx->async_fd >= 0)
+            add_item(ps, NULL, e->rails[r]->ctx->async_fd, NULL, ITEM_ASYNC);
     if (e->router)
         add_item(ps, e->router, 0, NULL, ITEM_ROUTER);
     if (e->router_monitor)
@@ -197,8 +223,10 @@ static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
             KVW_WARN("control wake read failed: %s", strerror(errno));
         break;
     }
-    case ITEM_ASYNC:
-        serve_async_events(e);
+    case ITEM_ASYNC: /* the rail whose device's fd it is */
+        for (uint32_t r = 0; r < e->nrails; r++)
+            if (e->rails[r]->ctx->async_fd == ps->items[i].fd)
+                serve_async_events(e, e->rails[r]);
         break;
     case ITEM_ROUTER:
         kvw__prefill_serve_router(e);
@@ -279,7 +307,7 @@ void *kvw__control_main(void *arg)
     while (!atomic_load(&e->stop)) {
         /* Three items per peer slot, plus the engine's own (wake-up, device
          * events, router, its monitor, registrar). */
-        if (!grow_poll_set(&ps, 5 + 3 * (int)e->peer_slots)) {
+        if (!grow_poll_set(&ps, 4 + (int)e->nrails + 3 * (int)e->peer_slots)) {
             KVW_ERROR("control thread: out of memory");
             break;
         }

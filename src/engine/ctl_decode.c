@@ -595,7 +595,7 @@ static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
     if (!wanted || p)
         return;
     char why[KVW_WIRE_REASON_MAX] = "";
-    kvw_status_t st = kvw__peer_create(e, e->cfg.qps_per_peer, &p);
+    kvw_status_t st = kvw__peer_create(e, kvw__decode_lanes(e), NULL, &p);
     pthread_mutex_lock(&e->lock);
     if (!st) {
         p->rank = r->rx.prefill_rank;

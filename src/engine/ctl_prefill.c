@@ -87,10 +87,16 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw_peer_t *p = NULL;
     char why[KVW_WIRE_REASON_MAX] = "";
     /* Verbs calls (QP create and connect) happen before the lock. As many
-     * QPs as both sides want: decode connects that many of its own. */
-    uint32_t lanes =
-        m->u.hello.num_qps < e->cfg.qps_per_peer ? m->u.hello.num_qps : e->cfg.qps_per_peer;
-    kvw_status_t st = kvw__peer_create(e, lanes, &p);
+     * QPs as both sides want (qps_per_peer on each of our rails): decode
+     * connects that many of its own, the first ones it offered. Its rail d
+     * pairs with our rail d mod nrails: rail i of each node on network i,
+     * as multi-rail clusters are cabled. */
+    uint32_t want = e->cfg.qps_per_peer * e->nrails;
+    uint32_t lanes = m->u.hello.num_qps < want ? m->u.hello.num_qps : want;
+    uint8_t rails[KVW_MAX_LANES];
+    for (uint32_t i = 0; i < lanes; i++)
+        rails[i] = (uint8_t)(m->u.hello.qp_rail[i] % e->nrails);
+    kvw_status_t st = kvw__peer_create(e, lanes, rails, &p);
     if (!st)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
     for (uint32_t i = 0; !st && i < lanes; i++)

@@ -108,9 +108,8 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
         return st;
     uint32_t total = e->layout.num_regions;
     e->regions = calloc(total, sizeof(*e->regions));
-    e->mrs = calloc(total, sizeof(*e->mrs));
     uint64_t *items = calloc(total, sizeof(*items));
-    if (!e->regions || !e->mrs || !items) {
+    if (!e->regions || !items) {
         free(items);
         return KVW_ERR_NO_MEMORY;
     }
@@ -141,30 +140,45 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
     return st;
 }
 
+/* Every region on every rail, through the memory seam; mrs holds rail
+ * r's registrations at r * num_regions (kvw__rail_mrs). */
 static kvw_status_t register_regions(kvw_engine_t *e)
 {
-    for (uint32_t i = 0; i < e->layout.num_regions; i++) {
+    uint32_t n = e->layout.num_regions;
+    e->mrs = calloc((size_t)n * e->nrails, sizeof(*e->mrs));
+    if (!e->mrs)
+        return KVW_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < n; i++) {
+        kvw_mr_t mrs[KVW_MAX_RAILS];
         kvw_status_t st =
-            kvw__mem_register_in(&e->mem, e->dev, e->regions[i].addr, e->regions[i].len,
-                                 e->role == KVW_ROLE_DECODE, &e->mrs[i]);
+            kvw__mem_register_rails(&e->mem, e->rails, e->nrails, e->regions[i].addr,
+                                    e->regions[i].len, e->role == KVW_ROLE_DECODE, mrs);
         if (st)
             return st;
+        for (uint32_t r = 0; r < e->nrails; r++)
+            e->mrs[(size_t)r * n + i] = mrs[r];
         if (!e->event_ctx) /* producer events are queried in it, should the driver want one */
             e->event_ctx = e->mrs[i].cuda_ctx;
     }
     return KVW_OK;
 }
 
+/* A completion channel per rail: a CQ can only be bound to a channel of
+ * its own device. */
 static kvw_status_t open_channel(kvw_engine_t *e)
 {
-    e->channel = e->dev->ops->create_comp_channel(e->dev->ctx);
-    if (!e->channel) {
-        KVW_ERROR("%s: ibv_create_comp_channel failed: %s", e->dev->name, strerror(errno));
-        return KVW_ERR_VERBS;
+    for (uint32_t r = 0; r < e->nrails; r++) {
+        kvw_dev_t *d = e->rails[r];
+        e->channels[r] = d->ops->create_comp_channel(d->ctx);
+        if (!e->channels[r]) {
+            KVW_ERROR("%s: ibv_create_comp_channel failed: %s", d->name, strerror(errno));
+            return KVW_ERR_VERBS;
+        }
+        /* Non-blocking: the poller drains events after poll() says the fd is ready. */
+        int flags = fcntl(e->channels[r]->fd, F_GETFL);
+        fcntl(e->channels[r]->fd, F_SETFL, flags | O_NONBLOCK);
     }
-    /* Non-blocking: the poller drains events after poll() says the fd is ready. */
-    int flags = fcntl(e->channel->fd, F_GETFL);
-    fcntl(e->channel->fd, F_SETFL, flags | O_NONBLOCK);
+    e->channel = e->channels[0];
     e->poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     e->control_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (e->poller_wake_fd < 0 || e->control_wake_fd < 0) {
@@ -255,6 +269,40 @@ static const char *pick_device(const kvw_engine_t *e, const kvw_engine_params_t 
     return NULL;
 }
 
+/* The engine's devices: those KVW_DEVICES names (each with its first
+ * usable GID: local_ip is one device's address, not every rail's), else
+ * the one device named or picked by affinity. */
+_Static_assert((int)KVW_CONFIG_MAX_DEVICES == (int)KVW_MAX_RAILS,
+               "one rail per device KVW_DEVICES names");
+
+static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
+{
+    char names[KVW_MAX_RAILS][KVW_CONFIG_DEVICE_NAME], picked[64];
+    int n = kvw__config_devices(e->cfg.devices, names);
+    if (n < 0)
+        return KVW_ERR_INVALID;
+    kvw_status_t st = KVW_OK;
+    if (n == 0) {
+        const char *device = pick_device(e, p, picked, sizeof(picked));
+        st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->rails[0]);
+        e->nrails = st ? 0 : 1;
+    }
+    for (int r = 0; r < n && !st; r++) {
+        st = kvw__dev_open(names[r], n > 1 ? NULL : p->local_ip, e->cfg.ib_port, e->cfg.gid_index,
+                           &e->rails[r]);
+        e->nrails = st ? (uint32_t)r : (uint32_t)r + 1;
+    }
+    for (uint32_t r = 0; r < e->nrails && !st; r++) {
+        st = kvw__dev_check_limits(e->rails[r], e->cfg.sq_depth, e->cfg.rq_depth);
+        e->rail_mbps[r] = e->rails[r]->link_mbps;
+    }
+    e->dev = e->rails[0];
+    if (!st && e->nrails > 1)
+        KVW_INFO("%u rails (KVW_DEVICES=%s): requests are striped over them", e->nrails,
+                 e->cfg.devices);
+    return st;
+}
+
 static kvw_status_t start_threads(kvw_engine_t *e)
 {
     if (pthread_create(&e->poller_thread, NULL, kvw__poller_main, e))
@@ -294,10 +342,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         return KVW_ERR_NO_MEMORY;
     if ((st = copy_layout(e, p)))
         return st;
-    char picked[64];
-    const char *device = pick_device(e, p, picked, sizeof(picked));
-    if ((st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->dev)) ||
-        (st = kvw__dev_check_limits(e->dev, e->cfg.sq_depth, e->cfg.rq_depth)))
+    if ((st = open_rails(e, p)))
         return st;
     if ((st = kvw__mem_ctx_init(&e->mem, &e->cfg)) || (st = register_regions(e)) ||
         (st = kvw__stager_create(e)) || (st = kvw__landing_create(e)) || (st = open_channel(e)) ||
@@ -376,12 +421,13 @@ void kvw_engine_destroy(kvw_engine_t *e)
     kvw__zsecurity_destroy(e->zsec); /* its ZAP socket would hold zmq_ctx_term */
     if (e->zctx)
         zmq_ctx_term(e->zctx);
-    if (e->channel)
-        e->dev->ops->destroy_comp_channel(e->channel);
-    if (e->mrs)
-        for (uint32_t i = 0; i < e->layout.num_regions; i++)
-            kvw__mem_deregister(e->dev, &e->mrs[i]);
-    kvw__dev_close(e->dev);
+    for (uint32_t r = 0; r < e->nrails; r++) {
+        if (e->channels[r])
+            e->rails[r]->ops->destroy_comp_channel(e->channels[r]);
+        for (uint32_t i = 0; e->mrs && i < e->layout.num_regions; i++)
+            kvw__mem_deregister(e->rails[r], &e->mrs[(size_t)r * e->layout.num_regions + i]);
+        kvw__dev_close(e->rails[r]);
+    }
     if (e->poller_wake_fd >= 0)
         close(e->poller_wake_fd);
     if (e->control_wake_fd >= 0)
@@ -436,4 +482,16 @@ void kvw_engine_counters(const kvw_engine_t *e, kvw_counters_t *c)
     c->requests_failed = atomic_load(&k->failed);
     c->cq_sleeps = atomic_load(&k->sleeps);
     c->caller_passes = atomic_load(&k->caller_passes);
+}
+
+uint32_t kvw_engine_rails(const kvw_engine_t *e, kvw_rail_t *rails, uint32_t max)
+{
+    for (uint32_t r = 0; rails && r < e->nrails && r < max; r++) {
+        rails[r] = (kvw_rail_t){.gid_index = e->rails[r]->gid_index,
+                                .link_mbps = e->rail_mbps[r],
+                                .wrs_posted = atomic_load(&e->rail_wrs[r]),
+                                .bytes_posted = atomic_load(&e->rail_bytes[r])};
+        snprintf(rails[r].device, sizeof(rails[r].device), "%s", e->rails[r]->name);
+    }
+    return e->nrails;
 }

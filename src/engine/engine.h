@@ -37,6 +37,10 @@ enum {
     KVW_TOKEN_BITS = 16, /* receivers in flight per decode engine: 65536 */
     KVW_TOKEN_GEN_MASK = KVW_WIRE_TOKEN_MASK >> 16, /* the rest of the token: a generation */
     KVW_MAX_LANES = KVW_WIRE_MAX_QPS,
+    KVW_MAX_RAILS = KVW_WIRE_MAX_RAILS, /* devices per engine (KVW_DEVICES) */
+    /* Prefill's weighted turn over a connection's lanes (kvw_peer_t.sched):
+     * a lane appears in it in proportion to its rail's link speed. */
+    KVW_MAX_SCHED = 64,
     KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + connection serial */
     /* A part waiting on its producer's CUDA event (kvw_sender_send_part_after)
      * is looked at again this often by the thread that holds it (the
@@ -55,6 +59,11 @@ typedef struct kvw_peer kvw_peer_t;
  * chains over them. */
 typedef struct kvw_lane {
     kvw_qp_t *qp;
+    uint8_t rail;        /* the engine's rail (device) the QP lives on */
+    uint8_t remote_rail; /* the peer's rail of the QP it is connected to (HELLO) */
+    /* Prefill: the regions with this lane's keys (its rail's lkeys, the
+     * peer rail's rkeys): one of p->regions' tables, fixed by the handshake. */
+    const kvw_plan_region_t *regions;
     /* Immediate credits. Every WRITE_WITH_IMM consumes one receive decode
      * posted on that QP; prefill never has more immediates in flight on a
      * QP than decode has posted receives there (cumulative counts, so a
@@ -65,7 +74,12 @@ typedef struct kvw_lane {
     /* poller thread only */
     kvw_txq_t txq;
     bool txq_ready;
-    uint64_t imm_posted;      /* prefill: immediates posted */
+    uint64_t imm_posted;                 /* prefill: immediates posted */
+    uint64_t wrs_counted, bytes_counted; /* prefill: txq totals already in the rail counters */
+    bool dead; /* its QP failed and its rail has others: no more writes, nor turns, on it */
+    /* Its rail's port went down (control thread): the poller fails it over
+     * before it posts again. */
+    atomic_bool down_due;
     struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
 } kvw_lane_t;
 
@@ -127,9 +141,19 @@ struct kvw_peer {
     uint64_t orphan_bytes;   /* (lock) their page lists */
     kvw_peer_t *grave_next;  /* (lock) unpublished, for the poller to free */
     kvw_lane_t lanes[KVW_MAX_LANES];
-    uint32_t nlanes;            /* created, fixed before the peer is published */
-    kvw_plan_region_t *regions; /* every region, local paired with remote */
-    uint64_t remote_max[3];     /* items every remote region of each kind holds */
+    uint32_t nlanes; /* created, fixed before the peer is published */
+    /* Every region, local paired with remote: one table of
+     * layout.num_regions entries per route (a pair of local and remote
+     * rails the lanes use, nroutes of them), route 0 first; a lane's
+     * `regions` points at its route's. One rail on each side: one table. */
+    kvw_plan_region_t *regions;
+    uint32_t nroutes;
+    /* Prefill: the order lanes take chains in (lane indices, nsched of
+     * them, each lane in proportion to its route's link speed), fixed by
+     * the handshake; next_lane is sched[sched_pos]. */
+    uint8_t sched[KVW_MAX_SCHED];
+    uint32_t nsched;
+    uint64_t remote_max[3]; /* items every remote region of each kind holds */
     /* items every remote region of each state group holds */
     uint64_t remote_state_max[KVW_LAYOUT_MAX_GROUPS];
     uint32_t max_msg_sz; /* the smaller of the two ports' limits */
@@ -178,6 +202,9 @@ struct kvw_peer {
     /* poller thread only */
     bool credit_blocked;                      /* the next immediate waits for a CREDIT */
     uint32_t next_lane;                       /* prefill: the lane the next chain goes on */
+    uint32_t sched_pos;                       /* prefill: next_lane's place in sched */
+    uint32_t dead_lanes;                      /* lanes failed over (kvw_lane_t.dead), a bit each */
+    atomic_bool lanes_down;                   /* some lane's down_due is set */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
@@ -226,6 +253,7 @@ typedef struct kvw_req_tx {
     uint32_t imm_lanes;               /* lanes its final immediates go on, fixed at the finish */
     uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
     uint32_t final_lane;              /* the lane of its last write */
+    uint32_t epoch;                   /* attempts replayed after a lane failed (rails) */
     _Atomic uint64_t writes_posted;   /* poller writes, anyone reads */
     /* (lock, fixed once have_dst) Decode over several prefill ranks: the
      * REQUEST named a head range. KV slot j's writes follow kv_geom[j]
@@ -267,6 +295,7 @@ typedef struct kvw_req_rx {
     uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
     uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
+    uint32_t imm_epoch;         /* (lock) the latest attempt whose immediates are counted */
     /* Decode over several prefill ranks (rxset.c): the set this request is
      * one rank's member of, fixed by create and cleared (lock) by the set's
      * destroy; NULL for a plain receiver. Once the set assigned the heads
@@ -367,6 +396,10 @@ typedef struct kvw_engine_counters {
      * because its event had not completed (tests: a wait is counted, not
      * spun). */
     _Atomic uint64_t event_queries, event_waits;
+    /* Rails: lanes failed over, requests whose writes started over on the
+     * live lanes, requests failed instead (their final immediate on the
+     * failed lane may have landed). */
+    _Atomic uint64_t lanes_failed, replays, replay_refused;
 } kvw_engine_counters_t;
 
 struct kvw_engine {
@@ -377,10 +410,22 @@ struct kvw_engine {
     kvw_config_t cfg;
     char local_ip[64];
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
-    kvw_dev_t *dev;
+    kvw_dev_t *dev; /* rails[0] */
+    /* Rails (KVW_DEVICES): every device the engine opened, each with its
+     * PD, completion channel and a registration of every region; nrails is
+     * 1 unless several devices were named. Fixed before the threads run. */
+    kvw_dev_t *rails[KVW_MAX_RAILS];
+    struct ibv_comp_channel *channels[KVW_MAX_RAILS]; /* channels[0] is channel */
+    uint32_t rail_mbps[KVW_MAX_RAILS];                /* link speed (0: unknown) */
+    uint32_t nrails;
+    /* Work requests and bytes posted on each rail (prefill; the poller
+     * adds once per pass and connection). */
+    _Atomic uint64_t rail_wrs[KVW_MAX_RAILS], rail_bytes[KVW_MAX_RAILS];
     kvw_layout_t layout;
     bool layout_heads;     /* some KV group describes its heads (head slicing) */
     kvw_region_t *regions; /* layout.num_regions, group by group */
+    /* layout.num_regions registrations per rail: rail r's at mrs + r *
+     * num_regions (kvw__rail_mrs), so mrs itself is rail 0's. */
     kvw_mr_t *mrs;
     kvw_mem_ctx_t mem;           /* how each region was registered; read-only once threads run */
     struct kvw_stager *stager;   /* GPU regions copied through host memory; NULL: none */
@@ -452,6 +497,12 @@ struct kvw_engine {
     uint32_t token_hint;
     kvw_engine_counters_t counters;
 };
+
+/* Rail r's registration of every region. */
+static inline const kvw_mr_t *kvw__rail_mrs(const kvw_engine_t *e, uint32_t r)
+{
+    return e->mrs + (size_t)r * e->layout.num_regions;
+}
 
 /* wake.c */
 void kvw__wake(int fd);
@@ -691,7 +742,13 @@ void kvw__token_release_locked(kvw_engine_t *e, const kvw_req_t *r);
 
 /* peer.c */
 /* Verbs calls: never under the engine lock. */
-kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, kvw_peer_t **peer_p);
+/* nlanes lanes, lane i on rail rails[i] (NULL: decode's way, i modulo the
+ * engine's rails, so each rail gets every nrails-th lane). */
+kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, const uint8_t *rails,
+                              kvw_peer_t **peer_p);
+/* Decode: the lanes it offers, qps_per_peer on each rail (at most
+ * KVW_MAX_LANES). */
+uint32_t kvw__decode_lanes(const kvw_engine_t *e);
 /* Every lane's QP to ERR: nothing more lands. Verbs: not under the lock. */
 void kvw__peer_set_error(kvw_peer_t *p);
 /* (lock) Give p a slot; KVW_ERR_LIMIT with the reason in why when

@@ -80,6 +80,14 @@ kvw_status_t kvw__landing_create(kvw_engine_t *e)
     const kvw_mr_t *kv = kv_mr(e);
     if (kv->path == KVW_MEM_PATH_STAGING)
         return KVW_OK; /* a receiver over several ranks refuses staged engines anyway */
+    if (e->nrails > 1) {
+        /* Prefill writes into it with the rkey of the rail each lane is
+         * on, and the buffer advertises one: on several rails, path (a). */
+        KVW_INFO("landing buffer: none on an engine of %u rails; decode over several prefill "
+                 "ranks writes a row at a time",
+                 e->nrails);
+        return KVW_OK;
+    }
     kvw_landing_t *b = calloc(1, sizeof(*b));
     if (!b)
         return KVW_ERR_NO_MEMORY;

@@ -57,8 +57,11 @@ int kvw__seg_event_ready(kvw_req_t *r, kvw_seg_t *s, char *why, size_t size)
 void kvw__seg_slice_plan(const kvw_peer_t *p, const kvw_layout_t *l, const kvw_seg_t *s,
                          size_t slot, kvw_heads_plan_t *hp)
 {
-    const kvw_plan_region_t *g = &p->regions[l->kv_slots[slot]];
-    /* Landing: slot after slot in decode's landing buffer, not its rows. */
+    /* The keys of the lane being built (the poller set s's plan to them);
+     * a staged slice's plan holds the chunk, not the peer's regions. */
+    const kvw_plan_region_t *g = &(s->chunk ? p->regions : s->plan.regions)[l->kv_slots[slot]];
+    /* Landing: slot after slot in decode's landing buffer (one rail: see
+     * landing.c), not its rows. */
     *hp = (kvw_heads_plan_t){.geom = s->kv_geom[slot % l->kv_per_layer],
                              .local_addr = g->local_addr,
                              .remote_addr =

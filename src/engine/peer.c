@@ -16,7 +16,7 @@
 
 /* One QP (and its CQ) of p. Decode's receive WRs exist before the peer is
  * published, so the poller (which re-posts them) sees them initialised. */
-static kvw_status_t lane_create(kvw_peer_t *p, kvw_lane_t *l)
+static kvw_status_t lane_create(kvw_peer_t *p, kvw_lane_t *l, uint32_t rail)
 {
     kvw_engine_t *e = p->engine;
     bool decode = e->role == KVW_ROLE_DECODE;
@@ -25,11 +25,19 @@ static kvw_status_t lane_create(kvw_peer_t *p, kvw_lane_t *l)
     /* Gather writes when this engine describes heads: a prefill rank may
      * then send a decode rank a slice of its heads (head slicing). */
     uint32_t sge = !decode && e->layout_heads ? KVW_HEADS_MAX_SGE : 1;
-    return kvw__qp_create_sge(e->dev, e->channel, p, e->cfg.sq_depth, decode ? e->cfg.rq_depth : 1,
-                              sge, decode, &l->qp);
+    l->rail = (uint8_t)rail;
+    return kvw__qp_create_sge(e->rails[rail], e->channels[rail], p, e->cfg.sq_depth,
+                              decode ? e->cfg.rq_depth : 1, sge, decode, &l->qp);
 }
 
-kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, kvw_peer_t **peer_p)
+uint32_t kvw__decode_lanes(const kvw_engine_t *e)
+{
+    uint32_t n = e->cfg.qps_per_peer * e->nrails;
+    return n < KVW_MAX_LANES ? n : KVW_MAX_LANES;
+}
+
+kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, const uint8_t *rails,
+                              kvw_peer_t **peer_p)
 {
     kvw_peer_t *p = calloc(1, sizeof(*p));
     uint32_t n = e->layout.num_regions;
@@ -39,7 +47,7 @@ kvw_status_t kvw__peer_create(kvw_engine_t *e, uint32_t nlanes, kvw_peer_t **pee
     p->regions = calloc(n, sizeof(*p->regions));
     kvw_status_t st = p->regions ? KVW_OK : KVW_ERR_NO_MEMORY;
     for (uint32_t i = 0; i < nlanes && i < KVW_MAX_LANES && !st; i++, p->nlanes++)
-        st = lane_create(p, &p->lanes[i]);
+        st = lane_create(p, &p->lanes[i], rails ? rails[i] : i % e->nrails);
     if (st) {
         kvw__peer_destroy(p);
         return st;
@@ -126,8 +134,9 @@ void kvw__peers_reap(kvw_engine_t *e)
      * acknowledged: take what the channel holds first. */
     struct ibv_cq *cq;
     void *ctx;
-    while (e->dev->ops->get_cq_event(e->channel, &cq, &ctx) == 0)
-        e->dev->ops->ack_cq_events(cq, 1);
+    for (uint32_t r = 0; r < e->nrails; r++)
+        while (e->dev->ops->get_cq_event(e->channels[r], &cq, &ctx) == 0)
+            e->dev->ops->ack_cq_events(cq, 1);
     while (p) {
         kvw_peer_t *next = p->grave_next;
         kvw__peer_destroy(p);
@@ -179,8 +188,13 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
      * service, never handed to a decode peer. */
     m->u.hello.engine_id = e->role == KVW_ROLE_DECODE ? e->id : 0;
     m->u.hello.num_qps = p->nlanes;
-    for (uint32_t i = 0; i < p->nlanes; i++)
+    for (uint32_t i = 0; i < p->nlanes; i++) {
         kvw__qp_local_info(p->lanes[i].qp, &m->u.hello.qps[i]);
+        m->u.hello.qp_rail[i] = p->lanes[i].rail;
+    }
+    m->u.hello.num_rails = e->nrails;
+    for (uint32_t r = 0; r < e->nrails; r++)
+        m->u.hello.rail_mbps[r] = e->rail_mbps[r];
     /* The same on every lane: each got rq_depth receives before the HELLO. */
     m->u.hello.recv_credits = (uint32_t)atomic_load(&p->lanes[0].recvs_posted);
     m->u.hello.max_msg_sz = e->dev->max_msg_sz;
@@ -199,11 +213,98 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     /* Only decode's memory is a write target: prefill sends its layout
      * (lengths) but no address or rkey, and registered none for remote use. */
     bool target = e->role == KVW_ROLE_DECODE;
-    for (uint32_t i = 0; i < l->num_regions; i++)
-        m->u.hello.regions[i] =
-            (kvw_wire_region_t){target ? e->mrs[i].addr : 0,
-                                target ? e->mrs[i].len : e->regions[i].len, /* staged: slots */
-                                e->regions[i].item_len, target ? e->mrs[i].rkey : 0};
+    for (uint32_t i = 0; i < l->num_regions; i++) {
+        kvw_wire_region_t *g = &m->u.hello.regions[i];
+        *g = (kvw_wire_region_t){target ? e->mrs[i].addr : 0,
+                                 target ? e->mrs[i].len : e->regions[i].len, /* staged: slots */
+                                 e->regions[i].item_len, target ? e->mrs[i].rkey : 0};
+        for (uint32_t r = 1; target && r < e->nrails; r++)
+            g->rail_rkeys[r - 1] = kvw__rail_mrs(e, r)[i].rkey;
+    }
+}
+
+/* The routes of p's lanes connected by a HELLO of the peer (the first
+ * `used` lanes): each distinct pair of our rail and theirs gets a table of
+ * the regions with its keys, and each lane points at its pair's. */
+static kvw_status_t build_routes(kvw_peer_t *p, const kvw_msg_t *h, uint32_t used)
+{
+    const kvw_engine_t *e = p->engine;
+    uint32_t n = e->layout.num_regions, route_of[KVW_MAX_LANES], pairs[KVW_MAX_LANES], nroutes = 0;
+    for (uint32_t i = 0; i < used; i++) {
+        p->lanes[i].remote_rail = h->u.hello.qp_rail[i];
+        uint32_t pair = (uint32_t)p->lanes[i].rail * KVW_MAX_RAILS + p->lanes[i].remote_rail, k = 0;
+        while (k < nroutes && pairs[k] != pair)
+            k++;
+        if (k == nroutes)
+            pairs[nroutes++] = pair;
+        route_of[i] = k;
+    }
+    if (!nroutes)
+        nroutes = 1; /* no lane connected (a refusal): keep one table */
+    kvw_plan_region_t *t = calloc((size_t)n * nroutes, sizeof(*t));
+    if (!t)
+        return KVW_ERR_NO_MEMORY;
+    for (uint32_t k = 0; k < nroutes; k++) {
+        uint32_t ours = used ? pairs[k] / KVW_MAX_RAILS : 0;
+        uint32_t theirs = used ? pairs[k] % KVW_MAX_RAILS : 0;
+        const kvw_mr_t *mrs = kvw__rail_mrs(e, ours);
+        for (uint32_t i = 0; i < n; i++) {
+            const kvw_wire_region_t *r = &h->u.hello.regions[i];
+            t[(size_t)k * n + i] = (kvw_plan_region_t){.local_addr = mrs[i].addr,
+                                                       .remote_addr = r->addr,
+                                                       .item_len = r->item_len,
+                                                       .lkey = mrs[i].lkey,
+                                                       .rkey = kvw__wire_region_rkey(r, theirs)};
+        }
+    }
+    free(p->regions);
+    p->regions = t;
+    p->nroutes = nroutes;
+    for (uint32_t i = 0; i < used; i++)
+        p->lanes[i].regions = t + (size_t)route_of[i] * n;
+    return KVW_OK;
+}
+
+/* Prefill: the turn lanes take chains in. Each lane weighs its route's
+ * link speed (the slower of the two rails; unknown counts as the fastest
+ * known, all unknown as equal), reduced to small integers, so that a rail
+ * twice as fast carries twice the chains; equal rails give the plain
+ * round robin 0, 1, ..., nlanes - 1, as before rails. Interleaved: each
+ * round gives every lane that still has turns one. */
+static void build_sched(kvw_peer_t *p, const kvw_msg_t *h, uint32_t used)
+{
+    const kvw_engine_t *e = p->engine;
+    uint32_t w[KVW_MAX_LANES], max = 0, min = UINT32_MAX;
+    for (uint32_t i = 0; i < used; i++) {
+        uint32_t a = e->rail_mbps[p->lanes[i].rail],
+                 b = h->u.hello.rail_mbps[p->lanes[i].remote_rail];
+        w[i] = a && b ? (a < b ? a : b) : (a ? a : b);
+        max = w[i] > max ? w[i] : max;
+    }
+    for (uint32_t i = 0; i < used; i++) {
+        if (!w[i])
+            w[i] = max ? max : 1;
+        min = w[i] < min ? w[i] : min;
+    }
+    uint32_t left[KVW_MAX_LANES], total = 0;
+    for (uint32_t i = 0; i < used; i++) {
+        /* In units of the slowest lane, rounded; at most 4 turns each. */
+        uint32_t t = (w[i] + min / 2) / min;
+        left[i] = t < 1 ? 1 : t > 4 ? 4 : t;
+        total += left[i];
+    }
+    p->nsched = 0;
+    while (total && p->nsched < KVW_MAX_SCHED)
+        for (uint32_t i = 0; i < used && p->nsched < KVW_MAX_SCHED; i++)
+            if (left[i]) {
+                left[i]--;
+                total--;
+                p->sched[p->nsched++] = (uint8_t)i;
+            }
+    if (!p->nsched)
+        p->sched[p->nsched++] = 0;
+    p->sched_pos = 0;
+    p->next_lane = p->sched[0];
 }
 
 /* Prefill, head slicing: for each KV slot (the same group in every
@@ -310,12 +411,10 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     for (uint32_t i = 0; i < n && !st; i++) {
         const kvw_wire_region_t *r = &h->u.hello.regions[i];
         items[i] = r->len / r->item_len;
-        p->regions[i] = (kvw_plan_region_t){.local_addr = e->mrs[i].addr,
-                                            .remote_addr = r->addr,
-                                            .item_len = r->item_len,
-                                            .lkey = e->mrs[i].lkey,
-                                            .rkey = r->rkey};
     }
+    uint32_t used = h->u.hello.num_qps < p->nlanes ? h->u.hello.num_qps : p->nlanes;
+    if (!st && (st = build_routes(p, h, used)) == KVW_OK)
+        build_sched(p, h, used);
     if (!st) {
         kvw__layout_limits(&e->layout, items, p->remote_max);
         kvw__layout_state_limits(&e->layout, items, p->remote_state_max);
@@ -337,7 +436,7 @@ kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
             l->rwrs[i] =
                 (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &l->rwrs[i + 1] : NULL};
         struct ibv_recv_wr *bad = NULL;
-        if (p->engine->dev->ops->post_recv(l->qp->qp, l->rwrs, &bad)) {
+        if (l->qp->dev->ops->post_recv(l->qp->qp, l->rwrs, &bad)) {
             KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
             return KVW_ERR_VERBS;
         }

@@ -43,6 +43,7 @@ static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
 
 static void release(kvw_req_t *r);
 static void retire_inflight(kvw_peer_t *p);
+static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p);
 
 /* Requests whose both page lists are known, handed over by other threads.
  * Under the lock: a kill detaches requests from their peer, and a dead
@@ -133,10 +134,32 @@ static void lane_totals(const kvw_peer_t *p, uint64_t t[3])
     }
 }
 
-static void publish_counters(kvw_engine_t *e, const kvw_peer_t *p, const uint64_t before[3])
+/* Work requests and bytes per rail: with one rail, what the connection
+ * posted; with several, each lane's growth since it was last counted. */
+static void publish_rails(kvw_engine_t *e, kvw_peer_t *p, const uint64_t now[3],
+                          const uint64_t before[3])
+{
+    if (e->nrails == 1) {
+        atomic_fetch_add_explicit(&e->rail_wrs[0], now[1] - before[1], memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->rail_bytes[0], now[2] - before[2], memory_order_relaxed);
+        return;
+    }
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        kvw_lane_t *l = &p->lanes[i];
+        atomic_fetch_add_explicit(&e->rail_wrs[l->rail], l->txq.wrs_posted - l->wrs_counted,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->rail_bytes[l->rail], l->txq.bytes_posted - l->bytes_counted,
+                                  memory_order_relaxed);
+        l->wrs_counted = l->txq.wrs_posted;
+        l->bytes_counted = l->txq.bytes_posted;
+    }
+}
+
+static void publish_counters(kvw_engine_t *e, kvw_peer_t *p, const uint64_t before[3])
 {
     uint64_t now[3];
     lane_totals(p, now);
+    publish_rails(e, p, now, before);
     atomic_fetch_add_explicit(&e->counters.chains, now[0] - before[0], memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.wrs, now[1] - before[1], memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.bytes, now[2] - before[2], memory_order_relaxed);
@@ -261,6 +284,15 @@ static void seg_posted(kvw_peer_t *p, kvw_seg_t *s)
         kvw__stager_chunk_posted(p, s);
 }
 
+/* s's writes go on `lane` next: its plan takes that lane's keys (its
+ * rail's lkeys, the peer rail's rkeys). A staged slice keeps its own
+ * regions (the staging chunk; one rail only). */
+static inline void use_lane_keys(const kvw_peer_t *p, uint32_t lane, kvw_seg_t *s)
+{
+    if (!s->chunk)
+        s->plan.regions = p->lanes[lane].regions;
+}
+
 /* The request's last write, with the immediate, on the lane the finish
  * began on, and a zero-length write with the same immediate on every other
  * lane that carried part of it: each lands after that lane's writes (RC
@@ -271,16 +303,20 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
                            uint64_t *bytes)
 {
     if (!r->tx.imm_lanes) { /* fix the lanes once: the count must not change */
-        r->tx.imm_lanes = r->tx.lane_mask | 1u << lane;
+        /* A failed-over lane's writes of r all landed (else r started
+         * over): it needs no immediate, and could carry none. */
+        r->tx.imm_lanes = (r->tx.lane_mask & ~p->dead_lanes) | 1u << lane;
         r->tx.final_lane = lane;
     }
     uint32_t count = (uint32_t)__builtin_popcount(r->tx.imm_lanes);
-    uint32_t imm = r->token | (count - 1) << KVW_WIRE_IMM_COUNT_SHIFT;
+    uint32_t imm = r->token | r->tx.epoch << KVW_WIRE_IMM_EPOCH_SHIFT |
+                   (count - 1) << KVW_WIRE_IMM_COUNT_SHIFT;
     for (uint32_t j = 0; j < p->nlanes; j++) {
         if (!(r->tx.imm_lanes & 1u << j) || j == r->tx.final_lane || r->tx.imms_posted & 1u << j)
             continue;
         if (!imm_room(p, j))
             return false;
+        use_lane_keys(p, j, s);
         kvw_write_t zero = {.remote_addr = s->plan.regions[0].remote_addr,
                             .rkey = s->plan.regions[0].rkey};
         note_lane(r, j, kvw__txq_add(&p->lanes[j].txq, &zero, 1, imm));
@@ -289,6 +325,7 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
     }
     uint32_t f = r->tx.final_lane;
     uint64_t seq;
+    use_lane_keys(p, f, s);
     if (!imm_room(p, f) || !add_next(p, &p->lanes[f].txq, s, 1, imm, &seq, bytes))
         return false;
     note_lane(r, f, seq);
@@ -326,6 +363,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
     uint64_t bytes = 0;
     kvw_write_t w;
     kvw_seg_t *s = current_seg(r);
+    use_lane_keys(p, lane, s);
     while (built < room) {
         uint64_t total = seg_total(s);
         if (s->writes_built == total) {
@@ -333,6 +371,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             if (s->final || next == s)
                 break; /* done, or the next part is not here yet */
             s = next;
+            use_lane_keys(p, lane, s);
             continue;
         }
         if (s->event && part_event(r, s) != 1) {
@@ -365,7 +404,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
         built++;
         seg_posted(p, s);
     }
-    if (!r->tx.writes_built && built) /* the transfer clock starts at the first post */
+    if (!r->tx.writes_built && built && !r->tx.epoch) /* the transfer clock: the first post */
         atomic_store_explicit(&r->tx.first_post_ns, kvw__now_ns(), memory_order_relaxed);
     r->tx.writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
@@ -402,6 +441,14 @@ static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
     retire_inflight(p);
 }
 
+/* The next lane in the connection's weighted turn (sched: each lane as
+ * often as its rail's speed says; 0, 1, ..., nlanes - 1 on equal rails). */
+static void advance_lane(kvw_peer_t *p)
+{
+    p->sched_pos = p->sched_pos + 1 >= p->nsched ? 0 : p->sched_pos + 1;
+    p->next_lane = p->sched[p->sched_pos];
+}
+
 static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
 {
     for (uint32_t i = 0; i < p->nlanes; i++) {
@@ -431,7 +478,7 @@ static kvw_status_t flush_lanes(kvw_peer_t *p)
         if (p->lanes[i].txq.pending)
             st = kvw__txq_flush(&p->lanes[i].txq);
     if (rotate)
-        p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+        advance_lane(p);
     return st;
 }
 
@@ -440,7 +487,7 @@ static kvw_status_t flush_lanes(kvw_peer_t *p)
  * out of send-queue credits: wait for completions. */
 static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
 {
-    for (uint32_t tried = 0; tried < p->nlanes; tried++) {
+    for (uint32_t tried = 0; tried < p->nsched; tried++) {
         kvw_txq_t *q = &p->lanes[p->next_lane].txq;
         if (kvw__txq_room(q))
             return q;
@@ -448,7 +495,7 @@ static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
             return NULL;
         if (q->pending == 0 && kvw__txq_room(q))
             return q; /* a full chain posted: room again on the same lane */
-        p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+        advance_lane(p);
     }
     return NULL;
 }
@@ -513,6 +560,8 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
     int moved = p->evwait_head && kvw__now_ns() >= p->evwait_due_ns ? recheck_events(e, p) : 0;
     if (!p->active_head || !lanes_ready(e, p))
         return moved;
+    if (atomic_load_explicit(&p->lanes_down, memory_order_relaxed))
+        take_down_lanes(e, p);
     uint64_t before[3];
     lane_totals(p, before);
     kvw_status_t st = KVW_OK;
@@ -545,7 +594,7 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
             bytes += q->pending_bytes - pending_before;
         if (p->nlanes > 1 && !kvw__txq_room(q) && q->pending) { /* a full chain: next lane */
             st = kvw__txq_flush(q);
-            p->next_lane = p->next_lane + 1 == p->nlanes ? 0 : p->next_lane + 1;
+            advance_lane(p);
         }
         if (r->tx.ev_blocked) {
             r->tx.ev_blocked = false;
@@ -580,7 +629,11 @@ static bool req_landed(const kvw_peer_t *p, const kvw_req_t *r)
 {
     for (uint32_t m = r->tx.lane_mask, j; m; m &= m - 1) {
         j = (uint32_t)__builtin_ctz(m);
-        if (r->tx.last_seq[j] >= p->lanes[j].txq.completed)
+        const kvw_txq_t *q = &p->lanes[j].txq;
+        /* A failed request has nothing in flight on a failed-over lane:
+         * retired, its failure reaches decode. */
+        if (r->tx.last_seq[j] >= q->completed &&
+            !(q->broken && atomic_load(&r->state) == KVW_POLL_FAILED))
             return false;
     }
     return true;
@@ -607,26 +660,251 @@ static uint64_t room_of_seq(const kvw_peer_t *p, uint32_t lane, uint64_t seq)
 
 /* RC completes in order: everything posted before the failing WR landed.
  * Retire those requests as Success first, then fail the connection. */
+/* ---- failover (rails) ----
+ *
+ * A lane's QP failed while lanes on another rail live: the connection goes
+ * on without it. Each request whose writes on it are not all known landed
+ * starts over on the live lanes (KV writes are idempotent: the same bytes
+ * to the same place), its immediates under the next epoch, which makes
+ * decode forget those of the attempt before. Only while its final
+ * immediate on the failed lane was never posted: else decode may have
+ * counted it, reported Success and reused the pages, and a replay would
+ * write into them, so the request fails instead (the abort barrier tells
+ * decode once nothing of it is in flight). */
+
+enum { REQ_UNTOUCHED, REQ_REPLAY, REQ_REFUSE };
+
+/* Can p go on without `lane`: several rails, a live lane on another rail,
+ * and no stager (a staged slice's chunk is reused once posted). */
+static bool can_fail_over(const kvw_engine_t *e, const kvw_peer_t *p, uint32_t lane)
+{
+    if (e->nrails < 2 || e->stager || atomic_load(&p->state) != PEER_CONNECTED ||
+        atomic_load(&p->closing))
+        return false;
+    for (uint32_t i = 0; i < p->nlanes; i++)
+        if (i != lane && !p->lanes[i].dead && p->lanes[i].rail != p->lanes[lane].rail)
+            return true;
+    return false;
+}
+
+/* What r needs now that `lane` failed with every write before `landed`
+ * landed; exact: none from there on did (else they may have: a write whose
+ * ACK was lost, or one in flight when the QP was failed, reached decode). */
+static int req_after_lane_failed(const kvw_req_t *r, uint32_t lane, uint64_t landed, bool exact)
+{
+    /* Used: it carried writes of r, or r's final write or an immediate is
+     * due on it (the finish fixed its lanes). */
+    if (!((r->tx.lane_mask | r->tx.imm_lanes) & 1u << lane) ||
+        atomic_load(&r->state) != KVW_POLL_TRANSFERRING)
+        return REQ_UNTOUCHED;
+    bool all_landed = r->tx.last_seq[lane] < landed;
+    bool imm_posted = (r->tx.imms_posted & 1u << lane) ||
+                      (r->tx.imm_lanes && r->tx.final_lane == lane && fully_built(r));
+    if (all_landed && (imm_posted || !r->tx.imm_lanes))
+        return REQ_UNTOUCHED; /* nothing of it lost; no immediate owed there */
+    /* An exact boundary (the peer refused the write, or it never left):
+     * nothing from it on landed, so neither did the immediate. */
+    if ((imm_posted && !exact) || r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
+        return REQ_REFUSE;
+    return REQ_REPLAY;
+}
+
+/* r's writes start over from its first part, on the live lanes. */
+static void restart_req(kvw_engine_t *e, kvw_req_t *r)
+{
+    for (kvw_seg_t *s = r->tx.segs_head; s;
+         s = atomic_load_explicit(&s->next, memory_order_acquire)) {
+        s->cursor = (kvw_plan_cursor_t){0};
+        s->writes_built = 0;
+        s->hslot = 0;
+        s->hcursor = (kvw_heads_cursor_t){0, 0, 0};
+        s->slices_done = false;
+    }
+    r->tx.seg = r->tx.segs_head;
+    r->tx.writes_built = 0;
+    r->tx.lane_mask = r->tx.imm_lanes = r->tx.imms_posted = r->tx.final_lane = 0;
+    memset(r->tx.last_seq, 0, sizeof(r->tx.last_seq));
+    r->tx.epoch++;
+    atomic_fetch_add(&e->counters.replays, 1);
+}
+
+static void refuse_req(kvw_engine_t *e, kvw_req_t *r, uint32_t lane)
+{
+    char why[KVW_WIRE_REASON_MAX];
+    if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
+        snprintf(why, sizeof(why), "lane %u failed and the request was replayed too often", lane);
+    else
+        snprintf(why, sizeof(why),
+                 "lane %u failed after the request's final immediate went on it: decode may "
+                 "have it, so the writes are not replayed",
+                 lane);
+    atomic_fetch_add(&e->counters.replay_refused, 1);
+    pthread_mutex_lock(&e->lock);
+    if (!kvw__req_ended(r))
+        kvw__sender_fail_locked(r, KVW_ERR_TRANSFER, why);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* The requests of one poller queue: restarted or refused in place. */
+static void fail_over_queue(kvw_engine_t *e, kvw_req_t *head, uint32_t lane, uint64_t landed,
+                            bool exact)
+{
+    for (kvw_req_t *r = head; r; r = r->qnext) {
+        int what = req_after_lane_failed(r, lane, landed, exact);
+        if (what == REQ_REPLAY)
+            restart_req(e, r);
+        else if (what == REQ_REFUSE)
+            refuse_req(e, r, lane);
+    }
+}
+
+/* In-flight requests that start over go back to the active queue. */
+static void fail_over_inflight(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t landed,
+                               bool exact)
+{
+    kvw_req_t *keep_head = NULL, *keep_tail = NULL, *r;
+    while ((r = queue_pop(&p->inflight_head, &p->inflight_tail))) {
+        int what = req_after_lane_failed(r, lane, landed, exact);
+        if (what == REQ_REPLAY) {
+            restart_req(e, r);
+            queue_push(&p->active_head, &p->active_tail, r);
+            continue;
+        }
+        if (what == REQ_REFUSE)
+            refuse_req(e, r, lane);
+        queue_push(&keep_head, &keep_tail, r);
+    }
+    p->inflight_head = keep_head;
+    p->inflight_tail = keep_tail;
+}
+
+/* Requests parked between parts (on none of the poller's queues) that
+ * used the lane: they start over and come back to the poller. */
+static void fail_over_parked(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t landed)
+{
+    pthread_mutex_lock(&e->lock);
+    for (kvw_req_t *r = e->reqs; r; r = r->next) {
+        if (r->role != KVW_ROLE_PREFILL || r->peer != p || !r->tx.starved)
+            continue;
+        int what = req_after_lane_failed(r, lane, landed, false);
+        if (what == REQ_REPLAY) {
+            restart_req(e, r);
+            kvw__sender_unstarve_locked(r);
+        } else if (what == REQ_REFUSE) { /* replayed too often: its failure hands it back */
+            atomic_fetch_add(&e->counters.replay_refused, 1);
+            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER,
+                                    "a lane failed and the request was replayed too often");
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* The lane takes no more turns. */
+static void drop_turns(kvw_peer_t *p, uint32_t lane)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->nsched; i++)
+        if (p->sched[i] != lane)
+            p->sched[n++] = p->sched[i];
+    p->nsched = n;
+    p->sched_pos = 0;
+    p->next_lane = p->sched[0];
+}
+
+/* Whether an error completion fixes exactly what landed: the peer refused
+ * the write (a NAK: it executes nothing after it) or it never left. A
+ * transport timeout, or a flush of a QP failed from outside (its port
+ * went down), may follow writes that reached decode unacknowledged. */
+static bool exact_boundary(enum ibv_wc_status st)
+{
+    return st != IBV_WC_RETRY_EXC_ERR && st != IBV_WC_WR_FLUSH_ERR && st != IBV_WC_FATAL_ERR &&
+           st != IBV_WC_RESP_TIMEOUT_ERR && st != IBV_WC_GENERAL_ERR;
+}
+
+static void fail_over(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char *what, bool exact)
+{
+    kvw_lane_t *l = &p->lanes[lane];
+    l->dead = true;
+    p->dead_lanes |= 1u << lane;
+    drop_turns(p, lane);
+    atomic_fetch_add(&e->counters.lanes_failed, 1);
+    KVW_WARN("connection %u: lane %u on %s failed (%s): its unfinished requests start over on "
+             "the other rails",
+             p->index, lane, e->rails[l->rail]->name, what);
+    uint64_t landed = l->txq.completed;
+    fail_over_inflight(e, p, lane, landed, exact);
+    fail_over_queue(e, p->active_head, lane, landed, exact);
+    fail_over_queue(e, p->evwait_head, lane, landed, exact);
+    fail_over_parked(e, p, lane, landed);
+}
+
+/* Lanes whose rail's port went down (rail_down, control.c): failed over
+ * before anything more is posted, or the connection killed when no other
+ * rail is left. What they had posted may have landed. */
+static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p)
+{
+    if (!atomic_exchange(&p->lanes_down, false))
+        return;
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        kvw_lane_t *l = &p->lanes[i];
+        if (!atomic_load(&l->down_due) || l->dead || !l->txq_ready)
+            continue;
+        kvw__txq_fail_at(&l->txq, l->txq.completed);
+        if (can_fail_over(e, p, i))
+            fail_over(e, p, i, "its port went down", false);
+        else if (atomic_load(&p->state) != PEER_DEAD)
+            kvw__peer_kill(p, KVW_ERR_TRANSFER, "%s port went down and no other rail is left",
+                           e->rails[l->rail]->name);
+    }
+    retire_inflight(p);
+}
+
 static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
     bool first = !q->broken;
     kvw__txq_fail_at(q, wc->wr_id);
+    if (first && can_fail_over(p->engine, p, lane)) {
+        char what[96];
+        snprintf(what, sizeof(what), "%s, vendor error 0x%x", ibv_wc_status_str(wc->status),
+                 wc->vendor_err);
+        fail_over(p->engine, p, lane, what, exact_boundary(wc->status));
+        retire_inflight(p);
+        return;
+    }
     retire_inflight(p);
-    if (first && atomic_load(&p->state) != PEER_DEAD)
+    if (first && !p->lanes[lane].dead && atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER,
                        "RDMA write (room %llu) completed with %s (vendor error 0x%x)",
                        (unsigned long long)room_of_seq(p, lane, wc->wr_id),
                        ibv_wc_status_str(wc->status), wc->vendor_err);
 }
 
+/* Decode: a lane's QP failed and another rail lives: prefill finds the
+ * failure on its side and replays on the other rails; no receive is
+ * posted here any more. */
+static void decode_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
+                               const struct ibv_wc *wc)
+{
+    p->lanes[lane].dead = true;
+    p->dead_lanes |= 1u << lane;
+    atomic_fetch_add(&e->counters.lanes_failed, 1);
+    KVW_WARN("connection %u: lane %u on %s failed (%s): the other rails carry on", p->index, lane,
+             e->rails[p->lanes[lane].rail]->name, ibv_wc_status_str(wc->status));
+}
+
 static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
                                 const struct ibv_wc *wc)
 {
-    if (wc->status != IBV_WC_WR_FLUSH_ERR || atomic_load(&p->state) != PEER_DEAD)
+    if (wc->status != IBV_WC_WR_FLUSH_ERR ||
+        (atomic_load(&p->state) != PEER_DEAD && !p->lanes[lane].dead))
         atomic_fetch_add(&e->counters.errors, 1); /* flushes after a kill are expected */
     if (e->role == KVW_ROLE_PREFILL)
         on_send_error(p, lane, wc);
+    else if (p->lanes[lane].dead)
+        ; /* decode: a rail already given up on */
+    else if (can_fail_over(e, p, lane))
+        decode_lane_failed(e, p, lane, wc);
     else if (atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER, "receive completed with %s (vendor error 0x%x)",
                        ibv_wc_status_str(wc->status), wc->vendor_err);
@@ -651,6 +929,16 @@ static void repost_receive(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, uint64
  * (one per lane that carried part of it). */
 static bool all_immediates_locked(kvw_req_t *r, uint32_t imm)
 {
+    /* Counted per attempt: prefill replays a request whose lane failed
+     * under the next epoch, and an immediate of an earlier attempt no
+     * longer says anything about the writes of the latest. */
+    uint32_t epoch = imm >> KVW_WIRE_IMM_EPOCH_SHIFT & KVW_WIRE_IMM_EPOCH_MASK;
+    if (epoch < r->rx.imm_epoch)
+        return false;
+    if (epoch > r->rx.imm_epoch) {
+        r->rx.imm_epoch = epoch;
+        r->rx.imms_landed = 0;
+    }
     return ++r->rx.imms_landed >= (imm >> KVW_WIRE_IMM_COUNT_SHIFT) + 1;
 }
 
@@ -777,7 +1065,7 @@ static bool lanes_drained(const kvw_peer_t *p)
 {
     for (uint32_t i = 0; i < p->nlanes; i++) {
         const kvw_lane_t *l = &p->lanes[i];
-        if (l->txq_ready && l->txq.completed < l->txq.posted)
+        if (l->txq_ready && kvw__txq_outstanding(&l->txq))
             return false;
     }
     return true;
@@ -842,22 +1130,28 @@ static void sleep_on_channel(kvw_engine_t *e)
         atomic_store(&e->poller_sleeping, false);
         return;
     }
-    struct pollfd fds[2] = {{e->channel->fd, POLLIN, 0}, {e->poller_wake_fd, POLLIN, 0}};
+    /* Every rail's completion channel, then the wake-up. */
+    struct pollfd fds[KVW_MAX_RAILS + 1];
+    uint32_t nr = e->nrails;
+    for (uint32_t k = 0; k < nr; k++)
+        fds[k] = (struct pollfd){e->channels[k]->fd, POLLIN, 0};
+    fds[nr] = (struct pollfd){e->poller_wake_fd, POLLIN, 0};
     /* A part waiting on its producer's event: look again soon (no
      * completion or wake-up says when a CUDA event completes). */
     struct timespec idle = {IDLE_SLEEP_MS / 1000, (IDLE_SLEEP_MS % 1000) * 1000000L};
     struct timespec recheck = {0, KVW_EVENT_RECHECK_US * 1000L};
     atomic_fetch_add_explicit(&e->counters.sleeps, 1, memory_order_relaxed);
-    int ready = ppoll(fds, 2, atomic_load(&e->ev_waiting) ? &recheck : &idle, NULL);
+    int ready = ppoll(fds, nr + 1, atomic_load(&e->ev_waiting) ? &recheck : &idle, NULL);
     atomic_store(&e->poller_sleeping, false);
     if (ready <= 0)
         return;
     struct ibv_cq *cq;
     void *ctx;
-    while (fds[0].revents && e->dev->ops->get_cq_event(e->channel, &cq, &ctx) == 0)
-        e->dev->ops->ack_cq_events(cq, 1);
+    for (uint32_t k = 0; k < nr; k++)
+        while (fds[k].revents && e->dev->ops->get_cq_event(e->channels[k], &cq, &ctx) == 0)
+            e->dev->ops->ack_cq_events(cq, 1);
     uint64_t v;
-    if (fds[1].revents && read(e->poller_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (fds[nr].revents && read(e->poller_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         KVW_WARN("poller wake read failed: %s", strerror(errno));
 }
 

@@ -385,6 +385,27 @@ kvw_status_t kvw__mem_register_in(kvw_mem_ctx_t *m, kvw_dev_t *dev, void *addr, 
     return KVW_OK;
 }
 
+kvw_status_t kvw__mem_register_rails(kvw_mem_ctx_t *m, kvw_dev_t *const *devs, uint32_t n,
+                                     void *addr, size_t len, bool remote_write, kvw_mr_t *mrs_p)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        kvw_status_t st = kvw__mem_register_in(m, devs[k], addr, len, remote_write, &mrs_p[k]);
+        if (!st && n > 1 && mrs_p[k].path == KVW_MEM_PATH_STAGING) {
+            KVW_ERROR("a region at %p takes the staging path, which one engine on %u devices "
+                      "(KVW_DEVICES) does not support: name one device, or make the GPU memory "
+                      "reachable by the NICs (dma-buf or nvidia_peermem)",
+                      addr, n);
+            st = KVW_ERR_UNSUPPORTED;
+        }
+        if (st) {
+            for (uint32_t j = 0; j < k; j++)
+                kvw__mem_deregister(devs[j], &mrs_p[j]);
+            return st;
+        }
+    }
+    return KVW_OK;
+}
+
 kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, bool remote_write,
                                kvw_mr_t *mr_p)
 {

@@ -214,6 +214,13 @@ typedef struct kvw_mr {
  * Not thread-safe with other calls on the same ctx. */
 kvw_status_t kvw__mem_register_in(kvw_mem_ctx_t *m, kvw_dev_t *dev, void *addr, size_t len,
                                   bool remote_write, kvw_mr_t *mr_p);
+/* Register the region on each of n devices (an engine's rails: every
+ * device has its own PD, so its own keys): mrs_p[k] for devs[k]. A region
+ * that takes the staging path is refused on several rails
+ * (KVW_ERR_UNSUPPORTED: the staging pool lives on one device). On failure
+ * nothing stays registered. */
+kvw_status_t kvw__mem_register_rails(kvw_mem_ctx_t *m, kvw_dev_t *const *devs, uint32_t n,
+                                     void *addr, size_t len, bool remote_write, kvw_mr_t *mrs_p);
 /* The same with default options (gpu_path auto) and a ctx of its own. */
 kvw_status_t kvw__mem_register(kvw_dev_t *dev, void *addr, size_t len, bool remote_write,
                                kvw_mr_t *mr_p);

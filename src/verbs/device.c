@@ -95,6 +95,26 @@ static struct ibv_context *open_by_name(const kvw_verbs_ops_t *ops, const char *
     return ctx;
 }
 
+uint32_t kvw__link_mbps(uint8_t active_speed, uint8_t active_width)
+{
+    static const struct {
+        uint8_t code;
+        uint32_t mbps;
+    } speeds[] = {{1, 2500},   {2, 5000},   {4, 10000},  {8, 10000},
+                  {16, 14000}, {32, 25000}, {64, 50000}, {128, 100000}};
+    static const struct {
+        uint8_t code, lanes;
+    } widths[] = {{1, 1}, {2, 4}, {4, 8}, {8, 12}, {16, 2}};
+    uint32_t lane = 0, lanes = 0;
+    for (size_t i = 0; i < sizeof(speeds) / sizeof(speeds[0]); i++)
+        if (speeds[i].code == active_speed)
+            lane = speeds[i].mbps;
+    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
+        if (widths[i].code == active_width)
+            lanes = widths[i].lanes;
+    return lane * lanes;
+}
+
 static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_index)
 {
     struct ibv_port_attr pa;
@@ -114,6 +134,7 @@ static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_ind
     dev->max_qp_wr = da.max_qp_wr;
     dev->max_cqe = da.max_cqe;
     dev->max_sge = da.max_sge;
+    dev->link_mbps = kvw__link_mbps(pa.active_speed, pa.active_width);
     return choose_gid(dev, &pa, local_ip, gid_index);
 }
 

@@ -20,6 +20,7 @@ typedef struct kvw_dev {
     enum ibv_mtu active_mtu;
     uint32_t max_msg_sz; /* largest single RDMA write the port accepts */
     int max_qp_wr, max_cqe, max_sge;
+    uint32_t link_mbps; /* the port's active speed x width in Mb/s; 0: unknown */
 } kvw_dev_t;
 
 /* Open device `name`, or the device that owns local_ip when name is NULL.
@@ -30,6 +31,12 @@ void kvw__dev_close(kvw_dev_t *dev);
 /* Can this device hold QPs of these depths (and their CQ, one SGE per WR)?
  * KVW_ERR_INVALID with the limit named in the log if not. */
 kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint32_t rq_depth);
+
+/* Pure: a port's link speed in Mb/s from ibv_port_attr's active_speed
+ * (per lane: 1 SDR 2.5G, 2 DDR 5G, 4 QDR 10G, 8 FDR10 10G, 16 FDR 14G,
+ * 32 EDR 25G, 64 HDR 50G, 128 NDR 100G) and active_width
+ * (1 1x, 2 4x, 4 8x, 8 12x, 16 2x); 0 when either is unknown. */
+uint32_t kvw__link_mbps(uint8_t active_speed, uint8_t active_width);
 
 /* Pure helper, exposed for tests: is this GID an IPv4-mapped address
  * (::ffff:a.b.c.d)? */

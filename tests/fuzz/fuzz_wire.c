@@ -25,10 +25,14 @@ static bool hello_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     const __typeof__(a->u.hello) *x = &a->u.hello, *y = &b->u.hello;
     if (x->engine_id != y->engine_id || x->num_qps != y->num_qps ||
         x->num_groups != y->num_groups || x->recv_credits != y->recv_credits ||
-        x->max_msg_sz != y->max_msg_sz || strcmp(x->reason, y->reason) != 0)
+        x->max_msg_sz != y->max_msg_sz || strcmp(x->reason, y->reason) != 0 ||
+        x->num_rails != y->num_rails)
         return false;
     for (uint32_t i = 0; i < x->num_qps; i++)
-        if (!qp_equal(&x->qps[i], &y->qps[i]))
+        if (!qp_equal(&x->qps[i], &y->qps[i]) || x->qp_rail[i] != y->qp_rail[i])
+            return false;
+    for (uint32_t i = 0; i < x->num_rails; i++)
+        if (x->rail_mbps[i] != y->rail_mbps[i])
             return false;
     for (uint32_t i = 0; i < x->num_groups; i++)
         if (x->groups[i].kind != y->groups[i].kind ||
@@ -41,6 +45,9 @@ static bool hello_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         if (g->addr != h->addr || g->len != h->len || g->item_len != h->item_len ||
             g->rkey != h->rkey)
             return false;
+        for (uint32_t k = 1; k < x->num_rails; k++)
+            if (kvw__wire_region_rkey(g, k) != kvw__wire_region_rkey(h, k))
+                return false;
     }
     return true;
 }

@@ -22,6 +22,13 @@ void pair_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+static int nic_devices;
+
+void pair_set_nic_devices(int n)
+{
+    nic_devices = n;
+}
+
 void pair_config(kvw_config_t *cfg)
 {
     kvw_config_init(cfg);
@@ -148,7 +155,8 @@ kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
     else
         pair_config(&p->cfg);
     p->decode_cfg = decode_cfg ? *decode_cfg : p->cfg;
-    if (fake_nic_init(NULL))
+    fake_nic_config_t nic = {.num_devices = nic_devices};
+    if (fake_nic_init(&nic))
         return KVW_ERR_NO_DEVICE;
     kvw__verbs_set_ops(&fake_nic_ops);
     kvw_region_t pk[2 * PAIR_LAYERS], dk[2 * PAIR_LAYERS], pa, da;

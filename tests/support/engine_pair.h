@@ -62,6 +62,10 @@ kvw_status_t pair_restart_prefill(engine_pair_t *p);
 /* One more decode engine ("fake1", decode_cfg) over the same destination
  * pages as p->decode: another decode process, as prefill sees it. */
 kvw_status_t pair_add_decode(engine_pair_t *p, kvw_engine_t **engine_p);
+/* How many fake devices the next pair_open* creates ("fake0" ...; 0: the
+ * fake NIC's default of 2): engines with several rails (KVW_DEVICES) need
+ * more. Stays set until changed. */
+void pair_set_nic_devices(int n);
 /* Destroy engines and bootstrap, restore the real ops, fake_nic_fini.
  * Fills *p->final_stats first when it is set. */
 void pair_close(engine_pair_t *p);

@@ -114,7 +114,11 @@ typedef struct schedule {
     bool nic_faults;      /* fail a post or a WR: breaks the connection */
     uint32_t drop_pct;    /* % of control messages lost: may break it */
     const char *kill_nic; /* this fake device dies mid-transfer */
-    int silent_side;      /* 1: prefill, 2: decode stops sending control messages */
+    /* Both engines on two rails (fake0+fake2, fake1+fake3: KVW_DEVICES);
+     * rail_down: decode's second device is kill_nic, and prefill fails its
+     * lanes over to the first rail. */
+    bool rails, rail_down;
+    int silent_side; /* 1: prefill, 2: decode stops sending control messages */
     /* 0 none, 1 decode aborts, 2 prefill aborts, 3 prefill destroys,
      * 4 decode destroys (which waits for the abort's barrier) */
     int abort_side[MAX_ROOMS];
@@ -278,6 +282,20 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
         any |= sc->on_second[i] = sc->close == CLOSE_DECODE && below(&r, 2);
     if (sc->close == CLOSE_DECODE && !any)
         sc->on_second[0] = true;
+    /* Drawn last, so that every draw above keeps its value for each seed:
+     * in 1 of 4 schedules without staged GPU regions (which an engine on
+     * several rails refuses), both engines on two rails; in half of those
+     * without another connection fault, "rail down": decode's second device
+     * dies mid-transfer, prefill's writes to it run out of retries, and its
+     * requests start over on the first rail (or fail where decode may
+     * already have their final immediate). */
+    if (!sc->gpu_src && !sc->gpu_dst && below(&r, 4) == 0) {
+        sc->rails = true;
+        if (!sc->nic_faults && !sc->drop_pct && !sc->kill_nic && !sc->silent_side && below(&r, 2)) {
+            sc->rail_down = true;
+            sc->kill_nic = "fake3";
+        }
+    }
 }
 
 static bool connection_fault(const schedule_t *sc)
@@ -307,7 +325,8 @@ static void describe(const schedule_t *sc)
            sc->cfg.chain_max, sc->cfg.signal_every, !connection_fault(sc) ? "none" : "",
            sc->nic.fail_post_call ? "failed post" : "", sc->nic.error_wr ? "error completion" : "",
            sc->drop_pct ? "lost messages" : "",
-           sc->kill_nic      ? "dead NIC"
+           sc->rail_down     ? "rail down"
+           : sc->kill_nic    ? "dead NIC"
            : sc->silent_side ? "silent peer"
                              : "",
            sc->nic.delay_us, sc->nic.delay_jitter_us, sc->nic.ack_delay_us,
@@ -316,6 +335,9 @@ static void describe(const schedule_t *sc)
            : sc->close == CLOSE_PREFILL ? "prefill restarts"
                                         : "none",
            sc->close_ms);
+    if (sc->rails)
+        printf("chaos:   two rails per engine (fake0+fake2, fake1+fake3)%s\n",
+               sc->rail_down ? ", fake3 (decode's second rail) dies at 2 ms" : "");
     for (uint32_t i = 0; i < sc->rooms; i++)
         printf("chaos:   room %u: %s, %u parts %u ms apart%s; %s at %s (%u ms)%s%s\n", i,
                sends[sc->send[i]], parts_of(sc, i), sc->gap_ms[i],
@@ -396,7 +418,7 @@ typedef struct run {
 static int violations;
 /* What the schedules did, so a run shows what it covered. */
 static struct {
-    uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[6], qps[3];
+    uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[7], qps[3], rails;
     uint64_t gpu[4], copy_delay, late_ack, close[3], new_rooms, new_rooms_ok;
     uint64_t sends[SEND_KINDS], parts, gapped;
     uint64_t acts[5][PH_KINDS], canaries, free_pages;
@@ -996,6 +1018,8 @@ static void tally_schedule(const schedule_t *sc)
     tally.with_fault[3] += sc->drop_pct != 0;
     tally.with_fault[4] += sc->kill_nic != NULL;
     tally.with_fault[5] += sc->silent_side != 0;
+    tally.with_fault[6] += sc->rail_down;
+    tally.rails += sc->rails;
     tally.qps[sc->cfg.qps_per_peer - 1]++;
     tally.gpu[sc->gpu_src + 2 * sc->gpu_dst]++;
     tally.copy_delay += (sc->gpu_src || sc->gpu_dst) && sc->copy_delay_us;
@@ -1020,11 +1044,19 @@ static void run_schedule(uint64_t seed, bool described)
     pthread_mutex_init(&x.canary_lock, NULL);
     fake_cuda_config_t cuda = {.gdr = 0, .copy_delay_us = sc.copy_delay_us};
     fake_nic_stats_t final;
-    if (pair_open_staged(&x.p, &sc.cfg, NULL, sc.gpu_src, sc.gpu_dst, &cuda) != KVW_OK ||
+    kvw_config_t dcfg = sc.cfg;
+    if (sc.rails) {
+        pair_set_nic_devices(4);
+        snprintf(sc.cfg.devices, sizeof(sc.cfg.devices), "fake0,fake2");
+        snprintf(dcfg.devices, sizeof(dcfg.devices), "fake1,fake3");
+    }
+    if (pair_open_staged(&x.p, &sc.cfg, sc.rails ? &dcfg : NULL, sc.gpu_src, sc.gpu_dst, &cuda) !=
+            KVW_OK ||
         (sc.close == CLOSE_DECODE && pair_add_decode(&x.p, &x.second) != KVW_OK)) {
         VIOLATION(&sc, "engines did not start");
         kvw_engine_destroy(x.second);
         pair_close(&x.p);
+        pair_set_nic_devices(0);
         return;
     }
     x.p.final_stats = &final;
@@ -1127,6 +1159,7 @@ static void run_schedule(uint64_t seed, bool described)
     x.p.decode = NULL;
     check_canaries(&x, "once the decode engines were destroyed");
     pair_close(&x.p);
+    pair_set_nic_devices(0);
     check_nic(&sc, &final);
     for (uint32_t i = 0; i < SLOTS; i++) {
         pthread_mutex_destroy(&x.rooms[i].rx);
@@ -1181,6 +1214,9 @@ static void summary(uint64_t n, uint64_t first, uint64_t t0)
            tally.free_pages);
     printf("chaos: connections of 1, 2, 3 QPs: %" PRIu64 ", %" PRIu64 ", %" PRIu64 " schedules\n",
            tally.qps[0], tally.qps[1], tally.qps[2]);
+    printf("chaos: two rails per engine in %" PRIu64 " schedules, %" PRIu64 " of them with a rail "
+           "down\n",
+           tally.rails, tally.with_fault[6]);
     printf("chaos: %" PRIu64 " fault schedules on the fake NIC (not RDMA) in %.1f s, seeds "
            "%" PRIu64 "..%" PRIu64 ": %d invariant violations\n",
            n, (double)(pair_now_ms() - t0) / 1000.0, first, first + n - 1, violations);

@@ -112,6 +112,7 @@ static void assert_defaults(const kvw_config_t *c)
     assert_int_equal(c->flow_label, -1);
     assert_int_equal(c->ib_use_grh, -1);
     assert_string_equal(c->gpu_path, "");
+    assert_string_equal(c->devices, "");
     assert_int_equal(c->gpu_flush, -1);
     assert_int_equal(c->gpu_relaxed_ordering, -1);
 }
@@ -401,7 +402,8 @@ static void test_print(void **state)
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char name[64], env[64];
         long long value;
-        if (strncmp(line, "cluster_key", 11) == 0 || strncmp(line, "gpu_path", 8) == 0) {
+        if (strncmp(line, "cluster_key", 11) == 0 || strncmp(line, "gpu_path", 8) == 0 ||
+            strncmp(line, "devices", 7) == 0) {
             /* text, and not set here */
             assert_non_null(strstr(line, "= -"));
             continue;

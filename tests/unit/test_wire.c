@@ -137,6 +137,12 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.hello.landing_addr, b->u.hello.landing_addr);
         assert_int_equal(a->u.hello.landing_len, b->u.hello.landing_len);
         assert_int_equal(a->u.hello.landing_rkey, b->u.hello.landing_rkey);
+        /* Wire 9: a message built with no rails is sent with one. */
+        assert_int_equal(a->u.hello.num_rails ? a->u.hello.num_rails : 1, b->u.hello.num_rails);
+        for (uint32_t q = 0; q < a->u.hello.num_qps; q++)
+            assert_int_equal(a->u.hello.qp_rail[q], b->u.hello.qp_rail[q]);
+        for (uint32_t r = 0; r < a->u.hello.num_rails; r++)
+            assert_int_equal(a->u.hello.rail_mbps[r], b->u.hello.rail_mbps[r]);
         assert_string_equal(a->u.hello.reason, b->u.hello.reason);
         for (size_t i = 0; i < kvw__wire_hello_regions(a); i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
@@ -144,6 +150,8 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
             assert_int_equal(x->len, y->len);
             assert_int_equal(x->item_len, y->item_len);
             assert_int_equal(x->rkey, y->rkey);
+            for (uint32_t r = 1; r < a->u.hello.num_rails; r++)
+                assert_int_equal(kvw__wire_region_rkey(x, r), kvw__wire_region_rkey(y, r));
         }
         break;
     case KVW_MSG_REQUEST:
@@ -734,6 +742,56 @@ static size_t forge_hello(uint8_t *buf, uint32_t layers, uint32_t per_layer, uin
     return len;
 }
 
+/* Wire 9: rails. Each QP names its rail, each region carries an rkey per
+ * rail; a QP on a rail the message does not have, or a rail count out of
+ * 1..KVW_WIRE_MAX_RAILS, is refused. */
+static void test_hello_rails(void **state)
+{
+    (void)state;
+    uint8_t buf[BUF_CAP];
+    kvw_msg_t out;
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+    kvw_wire_region_t regions[5]; /* 2 layers x K/V, 1 aux */
+    assert_int_equal(kvw__wire_hello_regions(&m), 5);
+    memcpy(regions, m.u.hello.regions, sizeof(regions));
+    for (uint32_t i = 0; i < 5; i++)
+        for (uint32_t r = 1; r < KVW_WIRE_MAX_RAILS; r++)
+            regions[i].rail_rkeys[r - 1] = 0x1000 * r + i;
+    m.u.hello.regions = regions;
+    m.u.hello.num_rails = KVW_WIRE_MAX_RAILS;
+    for (uint32_t q = 0; q < m.u.hello.num_qps; q++)
+        m.u.hello.qp_rail[q] = (uint8_t)(KVW_WIRE_MAX_RAILS - 1 - q);
+    for (uint32_t r = 0; r < KVW_WIRE_MAX_RAILS; r++)
+        m.u.hello.rail_mbps[r] = 100000u * (r + 1);
+    size_t len = encode_ok(&m, buf, sizeof(buf));
+    assert_int_equal(len, kvw__wire_size(&m));
+    decode_ok(buf, len, &out);
+    assert_msg_equal(&m, &out);
+    assert_int_equal(kvw__wire_region_rkey(&out.u.hello.regions[1], 3), 0x3001);
+    kvw__wire_free(&out);
+    /* A QP on a rail past the count. */
+    m.u.hello.num_rails = 2;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    /* Too many rails: the encoder refuses; patched on the wire, the decoder too. */
+    m.u.hello.num_rails = KVW_WIRE_MAX_RAILS + 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &(size_t){0}), KVW_ERR_INVALID);
+    m.u.hello.num_rails = 1;
+    memset(m.u.hello.qp_rail, 0, sizeof(m.u.hello.qp_rail));
+    len = encode_ok(&m, buf, sizeof(buf));
+    /* header, status, engine id, QP count and infos, groups, credits, max
+     * message, landing buffer (wire 8: address, length, rkey) */
+    size_t at = KVW_WIRE_HEADER_LEN + 4 + 8 + 4 + 28 * m.u.hello.num_qps + 4 +
+                (1 + 4 + 4 + 24) * m.u.hello.num_groups + 4 + 4 + 8 + 8 + 4;
+    assert_int_equal(buf[at], 1);
+    buf[at] = KVW_WIRE_MAX_RAILS + 1;
+    expect_reject(buf, len);
+    buf[at] = 0;
+    expect_reject(buf, len);
+    /* Two rails claimed but one rkey per region sent: the lengths disagree. */
+    buf[at] = 2;
+    expect_reject(buf, len);
+}
+
 /* QP info from the network is range-checked before verbs sees it. */
 static void test_reject_hello_qp_info(void **state)
 {
@@ -973,6 +1031,7 @@ int main(void)
         cmocka_unit_test(test_reject_request_state_lists),
         cmocka_unit_test(test_reject_hello_counts),
         cmocka_unit_test(test_reject_hello_qp_info),
+        cmocka_unit_test(test_hello_rails),
         cmocka_unit_test(test_reject_bad_strings),
         cmocka_unit_test(test_encode_refuses),
         /* Last: until the use-after-free in decode_hello's region check is

@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Rails: an engine on several devices (KVW_DEVICES), on the fake NIC (not
+ * RDMA). Each side's regions are registered on every rail with that
+ * rail's PD, so a write built with another rail's keys fails on the fake
+ * NIC as on a real one: every byte landing is the proof that each lane
+ * used its own rail's lkeys and the peer rail's rkeys. The WRs each rail
+ * carried are counted (kvw_engine_rails). */
+#include <arpa/inet.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "support/engine_pair.h"
+#include "support/fake_nic.h"
+#include "verbs/device.h"
+
+enum { WAIT_MS = 20000, ROOMS = 4, PAGES = 12 };
+
+static engine_pair_t pair;
+static bool opened; /* pair_open ran: the teardown closes it, even after a failed assertion */
+
+static void quiet_log(void)
+{
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+}
+
+/* Both sides' configs with these rails and QPs per rail. */
+static void open_rails(const char *prefill_devs, const char *decode_devs, uint32_t qps)
+{
+    kvw_config_t pc, dc;
+    pair_config(&pc);
+    pc.qps_per_peer = qps;
+    dc = pc;
+    snprintf(pc.devices, sizeof(pc.devices), "%s", prefill_devs);
+    snprintf(dc.devices, sizeof(dc.devices), "%s", decode_devs);
+    quiet_log();
+    pair_set_nic_devices(4);
+    opened = true;
+    assert_int_equal(pair_open2(&pair, &pc, &dc), KVW_OK);
+}
+
+static int close_rails(void **state)
+{
+    (void)state;
+    if (opened)
+        pair_close(&pair);
+    opened = false;
+    pair_set_nic_devices(0);
+    return 0;
+}
+
+/* ROOMS requests at once, each checked byte for byte. */
+static void transfer_rooms(void)
+{
+    pair_room_t rooms[ROOMS];
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        pair_pick(&rooms[i], 10 + i, PAGES, 7919u * (i + 1), i);
+        assert_int_equal(pair_create(&pair, &rooms[i]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(rooms[i].r, rooms[i].dst, rooms[i].n, rooms[i].aux_dst),
+                         KVW_OK);
+        assert_int_equal(kvw_sender_init(rooms[i].s, rooms[i].n, rooms[i].aux_src), KVW_OK);
+    }
+    for (uint32_t i = 0; i < ROOMS; i++)
+        assert_int_equal(kvw_sender_send(rooms[i].s, rooms[i].src, rooms[i].n), KVW_OK);
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        const char *why = "";
+        if (pair_wait_receiver(&rooms[i], WAIT_MS) != KVW_POLL_SUCCESS)
+            kvw_receiver_failure(rooms[i].r, &why);
+        assert_string_equal(why, "");
+        assert_int_equal(pair_wait_sender(&rooms[i], WAIT_MS), KVW_POLL_SUCCESS);
+        assert_int_equal(pair_wrong_bytes(&pair, &rooms[i]), 0);
+        pair_destroy_room(&rooms[i]);
+    }
+}
+
+/* Prefill's rails, with their WR counts; returns how many. */
+static uint32_t prefill_rails(kvw_rail_t *rails)
+{
+    return kvw_engine_rails(pair.prefill, rails, KVW_MAX_RAILS);
+}
+
+/* The rail counts add up to the engine's WR count. */
+static void assert_rails_sum(const kvw_rail_t *rails, uint32_t n)
+{
+    kvw_counters_t c;
+    kvw_engine_counters(pair.prefill, &c);
+    uint64_t wrs = 0, bytes = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        wrs += rails[r].wrs_posted;
+        bytes += rails[r].bytes_posted;
+    }
+    assert_int_equal(wrs, c.wrs_posted);
+    assert_int_equal(bytes, c.bytes_posted);
+}
+
+/* Two rails on each side: a lane on each rail pair (fake0 <-> fake1,
+ * fake2 <-> fake3); every request is striped over both, its last writes
+ * carry an immediate on each, and every byte lands. */
+static void test_two_rails_each_side(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms();
+    kvw_rail_t rails[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(rails), 2);
+    assert_string_equal(rails[0].device, "fake0");
+    assert_string_equal(rails[1].device, "fake2");
+    print_message("WRs per rail: %s %llu, %s %llu\n", rails[0].device,
+                  (unsigned long long)rails[0].wrs_posted, rails[1].device,
+                  (unsigned long long)rails[1].wrs_posted);
+    assert_true(rails[0].wrs_posted > 0);
+    assert_true(rails[1].wrs_posted > 0);
+    assert_rails_sum(rails, 2);
+    /* Equal links: equal turns, so neither rail carries more than twice
+     * the other (chains alternate; a request's tail may fall on either). */
+    assert_true(rails[0].wrs_posted <= 2 * rails[1].wrs_posted + 16);
+    assert_true(rails[1].wrs_posted <= 2 * rails[0].wrs_posted + 16);
+    kvw_rail_t drails[KVW_MAX_RAILS];
+    assert_int_equal(kvw_engine_rails(pair.decode, drails, KVW_MAX_RAILS), 2);
+    assert_string_equal(drails[1].device, "fake3");
+}
+
+/* Two QPs per rail: four lanes, two per rail pair. */
+static void test_two_rails_two_qps(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 2);
+    transfer_rooms();
+    kvw_rail_t rails[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(rails), 2);
+    assert_true(rails[0].wrs_posted > 0 && rails[1].wrs_posted > 0);
+    assert_rails_sum(rails, 2);
+}
+
+/* Prefill has one rail, decode two: prefill's one device writes to both
+ * of decode's, each lane with the rkeys of its decode rail. */
+static void test_decode_rails_only(void **state)
+{
+    (void)state;
+    open_rails("fake0", "fake1,fake3", 1);
+    transfer_rooms();
+    kvw_rail_t rails[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(rails), 1);
+    assert_true(rails[0].wrs_posted > 0);
+    assert_rails_sum(rails, 1);
+}
+
+/* Prefill has two rails, decode one: the rails both share is one, so
+ * every write goes on prefill's first rail and none on its second. */
+static void test_prefill_rails_only(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1", 1);
+    transfer_rooms();
+    kvw_rail_t rails[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(rails), 2);
+    assert_true(rails[0].wrs_posted > 0);
+    assert_int_equal(rails[1].wrs_posted, 0);
+    assert_rails_sum(rails, 2);
+}
+
+/* ---- failover ---------------------------------------------------------- */
+
+/* ROOMS requests created and initialised on both sides, decode's requests
+ * at prefill (the connection is up): nothing sent yet. */
+static void start_rooms(pair_room_t *rooms)
+{
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        pair_pick(&rooms[i], 20 + i, PAGES, 104729u * (i + 1), i);
+        assert_int_equal(pair_create(&pair, &rooms[i]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(rooms[i].r, rooms[i].dst, rooms[i].n, rooms[i].aux_dst),
+                         KVW_OK);
+        assert_int_equal(kvw_sender_init(rooms[i].s, rooms[i].n, rooms[i].aux_src), KVW_OK);
+    }
+    for (uint32_t i = 0; i < ROOMS; i++)
+        assert_int_equal(pair_wait_sender_ready(&rooms[i], WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+}
+
+static void send_rooms(pair_room_t *rooms)
+{
+    for (uint32_t i = 0; i < ROOMS; i++)
+        assert_int_equal(kvw_sender_send(rooms[i].s, rooms[i].src, rooms[i].n), KVW_OK);
+}
+
+static void assert_all_landed(pair_room_t *rooms)
+{
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        const char *why = "";
+        if (pair_wait_receiver(&rooms[i], WAIT_MS) != KVW_POLL_SUCCESS)
+            kvw_receiver_failure(rooms[i].r, &why);
+        assert_string_equal(why, "");
+        assert_int_equal(pair_wait_sender(&rooms[i], WAIT_MS), KVW_POLL_SUCCESS);
+        assert_int_equal(pair_wrong_bytes(&pair, &rooms[i]), 0);
+        pair_destroy_room(&rooms[i]);
+    }
+}
+
+/* Prefill's connection (there is one). */
+static kvw_peer_t *prefill_peer(void)
+{
+    kvw_peer_t *p = kvw__peer_at(pair.prefill, 0);
+    assert_non_null(p);
+    assert_int_equal(p->nlanes, 2);
+    return p;
+}
+
+static uint64_t counter(_Atomic uint64_t *c)
+{
+    return atomic_load(c);
+}
+
+/* Two rails each side; the QP of prefill's lane on its second rail
+ * fails on its 3rd WR (decode's NIC refuses it: remote access error, so
+ * nothing from there on landed). Every request still succeeds with every
+ * byte: those that used the lane start over on the first rail, and decode
+ * counts only the immediates of their latest attempt. */
+static void test_lane_error_fails_over(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    start_rooms(rooms);
+    kvw_peer_t *p = prefill_peer();
+    assert_int_equal(p->lanes[1].rail, 1);
+    fake_nic_faults_t f = {.fault_qp_num = p->lanes[1].qp->qp->qp_num, .error_wr = 3};
+    fake_nic_set_faults(&f);
+    send_rooms(rooms);
+    assert_all_landed(rooms);
+    fake_nic_set_faults(NULL);
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    print_message("lanes failed %llu, requests replayed %llu, refused %llu\n",
+                  (unsigned long long)counter(&c->lanes_failed),
+                  (unsigned long long)counter(&c->replays),
+                  (unsigned long long)counter(&c->replay_refused));
+    assert_int_equal(counter(&c->lanes_failed), 1);
+    assert_true(counter(&c->replays) >= 1);
+    assert_int_equal(counter(&c->replay_refused), 0);
+    /* The connection lives on, on its first rail: another request goes. */
+    transfer_rooms();
+}
+
+/* A port of prefill's second rail goes down before anything is sent: the
+ * rail's lanes are failed over before they carry a write, and every
+ * request goes on the first rail. */
+static void test_rail_port_down(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    start_rooms(rooms);
+    kvw_peer_t *p = prefill_peer();
+    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
+    for (int i = 0; i < 2000 && !atomic_load(&p->lanes[1].down_due); i++)
+        pair_sleep_ms(1);
+    assert_true(atomic_load(&p->lanes[1].down_due));
+    send_rooms(rooms);
+    assert_all_landed(rooms);
+    kvw_rail_t rails[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(rails), 2);
+    assert_int_equal(rails[1].wrs_posted, 0);
+    assert_true(rails[0].wrs_posted > 0);
+    assert_int_equal(counter(&pair.prefill->counters.lanes_failed), 1);
+    assert_int_equal(counter(&pair.prefill->counters.replay_refused), 0);
+}
+
+/* Decode's second device dies mid-transfer: prefill's writes to it run
+ * out of retries (a timeout: writes before it may have landed unseen).
+ * Every request ends the same way on both sides; one that succeeds has
+ * every byte; one whose final immediate went on the dead rail fails (it is
+ * not replayed: decode may have it) and its pages do not change after. */
+static void test_rail_dies_mid_transfer(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    start_rooms(rooms);
+    send_rooms(rooms);
+    assert_int_equal(fake_nic_kill_device("fake3"), 0);
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        kvw_poll_t d = pair_wait_receiver(&rooms[i], WAIT_MS);
+        kvw_poll_t s = pair_wait_sender(&rooms[i], WAIT_MS);
+        assert_true(d == KVW_POLL_SUCCESS || d == KVW_POLL_FAILED);
+        assert_int_equal(d, s);
+        if (d == KVW_POLL_SUCCESS) {
+            assert_int_equal(pair_wrong_bytes(&pair, &rooms[i]), 0);
+            ok++;
+        } else {
+            uint8_t *snap = malloc(pair_snapshot_size(&rooms[i]));
+            assert_non_null(snap);
+            pair_snapshot(&pair, &rooms[i], snap);
+            fake_nic_quiesce(WAIT_MS);
+            assert_true(pair_snapshot_equal(&pair, &rooms[i], snap));
+            free(snap);
+        }
+        pair_destroy_room(&rooms[i]);
+    }
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    print_message("%u of %u ok; lanes failed %llu, replayed %llu, refused %llu\n", ok, ROOMS,
+                  (unsigned long long)counter(&c->lanes_failed),
+                  (unsigned long long)counter(&c->replays),
+                  (unsigned long long)counter(&c->replay_refused));
+    assert_int_equal(ok + counter(&c->replay_refused), ROOMS);
+    /* The first rail carries new requests. */
+    transfer_rooms();
+}
+
+/* Decode counts a request's immediates per attempt: once one of a later
+ * epoch arrives, those of earlier ones no longer count, and late ones of
+ * an earlier epoch are ignored. Driven by hand from prefill's QP
+ * (unsignaled, so prefill's poller never sees a completion it did not
+ * post): epoch 0 says 2 lanes and one arrives; epoch 1 says 2 lanes, and
+ * a late epoch-0 one between its two must not complete the request. */
+static void test_decode_counts_per_epoch(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t a;
+    pair_pick(&a, 30, 4, 17, 0);
+    assert_int_equal(pair_create(&pair, &a), KVW_OK);
+    assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    kvw_peer_t *p = prefill_peer();
+    uint32_t token = ((kvw_req_t *)a.r)->token;
+    uint32_t two = 1u << KVW_WIRE_IMM_COUNT_SHIFT;
+    const uint32_t imms[] = {token | two, token | 1u << KVW_WIRE_IMM_EPOCH_SHIFT | two, token | two,
+                             token | 1u << KVW_WIRE_IMM_EPOCH_SHIFT | two};
+    for (size_t i = 0; i < 4; i++) {
+        const kvw_lane_t *l = &p->lanes[i % 2];
+        struct ibv_send_wr wr = {
+            .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+            .imm_data = htonl(imms[i]),
+            .wr.rdma = {.remote_addr = l->regions[0].remote_addr, .rkey = l->regions[0].rkey}};
+        struct ibv_send_wr *bad = NULL;
+        assert_int_equal(fake_nic_ops.post_send(l->qp->qp, &wr, &bad), 0);
+        fake_nic_quiesce(WAIT_MS);
+        pair_sleep_ms(50);
+        if (i < 3) /* epoch 0 had one of two, epoch 1 one of two: the late epoch-0 one counts not */
+            assert_int_equal(kvw_receiver_poll(a.r), KVW_POLL_TRANSFERRING);
+    }
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    kvw_sender_abort(a.s);
+    pair_destroy_room(&a);
+}
+
+/* Both of decode's devices die: no rail is left, every request fails on
+ * both sides. */
+static void test_every_rail_fails(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    start_rooms(rooms);
+    assert_int_equal(fake_nic_kill_device("fake1"), 0);
+    assert_int_equal(fake_nic_kill_device("fake3"), 0);
+    send_rooms(rooms);
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        assert_int_equal(pair_wait_sender(&rooms[i], WAIT_MS), KVW_POLL_FAILED);
+        assert_int_equal(pair_wait_receiver(&rooms[i], WAIT_MS), KVW_POLL_FAILED);
+        pair_destroy_room(&rooms[i]);
+    }
+}
+
+/* A malformed KVW_DEVICES refuses the engine. */
+static void test_bad_device_lists(void **state)
+{
+    (void)state;
+    static const char *bad[] = {"fake0,fake0", "fake0,fake1,fake2,fake3,fake4", "nosuch0,fake1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvw_config_t pc;
+        pair_config(&pc);
+        snprintf(pc.devices, sizeof(pc.devices), "%s", bad[i]);
+        pair_set_nic_devices(8);
+        opened = true;
+        assert_int_not_equal(pair_open(&pair, &pc), KVW_OK);
+        assert_null(pair.prefill);
+        close_rails(NULL);
+    }
+}
+
+/* Link speeds from ibv_query_port's codes. */
+static void test_link_mbps(void **state)
+{
+    (void)state;
+    assert_int_equal(kvw__link_mbps(1, 1), 2500);     /* SDR 1x */
+    assert_int_equal(kvw__link_mbps(32, 2), 100000);  /* EDR 4x */
+    assert_int_equal(kvw__link_mbps(64, 2), 200000);  /* HDR 4x */
+    assert_int_equal(kvw__link_mbps(128, 2), 400000); /* NDR 4x */
+    assert_int_equal(kvw__link_mbps(0, 2), 0);        /* unknown */
+    assert_int_equal(kvw__link_mbps(32, 3), 0);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_two_rails_each_side, close_rails),
+        cmocka_unit_test_teardown(test_two_rails_two_qps, close_rails),
+        cmocka_unit_test_teardown(test_decode_rails_only, close_rails),
+        cmocka_unit_test_teardown(test_prefill_rails_only, close_rails),
+        cmocka_unit_test_teardown(test_lane_error_fails_over, close_rails),
+        cmocka_unit_test_teardown(test_rail_port_down, close_rails),
+        cmocka_unit_test_teardown(test_rail_dies_mid_transfer, close_rails),
+        cmocka_unit_test_teardown(test_every_rail_fails, close_rails),
+        cmocka_unit_test_teardown(test_decode_counts_per_epoch, close_rails),
+        cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
+        cmocka_unit_test(test_link_mbps),
+    };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
