@@ -800,6 +800,11 @@ static inline kvw_peer_t *kvw__peer_at(kvw_engine_t *e, uint32_t i)
 /* poller.c: poll() of either side: r's state, after a pass on the caller's thread
  * when r is Transferring and the poller sleeps (kvw__poller_help). */
 kvw_poll_t kvw__req_poll(const kvw_req_t *r);
+/* poll() of a set of requests (rxset.c, txset.c): Success once every
+ * member is; Failed once every member ended and one failed; until then
+ * the least advanced live member's state (Transferring while a failed
+ * member's siblings are still being failed). */
+kvw_poll_t kvw__members_poll(kvw_req_t *const *m, uint32_t n);
 void *kvw__control_main(void *arg);
 void *kvw__poller_main(void *arg);
 

@@ -1239,6 +1239,26 @@ kvw_poll_t kvw__req_poll(const kvw_req_t *r)
     return (kvw_poll_t)atomic_load(&r->state);
 }
 
+kvw_poll_t kvw__members_poll(kvw_req_t *const *m, uint32_t n)
+{
+    bool failed = false, ended = true;
+    kvw_poll_t least = KVW_POLL_SUCCESS;
+    for (uint32_t i = 0; i < n; i++) {
+        kvw_poll_t s = kvw__req_poll(m[i]);
+        if (s == KVW_POLL_FAILED)
+            failed = true;
+        else if (s != KVW_POLL_SUCCESS)
+            ended = false;
+        if (s != KVW_POLL_FAILED && s < least)
+            least = s;
+    }
+    if (ended)
+        return failed ? KVW_POLL_FAILED : KVW_POLL_SUCCESS;
+    /* One failed and the others not ended yet: they are being failed, and
+     * each ends once nothing more can land (the abort barrier). */
+    return failed ? KVW_POLL_TRANSFERRING : least;
+}
+
 /* The seam (poller.h): the same functions the thread runs, nothing added. */
 int kvw__poller_run_once(kvw_engine_t *e)
 {

@@ -224,21 +224,7 @@ void kvw__rxset_member_failed_locked(kvw_req_t *r)
 
 kvw_poll_t kvw__rxset_poll(kvw_rxset_t *set)
 {
-    bool failed = false, ended = true;
-    kvw_poll_t least = KVW_POLL_SUCCESS;
-    for (uint32_t i = 0; i < set->n; i++) {
-        kvw_poll_t s = kvw__req_poll(set->m[i]);
-        if (s == KVW_POLL_FAILED)
-            failed = true;
-        else if (s != KVW_POLL_SUCCESS)
-            ended = false;
-        if (s != KVW_POLL_FAILED && s < least)
-            least = s;
-    }
-    if (ended)
-        return failed ? KVW_POLL_FAILED : KVW_POLL_SUCCESS;
-    /* One failed, the others not yet confirmed that nothing more lands. */
-    return failed ? KVW_POLL_TRANSFERRING : least;
+    return kvw__members_poll(set->m, set->n);
 }
 
 kvw_status_t kvw__rxset_failure(kvw_rxset_t *set, const char **reason_p)

@@ -222,21 +222,7 @@ kvw_status_t kvw__txset_send_state(kvw_txset_t *set, const uint64_t *state, size
 
 kvw_poll_t kvw__txset_poll(kvw_txset_t *set)
 {
-    bool failed = false, ended = true;
-    kvw_poll_t least = KVW_POLL_SUCCESS;
-    for (uint32_t i = 0; i < set->n; i++) {
-        kvw_poll_t s = kvw__req_poll(set->m[i]);
-        if (s == KVW_POLL_FAILED)
-            failed = true;
-        else if (s != KVW_POLL_SUCCESS)
-            ended = false;
-        if (s != KVW_POLL_FAILED && s < least)
-            least = s;
-    }
-    if (ended)
-        return failed ? KVW_POLL_FAILED : KVW_POLL_SUCCESS;
-    /* One failed, the others not yet ended (they are being failed). */
-    return failed ? KVW_POLL_TRANSFERRING : least;
+    return kvw__members_poll(set->m, set->n);
 }
 
 kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p)
