@@ -805,6 +805,23 @@ kvw_poll_t kvw__req_poll(const kvw_req_t *r);
  * the least advanced live member's state (Transferring while a failed
  * member's siblings are still being failed). */
 kvw_poll_t kvw__members_poll(kvw_req_t *const *m, uint32_t n);
+/* request.c: what a set of requests (rxset.c, txset.c) ended with: the
+ * first failure's status and reason, kept under the engine lock. */
+typedef struct kvw_set_fate {
+    bool failed; /* a member failed, or the caller aborted */
+    kvw_status_t status;
+    char reason[KVW_WIRE_REASON_MAX];
+} kvw_set_fate_t;
+/* (lock) Record the first failure; later ones keep it. */
+void kvw__set_fail_locked(kvw_set_fate_t *f, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* failure() of a set in state `state` (kvw__members_poll): KVW_OK unless
+ * Failed; then the first failure's status (KVW_ERR_ABORTED when no member
+ * said why) and reason. Takes the engine lock. */
+kvw_status_t kvw__set_failure(kvw_engine_t *e, kvw_poll_t state, const kvw_set_fate_t *f,
+                              const char **reason_p);
+/* (lock) Has any of the n members not ended yet? */
+bool kvw__members_live(kvw_req_t *const *m, uint32_t n);
 void *kvw__control_main(void *arg);
 void *kvw__poller_main(void *arg);
 

@@ -144,6 +144,39 @@ bool kvw__req_ended(const kvw_req_t *r)
     return s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS;
 }
 
+bool kvw__members_live(kvw_req_t *const *m, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!kvw__req_ended(m[i]))
+            return true;
+    return false;
+}
+
+void kvw__set_fail_locked(kvw_set_fate_t *f, kvw_status_t st, const char *fmt, ...)
+{
+    if (f->failed)
+        return;
+    f->failed = true;
+    f->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->reason, sizeof(f->reason), fmt, ap);
+    va_end(ap);
+}
+
+kvw_status_t kvw__set_failure(kvw_engine_t *e, kvw_poll_t state, const kvw_set_fate_t *f,
+                              const char **reason_p)
+{
+    if (state != KVW_POLL_FAILED)
+        return KVW_OK;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = f->failed ? f->status : KVW_ERR_ABORTED;
+    pthread_mutex_unlock(&e->lock);
+    if (reason_p)
+        *reason_p = f->reason;
+    return st;
+}
+
 void kvw__req_drained(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;

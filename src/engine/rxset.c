@@ -22,11 +22,9 @@
 struct kvw_rxset {
     kvw_engine_t *engine;
     uint32_t n;
-    bool assigned;                         /* (lock) the members know their heads */
-    bool failed;                           /* (lock) a member failed, or the caller aborted */
-    kvw_status_t fail_status;              /* (lock) the first failure's */
-    char fail_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    kvw_req_t *m[];                        /* member i asks prefill rank ranks[i] */
+    bool assigned;       /* (lock) the members know their heads */
+    kvw_set_fate_t fate; /* (lock) */
+    kvw_req_t *m[];      /* member i asks prefill rank ranks[i] */
 };
 
 /* Our heads: those of the KV group of slot 0 (every KV group must
@@ -209,12 +207,8 @@ bool kvw__rxset_ready_locked(kvw_req_t *r)
 void kvw__rxset_member_failed_locked(kvw_req_t *r)
 {
     kvw_rxset_t *set = r->rx.set;
-    if (!set->failed) {
-        set->failed = true;
-        set->fail_status = r->fail_status;
-        snprintf(set->fail_reason, sizeof(set->fail_reason), "prefill rank %u: %.120s",
-                 r->rx.prefill_rank, r->fail_reason);
-    }
+    kvw__set_fail_locked(&set->fate, r->fail_status, "prefill rank %u: %.120s", r->rx.prefill_rank,
+                         r->fail_reason);
     char why[KVW_WIRE_REASON_MAX];
     snprintf(why, sizeof(why), "prefill rank %u of the room failed", r->rx.prefill_rank);
     for (uint32_t i = 0; i < set->n; i++)
@@ -229,24 +223,13 @@ kvw_poll_t kvw__rxset_poll(kvw_rxset_t *set)
 
 kvw_status_t kvw__rxset_failure(kvw_rxset_t *set, const char **reason_p)
 {
-    if (kvw__rxset_poll(set) != KVW_POLL_FAILED)
-        return KVW_OK;
-    pthread_mutex_lock(&set->engine->lock);
-    kvw_status_t st = set->failed ? set->fail_status : KVW_ERR_ABORTED;
-    pthread_mutex_unlock(&set->engine->lock);
-    if (reason_p)
-        *reason_p = set->fail_reason;
-    return st;
+    return kvw__set_failure(set->engine, kvw__rxset_poll(set), &set->fate, reason_p);
 }
 
 /* (lock) Fail the set for the caller's reason and abort every member. */
 static void abort_all_locked(kvw_rxset_t *set, const char *why)
 {
-    if (!set->failed) {
-        set->failed = true;
-        set->fail_status = KVW_ERR_ABORTED;
-        snprintf(set->fail_reason, sizeof(set->fail_reason), "%s", why);
-    }
+    kvw__set_fail_locked(&set->fate, KVW_ERR_ABORTED, "%s", why);
     for (uint32_t i = 0; i < set->n; i++)
         if (!kvw__req_ended(set->m[i]))
             kvw__receiver_abort_locked(set->m[i], why);
@@ -255,9 +238,7 @@ static void abort_all_locked(kvw_rxset_t *set, const char *why)
 kvw_status_t kvw__rxset_abort(kvw_rxset_t *set)
 {
     pthread_mutex_lock(&set->engine->lock);
-    bool live = false;
-    for (uint32_t i = 0; i < set->n; i++)
-        live |= !kvw__req_ended(set->m[i]);
+    bool live = kvw__members_live(set->m, set->n);
     if (live)
         abort_all_locked(set, "aborted by the caller");
     pthread_mutex_unlock(&set->engine->lock);
@@ -288,9 +269,7 @@ void kvw__rxset_destroy(kvw_rxset_t *set)
 {
     kvw_engine_t *e = set->engine;
     pthread_mutex_lock(&e->lock);
-    bool live = false;
-    for (uint32_t i = 0; i < set->n; i++)
-        live |= !kvw__req_ended(set->m[i]);
+    bool live = kvw__members_live(set->m, set->n);
     if (live)
         abort_all_locked(set, "receiver destroyed by the caller");
     pthread_mutex_unlock(&e->lock);

@@ -21,10 +21,8 @@
 struct kvw_txset {
     kvw_engine_t *engine;
     uint32_t n;
-    bool failed;                           /* (lock) a member failed, or the caller aborted */
-    kvw_status_t fail_status;              /* (lock) the first failure's */
-    char fail_reason[KVW_WIRE_REASON_MAX]; /* (lock) */
-    kvw_req_t *m[];                        /* member i serves the i-th decode request to claim it */
+    kvw_set_fate_t fate; /* (lock) */
+    kvw_req_t *m[];      /* member i serves the i-th decode request to claim it */
 };
 
 /* (lock) A request of the room no sender owns yet (decode asked first). */
@@ -97,7 +95,7 @@ kvw_status_t kvw_sender_create_fanout(kvw_engine_t *e, uint64_t room, uint32_t n
     }
     /* A decode engine gave the room up before the sender existed: the
      * room fails for every receiver. */
-    for (uint32_t i = 0; !st && !set->failed && i < set->n; i++)
+    for (uint32_t i = 0; !st && !set->fate.failed && i < set->n; i++)
         if (atomic_load(&set->m[i]->state) == KVW_POLL_FAILED)
             kvw__txset_member_failed_locked(set->m[i]);
     pthread_mutex_unlock(&e->lock);
@@ -159,11 +157,7 @@ kvw_req_t *kvw__txset_member_of_locked(kvw_txset_t *set, const kvw_peer_t *p)
 /* (lock) Fail every member still live for why. */
 static void fail_all_locked(kvw_txset_t *set, kvw_status_t st, const char *why)
 {
-    if (!set->failed) {
-        set->failed = true;
-        set->fail_status = st;
-        snprintf(set->fail_reason, sizeof(set->fail_reason), "%s", why);
-    }
+    kvw__set_fail_locked(&set->fate, st, "%s", why);
     for (uint32_t i = 0; i < set->n; i++)
         if (!kvw__req_ended(set->m[i]))
             kvw__sender_fail_locked(set->m[i], KVW_ERR_ABORTED, why);
@@ -172,14 +166,11 @@ static void fail_all_locked(kvw_txset_t *set, kvw_status_t st, const char *why)
 void kvw__txset_member_failed_locked(kvw_req_t *r)
 {
     kvw_txset_t *set = r->tx.set;
-    if (set->failed)
+    if (set->fate.failed)
         return; /* the first failure fails the rest (fail_all_locked's loop) */
+    kvw__set_fail_locked(&set->fate, r->fail_status, "decode receiver %u of %u: %.100s",
+                         r->tx.set_index + 1, set->n, r->fail_reason);
     char why[KVW_WIRE_REASON_MAX];
-    snprintf(why, sizeof(why), "decode receiver %u of %u: %.100s", r->tx.set_index + 1, set->n,
-             r->fail_reason);
-    set->failed = true;
-    set->fail_status = r->fail_status;
-    snprintf(set->fail_reason, sizeof(set->fail_reason), "%s", why);
     snprintf(why, sizeof(why), "decode receiver %u of %u of the room failed", r->tx.set_index + 1,
              set->n);
     fail_all_locked(set, r->fail_status, why);
@@ -227,14 +218,7 @@ kvw_poll_t kvw__txset_poll(kvw_txset_t *set)
 
 kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p)
 {
-    if (kvw__txset_poll(set) != KVW_POLL_FAILED)
-        return KVW_OK;
-    pthread_mutex_lock(&set->engine->lock);
-    kvw_status_t st = set->failed ? set->fail_status : KVW_ERR_ABORTED;
-    pthread_mutex_unlock(&set->engine->lock);
-    if (reason_p)
-        *reason_p = set->fail_reason;
-    return st;
+    return kvw__set_failure(set->engine, kvw__txset_poll(set), &set->fate, reason_p);
 }
 
 kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_t *aux_p)
@@ -270,9 +254,7 @@ kvw_status_t kvw__txset_abort(kvw_txset_t *set)
 {
     kvw_engine_t *e = set->engine;
     pthread_mutex_lock(&e->lock);
-    bool live = false;
-    for (uint32_t i = 0; i < set->n; i++)
-        live |= !kvw__req_ended(set->m[i]);
+    bool live = kvw__members_live(set->m, set->n);
     if (live)
         fail_all_locked(set, KVW_ERR_ABORTED, "aborted by prefill");
     pthread_mutex_unlock(&e->lock);
@@ -284,9 +266,7 @@ void kvw__txset_destroy(kvw_txset_t *set)
 {
     kvw_engine_t *e = set->engine;
     pthread_mutex_lock(&e->lock);
-    bool live = false;
-    for (uint32_t i = 0; i < set->n; i++)
-        live |= !kvw__req_ended(set->m[i]);
+    bool live = kvw__members_live(set->m, set->n);
     if (live)
         fail_all_locked(set, KVW_ERR_ABORTED, "sender destroyed by the caller");
     /* Plain senders from here on: a member the engine keeps (its decode
