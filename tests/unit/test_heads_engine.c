@@ -751,6 +751,54 @@ static void test_rank_dies(void **state)
     kvw_receiver_destroy(r);
 }
 
+/* The copy out of the landing buffer fails (the fake CUDA fails the next
+ * copy into GPU memory) after every byte of both ranks landed: decode
+ * reports Failed with KVW_ERR_TRANSFER and the reason, never Success; the
+ * landing space comes back; both prefill ranks end (Success when their
+ * writes completed before decode failed the room, else Failed: both
+ * happen, by timing); and decode's rows do not change after Failed. */
+static void test_landing_copy_fails(void **state)
+{
+    (void)state;
+    fake_cuda_init(&(fake_cuda_config_t){.gdr = 1});
+    kvw__cuda_set_ops(&fake_cuda_ops);
+    decode_gpu = true;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    open_multi(2, 1);
+    fake_cuda_fail_next(true);
+    kvw_receiver_t *r = create_set(&decode[0], 2, 800);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 8, 2), KVW_OK);
+    kvw_sender_t *s[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvw_sender_create(prefills[k].engine, 800, &s[k]), KVW_OK);
+        assert_int_equal(kvw_sender_init(s[k], 8, 1), KVW_OK);
+        assert_int_equal(kvw_sender_send(s[k], fragmented, 8), KVW_OK);
+    }
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_TRANSFER);
+    assert_non_null(strstr(why, "copying it from the landing buffer failed"));
+    fake_cuda_stats_t c;
+    fake_cuda_stats(&c);
+    assert_int_equal(c.failed_copies, 1);
+    for (uint32_t k = 0; k < 2; k++) {
+        kvw_poll_t ps = wait_sender(s[k]);
+        assert_true(ps == KVW_POLL_SUCCESS || ps == KVW_POLL_FAILED);
+    }
+    assert_int_equal(landing_of(0).reserved, 0);
+    uint8_t *before = snapshot(&decode[0]);
+    pair_sleep_ms(50);
+    assert_true(same(&decode[0], before));
+    free(before);
+    for (uint32_t k = 0; k < 2; k++)
+        kvw_sender_destroy(s[k]);
+    kvw_receiver_destroy(r);
+    close_multi(2, 1);
+    fake_cuda_stats(&c);
+    assert_int_equal(c.live_dev_allocs, 0);
+}
+
 /* A receiver over ranks named by their endpoints (no bootstrap lookup),
  * aborted by the caller while both ranks are mid-request: every rank's
  * sender fails, the receiver turns Failed (KVW_ERR_ABORTED) once both
@@ -1079,6 +1127,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_landing_full, setup, teardown),
         cmocka_unit_test_setup_teardown(test_landing_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_landing_gpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_landing_copy_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gqa_replicas, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_endpoints_abort, setup, teardown),
