@@ -108,7 +108,7 @@ extern "C" {
  * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
  * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 1
-#define KVW_VERSION_MINOR 2
+#define KVW_VERSION_MINOR 3
 #define KVW_VERSION_PATCH 0
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
@@ -572,6 +572,26 @@ typedef struct kvw_rail {
  * min(that, max) entries of rails (NULL with max 0: just the count).
  * Thread-safe; the counts are each exact but not taken together. */
 KVW_API uint32_t kvw_engine_rails(const kvw_engine_t *engine, kvw_rail_t *rails, uint32_t max);
+
+/* How one rail's lanes (QPs, over all connections) fared since the engine
+ * was created: a lane that fails leaves its connection while another rail
+ * lives, and prefill probes it back (docs/topology.md, "A rail that goes
+ * down"). All counts since creation except lanes_out. */
+typedef struct kvw_rail_health {
+    uint32_t lanes_failed;   /* lanes on this rail that failed */
+    uint32_t lanes_rejoined; /* lanes that came back into their connection */
+    uint32_t lanes_out;      /* lanes out of their connection now */
+    uint32_t probes;         /* prefill: probes of a paused lane (its port, then a reset) */
+    /* Prefill: from a lane's failure to its rejoin, in microseconds, the
+     * last and the longest (0: none yet). */
+    uint64_t recovery_us_last, recovery_us_max;
+} kvw_rail_health_t;
+
+/* Rail health in the order of kvw_engine_rails(): returns the number of
+ * rails and fills the first min(that, max) entries (NULL with max 0: just
+ * the count). Thread-safe; each count exact, not taken together. */
+KVW_API uint32_t kvw_engine_rail_health(const kvw_engine_t *engine, kvw_rail_health_t *health,
+                                        uint32_t max);
 
 /* -------------------------------------------------------------- requests */
 

@@ -362,17 +362,29 @@ class Engine(_Handle):
 
     def rails(self) -> List[dict]:
         """The engine's rails (KVW_DEVICES; one entry with one device): each a
-        dict of device, gid_index, link_mbps (0: unknown), and the WRs and
-        bytes prefill posted on it (kvw_engine_rails)."""
+        dict of device, gid_index, link_mbps (0: unknown), the WRs and
+        bytes prefill posted on it, and its lanes' failures and rejoins
+        (lanes_failed, lanes_rejoined, lanes_out, probes, recovery_us_last,
+        recovery_us_max; kvw_engine_rails)."""
         fn = _L.optional.get("kvw_engine_rails")
         if fn is None:
             raise _unsupported("kvw_engine_rails", "an engine's rails")
         buf = (_lib.kvw_rail_t * 8)()
+        health = (_lib.kvw_rail_health_t * 8)()
+        health_fn = _L.optional.get("kvw_engine_rail_health")
         with self._lock:
             n = fn(self._get(), buf, 8)
-        return [{"device": buf[i].device.decode(), "gid_index": buf[i].gid_index,
-                 "link_mbps": buf[i].link_mbps, "wrs_posted": buf[i].wrs_posted,
-                 "bytes_posted": buf[i].bytes_posted} for i in range(min(n, 8))]
+            if health_fn is not None:
+                health_fn(self._get(), health, 8)
+        rails = []
+        for i in range(min(n, 8)):
+            rail = {name: getattr(buf[i], name) for name, _ in _lib.kvw_rail_t._fields_}
+            rail["device"] = buf[i].device.decode()
+            if health_fn is not None:
+                rail.update({name: getattr(health[i], name)
+                             for name, _ in _lib.kvw_rail_health_t._fields_})
+            rails.append(rail)
+        return rails
 
     # -- requests --------------------------------------------------------
     def _adopt(self, h: int, kind: str) -> _Cell:

@@ -207,6 +207,17 @@ class kvw_rail_t(Structure):
     ]
 
 
+class kvw_rail_health_t(Structure):
+    _fields_ = [
+        ("lanes_failed", c_uint32),
+        ("lanes_rejoined", c_uint32),
+        ("lanes_out", c_uint32),
+        ("probes", c_uint32),
+        ("recovery_us_last", c_uint64),
+        ("recovery_us_max", c_uint64),
+    ]
+
+
 class kvw_prefill_rank_t(Structure):
     _fields_ = [
         ("bootstrap_addr", c_char_p),
@@ -236,6 +247,7 @@ STRUCTS = {
     "kvw_state_list_t": kvw_state_list_t,
     "kvw_part_t": kvw_part_t,
     "kvw_rail_t": kvw_rail_t,
+    "kvw_rail_health_t": kvw_rail_health_t,
     "kvw_req_metrics_t": kvw_req_metrics_t,
     "kvw_prefill_rank_t": kvw_prefill_rank_t,
     "kvw_receiver_params_t": kvw_receiver_params_t,
@@ -303,6 +315,7 @@ OPTIONAL = {
     "kvw_sender_create_fanout": (c_int, [c_void_p, c_uint64, c_uint32, POINTER(c_void_p)]),
     # An engine's rails (KVW_DEVICES, 1.2).
     "kvw_engine_rails": (c_uint32, [c_void_p, POINTER(kvw_rail_t), c_uint32]),
+    "kvw_engine_rail_health": (c_uint32, [c_void_p, POINTER(kvw_rail_health_t), c_uint32]),
 }
 # KVW_MAX_DECODE_RECEIVERS: the most decode receivers one fan-out sender serves.
 MAX_DECODE_RECEIVERS = 64

@@ -176,6 +176,10 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_CREDIT:
         body = 4 + 8 * (size_t)m->u.credit.num_qps;
         break;
+    case KVW_MSG_LANE_RESET:
+    case KVW_MSG_LANE_READY:
+        body = 4 + 4 + 4 + 8;
+        break;
     }
     return KVW_WIRE_HEADER_LEN + body;
 }
@@ -185,7 +189,7 @@ static int type_known(uint16_t t)
     return (t >= KVW_MSG_BS_REGISTER && t <= KVW_MSG_BS_UNREGISTER) || t == KVW_MSG_HELLO ||
            t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
-           t == KVW_MSG_BYE;
+           t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -277,6 +281,13 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.credit.num_qps, 4);
         for (uint32_t i = 0; i < m->u.credit.num_qps; i++)
             put_le(w, m->u.credit.recvs_posted[i], 8);
+        break;
+    case KVW_MSG_LANE_RESET:
+    case KVW_MSG_LANE_READY:
+        put_le(w, m->u.lane.qp, 4);
+        put_le(w, m->u.lane.psn, 4);
+        put_le(w, m->u.lane.peer_psn, 4);
+        put_le(w, m->u.lane.count, 8);
         break;
     }
 }
@@ -548,6 +559,18 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
         for (uint32_t i = 0; i < m->u.credit.num_qps; i++)
             m->u.credit.recvs_posted[i] = get_le(r, 8);
         return KVW_OK;
+    case KVW_MSG_LANE_RESET:
+    case KVW_MSG_LANE_READY:
+        m->u.lane.qp = (uint32_t)get_le(r, 4);
+        m->u.lane.psn = (uint32_t)get_le(r, 4);
+        m->u.lane.peer_psn = (uint32_t)get_le(r, 4);
+        m->u.lane.count = get_le(r, 8);
+        if (m->u.lane.qp >= KVW_WIRE_MAX_QPS)
+            return fail(reason, rsize, "%s: QP %u (0..%u)", kvw__wire_type_name(m->type),
+                        m->u.lane.qp, KVW_WIRE_MAX_QPS - 1);
+        if (m->u.lane.psn > KVW_QPN_MASK || m->u.lane.peer_psn > KVW_QPN_MASK)
+            return fail(reason, rsize, "%s: a PSN over 24 bits", kvw__wire_type_name(m->type));
+        return KVW_OK;
     }
     return fail(reason, rsize, "unknown message type %u", m->type);
 }
@@ -626,6 +649,10 @@ const char *kvw__wire_type_name(uint16_t type)
         return "CREDIT";
     case KVW_MSG_BYE:
         return "BYE";
+    case KVW_MSG_LANE_RESET:
+        return "LANE_RESET";
+    case KVW_MSG_LANE_READY:
+        return "LANE_READY";
     case KVW_MSG_PING:
         return "PING";
     case KVW_MSG_PONG:

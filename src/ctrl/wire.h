@@ -15,8 +15,9 @@
  * HELLO advertises its landing buffer, and REQUEST may ask for the heads
  * in a slice of it (an offset); 9: HELLO carries the sender's rails
  * (devices): each QP's rail, each rail's link speed, and every region's
- * rkey on each rail */
-#define KVW_WIRE_VERSION 9
+ * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
+ * back into its connection */
+#define KVW_WIRE_VERSION 10
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -83,6 +84,13 @@ typedef enum {
     KVW_MSG_PONG = 31,
     KVW_MSG_CREDIT = 32, /* decode -> prefill: receives posted so far per QP (cumulative) */
     KVW_MSG_BYE = 33,    /* either way: status, reason; the connection is dead */
+    /* Wire 10, a lane (QP) that failed rejoins its connection: prefill,
+     * its QP reset, asks decode to reset its end (LANE_RESET: the lane,
+     * prefill's new PSN, the immediates it posted there in all); decode
+     * answers once its QP is connected again and its receives posted
+     * (LANE_READY: its new PSN, prefill's echoed, receives posted in all). */
+    KVW_MSG_LANE_RESET = 34,
+    KVW_MSG_LANE_READY = 35,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
@@ -169,6 +177,12 @@ typedef struct kvw_msg {
             uint32_t num_qps;
             uint64_t recvs_posted[KVW_WIRE_MAX_QPS];
         } credit;
+        struct {
+            uint32_t qp;       /* the lane: its index in HELLO's QPs (< KVW_WIRE_MAX_QPS) */
+            uint32_t psn;      /* the sender's new PSN on it */
+            uint32_t peer_psn; /* LANE_READY: the PSN of the LANE_RESET it answers */
+            uint64_t count;    /* RESET: immediates posted in all; READY: receives posted */
+        } lane;
     } u;
 } kvw_msg_t;
 

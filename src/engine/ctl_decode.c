@@ -4,6 +4,7 @@
  * lookup, then a DEALER to prefill's ROUTER for the handshake, requests,
  * aborts, credits and heartbeats. */
 #include "engine/control.h"
+#include "engine/rejoin.h"
 
 #include "common/log.h"
 #include "ctrl/zsock.h"
@@ -213,8 +214,10 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
     }
     /* Prefill may take fewer QPs than we offered: the rest stay idle. */
-    for (uint32_t i = 0; !st && i < m->u.hello.num_qps; i++)
+    for (uint32_t i = 0; !st && i < m->u.hello.num_qps; i++) {
         st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
+        p->lanes[i].remote = m->u.hello.qps[i]; /* a rejoin connects to it again */
+    }
     if (st) {
         kvw__peer_kill(p, st, "handshake with prefill rank %u failed: %s", p->rank,
                        why[0] ? why : kvw_strerror(st));
@@ -273,6 +276,8 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
             on_hello_ack(e, p, &m);
         else if (m.type == KVW_MSG_REQUEST_FAILED)
             on_request_failed(e, p, &m);
+        else if (m.type == KVW_MSG_LANE_RESET && atomic_load(&p->state) == PEER_CONNECTED)
+            kvw__rejoin_on_reset(e, p, &m);
         else if (m.type == KVW_MSG_BYE)
             kvw__peer_kill(p, (kvw_status_t)m.status,
                            "prefill rank %u closed the connection: %.100s", p->rank,
@@ -408,7 +413,8 @@ uint64_t kvw__decode_peers_tick(kvw_engine_t *e, uint64_t now)
         if (s == PEER_LOOKUP || s == PEER_HELLO)
             next = kvw__earliest(next, connecting_tick(e, p, s, now));
         else if (s == PEER_CONNECTED)
-            next = kvw__earliest(next, connected_tick(e, p, now));
+            next = kvw__earliest(
+                next, kvw__earliest(connected_tick(e, p, now), kvw__rejoin_tick(e, p, now)));
     }
     return next;
 }

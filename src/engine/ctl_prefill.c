@@ -6,6 +6,7 @@
  * per-connection caps. */
 #include "engine/control.h"
 #include "engine/poller.h"
+#include "engine/rejoin.h"
 
 #include "common/log.h"
 #include "ctrl/zsock.h"
@@ -106,8 +107,10 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
         p->hello_qpn = m->u.hello.num_qps ? m->u.hello.qps[0].qpn : 0;
         p->serial = e->next_serial++;
         p->last_seen_ns = kvw__now_ns();
-        for (uint32_t i = 0; i < lanes; i++)
+        for (uint32_t i = 0; i < lanes; i++) {
             atomic_store(&p->lanes[i].imm_limit, m->u.hello.recv_credits);
+            p->lanes[i].remote = m->u.hello.qps[i]; /* a rejoin connects to it again */
+        }
         atomic_store(&p->state, PEER_CONNECTED); /* not yet visible to other threads */
         pthread_mutex_lock(&e->lock);
         st = kvw__peer_publish_locked(e, p, why, sizeof(why));
@@ -561,6 +564,9 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     case KVW_MSG_CREDIT:
         on_credit(e, p, m);
         break;
+    case KVW_MSG_LANE_READY:
+        kvw__rejoin_on_ready(e, p, m);
+        break;
     case KVW_MSG_PING: {
         kvw_msg_t pong = {.type = KVW_MSG_PONG}; /* engine id 0: see kvw__peer_hello */
         kvw__ctl_route(e, p->id, sizeof(p->id), &pong);
@@ -694,6 +700,7 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
             kvw__peer_kill(p, KVW_ERR_PEER, "decode engine silent for %u ms", ms);
         else
             next = kvw__earliest(next, due + 1);
+        next = kvw__earliest(next, kvw__rejoin_tick(e, p, now));
     }
     if (e->probe_until_ns && now < e->probe_until_ns) {
         probe_connections(e);

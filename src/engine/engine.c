@@ -495,3 +495,16 @@ uint32_t kvw_engine_rails(const kvw_engine_t *e, kvw_rail_t *rails, uint32_t max
     }
     return e->nrails;
 }
+
+uint32_t kvw_engine_rail_health(const kvw_engine_t *e, kvw_rail_health_t *health, uint32_t max)
+{
+    for (uint32_t r = 0; health && r < e->nrails && r < max; r++)
+        health[r] =
+            (kvw_rail_health_t){.lanes_failed = (uint32_t)atomic_load(&e->rail_failed[r]),
+                                .lanes_rejoined = (uint32_t)atomic_load(&e->rail_rejoined[r]),
+                                .lanes_out = (uint32_t)atomic_load(&e->rail_out[r]),
+                                .probes = (uint32_t)atomic_load(&e->rail_probes[r]),
+                                .recovery_us_last = atomic_load(&e->rail_recovery_us[r]),
+                                .recovery_us_max = atomic_load(&e->rail_recovery_max_us[r])};
+    return e->nrails;
+}

@@ -57,6 +57,23 @@ typedef struct kvw_peer kvw_peer_t;
 /* One QP of a connection; a connection has cfg.qps_per_peer of them (the
  * smaller count of the two sides is connected) and prefill stripes its
  * chains over them. */
+/* A lane's way back into its connection after it failed (rails, docs/
+ * topology.md "A rail that comes back"). The state is handed between the
+ * poller and the control thread through `rejoin`; the fields each state
+ * lists belong to the thread that holds it. */
+typedef enum {
+    LANE_LIVE = 0, /* carries writes */
+    /* Prefill. */
+    LANE_DRAINING,   /* failed; the poller waits for its last completions */
+    LANE_PAUSED,     /* drained; the control thread probes its port at probe_at_ns */
+    LANE_RESETTING,  /* control: QP reset, LANE_RESET sent, LANE_READY awaited */
+    LANE_PROBING,    /* connected again: the poller sends a zero-length write */
+    LANE_PROBE_SENT, /* poller: that write landing brings the lane back */
+    /* Decode. */
+    LANE_RESET_DUE, /* prefill asked for a reset: the poller does it once drained */
+    LANE_READY_DUE, /* reset and receives posted: the control thread says LANE_READY */
+} kvw_lane_rejoin_t;
+
 typedef struct kvw_lane {
     kvw_qp_t *qp;
     uint8_t rail;        /* the engine's rail (device) the QP lives on */
@@ -81,6 +98,19 @@ typedef struct kvw_lane {
      * before it posts again. */
     atomic_bool down_due;
     struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
+    /* Rejoining (kvw_lane_rejoin_t). */
+    _Atomic int rejoin;
+    kvw_qp_info_t remote; /* the peer's QP, from HELLO; a reset renews its PSN */
+    uint32_t cooldown_ms; /* prefill: the wait before the next probe, growing */
+    uint64_t failed_ns;   /* prefill poller: when it failed (time to recover) */
+    uint64_t rejoined_ns; /* prefill poller: when it last came back (flapping) */
+    uint64_t reaped_upto; /* prefill poller: completions reaped after the failure, up to */
+    uint64_t probe_seq;   /* prefill poller: the zero-length write's sequence number */
+    uint64_t probe_at_ns, reset_deadline_ns; /* prefill control */
+    _Atomic uint64_t imm_base;               /* prefill: imm_posted once drained, for LANE_RESET */
+    uint32_t rq_flushed; /* decode poller: receives flushed since they were posted */
+    uint32_t peer_psn;   /* decode (lock): the last LANE_RESET's PSN */
+    uint64_t peer_base;  /* decode (lock): and its count of immediates */
 } kvw_lane_t;
 
 /* One part of a sender's request (kvw_sender_send / send_part /
@@ -153,6 +183,14 @@ struct kvw_peer {
      * the handshake; next_lane is sched[sched_pos]. */
     uint8_t sched[KVW_MAX_SCHED];
     uint32_t nsched;
+    /* The turn with every lane, as the handshake built it: a lane that
+     * rejoins takes its turns back (sched is this less the dead lanes). */
+    uint8_t sched_all[KVW_MAX_SCHED];
+    uint32_t nsched_all;
+    /* Lanes that need the control thread for their rejoin (prefill:
+     * PAUSED, RESETTING; decode: READY_DUE), a bit each, and decode lanes
+     * whose reset the poller owes (RESET_DUE). */
+    _Atomic uint32_t rejoin_ctl, rejoin_poll;
     uint64_t remote_max[3]; /* items every remote region of each kind holds */
     /* items every remote region of each state group holds */
     uint64_t remote_state_max[KVW_LAYOUT_MAX_GROUPS];
@@ -400,6 +438,9 @@ typedef struct kvw_engine_counters {
      * live lanes, requests failed instead (their final immediate on the
      * failed lane may have landed). */
     _Atomic uint64_t lanes_failed, replays, replay_refused;
+    /* Rejoins: lanes back in their connection; probes of a paused lane's
+     * port, and those that found it still down or the lane not working. */
+    _Atomic uint64_t lanes_rejoined, lane_probes, lane_probes_failed;
 } kvw_engine_counters_t;
 
 struct kvw_engine {
@@ -421,6 +462,12 @@ struct kvw_engine {
     /* Work requests and bytes posted on each rail (prefill; the poller
      * adds once per pass and connection). */
     _Atomic uint64_t rail_wrs[KVW_MAX_RAILS], rail_bytes[KVW_MAX_RAILS];
+    /* Per rail: lanes that failed, lanes that rejoined, lanes out of their
+     * connection now, port probes, and the time from a lane's failure to
+     * its rejoin (the last, the longest), in microseconds. */
+    _Atomic uint64_t rail_failed[KVW_MAX_RAILS], rail_rejoined[KVW_MAX_RAILS];
+    _Atomic uint64_t rail_out[KVW_MAX_RAILS], rail_probes[KVW_MAX_RAILS];
+    _Atomic uint64_t rail_recovery_us[KVW_MAX_RAILS], rail_recovery_max_us[KVW_MAX_RAILS];
     kvw_layout_t layout;
     bool layout_heads;     /* some KV group describes its heads (head slicing) */
     kvw_region_t *regions; /* layout.num_regions, group by group */
@@ -767,6 +814,8 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *hello, char
                                      size_t why_size);
 void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m_p);
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n);
+/* Decode: n receives on one lane (its rwrs), counted in recvs_posted. */
+kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n);
 /* Declare p dead (once): QP to ERR first, so nothing more lands, then fail
  * every request attached to it and have the control thread say BYE. Any
  * thread; kvw__peer_kill takes the lock. The _locked form, for callers

@@ -305,6 +305,8 @@ static void build_sched(kvw_peer_t *p, const kvw_msg_t *h, uint32_t used)
         p->sched[p->nsched++] = 0;
     p->sched_pos = 0;
     p->next_lane = p->sched[0];
+    memcpy(p->sched_all, p->sched, p->nsched);
+    p->nsched_all = p->nsched;
 }
 
 /* Prefill, head slicing: for each KV slot (the same group in every
@@ -428,20 +430,24 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     return st;
 }
 
+kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        l->rwrs[i] = (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &l->rwrs[i + 1] : NULL};
+    struct ibv_recv_wr *bad = NULL;
+    if (l->qp->dev->ops->post_recv(l->qp->qp, l->rwrs, &bad)) {
+        KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    atomic_fetch_add(&l->recvs_posted, n);
+    return KVW_OK;
+}
+
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
 {
-    for (uint32_t k = 0; k < p->nlanes; k++) {
-        kvw_lane_t *l = &p->lanes[k];
-        for (uint32_t i = 0; i < n; i++)
-            l->rwrs[i] =
-                (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &l->rwrs[i + 1] : NULL};
-        struct ibv_recv_wr *bad = NULL;
-        if (l->qp->dev->ops->post_recv(l->qp->qp, l->rwrs, &bad)) {
-            KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
+    for (uint32_t k = 0; k < p->nlanes; k++)
+        if (kvw__lane_post_recvs(&p->lanes[k], n))
             return KVW_ERR_VERBS;
-        }
-        atomic_fetch_add(&l->recvs_posted, n);
-    }
     return KVW_OK;
 }
 

@@ -5,6 +5,7 @@
  * completions, and drives request states. When idle it spins briefly, then
  * sleeps on the completion channel so an idle engine burns no core. */
 #include "engine/poller.h"
+#include "engine/rejoin.h"
 #include "engine/stager.h"
 
 #include "common/log.h"
@@ -558,10 +559,12 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
     /* A spinning poller passes every microsecond or so: the events are
      * looked at only every KVW_EVENT_RECHECK_US. */
     int moved = p->evwait_head && kvw__now_ns() >= p->evwait_due_ns ? recheck_events(e, p) : 0;
+    /* Before anything is posted, and on an idle connection too: its lanes'
+     * rejoin starts from here. */
+    if (atomic_load_explicit(&p->lanes_down, memory_order_relaxed) && lanes_ready(e, p))
+        take_down_lanes(e, p);
     if (!p->active_head || !lanes_ready(e, p))
         return moved;
-    if (atomic_load_explicit(&p->lanes_down, memory_order_relaxed))
-        take_down_lanes(e, p);
     uint64_t before[3];
     lane_totals(p, before);
     kvw_status_t st = KVW_OK;
@@ -799,18 +802,6 @@ static void fail_over_parked(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint
     pthread_mutex_unlock(&e->lock);
 }
 
-/* The lane takes no more turns. */
-static void drop_turns(kvw_peer_t *p, uint32_t lane)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < p->nsched; i++)
-        if (p->sched[i] != lane)
-            p->sched[n++] = p->sched[i];
-    p->nsched = n;
-    p->sched_pos = 0;
-    p->next_lane = p->sched[0];
-}
-
 /* Whether an error completion fixes exactly what landed: the peer refused
  * the write (a NAK: it executes nothing after it) or it never left. A
  * transport timeout, or a flush of a QP failed from outside (its port
@@ -824,12 +815,10 @@ static bool exact_boundary(enum ibv_wc_status st)
 static void fail_over(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char *what, bool exact)
 {
     kvw_lane_t *l = &p->lanes[lane];
-    l->dead = true;
-    p->dead_lanes |= 1u << lane;
-    drop_turns(p, lane);
-    atomic_fetch_add(&e->counters.lanes_failed, 1);
+    kvw__rejoin_lane_failed(e, p, lane); /* out, until it rejoins (rejoin.c) */
+    kvw__rejoin_rebuild_turns(p);
     KVW_WARN("connection %u: lane %u on %s failed (%s): its unfinished requests start over on "
-             "the other rails",
+             "the other rails; the lane is probed back",
              p->index, lane, e->rails[l->rail]->name, what);
     uint64_t landed = l->txq.completed;
     fail_over_inflight(e, p, lane, landed, exact);
@@ -864,11 +853,17 @@ static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
     kvw_txq_t *q = &p->lanes[lane].txq;
     bool first = !q->broken;
     kvw__txq_fail_at(q, wc->wr_id);
+    if (p->lanes[lane].dead) { /* out already: its drain, or a failed probe */
+        kvw__rejoin_error_reaped(p->engine, p, lane, wc->wr_id);
+        retire_inflight(p);
+        return;
+    }
     if (first && can_fail_over(p->engine, p, lane)) {
         char what[96];
         snprintf(what, sizeof(what), "%s, vendor error 0x%x", ibv_wc_status_str(wc->status),
                  wc->vendor_err);
         fail_over(p->engine, p, lane, what, exact_boundary(wc->status));
+        kvw__rejoin_error_reaped(p->engine, p, lane, wc->wr_id);
         retire_inflight(p);
         return;
     }
@@ -886,9 +881,7 @@ static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
 static void decode_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
                                const struct ibv_wc *wc)
 {
-    p->lanes[lane].dead = true;
-    p->dead_lanes |= 1u << lane;
-    atomic_fetch_add(&e->counters.lanes_failed, 1);
+    kvw__rejoin_lane_failed(e, p, lane);
     KVW_WARN("connection %u: lane %u on %s failed (%s): the other rails carry on", p->index, lane,
              e->rails[p->lanes[lane].rail]->name, ibv_wc_status_str(wc->status));
 }
@@ -899,10 +892,13 @@ static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
     if (wc->status != IBV_WC_WR_FLUSH_ERR ||
         (atomic_load(&p->state) != PEER_DEAD && !p->lanes[lane].dead))
         atomic_fetch_add(&e->counters.errors, 1); /* flushes after a kill are expected */
-    if (e->role == KVW_ROLE_PREFILL)
+    if (e->role == KVW_ROLE_PREFILL) {
         on_send_error(p, lane, wc);
-    else if (p->lanes[lane].dead)
-        ; /* decode: a rail already given up on */
+        return;
+    }
+    kvw__rejoin_error_reaped(e, p, lane, wc->wr_id); /* decode: one receive fewer posted */
+    if (p->lanes[lane].dead || atomic_load(&p->lanes[lane].rejoin) == LANE_RESET_DUE)
+        ; /* a rail already given up on, or being reset */
     else if (can_fail_over(e, p, lane))
         decode_lane_failed(e, p, lane, wc);
     else if (atomic_load(&p->state) != PEER_DEAD)
@@ -1052,6 +1048,7 @@ static int poll_peer(kvw_engine_t *e, kvw_peer_t *p)
     }
     if (atomic_load(&p->state) == PEER_DEAD && !atomic_load(&p->poller_done)) {
         drop_queues(e, p);
+        kvw__rejoin_peer_gone(e, p);
         atomic_store(&p->poller_done, true); /* the control thread may reclaim it */
     }
     for (uint32_t i = 0; i < p->nlanes; i++)
@@ -1080,6 +1077,13 @@ static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
         if (!p || atomic_load(&p->poller_done))
             continue;
         bool closing = atomic_load(&p->closing);
+        if (atomic_load(&p->state) == PEER_CONNECTED && !closing &&
+            (p->dead_lanes || atomic_load_explicit(&p->rejoin_poll, memory_order_relaxed))) {
+            uint64_t before[3]; /* a rejoin's probe write counts as posted */
+            lane_totals(p, before);
+            kvw__rejoin_poll(e, p);
+            publish_counters(e, p, before);
+        }
         if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED && !closing)
             work += post_peer(e, p, budget, more);
         work += poll_peer(e, p);

@@ -183,6 +183,16 @@ void kvw__txq_retire(kvw_txq_t *q, uint64_t seq)
     q->completed = done;
 }
 
+void kvw__txq_rearm(kvw_txq_t *q)
+{
+    restore_special(q); /* a chain built when the QP failed is never posted */
+    q->pending = 0;
+    q->pending_bytes = 0;
+    q->completed = q->posted;
+    q->broken = false;
+    q->post_failed = false;
+}
+
 void kvw__txq_fail_at(kvw_txq_t *q, uint64_t seq)
 {
     if (q->broken)

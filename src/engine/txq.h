@@ -108,6 +108,11 @@ void kvw__txq_retire(kvw_txq_t *q, uint64_t seq);
  * fixes the outcome of every WR: those before seq landed, seq and all later
  * ones did not. Later reports change nothing. */
 void kvw__txq_fail_at(kvw_txq_t *q, uint64_t seq);
+/* The QP, failed, was reset and connected again (a lane rejoining): the
+ * txq takes writes again. Every WR of its old life must have completed;
+ * a chain built but not posted is dropped. Sequence numbers and totals go
+ * on from where they were. */
+void kvw__txq_rearm(kvw_txq_t *q);
 /* WRs posted and not yet known complete. */
 static inline uint64_t kvw__txq_outstanding(const kvw_txq_t *q)
 {

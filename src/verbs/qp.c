@@ -16,6 +16,22 @@ static uint32_t random_psn(void)
     return v & 0xffffff;
 }
 
+static kvw_status_t to_init(kvw_qp_t *q)
+{
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_INIT,
+        .pkey_index = 0,
+        .port_num = q->dev->port,
+        .qp_access_flags = q->remote_write ? IBV_ACCESS_REMOTE_WRITE : 0,
+    };
+    if (q->dev->ops->modify_qp(
+            q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+        KVW_ERROR("%s: QP %u to INIT failed: %s", q->dev->name, q->qp->qp_num, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    return KVW_OK;
+}
+
 kvw_status_t kvw__qp_create(kvw_dev_t *dev, struct ibv_comp_channel *channel, void *cq_ctx,
                             uint32_t sq_depth, uint32_t rq_depth, bool remote_write,
                             kvw_qp_t **qp_p)
@@ -64,17 +80,9 @@ kvw_status_t kvw__qp_create_sge(kvw_dev_t *dev, struct ibv_comp_channel *channel
     /* The provider may round the entries up: it says so in init.cap. */
     if (init.cap.max_send_sge > q->max_send_sge)
         q->max_send_sge = init.cap.max_send_sge;
-    struct ibv_qp_attr a = {
-        .qp_state = IBV_QPS_INIT,
-        .pkey_index = 0,
-        .port_num = dev->port,
-        .qp_access_flags = remote_write ? IBV_ACCESS_REMOTE_WRITE : 0,
-    };
-    if (ops->modify_qp(q->qp, &a,
-                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-        KVW_ERROR("%s: QP %u to INIT failed: %s", dev->name, q->qp->qp_num, strerror(errno));
+    q->remote_write = remote_write;
+    if (to_init(q))
         goto fail;
-    }
     *qp_p = q;
     return KVW_OK;
 fail:
@@ -219,6 +227,19 @@ void kvw__qp_set_error(kvw_qp_t *qp)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
     if (qp && qp->qp && qp->dev->ops->modify_qp(qp->qp, &a, IBV_QP_STATE))
         KVW_WARN("%s: QP %u to ERR failed: %s", qp->dev->name, qp->qp->qp_num, strerror(errno));
+}
+
+kvw_status_t kvw__qp_reset(kvw_qp_t *qp)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+    if (qp->dev->ops->modify_qp(qp->qp, &a, IBV_QP_STATE)) {
+        KVW_ERROR("%s: QP %u to RESET failed: %s", qp->dev->name, qp->qp->qp_num, strerror(errno));
+        return KVW_ERR_VERBS;
+    }
+    /* A new PSN: a packet of the QP's previous life still in the fabric
+     * is then out of sequence for the new one. */
+    qp->psn = random_psn();
+    return to_init(qp);
 }
 
 void kvw__qp_destroy(kvw_qp_t *qp)

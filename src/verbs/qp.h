@@ -25,6 +25,7 @@ typedef struct kvw_qp {
     uint32_t psn;
     uint32_t sq_depth, rq_depth;
     uint32_t max_send_sge; /* scatter/gather entries a send WR may carry */
+    bool remote_write;     /* the peer may write our memory through it (decode) */
     /* The path as set at RTR, for the bring-up log. */
     enum ibv_mtu path_mtu;
     struct ibv_ah_attr ah;
@@ -60,6 +61,12 @@ void kvw__qp_fill_ah(const kvw_dev_t *dev, uint32_t local_qpn, const kvw_qp_info
 /* Move to ERR: every outstanding WR completes with a flush error and the
  * peer can no longer write into our memory through this QP. */
 void kvw__qp_set_error(kvw_qp_t *qp);
+/* Back to INIT from any state, under a new PSN (qp->psn), for
+ * kvw__qp_connect to connect it again: what a lane that failed does to
+ * rejoin its connection. Every WR still on the QP is dropped without a
+ * completion, so the caller must have reaped all of them first (a CQE
+ * left over would describe a WR of the QP's previous life). */
+kvw_status_t kvw__qp_reset(kvw_qp_t *qp);
 /* Accepts NULL and half-built QPs. */
 void kvw__qp_destroy(kvw_qp_t *qp);
 

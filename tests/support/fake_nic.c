@@ -539,11 +539,14 @@ static int nic_query_device(struct ibv_context *ibctx, struct ibv_device_attr *a
 
 static int nic_query_port(struct ibv_context *ibctx, uint8_t port, struct ibv_port_attr *attr)
 {
-    (void)ibctx;
     if (port != NIC_PORT)
         return fail_rc(EINVAL);
     memset(attr, 0, sizeof(*attr));
-    attr->state = IBV_PORT_ACTIVE;
+    lock();
+    /* A killed device is a link that went down (fake_nic_revive_device:
+     * back up). */
+    attr->state = ctx_of(ibctx)->dev->killed ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
+    unlock();
     attr->max_mtu = attr->active_mtu = IBV_MTU_4096;
     attr->gid_tbl_len = NIC_GID_TBL_LEN;
     attr->pkey_tbl_len = 1;
@@ -1019,6 +1022,17 @@ static void qp_to_error(nic_qp_t *qp)
     flush_recvs(qp);
 }
 
+/* RESET: the queues are emptied without completions, as the verbs spec
+ * has it (the CQEs already queued stay; the caller reaps them first). */
+static void qp_to_reset(nic_qp_t *qp)
+{
+    nic.stats.wrs_flushed += qp->sq_tail - qp->sq_head;
+    nic.stats.recvs_flushed += qp->rq_tail - qp->rq_head;
+    qp->sq_freed = qp->sq_head = qp->sq_tail;
+    qp->rq_head = qp->rq_tail;
+    qp->ibqp.state = IBV_QPS_RESET;
+}
+
 /* The head WR failed: its error CQE (signaled or not), then the flush. */
 static void fail_head(nic_qp_t *qp, enum ibv_wc_status status)
 {
@@ -1155,6 +1169,10 @@ static int qp_transition(nic_qp_t *qp, const struct ibv_qp_attr *a, int mask)
         return EINVAL; /* attribute-only modifies are not modelled */
     if (to == IBV_QPS_ERR) {
         qp_to_error(qp);
+        return 0;
+    }
+    if (to == IBV_QPS_RESET) {
+        qp_to_reset(qp);
         return 0;
     }
     if (from == IBV_QPS_RESET && to == IBV_QPS_INIT)

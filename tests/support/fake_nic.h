@@ -113,15 +113,17 @@ int fake_nic_raise_port_event(const char *name, enum ibv_event_type type);
 int fake_nic_raise_qp_event(uint32_t qp_num, enum ibv_event_type type);
 /* Replace the fault set (NULL: no faults) and restart its counters. */
 void fake_nic_set_faults(const fake_nic_faults_t *faults);
-/* The device's "process died": WRs towards its QPs fail with
- * IBV_WC_RETRY_EXC_ERR, its own QPs send nothing more, yet its objects stay
- * valid so its engine can still be destroyed. Returns 0, -1 if unknown. */
+/* The device's "process died" (or its link went down): WRs towards its
+ * QPs fail with IBV_WC_RETRY_EXC_ERR, its own QPs send nothing more, its
+ * port reads IBV_PORT_DOWN, yet its objects stay valid so its engine can
+ * still be destroyed. Returns 0, -1 if unknown. */
 int fake_nic_kill_device(const char *name);
 /* One byte of memory the wire may be writing, read race-free (for tests
  * that watch data land before the request ends). */
 uint8_t fake_nic_peek(const void *addr);
-/* A new process on a killed device: QPs created from now on work again
- * (the killed ones' peers have failed by then). Returns 0, -1 if unknown. */
+/* A new process on a killed device, or its link back up: its port reads
+ * IBV_PORT_ACTIVE and its QPs work again (those whose peers failed them
+ * meanwhile stay in ERR until reset). Returns 0, -1 if unknown. */
 int fake_nic_revive_device(const char *name);
 
 void fake_nic_stats(fake_nic_stats_t *stats);

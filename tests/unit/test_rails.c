@@ -257,6 +257,8 @@ static void test_rail_port_down(void **state)
     pair_room_t rooms[ROOMS];
     start_rooms(rooms);
     kvw_peer_t *p = prefill_peer();
+    /* The port stays down (its probes find it so): no rejoin meanwhile. */
+    assert_int_equal(fake_nic_kill_device("fake2"), 0);
     assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
     for (int i = 0; i < 2000 && !atomic_load(&p->lanes[1].down_due); i++)
         pair_sleep_ms(1);
@@ -370,6 +372,124 @@ static void test_every_rail_fails(void **state)
     }
 }
 
+/* ---- a rail that comes back --------------------------------------------- */
+
+/* One engine's health of rail r. */
+static kvw_rail_health_t health_of(const kvw_engine_t *e, uint32_t r)
+{
+    kvw_rail_health_t h[KVW_MAX_RAILS];
+    assert_true(kvw_engine_rail_health(e, h, KVW_MAX_RAILS) > r);
+    return h[r];
+}
+
+/* Waits (bounded) until prefill's rail r shows at least n of what `field`
+ * (offset into kvw_rail_health_t, a uint32_t) counts; true if it did. */
+static bool wait_health(uint32_t r, size_t field, uint32_t n)
+{
+    for (int i = 0; i < WAIT_MS; i++) {
+        kvw_rail_health_t h = health_of(pair.prefill, r);
+        uint32_t v;
+        memcpy(&v, (const char *)&h + field, sizeof(v));
+        if (v >= n)
+            return true;
+        pair_sleep_ms(1);
+    }
+    return false;
+}
+
+static void print_health(const char *when)
+{
+    kvw_rail_health_t h = health_of(pair.prefill, 1);
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    print_message("%s: rail 1 lanes failed %u, rejoined %u, out %u, probes %u (%llu failed), "
+                  "recovery %llu us\n",
+                  when, h.lanes_failed, h.lanes_rejoined, h.lanes_out, h.probes,
+                  (unsigned long long)counter(&c->lane_probes_failed),
+                  (unsigned long long)h.recovery_us_last);
+}
+
+/* After a rejoin: nothing out on either side, and the rail carries writes
+ * again (more than the one probe write) with every byte landing. */
+static void assert_rail_back(const kvw_rail_t *before)
+{
+    assert_true(wait_health(1, offsetof(kvw_rail_health_t, lanes_rejoined), 1));
+    kvw_rail_health_t h = health_of(pair.prefill, 1);
+    assert_int_equal(h.lanes_out, 0);
+    assert_true(h.recovery_us_last > 0);
+    assert_true(h.recovery_us_max >= h.recovery_us_last);
+    kvw_rail_health_t d = health_of(pair.decode, 1);
+    assert_true(d.lanes_rejoined >= 1); /* once per reset prefill asked for */
+    assert_int_equal(d.lanes_out, 0);
+    transfer_rooms();
+    kvw_rail_t after[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(after), 2);
+    assert_true(after[1].wrs_posted > before[1].wrs_posted + 1);
+    assert_rails_sum(after, 2);
+}
+
+/* Prefill's second device loses its link (port DOWN, a port-down event):
+ * its lane fails over and is paused. Probes find the port down and back
+ * off (100 ms, then 200 ms, ...); once it is up the lane is reset on both
+ * sides, a zero-length write proves the path, and the lane carries writes
+ * again, every byte landing. */
+static void test_rail_comes_back(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms();
+    assert_int_equal(fake_nic_kill_device("fake2"), 0);
+    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
+    assert_true(wait_health(1, offsetof(kvw_rail_health_t, lanes_out), 1));
+    kvw_rail_t down[KVW_MAX_RAILS];
+    transfer_rooms();
+    assert_int_equal(prefill_rails(down), 2);
+    /* Two probes, each finding the port down: the lane stays out. */
+    assert_true(wait_health(1, offsetof(kvw_rail_health_t, probes), 2));
+    print_health("port down");
+    assert_int_equal(health_of(pair.prefill, 1).lanes_rejoined, 0);
+    assert_true(counter(&pair.prefill->counters.lane_probes_failed) >= 2);
+    kvw_rail_t still[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(still), 2);
+    assert_int_equal(still[1].wrs_posted, down[1].wrs_posted); /* nothing on it meanwhile */
+    assert_int_equal(fake_nic_revive_device("fake2"), 0);
+    assert_rail_back(down);
+    print_health("port up");
+    assert_int_equal(health_of(pair.prefill, 1).lanes_failed, 1);
+}
+
+/* Decode's second device dies mid-transfer (retry exhaustion on prefill's
+ * lane). Its port reads up on prefill's side, so probes reset the lane on
+ * both sides, and the probe write finds nobody: the lane is paused again,
+ * for longer. Once decode's device is back, the next probe brings the lane
+ * back. */
+static void test_rail_comes_back_after_peer(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    start_rooms(rooms);
+    send_rooms(rooms);
+    assert_int_equal(fake_nic_kill_device("fake3"), 0);
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        kvw_poll_t d = pair_wait_receiver(&rooms[i], WAIT_MS);
+        assert_int_equal(pair_wait_sender(&rooms[i], WAIT_MS), d);
+        if (d == KVW_POLL_SUCCESS)
+            assert_int_equal(pair_wrong_bytes(&pair, &rooms[i]), 0);
+        pair_destroy_room(&rooms[i]);
+    }
+    /* At least one whole try: reset on both sides, the probe write lost. */
+    for (int i = 0; i < WAIT_MS && !counter(&pair.prefill->counters.lane_probes_failed); i++)
+        pair_sleep_ms(1);
+    print_health("decode's device down");
+    assert_true(counter(&pair.prefill->counters.lane_probes_failed) >= 1);
+    assert_int_equal(health_of(pair.prefill, 1).lanes_rejoined, 0);
+    kvw_rail_t before[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(before), 2);
+    assert_int_equal(fake_nic_revive_device("fake3"), 0);
+    assert_rail_back(before);
+    print_health("decode's device back");
+}
+
 /* A malformed KVW_DEVICES refuses the engine. */
 static void test_bad_device_lists(void **state)
 {
@@ -411,6 +531,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_rail_dies_mid_transfer, close_rails),
         cmocka_unit_test_teardown(test_every_rail_fails, close_rails),
         cmocka_unit_test_teardown(test_decode_counts_per_epoch, close_rails),
+        cmocka_unit_test_teardown(test_rail_comes_back, close_rails),
+        cmocka_unit_test_teardown(test_rail_comes_back_after_peer, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
         cmocka_unit_test(test_link_mbps),
     };

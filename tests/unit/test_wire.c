@@ -187,6 +187,13 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         for (uint32_t q = 0; q < a->u.credit.num_qps; q++)
             assert_int_equal(a->u.credit.recvs_posted[q], b->u.credit.recvs_posted[q]);
         break;
+    case KVW_MSG_LANE_RESET:
+    case KVW_MSG_LANE_READY:
+        assert_int_equal(a->u.lane.qp, b->u.lane.qp);
+        assert_int_equal(a->u.lane.psn, b->u.lane.psn);
+        assert_int_equal(a->u.lane.peer_psn, b->u.lane.peer_psn);
+        assert_int_equal(a->u.lane.count, b->u.lane.count);
+        break;
     default:
         fail_msg("unexpected type %u", a->type);
     }
@@ -438,6 +445,34 @@ static void test_roundtrip_credit(void **state)
     expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
 }
 
+/* Wire 10: a lane's rejoin. A lane past what a connection has, or a PSN
+ * over 24 bits, is refused. */
+static void test_roundtrip_lane(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_LANE_RESET;
+    m.u.lane.qp = 3;
+    m.u.lane.psn = 0xabcdef;
+    m.u.lane.count = 0x1122334455ull;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 20);
+    m.type = KVW_MSG_LANE_READY;
+    m.u.lane.peer_psn = 0x123456;
+    roundtrip(&m);
+    assert_string_equal(kvw__wire_type_name(KVW_MSG_LANE_READY), "LANE_READY");
+    uint8_t buf[256];
+    m.u.lane.qp = KVW_WIRE_MAX_QPS;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.lane.qp = 0;
+    m.u.lane.psn = 0x1000000;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.lane.psn = 0;
+    m.u.lane.peer_psn = 0xffffffffu;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+}
+
 static void test_roundtrip_ping_pong(void **state)
 {
     (void)state;
@@ -460,7 +495,8 @@ static void test_type_names(void **state)
                                      KVW_MSG_REQUEST,     KVW_MSG_REQUEST_FAILED,
                                      KVW_MSG_ABORT,       KVW_MSG_PING,
                                      KVW_MSG_PONG,        KVW_MSG_CREDIT,
-                                     KVW_MSG_BYE};
+                                     KVW_MSG_BYE,         KVW_MSG_LANE_RESET,
+                                     KVW_MSG_LANE_READY};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
@@ -1019,6 +1055,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_hello),
         cmocka_unit_test(test_roundtrip_request),
         cmocka_unit_test(test_roundtrip_request_failed),
+        cmocka_unit_test(test_roundtrip_lane),
         cmocka_unit_test(test_roundtrip_ping_pong),
         cmocka_unit_test(test_roundtrip_credit),
         cmocka_unit_test(test_type_names),

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A lane that failed comes back into its connection (rails; docs/
+ * topology.md "A rail that comes back").
+ *
+ * Prefill owns the rejoin. A failed lane (poller.c's failover) is first
+ * drained: the poller waits until its last posted WR's completion was
+ * reaped, so no completion of the QP's old life can arrive after the
+ * reset. Then it is paused, and the control thread probes its rail's port
+ * after a cooldown that grows (100 ms, doubling to 10 s) each time the
+ * port is still down or the lane does not work. Once the port is up, the
+ * QP is reset under a new PSN and LANE_RESET asks decode to do the same;
+ * decode's poller waits for its receives to flush, resets and reconnects
+ * its end, posts fresh receives and has LANE_READY sent. Prefill connects
+ * its end again and the poller sends one zero-length write: only when it
+ * lands (the path works both ways) does the lane take its turns again.
+ * Any step failing puts the lane back to paused, with a longer cooldown.
+ *
+ * Immediate credits restart from a common count: LANE_RESET carries the
+ * immediates prefill posted on the lane in all, and decode's fresh
+ * receives are counted on top of it, so a CREDIT of the lane's old life is
+ * never above the new count and changes nothing. */
+#ifndef KVW_ENGINE_REJOIN_H
+#define KVW_ENGINE_REJOIN_H
+
+#include "engine/engine.h"
+
+/* Poller: the lane failed over (prefill) or was given up (decode). */
+void kvw__rejoin_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane);
+/* Poller: an error completion on a lane that is out of its connection
+ * (wr_id as reaped). Prefill: a failed probe write sends it back to
+ * paused; every one counts towards the drain. */
+void kvw__rejoin_error_reaped(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t wr_id);
+/* Poller: move p's lanes that are out along (drained, probe to post,
+ * probe landed; decode: the reset prefill asked for). Cheap when none is. */
+void kvw__rejoin_poll(kvw_engine_t *e, kvw_peer_t *p);
+/* Poller: p died; its lanes out no longer count as out. */
+void kvw__rejoin_peer_gone(kvw_engine_t *e, kvw_peer_t *p);
+/* Poller: the turn lanes take chains in, less the dead lanes. */
+void kvw__rejoin_rebuild_turns(kvw_peer_t *p);
+
+/* Control thread: probes and resets due (prefill), LANE_READY to send
+ * (decode). Returns when it next needs to run (0: nothing pending). */
+uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now);
+/* Control thread, decode: prefill's LANE_RESET. */
+void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
+/* Control thread, prefill: decode's LANE_READY. */
+void kvw__rejoin_on_ready(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
+
+#endif
