@@ -367,10 +367,15 @@ typedef struct kvw_config {
      * rail fails (an error completion, its port going down) while another
      * lives, the requests it left unfinished start over on the others
      * (one whose final immediate may already have reached decode fails
-     * instead). "" (the default): one device, engine params' `device` or
-     * the one picked by affinity. Set, it overrides `device`. Not with
-     * staged GPU regions (KVW_ERR_UNSUPPORTED). docs/topology.md, "Several
-     * rails per engine" and "A rail that goes down". */
+     * instead). "near": the device picked by affinity as rail 0, and every
+     * other one up at the same distance from the KV regions' GPU (or the
+     * caller's NUMA node) that no other GPU of the node picks, up to 4
+     * (rail 0 alone where nothing tells the devices apart, as with rxe, or
+     * where it is across sockets). "" (the default): one device, engine
+     * params' `device` or the one picked by affinity. Set, it overrides
+     * `device`. Not with staged GPU regions (KVW_ERR_UNSUPPORTED).
+     * docs/topology.md, "Every near device", "Several rails per engine" and
+     * "A rail that goes down". */
     char devices[128];
 } kvw_config_t;
 

@@ -4,8 +4,9 @@
  * one kvwire picks), the locked-memory limit, and per GPU whether dma-buf
  * and nvidia_peermem are there and which path a region on it would take.
  * Each "no" names its fix. And the PCIe topology: the GPU x NIC distance
- * matrix and, per GPU, the device an engine naming none would open, with
- * the reason (verbs/topo.h). Text, or JSON with --json. Exits 0 whatever it
+ * matrix and, per GPU, the device an engine naming none would open and
+ * the devices KVW_DEVICES=near would give it, with the reasons
+ * (verbs/topo.h). Text, or JSON with --json. Exits 0 whatever it
  * finds (2 for bad arguments): it reports, it does not judge. */
 #include "common/config.h"
 #include "mem/mem.h"
@@ -76,6 +77,9 @@ typedef struct {
     int nrows;
     kvw_topo_pick_t picks[MAX_GPUS], host_pick;
     int host_numa;
+    /* What KVW_DEVICES=near would give an engine with KV on each GPU, and
+     * in host memory. */
+    kvw_topo_near_t nears[MAX_GPUS], host_near;
     /* Rails: the devices KVW_DEVICES names (nrails 0: unset, -1: malformed),
      * each an index into nics (-1: not found). */
     kvw_config_t cfg;
@@ -264,10 +268,14 @@ static void read_topology(report_t *r)
             r->nrows++;
     for (int i = 0; !r->ngpus && i < r->topo.ngpus && r->nrows < MAX_GPUS; i++)
         r->rows[r->nrows++] = r->topo.gpus[i];
-    for (int i = 0; i < r->nrows; i++)
-        kvw__topo_pick(&r->topo, &r->rows[i], -1, owner[0] ? owner : NULL, &r->picks[i]);
+    const char *own = owner[0] ? owner : NULL;
+    for (int i = 0; i < r->nrows; i++) {
+        kvw__topo_pick(&r->topo, &r->rows[i], -1, own, &r->picks[i]);
+        kvw__topo_pick_near(&r->topo, &r->rows[i], -1, own, &r->nears[i]);
+    }
     r->host_numa = kvw__topo_my_numa();
-    kvw__topo_pick(&r->topo, NULL, r->host_numa, owner[0] ? owner : NULL, &r->host_pick);
+    kvw__topo_pick(&r->topo, NULL, r->host_numa, own, &r->host_pick);
+    kvw__topo_pick_near(&r->topo, NULL, r->host_numa, own, &r->host_near);
 }
 
 /* ---- text ------------------------------------------------------------------------ */
@@ -315,9 +323,14 @@ static void text_rails(const report_t *r)
         printf("Rails: KVW_DEVICES \"%s\" is malformed (engines refuse it)\n", r->cfg.devices);
         return;
     }
+    if (kvw__config_devices_near(r->cfg.devices)) {
+        printf("Rails (KVW_DEVICES=near): an engine opens the devices near its KV regions (see "
+               "\"With KVW_DEVICES=near\" above) and stripes requests over them\n");
+        return;
+    }
     if (r->nrails == 0) {
         printf("Rails: one device per engine (KVW_DEVICES unset; set it to a comma-separated list "
-               "to stripe over several)\n");
+               "to stripe over several, or to near for every device as near as the pick)\n");
         return;
     }
     printf("Rails (KVW_DEVICES=%s): an engine opens %d device%s, registers every region on each "
@@ -348,6 +361,14 @@ static const char *reach_name(int reaches)
 static void text_pick(const report_t *r, const char *who, const kvw_topo_pick_t *p)
 {
     printf("  %s -> %s: %s\n", who, p->nic >= 0 ? r->topo.nics[p->nic].name : "none", p->reason);
+}
+
+static void text_near(const report_t *r, const char *who, const kvw_topo_near_t *n)
+{
+    printf("  %s ->", who);
+    for (int k = 0; k < n->nrails; k++)
+        printf("%s %s", k ? " +" : "", r->topo.nics[n->rails[k]].name);
+    printf("%s: %s\n", n->nrails ? "" : " none", n->reason);
 }
 
 static void text_topology(const report_t *r)
@@ -384,6 +405,13 @@ static void text_topology(const report_t *r)
     }
     snprintf(who, sizeof(who), "KV in host memory (NUMA node %d)", r->host_numa);
     text_pick(r, who, &r->host_pick);
+    printf("With KVW_DEVICES=near, an engine opens (rail 0 first: the device above):\n");
+    for (int g = 0; g < r->nrows; g++) {
+        snprintf(who, sizeof(who), "KV on GPU %d (%s)", g, r->rows[g].bus_id);
+        text_near(r, who, &r->nears[g]);
+    }
+    snprintf(who, sizeof(who), "KV in host memory (NUMA node %d)", r->host_numa);
+    text_near(r, who, &r->host_near);
 }
 
 /* ---- text (devices) --------------------------------------------------------------- */
@@ -552,6 +580,18 @@ static void json_pick(const report_t *r, const kvw_topo_pick_t *p)
     json_str(p->reason);
 }
 
+static void json_near(const report_t *r, const kvw_topo_near_t *n)
+{
+    printf(",\"near\":{\"rails\":[");
+    for (int k = 0; k < n->nrails; k++) {
+        printf("%s", k ? "," : "");
+        json_str(r->topo.nics[n->rails[k]].name);
+    }
+    printf("],\"why\":");
+    json_str(n->reason);
+    printf("}");
+}
+
 static void json_topology(const report_t *r)
 {
     printf(",\"topology\":{\"readable\":%s,\"nics\":[", r->topo_ok ? "true" : "false");
@@ -576,10 +616,12 @@ static void json_topology(const report_t *r)
         }
         printf("],");
         json_pick(r, &r->picks[g]);
+        json_near(r, &r->nears[g]);
         printf("}");
     }
     printf("],\"host\":{\"numa\":%d,", r->host_numa);
     json_pick(r, &r->host_pick);
+    json_near(r, &r->host_near);
     printf("}}");
 }
 
@@ -587,7 +629,8 @@ static void json_rails(const report_t *r)
 {
     printf(",\"rails\":{\"devices\":");
     json_str(r->cfg.devices);
-    printf(",\"valid\":%s,\"rails\":[", r->nrails >= 0 ? "true" : "false");
+    printf(",\"valid\":%s,\"near\":%s,\"rails\":[", r->nrails >= 0 ? "true" : "false",
+           kvw__config_devices_near(r->cfg.devices) ? "true" : "false");
     for (int k = 0; k < r->nrails; k++) {
         const port_t *p = rail_port(r, k);
         printf("%s{\"device\":", k ? "," : "");
@@ -631,7 +674,8 @@ static void usage(FILE *out)
                  "  RDMA devices, ports and GIDs, the memlock limit, and the path GPU memory\n"
                  "  would take (dma-buf, nvidia_peermem, staging), each 'no' with its fix;\n"
                  "  the GPU x NIC PCIe distances and the NIC an engine naming no device\n"
-                 "  opens for each GPU (KVW_SYSFS_ROOT: read a fake sysfs tree instead).\n"
+                 "  opens for each GPU, and those KVW_DEVICES=near would give it\n"
+                 "  (KVW_SYSFS_ROOT: read a fake sysfs tree instead).\n"
                  "  --ip   show the GID kvwire picks for an engine on this local IP\n"
                  "  --json one JSON object instead of text\n");
 }

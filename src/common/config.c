@@ -270,12 +270,20 @@ kvw_status_t kvw__config_validate(const kvw_config_t *cfg)
     return KVW_OK;
 }
 
+bool kvw__config_devices_near(const char *list)
+{
+    return strcmp(list, KVW_CONFIG_DEVICES_NEAR) == 0;
+}
+
 /* KVW_DEVICES: split the comma-separated names into names[] (at most
  * KVW_CONFIG_MAX_DEVICES, none twice). The count, or -1 (logged) when the list
  * is malformed. */
+
 int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME])
 {
     int n = 0;
+    if (kvw__config_devices_near(list))
+        return 0; /* no names: the engine picks them (verbs/topo.h) */
     for (const char *s = list; *s;) {
         while (*s == ' ' || *s == ',')
             s++;
@@ -289,6 +297,11 @@ int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME])
         }
         memcpy(names[n], s, len);
         names[n][len] = '\0';
+        if (!strcmp(names[n], KVW_CONFIG_DEVICES_NEAR)) {
+            KVW_ERROR("KVW_DEVICES \"%s\": \"%s\" stands alone, not in a list of names", list,
+                      KVW_CONFIG_DEVICES_NEAR);
+            return -1;
+        }
         for (int k = 0; k < n; k++)
             if (!strcmp(names[k], names[n])) {
                 KVW_ERROR("KVW_DEVICES \"%s\" names %s twice", list, names[n]);

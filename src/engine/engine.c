@@ -269,11 +269,38 @@ static const char *pick_device(const kvw_engine_t *e, const kvw_engine_params_t 
     return NULL;
 }
 
+/* KVW_DEVICES=near: the device picked by affinity and every other one as
+ * near the KV regions' GPU (or the caller's NUMA node), into names (rail 0
+ * first). Their count, logged once with why; 0 when the topology picks
+ * none (the engine then opens one device as without near: the one named,
+ * else the one that owns local_ip). */
+static int near_devices(const kvw_engine_t *e, const kvw_engine_params_t *p,
+                        char names[][KVW_CONFIG_DEVICE_NAME])
+{
+    char gpu[32], why[KVW_TOPO_NEAR_REASON_MAX + KVW_TOPO_REASON_MAX];
+    bool on_gpu = kv_gpu(e, gpu, sizeof(gpu));
+    int n = kvw__topo_choose_near(kvw__verbs_ops(), e->cfg.ib_port, p->local_ip,
+                                  on_gpu ? gpu : NULL, names, why, sizeof(why));
+    if (n > 0) {
+        KVW_INFO("KVW_DEVICES=near: %s", why);
+        return n;
+    }
+    KVW_INFO("KVW_DEVICES=near and the topology picks none (%s): one device, %s %s", why,
+             p->device ? "the one named," : "the one that owns",
+             p->device ? p->device : p->local_ip);
+    return 0;
+}
+
 /* The engine's devices: those KVW_DEVICES names (each with its first
- * usable GID: local_ip is one device's address, not every rail's), else
+ * usable GID: local_ip is one device's address, not every rail's), or
+ * those near the KV regions (KVW_DEVICES=near: rail 0, the affinity pick,
+ * on local_ip's network with its GID, the others with their first), else
  * the one device named or picked by affinity. */
 _Static_assert((int)KVW_CONFIG_MAX_DEVICES == (int)KVW_MAX_RAILS,
                "one rail per device KVW_DEVICES names");
+_Static_assert((int)KVW_TOPO_MAX_RAILS == (int)KVW_MAX_RAILS,
+               "KVW_DEVICES=near takes at most as many devices as rails");
+_Static_assert((int)KVW_CONFIG_DEVICE_NAME == 64, "kvw__topo_choose_near's names are 64 long");
 
 static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
 {
@@ -281,14 +308,19 @@ static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
     int n = kvw__config_devices(e->cfg.devices, names);
     if (n < 0)
         return KVW_ERR_INVALID;
+    bool near = kvw__config_devices_near(e->cfg.devices);
+    if (near)
+        n = near_devices(e, p, names);
     kvw_status_t st = KVW_OK;
     if (n == 0) {
-        const char *device = pick_device(e, p, picked, sizeof(picked));
+        /* near with no pick: the one device as without near, without logging twice */
+        const char *device = near ? p->device : pick_device(e, p, picked, sizeof(picked));
         st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->rails[0]);
         e->nrails = st ? 0 : 1;
     }
     for (int r = 0; r < n && !st; r++) {
-        st = kvw__dev_open(names[r], n > 1 ? NULL : p->local_ip, e->cfg.ib_port, e->cfg.gid_index,
+        bool on_ip = r == 0 && (n == 1 || near);
+        st = kvw__dev_open(names[r], on_ip ? p->local_ip : NULL, e->cfg.ib_port, e->cfg.gid_index,
                            &e->rails[r]);
         e->nrails = st ? (uint32_t)r : (uint32_t)r + 1;
     }

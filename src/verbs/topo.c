@@ -269,9 +269,12 @@ const char *kvw__topo_level_short(kvw_topo_level_t level)
     return level <= KVW_TOPO_NONE ? names[level] : "?";
 }
 
-static bool eligible(const kvw_topo_nic_t *n)
+/* May n be picked? `on_net`: it must also reach local_ip's network (an
+ * engine's own pick); without it, the topology alone (another GPU's claim,
+ * or a rail beyond rail 0). */
+static bool eligible(const kvw_topo_nic_t *n, bool on_net)
 {
-    return n->usable && n->active && n->reaches != 0;
+    return n->usable && n->active && (!on_net || n->reaches != 0);
 }
 
 /* A NIC's distance to gpu (or to NUMA node numa when gpu is NULL) as one
@@ -293,12 +296,13 @@ static int score(const kvw_topo_nic_t *n, const kvw_topo_pos_t *gpu, int numa,
 }
 
 /* The eligible NICs nearest gpu: a bit per NIC; *best gets their score. */
-static uint64_t nearest_set(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, int *best)
+static uint64_t nearest_set(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, bool on_net,
+                            int *best)
 {
     uint64_t set = 0;
     *best = INT_MAX;
     for (int i = 0; i < t->nnics; i++) {
-        if (!eligible(&t->nics[i]))
+        if (!eligible(&t->nics[i], on_net))
             continue;
         int s = score(&t->nics[i], gpu, numa, NULL);
         if (s < *best) {
@@ -313,13 +317,14 @@ static uint64_t nearest_set(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int 
 
 /* gpu's turn among the GPUs whose nearest NICs are the same set: the k-th
  * of them takes the k-th NIC of the set. */
-static int gpu_turn(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, uint64_t set, int *sharing)
+static int gpu_turn(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, uint64_t set, bool on_net,
+                    int *sharing)
 {
     int turn = 0, count = 0;
     bool found = false;
     for (int g = 0; g < t->ngpus; g++) {
         int best;
-        if (nearest_set(t, &t->gpus[g], -1, &best) != set)
+        if (nearest_set(t, &t->gpus[g], -1, on_net, &best) != set)
             continue;
         if (strcmp(t->gpus[g].bus_id, gpu->bus_id) == 0)
             found = true;
@@ -359,6 +364,17 @@ static void no_pick(const kvw_topo_t *t, kvw_topo_pick_t *pick)
         t->nnics, t->nnics == 1 ? "" : "s", down, away);
 }
 
+/* "GPU <bus id>" or "host memory on NUMA node <n>", for reasons. */
+static void who_name(const kvw_topo_pos_t *gpu, int numa, char *who, size_t size)
+{
+    if (gpu)
+        fmt(who, size, "GPU %s", gpu->bus_id);
+    else if (numa < 0)
+        fmt(who, size, "host memory on an unknown NUMA node");
+    else
+        fmt(who, size, "host memory on NUMA node %d", numa);
+}
+
 int kvw__topo_pick(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, const char *owner,
                    kvw_topo_pick_t *pick)
 {
@@ -366,7 +382,7 @@ int kvw__topo_pick(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, con
     pick->nic = -1;
     pick->level = KVW_TOPO_NONE;
     int best;
-    uint64_t set = nearest_set(t, gpu, numa, &best);
+    uint64_t set = nearest_set(t, gpu, numa, true, &best);
     if (!set) {
         no_pick(t, pick);
         return -1;
@@ -374,10 +390,7 @@ int kvw__topo_pick(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, con
     int first = nth_bit(set, 0), ties = count_bits(set);
     score(&t->nics[first], gpu, numa, &pick->level);
     char who[64];
-    if (gpu)
-        fmt(who, sizeof(who), "GPU %s", gpu->bus_id);
-    else
-        fmt(who, sizeof(who), "host memory on NUMA node %d", numa);
+    who_name(gpu, numa, who, sizeof(who));
     if (ties == 1) {
         pick->nic = first;
         fmt(pick->reason, sizeof(pick->reason), "nearest to %s: %s", who,
@@ -396,13 +409,145 @@ int kvw__topo_pick(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, con
             owner_i >= 0 ? "the one that owns local_ip" : "the first by name");
         return 0;
     }
-    int sharing = 0, turn = gpu_turn(t, gpu, set, &sharing);
+    int sharing = 0, turn = gpu_turn(t, gpu, set, true, &sharing);
     pick->nic = nth_bit(set, turn % ties);
     fmt(pick->reason, sizeof(pick->reason),
         "nearest to %s: %s, one of %d such devices for %d GPU%s (this GPU is number %d of "
         "them)",
         who, kvw__topo_level_name(pick->level), ties, sharing ? sharing : 1, sharing > 1 ? "s" : "",
         turn + 1);
+    return 0;
+}
+
+/* ---- KVW_DEVICES=near -------------------------------------------------------- */
+
+/* The device gpu takes by the tie rule on the topology alone: every listed
+ * device that is up, whatever its network (in a rail-optimised cluster each
+ * GPU's engine is on its own NIC's network, which this engine cannot see
+ * from its local_ip). -1 when none, or when nothing tells them apart. */
+static int topology_claim(const kvw_topo_t *t, const kvw_topo_pos_t *gpu)
+{
+    int best, sharing;
+    kvw_topo_level_t level;
+    uint64_t set = nearest_set(t, gpu, -1, false, &best);
+    if (!set)
+        return -1;
+    score(&t->nics[nth_bit(set, 0)], gpu, -1, &level);
+    if (level == KVW_TOPO_NONE)
+        return -1;
+    return nth_bit(set, gpu_turn(t, gpu, set, false, &sharing) % count_bits(set));
+}
+
+/* claimer[i]: the index of a GPU other than gpu that claims device i, -1
+ * none (a device two GPUs share names the first). */
+static void other_claims(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int *claimer)
+{
+    for (int i = 0; i < t->nnics; i++)
+        claimer[i] = -1;
+    for (int g = 0; g < t->ngpus; g++) {
+        if (gpu && strcmp(t->gpus[g].bus_id, gpu->bus_id) == 0)
+            continue;
+        int nic = topology_claim(t, &t->gpus[g]);
+        if (nic >= 0 && claimer[nic] < 0)
+            claimer[nic] = g;
+    }
+}
+
+/* The devices up at rail0's level from gpu (or numa), rail0 left out,
+ * nearest first then by name (nics are sorted by name): their count. */
+static int same_level(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, int rail0, int *out)
+{
+    kvw_topo_level_t level0, level;
+    int n = 0, scores[KVW_TOPO_MAX_NICS];
+    score(&t->nics[rail0], gpu, numa, &level0);
+    for (int i = 0; i < t->nnics; i++) {
+        int s = score(&t->nics[i], gpu, numa, &level);
+        if (i == rail0 || level != level0 || !eligible(&t->nics[i], false))
+            continue;
+        int k = n++;
+        for (; k > 0 && scores[k - 1] > s; k--) { /* insertion: keeps name order within a score */
+            out[k] = out[k - 1];
+            scores[k] = scores[k - 1];
+        }
+        out[k] = i;
+        scores[k] = s;
+    }
+    return n;
+}
+
+/* Append to a reason being built; what does not fit is cut. */
+static void append(char *buf, size_t size, const char *f, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t size, const char *f, ...)
+{
+    size_t len = strlen(buf);
+    if (len + 1 >= size)
+        return;
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf + len, size - len, f, ap);
+    va_end(ap);
+}
+
+static void near_reason(const kvw_topo_t *t, kvw_topo_near_t *near, const char *who, bool others,
+                        const char *left, int cut)
+{
+    char list[KVW_TOPO_MAX_RAILS * 66] = "";
+    for (int k = 0; k < near->nrails; k++)
+        append(list, sizeof(list), "%s%s", k ? ", " : "", t->nics[near->rails[k]].name);
+    fmt(near->reason, sizeof(near->reason),
+        "%d rail%s (%s): %s at the nearest distance from %s (%s)", near->nrails,
+        near->nrails == 1 ? "" : "s", list, others ? "the devices up" : "no other device is up",
+        who, kvw__topo_level_name(near->pick.level));
+    if (left[0])
+        append(near->reason, sizeof(near->reason),
+               ", less those left to the GPUs whose own pick they are: %s", left);
+    if (cut)
+        append(near->reason, sizeof(near->reason), "; %d more beyond the %d-rail cap", cut,
+               KVW_TOPO_MAX_RAILS);
+}
+
+int kvw__topo_pick_near(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, const char *owner,
+                        kvw_topo_near_t *near)
+{
+    memset(near, 0, sizeof(*near));
+    if (kvw__topo_pick(t, gpu, numa, owner, &near->pick)) {
+        fmt(near->reason, sizeof(near->reason), "%s", near->pick.reason);
+        return -1;
+    }
+    int rail0 = near->pick.nic;
+    near->rails[near->nrails++] = rail0;
+    char who[64];
+    who_name(gpu, numa, who, sizeof(who));
+    if (near->pick.level == KVW_TOPO_NONE) {
+        fmt(near->reason, sizeof(near->reason),
+            "1 rail (%s): nothing tells the devices apart from %s (no PCI position or NUMA "
+            "node), so one device, as without near",
+            t->nics[rail0].name, who);
+        return 0;
+    }
+    if (near->pick.level == KVW_TOPO_SYS) {
+        fmt(near->reason, sizeof(near->reason),
+            "1 rail (%s): it is across the inter-socket link from %s, and more rails there would "
+            "only load that link more",
+            t->nics[rail0].name, who);
+        return 0;
+    }
+    int cand[KVW_TOPO_MAX_NICS], claimer[KVW_TOPO_MAX_NICS], cut = 0;
+    char left[KVW_TOPO_NEAR_REASON_MAX / 2] = "";
+    int n = same_level(t, gpu, numa, rail0, cand);
+    other_claims(t, gpu, claimer);
+    for (int k = 0; k < n; k++) {
+        int i = cand[k];
+        if (claimer[i] >= 0)
+            append(left, sizeof(left), "%s%s (GPU %s)", left[0] ? ", " : "", t->nics[i].name,
+                   t->gpus[claimer[i]].bus_id);
+        else if (near->nrails == KVW_TOPO_MAX_RAILS)
+            cut++;
+        else
+            near->rails[near->nrails++] = i;
+    }
+    near_reason(t, near, who, n > 0, left, cut);
     return 0;
 }
 
@@ -444,32 +589,81 @@ void kvw__topo_mark_listed(kvw_topo_t *t, const kvw_verbs_ops_t *ops)
         ops->free_device_list(list);
 }
 
+/* The device that owns local_ip (librdmacm), "" none: it breaks ties that
+ * nothing else breaks. Asked outside topo_lock (a route lookup). */
+static void ip_owner(const kvw_verbs_ops_t *ops, const char *local_ip, char *owner, size_t size)
+{
+    uint8_t port = 0;
+    if (!local_ip || ops->device_for_ip(local_ip, owner, size, &port))
+        owner[0] = '\0';
+}
+
+/* The topology the engine's choice reads (t, under topo_lock), and the
+ * GPU that owns its KV regions (*gpu_p NULL: host memory). 0, or -1 with
+ * why. */
+static int engine_view(const kvw_verbs_ops_t *ops, uint8_t port, const char *local_ip,
+                       const char *gpu_bus_id, kvw_topo_t *t, kvw_topo_pos_t *gpu,
+                       const kvw_topo_pos_t **gpu_p, char *why, size_t why_size)
+{
+    const char *root = kvw__topo_root();
+    if (kvw__topo_read(root, port, local_ip, kvw__topo_prefix_len(local_ip), t)) {
+        fmt(why, why_size, "%s/sys/class/infiniband cannot be read", root);
+        return -1;
+    }
+    kvw__topo_mark_listed(t, ops);
+    bool on_gpu = gpu_bus_id && kvw__topo_pos(root, gpu_bus_id, gpu) == 0;
+    if (gpu_bus_id && !on_gpu) /* the GPU is not in sysfs: its bus id still names it */
+        fmt(gpu->bus_id, sizeof(gpu->bus_id), "%s", gpu_bus_id);
+    *gpu_p = gpu_bus_id ? gpu : NULL;
+    return 0;
+}
+
+static kvw_topo_t topo_seen; /* ~30 KiB: not on a caller's stack */
+static pthread_mutex_t topo_lock = PTHREAD_MUTEX_INITIALIZER;
+
 int kvw__topo_choose(const kvw_verbs_ops_t *ops, uint8_t port, const char *local_ip,
                      const char *gpu_bus_id, char *name, size_t name_size, char *reason,
                      size_t reason_size)
 {
-    static kvw_topo_t t; /* ~30 KiB: not on a caller's stack */
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    const char *root = kvw__topo_root();
-    char owner[64] = "";
-    uint8_t owner_port = 0;
+    char owner[64];
     kvw_topo_pos_t gpu;
+    const kvw_topo_pos_t *gpu_p = NULL;
     kvw_topo_pick_t pick = {.nic = -1};
-    if (!local_ip || ops->device_for_ip(local_ip, owner, sizeof(owner), &owner_port))
-        owner[0] = '\0';
-    pthread_mutex_lock(&lock);
-    if (kvw__topo_read(root, port, local_ip, kvw__topo_prefix_len(local_ip), &t)) {
-        fmt(pick.reason, sizeof(pick.reason), "%s/sys/class/infiniband cannot be read", root);
-    } else {
-        kvw__topo_mark_listed(&t, ops);
-        bool on_gpu = gpu_bus_id && kvw__topo_pos(root, gpu_bus_id, &gpu) == 0;
-        if (gpu_bus_id && !on_gpu) /* the GPU is not in sysfs: its bus id still names it */
-            fmt(gpu.bus_id, sizeof(gpu.bus_id), "%s", gpu_bus_id);
-        kvw__topo_pick(&t, gpu_bus_id ? &gpu : NULL, kvw__topo_my_numa(), owner, &pick);
+    ip_owner(ops, local_ip, owner, sizeof(owner));
+    pthread_mutex_lock(&topo_lock);
+    if (engine_view(ops, port, local_ip, gpu_bus_id, &topo_seen, &gpu, &gpu_p, pick.reason,
+                    sizeof(pick.reason)) == 0) {
+        kvw__topo_pick(&topo_seen, gpu_p, kvw__topo_my_numa(), owner, &pick);
         if (pick.nic >= 0)
-            fmt(name, name_size, "%s", t.nics[pick.nic].name);
+            fmt(name, name_size, "%s", topo_seen.nics[pick.nic].name);
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&topo_lock);
     fmt(reason, reason_size, "%s", pick.reason);
     return pick.nic >= 0 ? 0 : -1;
+}
+
+int kvw__topo_choose_near(const kvw_verbs_ops_t *ops, uint8_t port, const char *local_ip,
+                          const char *gpu_bus_id, char names[][64], char *reason,
+                          size_t reason_size)
+{
+    static kvw_topo_near_t near; /* its reasons: not on a caller's stack either */
+    char owner[64];
+    kvw_topo_pos_t gpu;
+    const kvw_topo_pos_t *gpu_p = NULL;
+    int n = -1;
+    ip_owner(ops, local_ip, owner, sizeof(owner));
+    pthread_mutex_lock(&topo_lock);
+    memset(&near, 0, sizeof(near));
+    if (engine_view(ops, port, local_ip, gpu_bus_id, &topo_seen, &gpu, &gpu_p, near.reason,
+                    sizeof(near.reason)) == 0 &&
+        kvw__topo_pick_near(&topo_seen, gpu_p, kvw__topo_my_numa(), owner, &near) == 0) {
+        n = near.nrails;
+        for (int k = 0; k < n; k++)
+            fmt(names[k], 64, "%s", topo_seen.nics[near.rails[k]].name);
+        fmt(reason, reason_size, "%s; rail 0 %s", near.reason, near.pick.reason);
+    } else {
+        fmt(reason, reason_size, "%s", near.reason);
+    }
+    pthread_mutex_unlock(&topo_lock);
+    return n;
 }

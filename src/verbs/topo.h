@@ -22,6 +22,8 @@
 #define KVW_TOPO_MAX_GPUS 32
 #define KVW_TOPO_PATH_MAX 384
 #define KVW_TOPO_REASON_MAX 256
+#define KVW_TOPO_MAX_RAILS 4 /* devices per engine (KVW_DEVICES, engine.h's KVW_MAX_RAILS) */
+#define KVW_TOPO_NEAR_REASON_MAX 512
 
 /* How far two devices are apart, nearest first (nvidia-smi topo's PIX/PXB,
  * PHB, NODE, SYS). */
@@ -101,6 +103,30 @@ const char *kvw__topo_level_short(kvw_topo_level_t level);
 int kvw__topo_pick(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, const char *owner,
                    kvw_topo_pick_t *pick);
 
+/* KVW_DEVICES=near: the devices an engine takes as its rails. */
+typedef struct kvw_topo_near {
+    kvw_topo_pick_t pick;                  /* rail 0: kvw__topo_pick's choice, and why */
+    int rails[KVW_TOPO_MAX_RAILS];         /* indexes into nics, rails[0] = pick.nic */
+    int nrails;                            /* 0 when pick found none */
+    char reason[KVW_TOPO_NEAR_REASON_MAX]; /* why these rails and not more */
+} kvw_topo_near_t;
+
+/* KVW_DEVICES=near: kvw__topo_pick's choice as rail 0, then every other
+ * usable device whose port is active (on any network: in a rail-optimised
+ * cluster each rail is on its own) at the same level from gpu (or NUMA
+ * node numa) as rail 0, nearest first then by name, up to
+ * KVW_TOPO_MAX_RAILS. A device another GPU of the node takes by the tie
+ * rule (computed from the topology alone, whatever network it is on) is
+ * left to that GPU, so 2 GPUs and 2 NICs on a switch still pair up one to
+ * one; a GPU alone on a switch with 2 NICs gets both. With nothing to tell
+ * the devices apart (level unknown: rxe), or rail 0 across the
+ * inter-socket link (more rails would only load it more), rail 0 alone.
+ * near->reason says which were taken, which left to other GPUs and which
+ * cut by the cap. 0, or -1 when kvw__topo_pick finds none (near->reason
+ * says why). */
+int kvw__topo_pick_near(const kvw_topo_t *t, const kvw_topo_pos_t *gpu, int numa, const char *owner,
+                        kvw_topo_near_t *near);
+
 /* The prefix length of local interface address ip (getifaddrs), 32 when
  * no interface has it. */
 int kvw__topo_prefix_len(const char *ip);
@@ -119,5 +145,12 @@ void kvw__topo_mark_listed(kvw_topo_t *t, const kvw_verbs_ops_t *ops);
 int kvw__topo_choose(const kvw_verbs_ops_t *ops, uint8_t port, const char *local_ip,
                      const char *gpu_bus_id, char *name, size_t name_size, char *reason,
                      size_t reason_size);
+
+/* kvw__topo_choose for KVW_DEVICES=near (kvw__topo_pick_near): the rails'
+ * names, rail 0 first. Their count (1 to KVW_TOPO_MAX_RAILS) with why, or
+ * -1 with why when the topology cannot choose. Thread-safe. */
+int kvw__topo_choose_near(const kvw_verbs_ops_t *ops, uint8_t port, const char *local_ip,
+                          const char *gpu_bus_id, char names[][64], char *reason,
+                          size_t reason_size);
 
 #endif

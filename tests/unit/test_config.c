@@ -453,6 +453,25 @@ static void test_print(void **state)
 
 /* ------------------------------------------------------------ status */
 
+/* KVW_DEVICES: names split in order; "near" alone names none (the engine
+ * picks them by affinity), and inside a list it is refused. */
+static void test_device_lists(void **state)
+{
+    (void)state;
+    char names[KVW_CONFIG_MAX_DEVICES][KVW_CONFIG_DEVICE_NAME];
+    assert_int_equal(kvw__config_devices("", names), 0);
+    assert_int_equal(kvw__config_devices("mlx5_0, mlx5_1", names), 2);
+    assert_string_equal(names[0], "mlx5_0");
+    assert_string_equal(names[1], "mlx5_1");
+    assert_true(kvw__config_devices_near("near"));
+    assert_int_equal(kvw__config_devices("near", names), 0);
+    assert_false(kvw__config_devices_near("mlx5_0"));
+    assert_false(kvw__config_devices_near(""));
+    assert_int_equal(kvw__config_devices("near,mlx5_0", names), -1);
+    assert_int_equal(kvw__config_devices("mlx5_0,near", names), -1);
+    assert_int_equal(kvw__config_devices("mlx5_0,mlx5_0", names), -1);
+}
+
 static void test_status_strings(void **state)
 {
     (void)state;
@@ -589,6 +608,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_env_bad_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_validate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_print, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_device_lists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poll_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version, setup, teardown),
