@@ -191,7 +191,7 @@ tsan: $(TSAN_TESTS)
 chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
 integration: $(INTEG) $(TOOLS) $(TEST_TOOLS) $(EXAMPLES) $(SHARED)
-	tests/tools/kvw-testbed --devices 2 --timeout $${KVW_TESTBED_TIMEOUT:-3000} -- tests/integration/run-all.sh $(BUILD)
+	tests/tools/kvw-testbed --devices 4 --timeout $${KVW_TESTBED_TIMEOUT:-3000} -- tests/integration/run-all.sh $(BUILD)
 
 # Two decode processes streaming back-to-back 12.6 MB requests from one
 # prefill on rxe (soak_scenarios.sh stream; KVW_STREAM_REQUESTS, 40 each).

@@ -15,6 +15,7 @@ done
 [ -x tests/integration/examples_scenarios.sh ] && { tests/integration/examples_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/engine_scenarios.sh ] && { tests/integration/engine_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/rails_scenarios.sh ] && { tests/integration/rails_scenarios.sh "$build" || failed=$((failed + 1)); }
+[ -x tests/integration/rail_flap_scenarios.sh ] && { tests/integration/rail_flap_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/auth_scenarios.sh ] && { tests/integration/auth_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/soak_scenarios.sh ] && { tests/integration/soak_scenarios.sh "$build" || failed=$((failed + 1)); }

@@ -59,9 +59,9 @@ echo 1 >/proc/sys/net/ipv4/conf/all/rp_filter
 ip -4 rule add pref 0 lookup local
 snapshot >"$work/before" 2>&1
 
-# Nested runs use their own names and subnet: the guest's rxe0/rxe1 and
-# 192.0.2.x belong to the outer (vm) test bed.
-export KVW_TESTBED_SUBNET=198.51.100 KVW_TESTBED_DEVNAME=tbrxe
+# Nested runs use their own names and subnets: the guest's rxe0..rxe3,
+# 192.0.2.x and 198.51.100.x belong to the outer (vm) test bed.
+export KVW_TESTBED_SUBNET=203.0.113 KVW_TESTBED_SUBNET2=198.18.0 KVW_TESTBED_DEVNAME=tbrxe
 
 # The command of the nested run: environment as in vm mode, then prefill on
 # device 0 -> decode on device 1, every byte verified by decode.
@@ -70,8 +70,8 @@ cat >"$work/inner.sh" <<'EOF'
 xfer=$1
 echo "inner: mode=$KVW_TB_MODE ndev=$KVW_TB_NDEV $KVW_TB_DEV0 $KVW_TB_IP0 gid $KVW_TB_GID_INDEX0, $KVW_TB_DEV1 $KVW_TB_IP1 gid $KVW_TB_GID_INDEX1"
 [ "$KVW_TB_MODE" = hostrxe ] && [ "$KVW_TB_NDEV" = 2 ] &&
-    [ "$KVW_TB_DEV0" = tbrxe0 ] && [ "$KVW_TB_IP0" = 198.51.100.1 ] && [ "$KVW_TB_GID_INDEX0" = 1 ] &&
-    [ "$KVW_TB_DEV1" = tbrxe1 ] && [ "$KVW_TB_IP1" = 198.51.100.2 ] && [ "$KVW_TB_GID_INDEX1" = 1 ] ||
+    [ "$KVW_TB_DEV0" = tbrxe0 ] && [ "$KVW_TB_IP0" = 203.0.113.1 ] && [ "$KVW_TB_GID_INDEX0" = 1 ] &&
+    [ "$KVW_TB_DEV1" = tbrxe1 ] && [ "$KVW_TB_IP1" = 203.0.113.2 ] && [ "$KVW_TB_GID_INDEX1" = 1 ] ||
     { echo "inner: unexpected environment"; exit 90; }
 ip -4 rule show | sed 's/^/inner: rule /'
 d=$(mktemp -d)
@@ -96,6 +96,54 @@ head -n 1 "$work/tb.log" | grep -q '^\[testbed\] mode: hostrxe (' || { echo "   
 grep -q 'every byte verified\|0 bytes wrong' "$work/tb.log" || { echo "    no verified transfer in the output"; rc=1; }
 same_as_before "the run" || rc=1
 result "hostrxe transfer, host state restored" $rc
+
+# Four devices: the environment, then on the second pair (devices 2 and 3)
+# a verified transfer, its veth down and up (tests/tools/kvw-tb-link, which
+# must restore the pair's policy route) and a verified transfer again.
+cat >"$work/inner4.sh" <<'EOF'
+#!/bin/sh
+xfer=$1
+echo "inner: mode=$KVW_TB_MODE ndev=$KVW_TB_NDEV $KVW_TB_DEV2 $KVW_TB_IP2 on $KVW_TB_NETDEV2, $KVW_TB_DEV3 $KVW_TB_IP3 on $KVW_TB_NETDEV3"
+[ "$KVW_TB_MODE" = hostrxe ] && [ "$KVW_TB_NDEV" = 4 ] &&
+    [ "$KVW_TB_DEV0" = tbrxe0 ] && [ "$KVW_TB_IP0" = 203.0.113.1 ] && [ "$KVW_TB_NETDEV0" = kvw-tbrxe0 ] &&
+    [ "$KVW_TB_DEV1" = tbrxe1 ] && [ "$KVW_TB_IP1" = 203.0.113.2 ] && [ "$KVW_TB_NETDEV1" = kvw-tbrxe1 ] &&
+    [ "$KVW_TB_DEV2" = tbrxe2 ] && [ "$KVW_TB_IP2" = 198.18.0.1 ] && [ "$KVW_TB_GID_INDEX2" = 1 ] &&
+    [ "$KVW_TB_NETDEV2" = kvw-tbrxe2 ] &&
+    [ "$KVW_TB_DEV3" = tbrxe3 ] && [ "$KVW_TB_IP3" = 198.18.0.2 ] && [ "$KVW_TB_GID_INDEX3" = 1 ] &&
+    [ "$KVW_TB_NETDEV3" = kvw-tbrxe3 ] ||
+    { echo "inner: unexpected environment"; exit 90; }
+ip -4 rule show | sed 's/^/inner: rule /'
+d=$(mktemp -d)
+L="--layers 4 --item 2048 --pool 64 --pages 8 --requests 2 --inflight 2 --seed 33"
+pair23() {
+    rm -f "$d/bs"
+    # shellcheck disable=SC2086
+    "$xfer" prefill --dev "$KVW_TB_DEV2" --ip "$KVW_TB_IP2" --embed-bootstrap "$d/bs" $L >"$d/p.log" 2>&1 &
+    p=$!
+    # shellcheck disable=SC2086
+    "$xfer" decode --dev "$KVW_TB_DEV3" --ip "$KVW_TB_IP3" --bootstrap-file "$d/bs" $L --deadline-s 60 >"$d/d.log" 2>&1
+    r=$?
+    wait $p || r=1
+    grep -E '^decode:|FAILED|ERROR' "$d/p.log" "$d/d.log" | sed "s/^/inner: $1: /"
+    return $r
+}
+pair23 before || exit 1
+tests/tools/kvw-tb-link flap "$KVW_TB_NETDEV2" 0.5 | sed 's/^/inner: /'
+pair23 "after the flap" || exit 1
+EOF
+chmod +x "$work/inner4.sh"
+
+echo "[ RUN      ] hostrxe: four rxe devices on two private veth pairs, one pair's link down and up, bytes verified"
+"$tb" --mode hostrxe --devices 4 --timeout 300 -- "$work/inner4.sh" "$xfer" >"$work/tb.log" 2>&1
+rc=$?
+sed 's/^/    /' "$work/tb.log"
+head -n 1 "$work/tb.log" | grep -q 'on veth pairs kvw-tbrxe0/kvw-tbrxe1 and kvw-tbrxe2/kvw-tbrxe3' ||
+    { echo "    first line does not name both veth pairs"; rc=1; }
+[ "$(grep -c '0 bytes wrong' "$work/tb.log")" -eq 2 ] || { echo "    not two verified transfers"; rc=1; }
+grep -q 'kvw-tb-link: kvw-tbrxe2 up .*1 route(s) restored): tbrxe2 ACTIVE after [0-9]* ms, tbrxe3 ACTIVE' "$work/tb.log" ||
+    { echo "    the link did not come back with its route"; rc=1; }
+same_as_before "the run" || rc=1
+result "hostrxe four devices, link flap, host state restored" $rc
 
 echo "[ RUN      ] hostrxe: the command fails (one device): its exit code, state restored"
 "$tb" --mode hostrxe --devices 1 -- sh -c 'echo "inner: $KVW_TB_DEV0 $KVW_TB_IP0 gid $KVW_TB_GID_INDEX0"; ibv_devices | grep -q tbrxe0 && exit 7' \
