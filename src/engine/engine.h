@@ -69,9 +69,11 @@ typedef enum {
     LANE_RESETTING,  /* control: QP reset, LANE_RESET sent, LANE_READY awaited */
     LANE_PROBING,    /* connected again: the poller sends a zero-length write */
     LANE_PROBE_SENT, /* poller: that write landing brings the lane back */
-    /* Decode. */
-    LANE_RESET_DUE, /* prefill asked for a reset: the poller does it once drained */
-    LANE_READY_DUE, /* reset and receives posted: the control thread says LANE_READY */
+    /* Decode. Verbs calls that may block (RTR resolves the peer's address)
+     * are the control thread's, never the poller's. */
+    LANE_RESET_DUE, /* prefill asked for a reset: the poller fails the QP and drains it */
+    LANE_READY_DUE, /* drained: the control thread resets, connects, posts, says LANE_READY */
+    LANE_BACK_DUE,  /* done: the poller takes the lane back */
 } kvw_lane_rejoin_t;
 
 typedef struct kvw_lane {
@@ -109,6 +111,7 @@ typedef struct kvw_lane {
     uint64_t probe_at_ns, reset_deadline_ns; /* prefill control */
     _Atomic uint64_t imm_base;               /* prefill: imm_posted once drained, for LANE_RESET */
     uint32_t rq_flushed; /* decode poller: receives flushed since they were posted */
+    bool err_set;        /* decode poller: the QP's current life was moved to ERR */
     uint32_t peer_psn;   /* decode (lock): the last LANE_RESET's PSN */
     uint64_t peer_base;  /* decode (lock): and its count of immediates */
 } kvw_lane_t;

@@ -176,49 +176,33 @@ static void prefill_step(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 
 /* ---- decode, poller -------------------------------------------------------- */
 
-/* Prefill asked for the lane's reset: to ERR (every receive flushes), and
- * once all of them were reaped, reset, connected to prefill's new PSN and
- * given fresh receives. True once done or given up. */
+/* Prefill asked for the lane's reset: to ERR, so that every receive
+ * flushes; once all of them were reaped, the control thread takes over.
+ * Then, once it connected the lane again, the lane is back. True once
+ * the poller has nothing more to do for it. */
 static bool decode_step(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 {
     kvw_lane_t *l = &p->lanes[lane];
-    if (atomic_load(&l->rejoin) != LANE_RESET_DUE)
+    int st = atomic_load(&l->rejoin);
+    if (st == LANE_BACK_DUE) {
+        if (l->dead)
+            lane_in(e, p, lane);
+        KVW_WARN("connection %u: lane %u on %s reset at prefill's request: back in the connection",
+                 p->index, lane, rail_name(e, l));
+        atomic_compare_exchange_strong(&l->rejoin, &st, LANE_LIVE);
         return true;
-    if (!l->dead) { /* a dead lane's QP is in ERR already */
+    }
+    if (st != LANE_RESET_DUE)
+        return true;
+    if (!l->dead)
         lane_out(e, p, lane);
+    if (!l->err_set) {
         kvw__qp_set_error(l->qp);
+        l->err_set = true;
     }
     if (l->rq_flushed < e->cfg.rq_depth)
         return false;
-    pthread_mutex_lock(&e->lock);
-    kvw_qp_info_t r = l->remote;
-    r.psn = l->peer_psn;
-    uint64_t base = l->peer_base;
-    pthread_mutex_unlock(&e->lock);
-    kvw_status_t st = kvw__qp_reset(l->qp);
-    if (!st)
-        st = kvw__qp_connect(l->qp, &r, &e->cfg);
-    l->rq_flushed = 0;
-    atomic_store(&l->recvs_posted, base);
-    if (!st)
-        st = kvw__lane_post_recvs(l, e->cfg.rq_depth);
-    if (st) {
-        /* It stays out; prefill's try times out and it probes again later. */
-        KVW_WARN("connection %u: lane %u on %s: the reset prefill asked for failed (%s): it stays "
-                 "out",
-                 p->index, lane, rail_name(e, l), kvw_strerror(st));
-        kvw__qp_set_error(l->qp);
-        int due = LANE_RESET_DUE;
-        atomic_compare_exchange_strong(&l->rejoin, &due, LANE_LIVE);
-        return true;
-    }
-    atomic_store(&l->credits_sent, atomic_load(&l->recvs_posted));
-    l->remote = r;
-    lane_in(e, p, lane);
-    KVW_WARN("connection %u: lane %u on %s reset at prefill's request: back in the connection",
-             p->index, lane, rail_name(e, l));
-    int due = LANE_RESET_DUE;
-    if (atomic_compare_exchange_strong(&l->rejoin, &due, LANE_READY_DUE)) {
+    if (atomic_compare_exchange_strong(&l->rejoin, &st, LANE_READY_DUE)) {
         atomic_fetch_or(&p->rejoin_ctl, 1u << lane);
         kvw__wake(e->control_wake_fd);
     }
@@ -351,11 +335,51 @@ void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     kvw__wake(e->poller_wake_fd);
 }
 
-static uint64_t decode_tick(kvw_peer_t *p, uint32_t lane, uint64_t now)
+/* The lane drained: reset, connected to prefill's new PSN, fresh
+ * receives on top of prefill's count, then LANE_READY. */
+static kvw_status_t reconnect(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
+{
+    kvw_lane_t *l = &p->lanes[lane];
+    pthread_mutex_lock(&e->lock);
+    kvw_qp_info_t r = l->remote;
+    r.psn = l->peer_psn;
+    uint64_t base = l->peer_base;
+    pthread_mutex_unlock(&e->lock);
+    kvw_status_t st = kvw__qp_reset(l->qp);
+    if (!st)
+        st = kvw__qp_connect(l->qp, &r, &e->cfg);
+    atomic_store(&l->recvs_posted, base);
+    /* Receives are posted last: after a failure none (or the few a failed
+     * post took, which flush) waits, so the next reset need not wait. */
+    l->rq_flushed = st ? e->cfg.rq_depth : 0;
+    if (!st && (st = kvw__lane_post_recvs(l, e->cfg.rq_depth)) != KVW_OK)
+        l->rq_flushed = e->cfg.rq_depth;
+    l->err_set = false;
+    if (st) {
+        kvw__qp_set_error(l->qp);
+        l->err_set = true;
+        return st;
+    }
+    atomic_store(&l->credits_sent, atomic_load(&l->recvs_posted));
+    l->remote = r;
+    return KVW_OK;
+}
+
+static uint64_t decode_tick(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t now)
 {
     kvw_lane_t *l = &p->lanes[lane];
     if (atomic_load(&l->rejoin) != LANE_READY_DUE) {
         atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
+        return 0;
+    }
+    if (!l->rq_flushed) { /* reconnected before: only LANE_READY is left to send */
+    } else if (reconnect(e, p, lane)) {
+        /* It stays out; prefill's try times out and it probes again later. */
+        KVW_WARN("connection %u: lane %u on %s: the reset prefill asked for failed: it stays out",
+                 p->index, lane, rail_name(e, l));
+        atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
+        int due = LANE_READY_DUE;
+        atomic_compare_exchange_strong(&l->rejoin, &due, LANE_LIVE);
         return 0;
     }
     kvw_msg_t m = {.type = KVW_MSG_LANE_READY};
@@ -367,7 +391,10 @@ static uint64_t decode_tick(kvw_peer_t *p, uint32_t lane, uint64_t now)
         return now + kvw__ms_ns(RESEND_MS);
     atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
     int due = LANE_READY_DUE;
-    atomic_compare_exchange_strong(&l->rejoin, &due, LANE_LIVE);
+    if (atomic_compare_exchange_strong(&l->rejoin, &due, LANE_BACK_DUE)) {
+        atomic_fetch_or(&p->rejoin_poll, 1u << lane);
+        kvw__wake(e->poller_wake_fd);
+    }
     return 0;
 }
 
@@ -377,7 +404,7 @@ uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
     for (uint32_t due = atomic_load(&p->rejoin_ctl); due; due &= due - 1) {
         uint32_t lane = (uint32_t)__builtin_ctz(due);
         next = kvw__earliest(next, e->role == KVW_ROLE_PREFILL ? prefill_tick(e, p, lane, now)
-                                                               : decode_tick(p, lane, now));
+                                                               : decode_tick(e, p, lane, now));
     }
     return next;
 }

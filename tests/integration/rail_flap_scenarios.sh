@@ -37,23 +37,20 @@ figure() { # FILE WORD-BEFORE PATTERN
     grep -m1 -E "$3" "$1" | sed -n "s/.*$2 \([0-9][0-9]*\).*/\1/p"
 }
 
-# Where the rail's recovery will be checked. The library fails a downed
-# rail's lanes over to the others (replay) but does not yet bring the rail
-# back into a live connection; once it does, kvw-xfer prints per rail
-# "prefill: rail R ...: lanes failed N, rejoined N" and a time to recover.
-# Until then this only reports whether those lines are there.
-# TODO(rail rejoin): require "rejoined" == "lanes failed" for rail 1, WRs on
-# rail 1 after the link came back, and print the time to recover.
+# The rail came back: prefill's rail 1 shows a lane rejoined and none out
+# (kvw-xfer's "prefill: rail 1 ...: lanes failed N, rejoined N, out now N;
+# P probes; recovery last X ms"), and carried writes.
 check_recovery() {
-    if grep -q 'rejoined' "$work/flap-p.log"; then
-        grep -E '^prefill: rail [0-9].*rejoined' "$work/flap-p.log" | sed 's/^/    recovery| /'
-    else
-        echo "    recovery| not reported by this build (a rail is not yet brought back into a" \
-            "live connection): not checked"
+    line=$(grep -m1 -E '^prefill: rail 1 .*rejoined' "$work/flap-p.log")
+    echo "    recovery| ${line:-no rail health printed}"
+    rejoined=$(echo "$line" | sed -n 's/.*rejoined \([0-9]*\),.*/\1/p')
+    out=$(echo "$line" | sed -n 's/.*out now \([0-9]*\);.*/\1/p')
+    if [ "${rejoined:-0}" -lt 1 ] || [ "${out:-1}" -ne 0 ]; then
+        echo "    rail 1 did not come back into the connection"
+        return 1
     fi
     return 0
 }
-
 # flap NAME FLAP_S ARGS...: one transfer on two rails per engine, rail 1's
 # link down for FLAP_S seconds once writes are on the wire.
 flap() {
@@ -110,9 +107,14 @@ flap() {
     echo "    figures: prefill ${p_ok:-?} ok ${p_failed:-?} failed; decode ${d_ok:-?}/${d_total:-?} ok;" \
         "${wrong:-?} bytes wrong; $refused refused by the safety rule;" \
         "rooms ended while down $(rooms_between "${t_down:-0}" "${t_up:-0}"), after $(rooms_between "${t_up:-0}" 99999999999999)"
-    check_recovery
-    if [ "${p_failed:-1}" -ne 0 ] || [ -z "${d_ok:-}" ] || [ "$d_ok" != "${d_total:-}" ]; then
-        echo "    requests failed (goal 0)"
+    check_recovery || rc=1
+    # Goal 0 failed. A request whose final immediate was on the lane when
+    # the link went down is refused, not replayed (the safety rule,
+    # docs/topology.md: decode may already have it and reuse its pages);
+    # those are counted above. Any other failure fails the scenario.
+    d_failed=$(( ${d_total:-0} - ${d_ok:-0} ))
+    if [ -z "${d_ok:-}" ] || [ "$(( ${p_failed:-1} - refused ))" -ne 0 ] || [ "$d_failed" -gt "$refused" ]; then
+        echo "    requests failed other than by the safety rule"
         rc=1
     fi
     if [ "${wrong:-1}" -ne 0 ]; then
@@ -123,8 +125,8 @@ flap() {
     result "$name" $rc
 }
 
-flap "rail 1 down 1.5 s, 16 layers x 8 KiB items, 40 requests, 4 in flight" 1.5 \
-    --layers 16 --item 8192 --pool 256 --pages 32 --requests 40 --inflight 4 \
+flap "rail 1 down 1.5 s, 16 layers x 8 KiB items, 120 requests, 4 in flight" 1.5 \
+    --layers 16 --item 8192 --pool 256 --pages 32 --requests 120 --inflight 4 \
     --contig 4 --dst-contig 3 --aux-item 256 --aux-items 8 --seed 31
 
 echo "[==========] rail flap: $passed passed, $failed failed"

@@ -364,7 +364,13 @@ static void test_every_rail_fails(void **state)
     start_rooms(rooms);
     assert_int_equal(fake_nic_kill_device("fake1"), 0);
     assert_int_equal(fake_nic_kill_device("fake3"), 0);
-    send_rooms(rooms);
+    /* The first room's writes may fail the connection before the others
+     * are sent: a send to a sender already Failed is refused. */
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        kvw_status_t st = kvw_sender_send(rooms[i].s, rooms[i].src, rooms[i].n);
+        assert_true(st == KVW_OK ||
+                    (st == KVW_ERR_STATE && kvw_sender_poll(rooms[i].s) == KVW_POLL_FAILED));
+    }
     for (uint32_t i = 0; i < ROOMS; i++) {
         assert_int_equal(pair_wait_sender(&rooms[i], WAIT_MS), KVW_POLL_FAILED);
         assert_int_equal(pair_wait_receiver(&rooms[i], WAIT_MS), KVW_POLL_FAILED);
