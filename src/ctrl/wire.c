@@ -180,6 +180,10 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_LANE_READY:
         body = 4 + 4 + 4 + 8;
         break;
+    case KVW_MSG_REPLAY_ASK:
+    case KVW_MSG_REPLAY_ANSWER:
+        body = 8 + 4 + 4 + 4;
+        break;
     }
     return KVW_WIRE_HEADER_LEN + body;
 }
@@ -189,7 +193,8 @@ static int type_known(uint16_t t)
     return (t >= KVW_MSG_BS_REGISTER && t <= KVW_MSG_BS_UNREGISTER) || t == KVW_MSG_HELLO ||
            t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
-           t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY;
+           t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY ||
+           t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -288,6 +293,13 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.lane.psn, 4);
         put_le(w, m->u.lane.peer_psn, 4);
         put_le(w, m->u.lane.count, 8);
+        break;
+    case KVW_MSG_REPLAY_ASK:
+    case KVW_MSG_REPLAY_ANSWER:
+        put_le(w, m->u.replay.room, 8);
+        put_le(w, m->u.replay.token, 4);
+        put_le(w, m->u.replay.epoch, 4);
+        put_le(w, m->u.replay.answer, 4);
         break;
     }
 }
@@ -571,6 +583,21 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
         if (m->u.lane.psn > KVW_QPN_MASK || m->u.lane.peer_psn > KVW_QPN_MASK)
             return fail(reason, rsize, "%s: a PSN over 24 bits", kvw__wire_type_name(m->type));
         return KVW_OK;
+    case KVW_MSG_REPLAY_ASK:
+    case KVW_MSG_REPLAY_ANSWER:
+        m->u.replay.room = get_le(r, 8);
+        m->u.replay.token = (uint32_t)get_le(r, 4);
+        m->u.replay.epoch = (uint32_t)get_le(r, 4);
+        m->u.replay.answer = (uint32_t)get_le(r, 4);
+        if (m->u.replay.token > KVW_WIRE_TOKEN_MASK || m->u.replay.epoch > KVW_WIRE_IMM_EPOCH_MASK)
+            return fail(reason, rsize, "%s: token 0x%x or epoch %u out of range",
+                        kvw__wire_type_name(m->type), m->u.replay.token, m->u.replay.epoch);
+        if (m->type == KVW_MSG_REPLAY_ASK ? m->u.replay.answer != 0
+                                          : m->u.replay.answer < KVW_WIRE_REPLAY_AGAIN ||
+                                                m->u.replay.answer > KVW_WIRE_REPLAY_GONE)
+            return fail(reason, rsize, "%s: answer %u", kvw__wire_type_name(m->type),
+                        m->u.replay.answer);
+        return KVW_OK;
     }
     return fail(reason, rsize, "unknown message type %u", m->type);
 }
@@ -653,6 +680,10 @@ const char *kvw__wire_type_name(uint16_t type)
         return "LANE_RESET";
     case KVW_MSG_LANE_READY:
         return "LANE_READY";
+    case KVW_MSG_REPLAY_ASK:
+        return "REPLAY_ASK";
+    case KVW_MSG_REPLAY_ANSWER:
+        return "REPLAY_ANSWER";
     case KVW_MSG_PING:
         return "PING";
     case KVW_MSG_PONG:

@@ -55,6 +55,12 @@ enum {
     KVW_WIRE_HEADS_LANDING = 4u,
     KVW_WIRE_HEADS_FLAGS = 7u, /* every known flag */
 };
+/* REPLAY_ANSWER's answers. */
+enum {
+    KVW_WIRE_REPLAY_AGAIN = 1, /* not completed: replay it under the next epoch */
+    KVW_WIRE_REPLAY_DONE = 2,  /* completed: every write of the attempt landed */
+    KVW_WIRE_REPLAY_GONE = 3,  /* decode no longer has it (failed, destroyed) */
+};
 /* The largest valid message (a REQUEST of KVW_WIRE_MAX_PAGES pages): ZeroMQ
  * drops anything longer before we buffer it. */
 #define KVW_WIRE_MAX_MSG                                                                           \
@@ -91,6 +97,13 @@ typedef enum {
      * (LANE_READY: its new PSN, prefill's echoed, receives posted in all). */
     KVW_MSG_LANE_RESET = 34,
     KVW_MSG_LANE_READY = 35,
+    /* Wire 10, a replay after a lane failed while a request's final
+     * immediate was on it: prefill asks whether decode completed the
+     * attempt (REPLAY_ASK: room, token, epoch); decode answers
+     * (REPLAY_ANSWER: KVW_WIRE_REPLAY_*) and, before it answers "replay",
+     * stops counting that attempt's immediates. */
+    KVW_MSG_REPLAY_ASK = 36,
+    KVW_MSG_REPLAY_ANSWER = 37,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
@@ -183,6 +196,12 @@ typedef struct kvw_msg {
             uint32_t peer_psn; /* LANE_READY: the PSN of the LANE_RESET it answers */
             uint64_t count;    /* RESET: immediates posted in all; READY: receives posted */
         } lane;
+        struct {
+            uint64_t room;
+            uint32_t token;  /* <= KVW_WIRE_TOKEN_MASK */
+            uint32_t epoch;  /* the attempt asked about, <= KVW_WIRE_IMM_EPOCH_MASK */
+            uint32_t answer; /* ANSWER: KVW_WIRE_REPLAY_*; ASK: 0 */
+        } replay;
     } u;
 } kvw_msg_t;
 

@@ -258,6 +258,33 @@ static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m
     pthread_mutex_unlock(&e->lock);
 }
 
+/* Prefill asks whether we completed an attempt of a request (a lane failed
+ * while the attempt's final immediate was on it). Not yet: from now on no
+ * immediate of that attempt counts, so prefill may replay it under the
+ * next epoch. */
+static void on_replay_ask(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    kvw_msg_t a = {.type = KVW_MSG_REPLAY_ANSWER};
+    a.u.replay = m->u.replay;
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__token_lookup_locked(e, m->u.replay.token);
+    if (!r || r->peer != p || r->room != m->u.replay.room)
+        a.u.replay.answer = KVW_WIRE_REPLAY_GONE;
+    else if (atomic_load(&r->state) == KVW_POLL_SUCCESS)
+        a.u.replay.answer = KVW_WIRE_REPLAY_DONE;
+    else if (kvw__req_ended(r))
+        a.u.replay.answer = KVW_WIRE_REPLAY_GONE;
+    else {
+        if (r->rx.imm_epoch <= m->u.replay.epoch) {
+            r->rx.imm_epoch = m->u.replay.epoch + 1;
+            r->rx.imms_landed = 0;
+        }
+        a.u.replay.answer = KVW_WIRE_REPLAY_AGAIN;
+    }
+    pthread_mutex_unlock(&e->lock);
+    kvw__zsend(p->sock, &a, ZMQ_DONTWAIT);
+}
+
 void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
 {
     kvw_msg_t m;
@@ -278,6 +305,8 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
             on_request_failed(e, p, &m);
         else if (m.type == KVW_MSG_LANE_RESET && atomic_load(&p->state) == PEER_CONNECTED)
             kvw__rejoin_on_reset(e, p, &m);
+        else if (m.type == KVW_MSG_REPLAY_ASK && atomic_load(&p->state) == PEER_CONNECTED)
+            on_replay_ask(e, p, &m);
         else if (m.type == KVW_MSG_BYE)
             kvw__peer_kill(p, (kvw_status_t)m.status,
                            "prefill rank %u closed the connection: %.100s", p->rank,

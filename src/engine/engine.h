@@ -76,6 +76,13 @@ typedef enum {
     LANE_BACK_DUE,  /* done: the poller takes the lane back */
 } kvw_lane_rejoin_t;
 
+/* A request's REPLAY_ASK (kvw_req_t.tx.ask, under the engine lock). */
+enum {
+    KVW_ASK_NONE = 0,
+    KVW_ASK_DUE,  /* the poller holds it: the control thread sends the question */
+    KVW_ASK_SENT, /* asked: the answer comes as one of KVW_WIRE_REPLAY_* + KVW_ASK_SENT */
+};
+
 typedef struct kvw_lane {
     kvw_qp_t *qp;
     uint8_t rail;        /* the engine's rail (device) the QP lives on */
@@ -246,9 +253,11 @@ struct kvw_peer {
     uint32_t sched_pos;                       /* prefill: next_lane's place in sched */
     uint32_t dead_lanes;                      /* lanes failed over (kvw_lane_t.dead), a bit each */
     atomic_bool lanes_down;                   /* some lane's down_due is set */
+    atomic_bool asks_due;                     /* some request's ask is KVW_ASK_DUE */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
+    kvw_req_t *asking_head, *asking_tail;     /* waiting for decode's REPLAY_ANSWER */
     /* Requests whose next part waits on its producer's CUDA event: off the
      * active queue so that they hold up no other request of the
      * connection; a pass looks at their events again once
@@ -295,7 +304,12 @@ typedef struct kvw_req_tx {
     uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
     uint32_t final_lane;              /* the lane of its last write */
     uint32_t epoch;                   /* attempts replayed after a lane failed (rails) */
-    _Atomic uint64_t writes_posted;   /* poller writes, anyone reads */
+    /* (lock) Asking decode whether it completed the attempt (a lane failed
+     * while its final immediate was on it): KVW_ASK_*; ask_deadline_ns
+     * bounds the wait. */
+    int ask;
+    uint64_t ask_deadline_ns;
+    _Atomic uint64_t writes_posted; /* poller writes, anyone reads */
     /* (lock, fixed once have_dst) Decode over several prefill ranks: the
      * REQUEST named a head range. KV slot j's writes follow kv_geom[j]
      * (kv_per_layer entries) instead of the peer's; owes_none: the range is
@@ -444,6 +458,8 @@ typedef struct kvw_engine_counters {
     /* Rejoins: lanes back in their connection; probes of a paused lane's
      * port, and those that found it still down or the lane not working. */
     _Atomic uint64_t lanes_rejoined, lane_probes, lane_probes_failed;
+    /* Requests asked about (REPLAY_ASK), and those decode had completed. */
+    _Atomic uint64_t replay_asks, replay_done;
 } kvw_engine_counters_t;
 
 struct kvw_engine {

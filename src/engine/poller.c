@@ -112,6 +112,8 @@ static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
         atomic_fetch_sub(&e->ev_waiting, 1);
         release(r);
     }
+    while ((r = queue_pop(&p->asking_head, &p->asking_tail)))
+        release(r);
     for (uint32_t i = 0; i < p->nlanes; i++) {
         kvw_lane_t *l = &p->lanes[i];
         if (!l->txq_ready)
@@ -675,7 +677,10 @@ static uint64_t room_of_seq(const kvw_peer_t *p, uint32_t lane, uint64_t seq)
  * write into them, so the request fails instead (the abort barrier tells
  * decode once nothing of it is in flight). */
 
-enum { REQ_UNTOUCHED, REQ_REPLAY, REQ_REFUSE };
+enum { REQ_UNTOUCHED, REQ_REPLAY, REQ_ASK, REQ_REFUSE };
+
+/* How long a request waits for decode's REPLAY_ANSWER before it fails. */
+enum { ASK_WAIT_MS = 5000 };
 
 /* Can p go on without `lane`: several rails, a live lane on another rail,
  * and no stager (a staged slice's chunk is reused once posted). */
@@ -707,9 +712,11 @@ static int req_after_lane_failed(const kvw_req_t *r, uint32_t lane, uint64_t lan
         return REQ_UNTOUCHED; /* nothing of it lost; no immediate owed there */
     /* An exact boundary (the peer refused the write, or it never left):
      * nothing from it on landed, so neither did the immediate. */
-    if ((imm_posted && !exact) || r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
+    if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
         return REQ_REFUSE;
-    return REQ_REPLAY;
+    /* The immediate may have landed: decode may have reported Success and
+     * reused the pages, so only decode can say whether to replay. */
+    return imm_posted && !exact ? REQ_ASK : REQ_REPLAY;
 }
 
 /* r's writes start over from its first part, on the live lanes. */
@@ -748,37 +755,60 @@ static void refuse_req(kvw_engine_t *e, kvw_req_t *r, uint32_t lane)
     pthread_mutex_unlock(&e->lock);
 }
 
-/* The requests of one poller queue: restarted or refused in place. */
-static void fail_over_queue(kvw_engine_t *e, kvw_req_t *head, uint32_t lane, uint64_t landed,
-                            bool exact)
+/* r goes on hold until decode answers whether it completed the attempt
+ * (the control thread asks, kvw__prefill_asks). */
+static void hold_for_answer(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 {
-    for (kvw_req_t *r = head; r; r = r->qnext) {
-        int what = req_after_lane_failed(r, lane, landed, exact);
-        if (what == REQ_REPLAY)
-            restart_req(e, r);
-        else if (what == REQ_REFUSE)
-            refuse_req(e, r, lane);
-    }
+    atomic_fetch_add(&e->counters.replay_asks, 1);
+    pthread_mutex_lock(&e->lock);
+    r->tx.ask = KVW_ASK_DUE;
+    r->tx.ask_deadline_ns = kvw__now_ns() + kvw__ms_ns(ASK_WAIT_MS);
+    pthread_mutex_unlock(&e->lock);
+    queue_push(&p->asking_head, &p->asking_tail, r);
+    atomic_store(&p->asks_due, true);
+    kvw__wake(e->control_wake_fd);
 }
 
-/* In-flight requests that start over go back to the active queue. */
-static void fail_over_inflight(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t landed,
-                               bool exact)
+/* The requests of one poller queue (active or in flight) that used the
+ * lane: restarted (to the active queue), held for decode's answer, or
+ * refused (kept where they are, to drain). */
+static void fail_over_list(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t **head, kvw_req_t **tail,
+                           uint32_t lane, uint64_t landed, bool exact)
 {
-    kvw_req_t *keep_head = NULL, *keep_tail = NULL, *r;
-    while ((r = queue_pop(&p->inflight_head, &p->inflight_tail))) {
+    kvw_req_t *keep_head = NULL, *keep_tail = NULL, *replay_head = NULL, *replay_tail = NULL, *r;
+    while ((r = queue_pop(head, tail))) {
         int what = req_after_lane_failed(r, lane, landed, exact);
         if (what == REQ_REPLAY) {
             restart_req(e, r);
-            queue_push(&p->active_head, &p->active_tail, r);
+            queue_push(&replay_head, &replay_tail, r);
+            continue;
+        }
+        if (what == REQ_ASK) {
+            hold_for_answer(e, p, r);
             continue;
         }
         if (what == REQ_REFUSE)
             refuse_req(e, r, lane);
         queue_push(&keep_head, &keep_tail, r);
     }
-    p->inflight_head = keep_head;
-    p->inflight_tail = keep_tail;
+    *head = keep_head;
+    *tail = keep_tail;
+    while ((r = queue_pop(&replay_head, &replay_tail)))
+        queue_push(&p->active_head, &p->active_tail, r);
+}
+
+/* Requests waiting on a CUDA event have not posted their final
+ * immediate: restarted in place (or refused, replayed too often). */
+static void fail_over_evwait(kvw_engine_t *e, kvw_req_t *head, uint32_t lane, uint64_t landed,
+                             bool exact)
+{
+    for (kvw_req_t *r = head; r; r = r->qnext) {
+        int what = req_after_lane_failed(r, lane, landed, exact);
+        if (what == REQ_REPLAY)
+            restart_req(e, r);
+        else if (what != REQ_UNTOUCHED)
+            refuse_req(e, r, lane);
+    }
 }
 
 /* Requests parked between parts (on none of the poller's queues) that
@@ -821,10 +851,55 @@ static void fail_over(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char 
              "the other rails; the lane is probed back",
              p->index, lane, e->rails[l->rail]->name, what);
     uint64_t landed = l->txq.completed;
-    fail_over_inflight(e, p, lane, landed, exact);
-    fail_over_queue(e, p->active_head, lane, landed, exact);
-    fail_over_queue(e, p->evwait_head, lane, landed, exact);
+    fail_over_list(e, p, &p->active_head, &p->active_tail, lane, landed, exact);
+    fail_over_list(e, p, &p->inflight_head, &p->inflight_tail, lane, landed, exact);
+    fail_over_evwait(e, p->evwait_head, lane, landed, exact);
     fail_over_parked(e, p, lane, landed);
+}
+
+/* Requests held for decode's answer (hold_for_answer): replayed under
+ * the next epoch, ended as landed (decode completed them), or failed
+ * (decode no longer has them, no answer in time, or they failed
+ * meanwhile). One that ends goes to the in-flight queue with nothing left
+ * to wait for, so that it is retired and released in order. */
+static void serve_answers(kvw_engine_t *e, kvw_peer_t *p)
+{
+    kvw_req_t *keep_head = NULL, *keep_tail = NULL, *r;
+    uint64_t now = kvw__now_ns();
+    while ((r = queue_pop(&p->asking_head, &p->asking_tail))) {
+        pthread_mutex_lock(&e->lock);
+        int answer = r->tx.ask - KVW_ASK_SENT;
+        bool failed = atomic_load(&r->state) == KVW_POLL_FAILED;
+        if (!failed && answer <= 0 && now > r->tx.ask_deadline_ns) {
+            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER,
+                                    "a lane failed after the request's final immediate went on "
+                                    "it, and decode did not say in time whether it has it");
+            failed = true;
+        } else if (!failed && answer == KVW_WIRE_REPLAY_GONE) {
+            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER,
+                                    "a lane failed and decode no longer has the request");
+            failed = true;
+        }
+        if (!failed && answer <= 0) { /* still waiting */
+            pthread_mutex_unlock(&e->lock);
+            queue_push(&keep_head, &keep_tail, r);
+            continue;
+        }
+        r->tx.ask = KVW_ASK_NONE;
+        pthread_mutex_unlock(&e->lock);
+        if (!failed && answer == KVW_WIRE_REPLAY_AGAIN) {
+            restart_req(e, r);
+            queue_push(&p->active_head, &p->active_tail, r);
+            continue;
+        }
+        if (!failed)
+            atomic_fetch_add(&e->counters.replay_done, 1);
+        r->tx.lane_mask = r->tx.imm_lanes = 0; /* every write landed, or none matters */
+        queue_push(&p->inflight_head, &p->inflight_tail, r);
+    }
+    p->asking_head = keep_head;
+    p->asking_tail = keep_tail;
+    retire_inflight(p);
 }
 
 /* Lanes whose rail's port went down (rail_down, control.c): failed over
@@ -854,7 +929,7 @@ static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
     bool first = !q->broken;
     kvw__txq_fail_at(q, wc->wr_id);
     if (p->lanes[lane].dead) { /* out already: its drain, or a failed probe */
-        kvw__rejoin_error_reaped(p->engine, p, lane, wc->wr_id);
+        kvw__rejoin_reaped(p->engine, p, lane, wc->wr_id, false);
         retire_inflight(p);
         return;
     }
@@ -863,7 +938,7 @@ static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
         snprintf(what, sizeof(what), "%s, vendor error 0x%x", ibv_wc_status_str(wc->status),
                  wc->vendor_err);
         fail_over(p->engine, p, lane, what, exact_boundary(wc->status));
-        kvw__rejoin_error_reaped(p->engine, p, lane, wc->wr_id);
+        kvw__rejoin_reaped(p->engine, p, lane, wc->wr_id, false);
         retire_inflight(p);
         return;
     }
@@ -896,7 +971,7 @@ static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
         on_send_error(p, lane, wc);
         return;
     }
-    kvw__rejoin_error_reaped(e, p, lane, wc->wr_id); /* decode: one receive fewer posted */
+    kvw__rejoin_reaped(e, p, lane, wc->wr_id, false); /* decode: one receive fewer */
     if (p->lanes[lane].dead || atomic_load(&p->lanes[lane].rejoin) == LANE_RESET_DUE)
         ; /* a rail already given up on, or being reset */
     else if (can_fail_over(e, p, lane))
@@ -1024,9 +1099,11 @@ static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, int *ok)
             continue;
         }
         ++*ok;
-        if (e->role == KVW_ROLE_PREFILL)
+        if (e->role == KVW_ROLE_PREFILL) {
             kvw__txq_retire(&l->txq, wc[i].wr_id);
-        else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM)
+            if (l->dead)
+                kvw__rejoin_reaped(e, p, lane, wc[i].wr_id, true);
+        } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM)
             on_immediate(e, p, l, &wc[i]);
     }
     return n;
@@ -1084,6 +1161,8 @@ static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
             kvw__rejoin_poll(e, p);
             publish_counters(e, p, before);
         }
+        if (p->asking_head)
+            serve_answers(e, p);
         if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED && !closing)
             work += post_peer(e, p, budget, more);
         work += poll_peer(e, p);

@@ -87,16 +87,18 @@ static void probe_failed_poller(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, c
     atomic_store(&l->rejoin, LANE_DRAINING);
 }
 
-void kvw__rejoin_error_reaped(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t wr_id)
+void kvw__rejoin_reaped(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t wr_id, bool ok)
 {
     kvw_lane_t *l = &p->lanes[lane];
     if (e->role != KVW_ROLE_PREFILL) {
-        l->rq_flushed++; /* decode posts receives only: each error is one gone */
+        l->rq_flushed += !ok; /* decode posts receives only: each error is one gone */
         return;
     }
+    /* A late success counts too: a write whose ACK came after the lane
+     * failed (its QP moved to ERR from outside) completes successfully. */
     if (wr_id + 1 > l->reaped_upto)
         l->reaped_upto = wr_id + 1;
-    if (atomic_load(&l->rejoin) == LANE_PROBE_SENT)
+    if (!ok && atomic_load(&l->rejoin) == LANE_PROBE_SENT)
         probe_failed_poller(e, p, lane, "the probe write failed");
 }
 
@@ -218,8 +220,11 @@ void kvw__rejoin_poll(kvw_engine_t *e, kvw_peer_t *p)
     }
     for (uint32_t due = atomic_load(&p->rejoin_poll); due; due &= due - 1) {
         uint32_t lane = (uint32_t)__builtin_ctz(due);
-        if (decode_step(e, p, lane))
-            atomic_fetch_and(&p->rejoin_poll, ~(1u << lane));
+        /* Cleared before the step, so that the control thread's next
+         * hand-over (it sets the bit after the state) is never lost. */
+        atomic_fetch_and(&p->rejoin_poll, ~(1u << lane));
+        if (!decode_step(e, p, lane))
+            atomic_fetch_or(&p->rejoin_poll, 1u << lane);
     }
 }
 
@@ -281,7 +286,6 @@ static uint64_t prefill_tick(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint
             return l->reset_deadline_ns;
         return probe_failed_ctl(e, p, lane, now, "no LANE_READY from decode");
     default: /* the poller's now */
-        atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
         return 0;
     }
 }
@@ -368,16 +372,13 @@ static kvw_status_t reconnect(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 static uint64_t decode_tick(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t now)
 {
     kvw_lane_t *l = &p->lanes[lane];
-    if (atomic_load(&l->rejoin) != LANE_READY_DUE) {
-        atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
+    if (atomic_load(&l->rejoin) != LANE_READY_DUE)
         return 0;
-    }
     if (!l->rq_flushed) { /* reconnected before: only LANE_READY is left to send */
     } else if (reconnect(e, p, lane)) {
         /* It stays out; prefill's try times out and it probes again later. */
         KVW_WARN("connection %u: lane %u on %s: the reset prefill asked for failed: it stays out",
                  p->index, lane, rail_name(e, l));
-        atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
         int due = LANE_READY_DUE;
         atomic_compare_exchange_strong(&l->rejoin, &due, LANE_LIVE);
         return 0;
@@ -389,7 +390,6 @@ static uint64_t decode_tick(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint6
     m.u.lane.count = atomic_load(&l->recvs_posted);
     if (kvw__zsend(p->sock, &m, ZMQ_DONTWAIT) != KVW_OK)
         return now + kvw__ms_ns(RESEND_MS);
-    atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
     int due = LANE_READY_DUE;
     if (atomic_compare_exchange_strong(&l->rejoin, &due, LANE_BACK_DUE)) {
         atomic_fetch_or(&p->rejoin_poll, 1u << lane);
@@ -403,8 +403,15 @@ uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
     uint64_t next = 0;
     for (uint32_t due = atomic_load(&p->rejoin_ctl); due; due &= due - 1) {
         uint32_t lane = (uint32_t)__builtin_ctz(due);
-        next = kvw__earliest(next, e->role == KVW_ROLE_PREFILL ? prefill_tick(e, p, lane, now)
-                                                               : decode_tick(e, p, lane, now));
+        /* Cleared before the look, set again while the lane still needs
+         * us: the poller's next hand-over is never lost. */
+        atomic_fetch_and(&p->rejoin_ctl, ~(1u << lane));
+        uint64_t t = e->role == KVW_ROLE_PREFILL ? prefill_tick(e, p, lane, now)
+                                                 : decode_tick(e, p, lane, now);
+        if (t) {
+            atomic_fetch_or(&p->rejoin_ctl, 1u << lane);
+            next = kvw__earliest(next, t);
+        }
     }
     return next;
 }

@@ -26,10 +26,11 @@
 
 /* Poller: the lane failed over (prefill) or was given up (decode). */
 void kvw__rejoin_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane);
-/* Poller: an error completion on a lane that is out of its connection
- * (wr_id as reaped). Prefill: a failed probe write sends it back to
- * paused; every one counts towards the drain. */
-void kvw__rejoin_error_reaped(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t wr_id);
+/* Poller: a completion reaped on a lane that is out of its connection
+ * (prefill, wr_id as reaped; ok: it succeeded) or any error completion
+ * (decode). Prefill: each counts towards the drain, and a failed probe
+ * write sends the lane back to paused. Decode: one receive fewer posted. */
+void kvw__rejoin_reaped(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t wr_id, bool ok);
 /* Poller: move p's lanes that are out along (drained, probe to post,
  * probe landed; decode: the reset prefill asked for). Cheap when none is. */
 void kvw__rejoin_poll(kvw_engine_t *e, kvw_peer_t *p);

@@ -194,6 +194,13 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.lane.peer_psn, b->u.lane.peer_psn);
         assert_int_equal(a->u.lane.count, b->u.lane.count);
         break;
+    case KVW_MSG_REPLAY_ASK:
+    case KVW_MSG_REPLAY_ANSWER:
+        assert_int_equal(a->u.replay.room, b->u.replay.room);
+        assert_int_equal(a->u.replay.token, b->u.replay.token);
+        assert_int_equal(a->u.replay.epoch, b->u.replay.epoch);
+        assert_int_equal(a->u.replay.answer, b->u.replay.answer);
+        break;
     default:
         fail_msg("unexpected type %u", a->type);
     }
@@ -473,6 +480,39 @@ static void test_roundtrip_lane(void **state)
     expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
 }
 
+/* Wire 10: asking decode whether it completed an attempt. An answer out
+ * of range, an answer in a question, a token or epoch too large: refused. */
+static void test_roundtrip_replay(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_REPLAY_ASK;
+    m.u.replay.room = 0x0102030405060708ull;
+    m.u.replay.token = KVW_WIRE_TOKEN_MASK;
+    m.u.replay.epoch = KVW_WIRE_IMM_EPOCH_MASK;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 20);
+    uint8_t buf[256];
+    m.u.replay.answer = KVW_WIRE_REPLAY_AGAIN;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.type = KVW_MSG_REPLAY_ANSWER;
+    for (uint32_t a = KVW_WIRE_REPLAY_AGAIN; a <= KVW_WIRE_REPLAY_GONE; a++) {
+        m.u.replay.answer = a;
+        roundtrip(&m);
+    }
+    m.u.replay.answer = 0;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.replay.answer = KVW_WIRE_REPLAY_GONE + 1;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.replay.answer = KVW_WIRE_REPLAY_DONE;
+    m.u.replay.token = KVW_WIRE_TOKEN_MASK + 1;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.replay.token = 1;
+    m.u.replay.epoch = KVW_WIRE_IMM_EPOCH_MASK + 1;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+}
+
 static void test_roundtrip_ping_pong(void **state)
 {
     (void)state;
@@ -489,14 +529,15 @@ static void test_roundtrip_ping_pong(void **state)
 static void test_type_names(void **state)
 {
     (void)state;
-    static const uint16_t types[] = {KVW_MSG_BS_REGISTER, KVW_MSG_BS_REGISTER_ACK,
-                                     KVW_MSG_BS_LOOKUP,   KVW_MSG_BS_LOOKUP_REPLY,
-                                     KVW_MSG_HELLO,       KVW_MSG_HELLO_ACK,
-                                     KVW_MSG_REQUEST,     KVW_MSG_REQUEST_FAILED,
-                                     KVW_MSG_ABORT,       KVW_MSG_PING,
-                                     KVW_MSG_PONG,        KVW_MSG_CREDIT,
-                                     KVW_MSG_BYE,         KVW_MSG_LANE_RESET,
-                                     KVW_MSG_LANE_READY};
+    static const uint16_t types[] = {KVW_MSG_BS_REGISTER,  KVW_MSG_BS_REGISTER_ACK,
+                                     KVW_MSG_BS_LOOKUP,    KVW_MSG_BS_LOOKUP_REPLY,
+                                     KVW_MSG_HELLO,        KVW_MSG_HELLO_ACK,
+                                     KVW_MSG_REQUEST,      KVW_MSG_REQUEST_FAILED,
+                                     KVW_MSG_ABORT,        KVW_MSG_PING,
+                                     KVW_MSG_PONG,         KVW_MSG_CREDIT,
+                                     KVW_MSG_BYE,          KVW_MSG_LANE_RESET,
+                                     KVW_MSG_LANE_READY,   KVW_MSG_REPLAY_ASK,
+                                     KVW_MSG_REPLAY_ANSWER};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
@@ -1056,6 +1097,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_request),
         cmocka_unit_test(test_roundtrip_request_failed),
         cmocka_unit_test(test_roundtrip_lane),
+        cmocka_unit_test(test_roundtrip_replay),
         cmocka_unit_test(test_roundtrip_ping_pong),
         cmocka_unit_test(test_roundtrip_credit),
         cmocka_unit_test(test_type_names),
