@@ -686,8 +686,10 @@ enum { ASK_WAIT_MS = 5000 };
  * and no stager (a staged slice's chunk is reused once posted). */
 static bool can_fail_over(const kvw_engine_t *e, const kvw_peer_t *p, uint32_t lane)
 {
+    /* Killing: its QPs go to ERR before it turns DEAD, and their flushes
+     * are the kill's, not a rail's. */
     if (e->nrails < 2 || e->stager || atomic_load(&p->state) != PEER_CONNECTED ||
-        atomic_load(&p->closing))
+        atomic_load(&p->closing) || atomic_load(&p->killing))
         return false;
     for (uint32_t i = 0; i < p->nlanes; i++)
         if (i != lane && !p->lanes[i].dead && p->lanes[i].rail != p->lanes[lane].rail)
