@@ -13,11 +13,12 @@
 #                                  request table; a request's life; decode's
 #                                  landing buffer for head slicing)
 #   1  peer                        (connections, their QPs and slots)
-#   2  part, poller; stager, stage_send, stage_recv
+#   2  part, poller, rejoin; stager, stage_send, stage_recv
 #                                  (the data path: a sender's parts, the
-#                                  poller's pass, the staging thread and its
-#                                  two halves)
-#   3  sender, receiver, ctl_frame, ctl_prefill, ctl_decode
+#                                  poller's pass and a failed lane's way
+#                                  back, the staging thread and its two
+#                                  halves)
+#   3  sender, receiver, ctl_frame, ctl_prefill, ctl_decode, ctl_rejoin
 #                                  (each role's logic)
 #   4  control                     (the control thread)
 #   5  engine                      (create, destroy, the public API glue)
@@ -38,8 +39,10 @@ done | python3 -c '
 import sys, itertools
 rank = {}
 for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing"], ["peer"],
-                           ["part", "poller", "stager", "stage_send", "stage_recv"],
-                           ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode"],
+                           ["part", "poller", "rejoin", "stager", "stage_send",
+                            "stage_recv"],
+                           ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode",
+                            "ctl_rejoin"],
                            ["control"], ["engine"]]):
     for n in names:
         rank[n] = r

@@ -24,7 +24,23 @@
 
 #include "engine/engine.h"
 
-/* Poller: the lane failed over (prefill) or was given up (decode). */
+enum {
+    KVW_REJOIN_COOLDOWN_MIN_MS = 100,
+    KVW_REJOIN_COOLDOWN_MAX_MS = 10000,
+};
+
+/* The next cooldown after a try that failed: doubled, up to the most. */
+static inline uint32_t kvw__rejoin_grown(uint32_t ms)
+{
+    return ms >= KVW_REJOIN_COOLDOWN_MAX_MS / 2 ? KVW_REJOIN_COOLDOWN_MAX_MS : ms * 2;
+}
+
+static inline const char *kvw__rail_name(const kvw_engine_t *e, const kvw_lane_t *l)
+{
+    return e->rails[l->rail]->name;
+}
+
+/* rejoin.c. Poller: the lane failed over (prefill) or was given up (decode). */
 void kvw__rejoin_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane);
 /* Poller: a completion reaped on a lane that is out of its connection
  * (prefill, wr_id as reaped; ok: it succeeded) or any error completion
@@ -39,7 +55,7 @@ void kvw__rejoin_peer_gone(kvw_engine_t *e, kvw_peer_t *p);
 /* Poller: the turn lanes take chains in, less the dead lanes. */
 void kvw__rejoin_rebuild_turns(kvw_peer_t *p);
 
-/* Control thread: probes and resets due (prefill), LANE_READY to send
+/* ctl_rejoin.c. Control thread: probes and resets due (prefill), LANE_READY to send
  * (decode). Returns when it next needs to run (0: nothing pending). */
 uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now);
 /* Control thread, decode: prefill's LANE_RESET. */
