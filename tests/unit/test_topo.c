@@ -275,11 +275,11 @@ static void test_dgx_pairs(void **state)
 }
 
 /* 8 GPUs, 2 NICs: one on each socket's first switch; the second switch of
- * socket 0 hangs off the same root complex, socket 1's off another one. */
-static void test_fewer_nics(void **state)
+ * socket 0 hangs off the same root complex, socket 1's off another one.
+ * down: a NIC whose port is down, or NULL. */
+static void fewer_nics_tree(kvw_topo_t *topo, const char *down)
 {
-    (void)state;
-    tree_t t = {0};
+    tree_t t = {.down = down};
     switch_t sw[4] = {
         {.host_bus = 0x00, .numa = 0, .root_port = 1, .bus = 0x10, .ngpus = 2, .nnics = 1},
         {.host_bus = 0x00, .numa = 0, .root_port = 3, .bus = 0x20, .ngpus = 2},
@@ -288,8 +288,14 @@ static void test_fewer_nics(void **state)
     };
     for (int s = 0; s < 4; s++)
         add_switch(&t, &sw[s]);
+    read_tree(topo);
+}
+
+static void test_fewer_nics(void **state)
+{
+    (void)state;
     kvw_topo_t topo;
-    read_tree(&topo);
+    fewer_nics_tree(&topo, NULL);
     assert_int_equal(topo.nnics, 2);
     assert_int_equal(topo.ngpus, 8);
     static const char *const want[8] = {"mlx5_0", "mlx5_0", "mlx5_0", "mlx5_0",
@@ -305,10 +311,7 @@ static void test_fewer_nics(void **state)
     /* With socket 1's NIC down, its GPUs cross the inter-socket link. */
     teardown(NULL);
     setup(NULL);
-    tree_t t2 = {.down = "mlx5_1"};
-    for (int s = 0; s < 4; s++)
-        add_switch(&t2, &sw[s]);
-    read_tree(&topo);
+    fewer_nics_tree(&topo, "mlx5_1");
     kvw_topo_pick_t pick;
     assert_string_equal(pick_for_gpu(&topo, 6, &pick), "mlx5_0");
     assert_int_equal(pick.level, KVW_TOPO_SYS);
@@ -503,17 +506,8 @@ static void test_near_order_and_cap(void **state)
 static void test_near_fewer_nics(void **state)
 {
     (void)state;
-    tree_t t = {0};
-    switch_t sw[4] = {
-        {.host_bus = 0x00, .numa = 0, .root_port = 1, .bus = 0x10, .ngpus = 2, .nnics = 1},
-        {.host_bus = 0x00, .numa = 0, .root_port = 3, .bus = 0x20, .ngpus = 2},
-        {.host_bus = 0x80, .numa = 1, .root_port = 1, .bus = 0x90, .ngpus = 2, .nnics = 1},
-        {.host_bus = 0xc0, .numa = 1, .root_port = 1, .bus = 0xd0, .ngpus = 2},
-    };
-    for (int s = 0; s < 4; s++)
-        add_switch(&t, &sw[s]);
     kvw_topo_t topo;
-    read_tree(&topo);
+    fewer_nics_tree(&topo, NULL);
     static const char *const want[8] = {"mlx5_0", "mlx5_0", "mlx5_0", "mlx5_0",
                                         "mlx5_1", "mlx5_1", "mlx5_1", "mlx5_1"};
     kvw_topo_near_t near;
