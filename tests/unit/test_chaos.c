@@ -118,6 +118,9 @@ typedef struct schedule {
      * rail_down: decode's second device is kill_nic, and prefill fails its
      * lanes over to the first rail. */
     bool rails, rail_down;
+    /* rail_down, and decode's second device comes back at 50 ms: prefill
+     * probes the lane back into the connection (rejoin) mid-schedule. */
+    bool rail_back;
     int silent_side; /* 1: prefill, 2: decode stops sending control messages */
     /* 0 none, 1 decode aborts, 2 prefill aborts, 3 prefill destroys,
      * 4 decode destroys (which waits for the abort's barrier) */
@@ -294,6 +297,7 @@ static void make_schedule(uint64_t seed, schedule_t *sc)
         if (!sc->nic_faults && !sc->drop_pct && !sc->kill_nic && !sc->silent_side && below(&r, 2)) {
             sc->rail_down = true;
             sc->kill_nic = "fake3";
+            sc->rail_back = below(&r, 2);
         }
     }
 }
@@ -337,7 +341,9 @@ static void describe(const schedule_t *sc)
            sc->close_ms);
     if (sc->rails)
         printf("chaos:   two rails per engine (fake0+fake2, fake1+fake3)%s\n",
-               sc->rail_down ? ", fake3 (decode's second rail) dies at 2 ms" : "");
+               !sc->rail_down  ? ""
+               : sc->rail_back ? ", fake3 (decode's second rail) dies at 2 ms, back at 50 ms"
+                               : ", fake3 (decode's second rail) dies at 2 ms");
     for (uint32_t i = 0; i < sc->rooms; i++)
         printf("chaos:   room %u: %s, %u parts %u ms apart%s; %s at %s (%u ms)%s%s\n", i,
                sends[sc->send[i]], parts_of(sc, i), sc->gap_ms[i],
@@ -419,6 +425,7 @@ static int violations;
 /* What the schedules did, so a run shows what it covered. */
 static struct {
     uint64_t rooms, decode_ok, decode_failed, both_ok, with_fault[7], qps[3], rails;
+    uint64_t rail_back, lanes_rejoined, replay_asks;
     uint64_t gpu[4], copy_delay, late_ack, close[3], new_rooms, new_rooms_ok;
     uint64_t sends[SEND_KINDS], parts, gapped;
     uint64_t acts[5][PH_KINDS], canaries, free_pages;
@@ -870,7 +877,7 @@ static void drive(run_t *x)
 {
     const schedule_t *sc = x->sc;
     uint64_t end = x->t0 + END_MS;
-    bool killed = false;
+    bool killed = false, revived = false;
     for (;;) {
         uint64_t now = pair_now_ms(), el = now - x->t0;
         bool all = true; /* every room ended on both sides */
@@ -890,6 +897,10 @@ static void drive(run_t *x)
         if (sc->kill_nic && !killed && el >= 2) {
             fake_nic_kill_device(sc->kill_nic);
             killed = true;
+        }
+        if (sc->rail_back && killed && !revived && el >= 50) {
+            fake_nic_revive_device(sc->kill_nic);
+            revived = true;
         }
         if (sc->silent_side && el >= 2 && !atomic_load(&silent_side))
             atomic_store(&silent_side, sc->silent_side);
@@ -1020,6 +1031,7 @@ static void tally_schedule(const schedule_t *sc)
     tally.with_fault[5] += sc->silent_side != 0;
     tally.with_fault[6] += sc->rail_down;
     tally.rails += sc->rails;
+    tally.rail_back += sc->rail_back;
     tally.qps[sc->cfg.qps_per_peer - 1]++;
     tally.gpu[sc->gpu_src + 2 * sc->gpu_dst]++;
     tally.copy_delay += (sc->gpu_src || sc->gpu_dst) && sc->copy_delay_us;
@@ -1150,6 +1162,8 @@ static void run_schedule(uint64_t seed, bool described)
     tally.canaries += (uint64_t)x.ncanaries;
     check_canaries(&x, "after a grace period");
     check_counters(&x.p, &sc);
+    tally.lanes_rejoined += atomic_load(&x.p.prefill->counters.lanes_rejoined);
+    tally.replay_asks += atomic_load(&x.p.prefill->counters.replay_asks);
     for (uint32_t i = 0; i < SLOTS; i++)
         pair_destroy_room(&x.rooms[i].pr);
     /* Once decode's engines are gone nothing can write their pages: the
@@ -1215,8 +1229,10 @@ static void summary(uint64_t n, uint64_t first, uint64_t t0)
     printf("chaos: connections of 1, 2, 3 QPs: %" PRIu64 ", %" PRIu64 ", %" PRIu64 " schedules\n",
            tally.qps[0], tally.qps[1], tally.qps[2]);
     printf("chaos: two rails per engine in %" PRIu64 " schedules, %" PRIu64 " of them with a rail "
-           "down\n",
-           tally.rails, tally.with_fault[6]);
+           "down (%" PRIu64 " of those back at 50 ms); lanes rejoined %" PRIu64
+           ", requests asked about (REPLAY_ASK) %" PRIu64 "\n",
+           tally.rails, tally.with_fault[6], tally.rail_back, tally.lanes_rejoined,
+           tally.replay_asks);
     printf("chaos: %" PRIu64 " fault schedules on the fake NIC (not RDMA) in %.1f s, seeds "
            "%" PRIu64 "..%" PRIu64 ": %d invariant violations\n",
            n, (double)(pair_now_ms() - t0) / 1000.0, first, first + n - 1, violations);
