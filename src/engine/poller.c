@@ -44,6 +44,8 @@ static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
 
 static void release(kvw_req_t *r);
 static void retire_inflight(kvw_peer_t *p);
+static void restart_req(kvw_engine_t *e, kvw_req_t *r);
+static void refuse_req(kvw_engine_t *e, kvw_req_t *r, uint32_t lane);
 static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p);
 
 /* Requests whose both page lists are known, handed over by other threads.
@@ -359,12 +361,26 @@ static int part_event(kvw_req_t *r, kvw_seg_t *s)
 /* Build r's next writes into the lane's open chain; returns how many.
  * Stops before a part whose producer's event has not completed
  * (r->tx.ev_blocked). */
+/* r wrote on a lane that failed over and not all of those writes are
+ * known to have landed: finishing would leave them out of decode's count
+ * (a failed-over lane gets no immediate). */
+static bool lost_on_dead_lane(const kvw_peer_t *p, const kvw_req_t *r)
+{
+    for (uint32_t m = r->tx.lane_mask & p->dead_lanes, j; m; m &= m - 1) {
+        j = (uint32_t)__builtin_ctz(m);
+        if (r->tx.last_seq[j] >= p->lanes[j].txq.completed)
+            return true;
+    }
+    return false;
+}
+
 static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
     uint32_t built = 0;
     uint64_t bytes = 0;
     kvw_write_t w;
+    bool restarted = false;
     kvw_seg_t *s = current_seg(r);
     use_lane_keys(p, lane, s);
     while (built < room) {
@@ -389,6 +405,18 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             continue;
         }
         if (s->final && s->writes_built + 1 == total) {
+            if (!r->tx.imm_lanes && lost_on_dead_lane(p, r)) {
+                /* Missed by its lane's failover (a part handed over just
+                 * then): the lane gets no immediate, so the writes it may
+                 * have lost must go again. */
+                if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
+                    refuse_req(p->engine, r,
+                               (uint32_t)__builtin_ctz(r->tx.lane_mask & p->dead_lanes));
+                else
+                    restart_req(p->engine, r);
+                restarted = true;
+                break;
+            }
             built += finish_request(p, lane, r, s, &bytes);
             break;
         }
@@ -409,7 +437,8 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
     }
     if (!r->tx.writes_built && built && !r->tx.epoch) /* the transfer clock: the first post */
         atomic_store_explicit(&r->tx.first_post_ns, kvw__now_ns(), memory_order_relaxed);
-    r->tx.writes_built += built;
+    if (!restarted) /* a restart counts from 0 again */
+        r->tx.writes_built += built;
     atomic_fetch_add_explicit(&r->bytes_posted, bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->tx.writes_posted, built, memory_order_relaxed);
     return built;
@@ -436,7 +465,9 @@ static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
 {
     queue_pop(&p->active_head, &p->active_tail);
-    if (!r->tx.writes_built) {
+    /* Nothing posted, in this attempt or (lane_mask) an earlier one whose
+     * writes may still be in flight on a live lane. */
+    if (!r->tx.writes_built && !r->tx.lane_mask) {
         release(r);
         return;
     }
@@ -734,8 +765,15 @@ static void restart_req(kvw_engine_t *e, kvw_req_t *r)
     }
     r->tx.seg = r->tx.segs_head;
     r->tx.writes_built = 0;
-    r->tx.lane_mask = r->tx.imm_lanes = r->tx.imms_posted = r->tx.final_lane = 0;
-    memset(r->tx.last_seq, 0, sizeof(r->tx.last_seq));
+    /* The live lanes keep what they carried: writes of the earlier attempt
+     * may still be in flight there, and r must not count as drained (nor
+     * decode be told it failed) before they completed. The failed lanes'
+     * writes will never land: forgotten. */
+    uint32_t dead = r->peer ? r->peer->dead_lanes : 0;
+    for (uint32_t m = r->tx.lane_mask & dead; m; m &= m - 1)
+        r->tx.last_seq[__builtin_ctz(m)] = 0;
+    r->tx.lane_mask &= ~dead;
+    r->tx.imm_lanes = r->tx.imms_posted = r->tx.final_lane = 0;
     r->tx.epoch++;
     atomic_fetch_add(&e->counters.replays, 1);
 }
@@ -846,6 +884,9 @@ static bool exact_boundary(enum ibv_wc_status st)
 
 static void fail_over(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char *what, bool exact)
 {
+    /* Parts handed over since this pass began: their requests join the
+     * active queue first, so that the failover sees them. */
+    drain_ready(e);
     kvw_lane_t *l = &p->lanes[lane];
     kvw__rejoin_lane_failed(e, p, lane); /* out, until it rejoins (rejoin.c) */
     kvw__rejoin_rebuild_turns(p);
@@ -894,9 +935,12 @@ static void serve_answers(kvw_engine_t *e, kvw_peer_t *p)
             queue_push(&p->active_head, &p->active_tail, r);
             continue;
         }
-        if (!failed)
+        if (!failed) { /* decode counted every lane's final immediate: all landed */
             atomic_fetch_add(&e->counters.replay_done, 1);
-        r->tx.lane_mask = r->tx.imm_lanes = 0; /* every write landed, or none matters */
+            r->tx.lane_mask = r->tx.imm_lanes = 0;
+        }
+        /* Failed: it is released (and decode told) only once its writes on
+         * the live lanes completed, as any failed request (the barrier). */
         queue_push(&p->inflight_head, &p->inflight_tail, r);
     }
     p->asking_head = keep_head;
