@@ -97,6 +97,14 @@ static bool msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
             if (a->u.credit.recvs_posted[i] != b->u.credit.recvs_posted[i])
                 return false;
         return true;
+    case KVW_MSG_LANE_RESET:
+    case KVW_MSG_LANE_READY:
+        return a->u.lane.qp == b->u.lane.qp && a->u.lane.psn == b->u.lane.psn &&
+               a->u.lane.peer_psn == b->u.lane.peer_psn && a->u.lane.count == b->u.lane.count;
+    case KVW_MSG_REPLAY_ASK:
+    case KVW_MSG_REPLAY_ANSWER:
+        return a->u.replay.room == b->u.replay.room && a->u.replay.token == b->u.replay.token &&
+               a->u.replay.epoch == b->u.replay.epoch && a->u.replay.answer == b->u.replay.answer;
     }
     return false; /* decode accepted a type it does not know */
 }

@@ -82,6 +82,12 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
     ADD(.type = KVW_MSG_PONG, .u.ping = {.engine_id = 0xfeed});
     ADD(.type = KVW_MSG_CREDIT, .u.credit = {.num_qps = 2, .recvs_posted = {64, 32}});
     ADD(.type = KVW_MSG_BYE, .status = KVW_ERR_PEER, .u.failed = {.reason = "bye"});
+    ADD(.type = KVW_MSG_LANE_RESET, .u.lane = {.qp = 1, .psn = 0x123, .count = 40});
+    ADD(.type = KVW_MSG_LANE_READY,
+        .u.lane = {.qp = 1, .psn = 0x456, .peer_psn = 0x123, .count = 56});
+    ADD(.type = KVW_MSG_REPLAY_ASK, .u.replay = {.room = 1, .token = 1, .epoch = 0});
+    ADD(.type = KVW_MSG_REPLAY_ANSWER,
+        .u.replay = {.room = 1, .token = 1, .epoch = 0, .answer = KVW_WIRE_REPLAY_AGAIN});
 #undef ADD
     return n;
 }
@@ -146,8 +152,9 @@ static void per_type(const char *sub, const kvw_msg_t *all, size_t n, const uint
 
 static void prefill_seeds(const kvw_msg_t *all, size_t n)
 {
-    static const uint16_t types[] = {KVW_MSG_HELLO, KVW_MSG_REQUEST, KVW_MSG_ABORT,
-                                     KVW_MSG_PING,  KVW_MSG_CREDIT,  KVW_MSG_BYE};
+    static const uint16_t types[] = {KVW_MSG_HELLO,      KVW_MSG_REQUEST,      KVW_MSG_ABORT,
+                                     KVW_MSG_PING,       KVW_MSG_CREDIT,       KVW_MSG_BYE,
+                                     KVW_MSG_LANE_READY, KVW_MSG_REPLAY_ANSWER};
     per_type("prefill", all, n, types, sizeof(types) / sizeof(types[0]));
     const kvw_msg_t *hello = find(all, n, KVW_MSG_HELLO), *req = find(all, n, KVW_MSG_REQUEST),
                     *abort_ = find(all, n, KVW_MSG_ABORT), *credit = find(all, n, KVW_MSG_CREDIT),
@@ -172,7 +179,7 @@ static void prefill_seeds(const kvw_msg_t *all, size_t n)
 static void decode_seeds(const kvw_msg_t *all, size_t n)
 {
     static const uint16_t types[] = {KVW_MSG_HELLO_ACK, KVW_MSG_REQUEST_FAILED, KVW_MSG_PONG,
-                                     KVW_MSG_BYE};
+                                     KVW_MSG_BYE,       KVW_MSG_LANE_RESET,     KVW_MSG_REPLAY_ASK};
     per_type("decode", all, n, types, sizeof(types) / sizeof(types[0]));
     const kvw_msg_t *ack = find(all, n, KVW_MSG_HELLO_ACK),
                     *failed = find(all, n, KVW_MSG_REQUEST_FAILED),
