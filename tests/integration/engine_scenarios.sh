@@ -94,7 +94,11 @@ rm -f "$work/bs"
     --pages 4 --requests 1 >/dev/null 2>&1 &
 ppid=$!
 start=$(date +%s)
-KVW_PEER_TIMEOUT_MS=3000 KVW_TRANSFER_TIMEOUT_MS=20000 "$xfer" decode --dev "$dev1" --ip "$ip1" \
+# Rooms 2 and 3 (one in flight) each wait out the bootstrap timeout: 10 s,
+# so that a hang, not two 30 s defaults back to back, is what the 60 s
+# bound catches.
+KVW_PEER_TIMEOUT_MS=3000 KVW_TRANSFER_TIMEOUT_MS=20000 KVW_BOOTSTRAP_TIMEOUT_MS=10000 \
+    "$xfer" decode --dev "$dev1" --ip "$ip1" \
     --bootstrap-file "$work/bs" --layers 2 --pool 16 --pages 4 --requests 3 --inflight 1 \
     >"$work/dead.log" 2>&1
 drc=$?
