@@ -475,6 +475,10 @@ kvw_status_t kvw__registrar_register(kvw_registrar_t *r, uint32_t timeout_ms)
         st = send_bs(r, KVW_MSG_BS_REGISTER);
         if (st == KVW_OK)
             st = wait_ack(r, deadline);
+        /* A retry's answer can miss the deadline on a loaded host; the last
+         * answer we had (a live holder) is still the truth, not "no answer". */
+        if (st == KVW_ERR_TIMEOUT && give_up)
+            st = KVW_ERR_EXISTS;
         if (st != KVW_ERR_EXISTS || wait_for_lease(r, deadline, &give_up) != KVW_OK)
             break;
     }
