@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
+#include "ctrl/zsock.h"
 #include "verbs/device.h"
 
 enum { WAIT_MS = 20000, ROOMS = 4, PAGES = 12 };
@@ -32,12 +33,16 @@ static void quiet_log(void)
     kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
 }
 
-/* Both sides' configs with these rails and QPs per rail. */
-static void open_rails(const char *prefill_devs, const char *decode_devs, uint32_t qps)
+/* Both sides' configs with these rails and QPs per rail, and a transfer
+ * timeout (0: the test pair's). */
+static void open_rails_timeout(const char *prefill_devs, const char *decode_devs, uint32_t qps,
+                               uint32_t transfer_timeout_ms)
 {
     kvw_config_t pc, dc;
     pair_config(&pc);
     pc.qps_per_peer = qps;
+    if (transfer_timeout_ms)
+        pc.transfer_timeout_ms = transfer_timeout_ms;
     dc = pc;
     snprintf(pc.devices, sizeof(pc.devices), "%s", prefill_devs);
     snprintf(dc.devices, sizeof(dc.devices), "%s", decode_devs);
@@ -47,9 +52,15 @@ static void open_rails(const char *prefill_devs, const char *decode_devs, uint32
     assert_int_equal(pair_open2(&pair, &pc, &dc), KVW_OK);
 }
 
+static void open_rails(const char *prefill_devs, const char *decode_devs, uint32_t qps)
+{
+    open_rails_timeout(prefill_devs, decode_devs, qps, 0);
+}
+
 static int close_rails(void **state)
 {
     (void)state;
+    atomic_store(&kvw__zdrop_hook, NULL);
     if (opened)
         pair_close(&pair);
     opened = false;
@@ -331,25 +342,67 @@ static void test_rail_dies_mid_transfer(void **state)
     transfer_rooms();
 }
 
-/* Decode had every request already: the writes landed and decode reported
- * Success, but prefill has not heard the ACKs (late by 500 ms) when its
- * second rail's port goes down. Its requests' final immediates were on
- * the failed lane, so it asks decode (REPLAY_ASK), which says it has them:
- * they end Success on prefill too, nothing replayed into pages decode may
- * have reused. */
-static void test_decode_had_it(void **state)
+/* Every request landed and decode reported Success, but prefill has not
+ * heard the ACKs (late by 500 ms): the set-up of the ask round trip. */
+static void land_unacked(pair_room_t *rooms)
 {
-    (void)state;
-    open_rails("fake0,fake2", "fake1,fake3", 1);
-    pair_room_t rooms[ROOMS];
     start_rooms(rooms);
     fake_nic_faults_t f = {.ack_delay_us = 500000};
     fake_nic_set_faults(&f);
     send_rooms(rooms);
     for (uint32_t i = 0; i < ROOMS; i++)
         assert_int_equal(pair_wait_receiver(&rooms[i], WAIT_MS), KVW_POLL_SUCCESS);
+}
+
+static void take_prefill_rail_down(void)
+{
     assert_int_equal(fake_nic_kill_device("fake2"), 0);
     assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
+}
+
+static void print_asks(void)
+{
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    print_message(
+        "asked decode %llu, it had %llu; replayed %llu, refused %llu\n",
+        (unsigned long long)counter(&c->replay_asks), (unsigned long long)counter(&c->replay_done),
+        (unsigned long long)counter(&c->replays), (unsigned long long)counter(&c->replay_refused));
+}
+
+/* Prefill's requests after an ask decode could not answer usefully: each
+ * ends Success (it never used the failed lane) or Failed with `reason`;
+ * returns how many failed. */
+static uint32_t senders_failed_with(pair_room_t *rooms, const char *reason)
+{
+    uint32_t failed = 0;
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        kvw_poll_t s = pair_wait_sender(&rooms[i], WAIT_MS);
+        assert_true(s == KVW_POLL_SUCCESS || s == KVW_POLL_FAILED);
+        if (s == KVW_POLL_FAILED) {
+            const char *why = "";
+            kvw_sender_failure(rooms[i].s, &why);
+            if (!strstr(why, reason))
+                print_message("room %u failed: %s\n", i, why);
+            assert_non_null(strstr(why, reason));
+            failed++;
+        }
+        pair_destroy_room(&rooms[i]);
+    }
+    return failed;
+}
+
+/* Decode had every request already when prefill's second rail's port
+ * goes down. The requests' final immediates were on the failed lane, so
+ * prefill asks decode (REPLAY_ASK), which says it has them: they end
+ * Success on prefill too, nothing replayed into pages decode may have
+ * reused. */
+static void test_decode_had_it(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    land_unacked(rooms);
+    take_prefill_rail_down();
     for (uint32_t i = 0; i < ROOMS; i++) {
         const char *why = "";
         if (pair_wait_sender(&rooms[i], WAIT_MS) != KVW_POLL_SUCCESS)
@@ -359,14 +412,66 @@ static void test_decode_had_it(void **state)
         pair_destroy_room(&rooms[i]);
     }
     fake_nic_set_faults(NULL);
+    print_asks();
     kvw_engine_counters_t *c = &pair.prefill->counters;
-    print_message(
-        "asked decode %llu, it had %llu; replayed %llu, refused %llu\n",
-        (unsigned long long)counter(&c->replay_asks), (unsigned long long)counter(&c->replay_done),
-        (unsigned long long)counter(&c->replays), (unsigned long long)counter(&c->replay_refused));
     assert_true(counter(&c->replay_done) >= 1);
     assert_int_equal(counter(&c->replay_done), counter(&c->replay_asks));
     assert_int_equal(counter(&c->replay_refused), 0);
+}
+
+/* As above, but decode's application destroyed its receivers after
+ * Success (it may reuse the pages): decode answers that it no longer has
+ * them, and each request asked about fails on prefill rather than being
+ * replayed into pages that are no longer its own. */
+static void test_decode_forgot_it(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    land_unacked(rooms);
+    for (uint32_t i = 0; i < ROOMS; i++) {
+        kvw_receiver_destroy(rooms[i].r);
+        rooms[i].r = NULL;
+    }
+    take_prefill_rail_down();
+    uint32_t failed = senders_failed_with(rooms, "decode no longer has the request");
+    fake_nic_set_faults(NULL);
+    print_asks();
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    assert_true(counter(&c->replay_asks) >= 1);
+    assert_int_equal(failed, counter(&c->replay_asks));
+    assert_int_equal(counter(&c->replay_done), 0);
+    assert_int_equal(counter(&c->replays), 0);
+}
+
+/* Decode's answers are lost: prefill waits out its 5 s for each request
+ * asked about, then fails it (the abort barrier as any failure); none is
+ * replayed without an answer. The connection lives on. (The transfer
+ * timeout, longer than the wait as by default, must not end them first.) */
+static bool drop_answers(void *sock, const kvw_msg_t *m)
+{
+    (void)sock;
+    return m->type == KVW_MSG_REPLAY_ANSWER;
+}
+
+static void test_decode_answer_lost(void **state)
+{
+    (void)state;
+    open_rails_timeout("fake0,fake2", "fake1,fake3", 1, 15000);
+    pair_room_t rooms[ROOMS];
+    land_unacked(rooms);
+    atomic_store(&kvw__zdrop_hook, drop_answers);
+    take_prefill_rail_down();
+    uint32_t failed = senders_failed_with(rooms, "decode did not say in time");
+    atomic_store(&kvw__zdrop_hook, NULL);
+    fake_nic_set_faults(NULL);
+    print_asks();
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    assert_true(counter(&c->replay_asks) >= 1);
+    assert_int_equal(failed, counter(&c->replay_asks));
+    assert_int_equal(counter(&c->replay_done), 0);
+    assert_int_equal(counter(&c->replays), 0);
+    transfer_rooms();
 }
 
 /* Decode counts a request's immediates per attempt: once one of a later
@@ -590,6 +695,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_every_rail_fails, close_rails),
         cmocka_unit_test_teardown(test_decode_counts_per_epoch, close_rails),
         cmocka_unit_test_teardown(test_decode_had_it, close_rails),
+        cmocka_unit_test_teardown(test_decode_forgot_it, close_rails),
+        cmocka_unit_test_teardown(test_decode_answer_lost, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back_after_peer, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
