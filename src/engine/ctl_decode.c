@@ -213,11 +213,16 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     } else {
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
     }
-    /* Prefill may take fewer QPs than we offered: the rest stay idle. */
-    for (uint32_t i = 0; !st && i < m->u.hello.num_qps; i++) {
-        st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
-        p->lanes[i].remote = m->u.hello.qps[i]; /* a rejoin connects to it again */
-    }
+    /* Prefill may take fewer QPs than we offered: the rest stay idle. One
+     * we cannot connect (our rail's link is down) fails on prefill's side
+     * at its first write, which starts its failover and rejoin there. */
+    uint32_t out = 0;
+    if (!st)
+        st = kvw__peer_connect_lanes(p, m->u.hello.qps, m->u.hello.num_qps, &out, why, sizeof(why));
+    if (!st && out)
+        KVW_WARN("prefill rank %u: %u of %u QPs could not be connected (%s): the connection "
+                 "starts without them; prefill probes them back",
+                 p->rank, (unsigned)__builtin_popcount(out), m->u.hello.num_qps, why);
     if (st) {
         kvw__peer_kill(p, st, "handshake with prefill rank %u failed: %s", p->rank,
                        why[0] ? why : kvw_strerror(st));

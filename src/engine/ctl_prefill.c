@@ -78,6 +78,23 @@ static bool hello_resent(kvw_engine_t *e, kvw_peer_t *old, const kvw_msg_t *m)
     return true;
 }
 
+/* Lanes that could not be connected (their rail's link is down): the
+ * connection starts on the others, and these are failed over as soon as
+ * the poller sees them, before anything is posted, then probed back like
+ * any failed lane (rejoin.c). Their QPs keep decode's offer for that. */
+static void start_without(kvw_peer_t *p, uint64_t engine_id, uint32_t out, const char *why)
+{
+    for (uint32_t m = out; m; m &= m - 1) {
+        kvw_lane_t *l = &p->lanes[__builtin_ctz(m)];
+        l->born_out = true;
+        atomic_store(&l->down_due, true);
+    }
+    atomic_store(&p->lanes_down, true);
+    KVW_WARN("decode engine %016llx: %u of %u QPs could not be connected (%s): the connection "
+             "starts without them and probes them back",
+             (unsigned long long)engine_id, (unsigned)__builtin_popcount(out), p->nlanes, why);
+}
+
 static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
 {
     kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
@@ -97,20 +114,21 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     uint8_t rails[KVW_MAX_LANES];
     for (uint32_t i = 0; i < lanes; i++)
         rails[i] = (uint8_t)(m->u.hello.qp_rail[i] % e->nrails);
+    uint32_t out = 0;
     kvw_status_t st = kvw__peer_create(e, lanes, rails, &p);
     if (!st)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
-    for (uint32_t i = 0; !st && i < lanes; i++)
-        st = kvw__qp_connect(p->lanes[i].qp, &m->u.hello.qps[i], &e->cfg);
+    if (!st)
+        st = kvw__peer_connect_lanes(p, m->u.hello.qps, lanes, &out, why, sizeof(why));
     if (!st) {
         memcpy(p->id, id, KVW_IDENTITY_LEN);
         p->hello_qpn = m->u.hello.num_qps ? m->u.hello.qps[0].qpn : 0;
         p->serial = e->next_serial++;
         p->last_seen_ns = kvw__now_ns();
-        for (uint32_t i = 0; i < lanes; i++) {
+        for (uint32_t i = 0; i < lanes; i++)
             atomic_store(&p->lanes[i].imm_limit, m->u.hello.recv_credits);
-            p->lanes[i].remote = m->u.hello.qps[i]; /* a rejoin connects to it again */
-        }
+        if (out)
+            start_without(p, m->u.hello.engine_id, out, why);
         atomic_store(&p->state, PEER_CONNECTED); /* not yet visible to other threads */
         pthread_mutex_lock(&e->lock);
         st = kvw__peer_publish_locked(e, p, why, sizeof(why));

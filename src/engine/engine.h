@@ -106,6 +106,7 @@ typedef struct kvw_lane {
     /* Its rail's port went down (control thread): the poller fails it over
      * before it posts again. */
     atomic_bool down_due;
+    bool born_out;            /* prefill: the handshake could not connect it (set before publish) */
     struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
     /* Rejoining (kvw_lane_rejoin_t). */
     _Atomic int rejoin;
@@ -833,6 +834,15 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *hello, char
                                      size_t why_size);
 void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m_p);
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n);
+/* Handshake, control thread: connect p's lanes 0..n-1 to the peer's QPs
+ * (remote[i]), remembered in each lane for a rejoin. A lane whose rail's
+ * port is not up, or whose connect fails (RoCE cannot resolve the peer's
+ * address while the link is down), is left out (*out, a lane bit mask)
+ * when the connection can do without it: several rails, no staging, and
+ * another rail's lane connected. Otherwise the first error, the lane and
+ * rail in why. Verbs: not under the lock. */
+kvw_status_t kvw__peer_connect_lanes(kvw_peer_t *p, const kvw_qp_info_t *remote, uint32_t n,
+                                     uint32_t *out, char *why, size_t why_size);
 /* Decode: n receives on one lane (its rwrs), counted in recvs_posted. */
 kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n);
 /* Declare p dead (once): QP to ERR first, so nothing more lands, then fail

@@ -451,6 +451,54 @@ kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
     return KVW_OK;
 }
 
+static bool port_up(const kvw_dev_t *dev)
+{
+    struct ibv_port_attr pa;
+    return dev->ops->query_port(dev->ctx, dev->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+}
+
+/* Lanes `out` may stay out of a new connection: each has a lane on
+ * another rail that connected (the failover's rule, poller.c). */
+static bool can_start_without(const kvw_peer_t *p, uint32_t n, uint32_t out)
+{
+    const kvw_engine_t *e = p->engine;
+    if (e->nrails < 2 || e->stager)
+        return false;
+    for (uint32_t m = out; m; m &= m - 1) {
+        uint32_t i = (uint32_t)__builtin_ctz(m), j = 0;
+        while (j < n && (out & 1u << j || p->lanes[j].rail == p->lanes[i].rail))
+            j++;
+        if (j == n)
+            return false;
+    }
+    return true;
+}
+
+kvw_status_t kvw__peer_connect_lanes(kvw_peer_t *p, const kvw_qp_info_t *remote, uint32_t n,
+                                     uint32_t *out, char *why, size_t why_size)
+{
+    kvw_engine_t *e = p->engine;
+    kvw_status_t first = KVW_OK;
+    *out = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvw_lane_t *l = &p->lanes[i];
+        const kvw_dev_t *dev = e->rails[l->rail];
+        l->remote = remote[i]; /* a rejoin connects to it again */
+        kvw_status_t st =
+            port_up(dev) ? kvw__qp_connect(l->qp, &remote[i], &e->cfg) : KVW_ERR_NO_DEVICE;
+        if (!st)
+            continue;
+        if (!first)
+            snprintf(why, why_size, "QP %u on %s: %s", i, dev->name,
+                     st == KVW_ERR_NO_DEVICE ? "its port is not up" : kvw_strerror(st));
+        first = first ? first : st;
+        *out |= 1u << i;
+    }
+    if (!*out || can_start_without(p, n, *out))
+        return KVW_OK;
+    return first;
+}
+
 void kvw__peer_set_error(kvw_peer_t *p)
 {
     for (uint32_t i = 0; i < p->nlanes; i++)

@@ -961,7 +961,9 @@ static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p)
             continue;
         kvw__txq_fail_at(&l->txq, l->txq.completed);
         if (can_fail_over(e, p, i))
-            fail_over(e, p, i, "its port went down", false);
+            fail_over(e, p, i,
+                      l->born_out ? "the handshake could not connect it" : "its port went down",
+                      false);
         else if (atomic_load(&p->state) != PEER_DEAD)
             kvw__peer_kill(p, KVW_ERR_TRANSFER, "%s port went down and no other rail is left",
                            e->rails[l->rail]->name);

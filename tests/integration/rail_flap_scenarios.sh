@@ -7,6 +7,9 @@
 # pair rxe2/rxe3, each on its own veth pair. Once prefill's writes are on
 # the wire, tests/tools/kvw-tb-link takes rail 1's veth (KVW_TB_NETDEV2)
 # down for FLAP_S seconds and brings it back, while requests keep coming.
+# A second run takes the link down before the engines connect, so that
+# the connection is made during the outage (on rail 0 alone: prefill
+# leaves rail 1's lane out at the handshake) and rail 1 joins it later.
 # Pass: no request failed on either side, decode found no byte wrong, and
 # rail 1's lane came back into the connection (kvw_engine_rail_health).
 # Printed: prefill's summary lines (WRs per rail), the library's warnings
@@ -52,14 +55,31 @@ check_recovery() {
     fi
     return 0
 }
-# flap NAME FLAP_S ARGS...: one transfer on two rails per engine, rail 1's
-# link down for FLAP_S seconds once writes are on the wire.
+# Waits (up to 30 s) until the link tool printed its "down" line: both
+# ports of rail 1 read DOWN.
+wait_link_down() {
+    n=0
+    until grep -q ' down \[at' "$work/link.log" 2>/dev/null || [ $n -ge 300 ]; do
+        sleep 0.1
+        n=$((n + 1))
+    done
+}
+
+# flap NAME FLAP_S WHEN ARGS...: one transfer on two rails per engine, rail
+# 1's link down for FLAP_S seconds: WHEN "mid" once writes are on the wire,
+# "before" from before the engines start (they connect during the outage).
 flap() {
-    name=$1 secs=$2
-    shift 2
+    name=$1 secs=$2 when=$3
+    shift 3
     echo "[ RUN      ] $name: prefill $dev0+$dev2, decode $dev1+$dev3," \
-        "$KVW_TB_NETDEV2 down ${secs} s mid-transfer: $*"
-    rm -f "$work/bs" "$work/ready"
+        "$KVW_TB_NETDEV2 down ${secs} s ($when): $*"
+    rm -f "$work/bs" "$work/ready" "$work/link.log"
+    rc=0
+    if [ "$when" = before ]; then
+        "$link" flap "$KVW_TB_NETDEV2" "$secs" >"$work/link.log" 2>&1 &
+        lpid=$!
+        wait_link_down
+    fi
     # Fault mode (--ready-file, --deadline-s): failed rooms are printed with
     # their reason and the time they ended, and a hang ends at the deadline.
     # --may-fail all: a request the library refuses to replay (the safety
@@ -81,9 +101,12 @@ flap() {
         sleep 0.1
         n=$((n + 1))
     done
-    rc=0
-    sleep 1 # every rail carrying writes
-    "$link" flap "$KVW_TB_NETDEV2" "$secs" >"$work/link.log" 2>&1 || rc=1
+    if [ "$when" = before ]; then
+        wait "$lpid" || rc=1
+    else
+        sleep 1 # every rail carrying writes
+        "$link" flap "$KVW_TB_NETDEV2" "$secs" >"$work/link.log" 2>&1 || rc=1
+    fi
     t_down=$(sed -n 's/.* down \[at \([0-9]*\) ms\].*/\1/p' "$work/link.log")
     t_up=$(sed -n 's/.* up \[at \([0-9]*\) ms\].*/\1/p' "$work/link.log")
     wait "$dpid" || rc=1
@@ -109,6 +132,12 @@ flap() {
         "${wrong:-?} bytes wrong; $refused refused by the safety rule;" \
         "rooms ended while down $(rooms_between "${t_down:-0}" "${t_up:-0}"), after $(rooms_between "${t_up:-0}" 99999999999999)"
     check_recovery || rc=1
+    # The connection was made during the outage: prefill left rail 1's
+    # lane out at the handshake (else this run tested the mid-transfer case).
+    if [ "$when" = before ] && ! grep -q 'could not be connected' "$work/flap-p.log"; then
+        echo "    the connection was not made while the link was down"
+        rc=1
+    fi
     # Goal 0 failed: a request whose final immediate was on the lane when
     # the link went down is asked about (REPLAY_ASK), not refused.
     if [ "${p_failed:-1}" -ne 0 ] || [ -z "${d_ok:-}" ] || [ "$d_ok" != "${d_total:-}" ]; then
@@ -123,9 +152,12 @@ flap() {
     result "$name" $rc
 }
 
-flap "rail 1 down 1.5 s, 16 layers x 8 KiB items, 120 requests, 4 in flight" 1.5 \
+flap "rail 1 down 1.5 s, 16 layers x 8 KiB items, 120 requests, 4 in flight" 1.5 mid \
     --layers 16 --item 8192 --pool 256 --pages 32 --requests 120 --inflight 4 \
     --contig 4 --dst-contig 3 --aux-item 256 --aux-items 8 --seed 31
+flap "rail 1 down 4 s from before the connection, 160 requests, 4 in flight" 4 before \
+    --layers 16 --item 8192 --pool 256 --pages 32 --requests 160 --inflight 4 \
+    --contig 4 --dst-contig 3 --aux-item 256 --aux-items 8 --seed 37
 
 echo "[==========] rail flap: $passed passed, $failed failed"
 rm -rf "$work"

@@ -1177,8 +1177,10 @@ static int qp_transition(nic_qp_t *qp, const struct ibv_qp_attr *a, int mask)
     }
     if (from == IBV_QPS_RESET && to == IBV_QPS_INIT)
         return to_init(qp, a, mask);
+    /* RoCE resolves the peer's address at RTR: with the link down there is
+     * no route (rxe: ENETUNREACH). */
     if (from == IBV_QPS_INIT && to == IBV_QPS_RTR)
-        return to_rtr(qp, a, mask);
+        return qp->dev->killed ? ENETUNREACH : to_rtr(qp, a, mask);
     if (from == IBV_QPS_RTR && to == IBV_QPS_RTS)
         return to_rts(qp, a, mask);
     return EINVAL;

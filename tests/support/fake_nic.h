@@ -115,7 +115,8 @@ int fake_nic_raise_qp_event(uint32_t qp_num, enum ibv_event_type type);
 void fake_nic_set_faults(const fake_nic_faults_t *faults);
 /* The device's "process died" (or its link went down): WRs towards its
  * QPs fail with IBV_WC_RETRY_EXC_ERR, its own QPs send nothing more, its
- * port reads IBV_PORT_DOWN, yet its objects stay valid so its engine can
+ * port reads IBV_PORT_DOWN, moving its QPs to RTR fails with ENETUNREACH
+ * (RoCE finds no route), yet its objects stay valid so its engine can
  * still be destroyed. Returns 0, -1 if unknown. */
 int fake_nic_kill_device(const char *name);
 /* One byte of memory the wire may be writing, read race-free (for tests

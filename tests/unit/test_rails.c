@@ -653,6 +653,43 @@ static void test_rail_comes_back_after_peer(void **state)
     print_health("decode's device back");
 }
 
+/* A connection made while a rail's link is down comes up on the other
+ * rail; the lane that could not be connected is probed back once the
+ * link is up, and then carries writes. `dead`: the device whose link is
+ * down, prefill's (its port is not up at the handshake: that lane is
+ * failed over before any write) or decode's (decode cannot connect its
+ * end; prefill learns it from its first writes there, which run out of
+ * retries, and replays or asks). */
+static void connect_during_outage(const char *dead)
+{
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    assert_int_equal(fake_nic_kill_device(dead), 0);
+    transfer_rooms(); /* connects, and every request succeeds */
+    kvw_rail_t down[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(down), 2);
+    assert_true(wait_health(1, offsetof(kvw_rail_health_t, lanes_out), 1));
+    print_health("connected during the outage");
+    assert_int_equal(counter(&pair.prefill->counters.replay_refused), 0);
+    assert_int_equal(fake_nic_revive_device(dead), 0);
+    assert_rail_back(down);
+    print_health("link back");
+    assert_int_equal(health_of(pair.prefill, 1).lanes_failed, 1);
+}
+
+static void test_connect_during_prefill_outage(void **state)
+{
+    (void)state;
+    connect_during_outage("fake2");
+    /* Its lane never carried a write before it came back. */
+    assert_int_equal(counter(&pair.prefill->counters.replays), 0);
+}
+
+static void test_connect_during_decode_outage(void **state)
+{
+    (void)state;
+    connect_during_outage("fake3");
+}
+
 /* A malformed KVW_DEVICES refuses the engine. */
 static void test_bad_device_lists(void **state)
 {
@@ -699,6 +736,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_decode_answer_lost, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back_after_peer, close_rails),
+        cmocka_unit_test_teardown(test_connect_during_prefill_outage, close_rails),
+        cmocka_unit_test_teardown(test_connect_during_decode_outage, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
         cmocka_unit_test(test_link_mbps),
     };
