@@ -64,6 +64,7 @@ typedef struct faults {
     uint32_t canary_ms;                   /* decode: watch failed rooms' pages this long */
     const char *expect_failed, *may_fail; /* room lists: "all" or "A,B,C-D" */
     const char *ready_file;
+    const char *hold_start; /* decode: FILE.up once its engine exists; FILE before any request */
     uint32_t deadline_s;
     bool keep_going; /* decode: start the next waves after a failure */
 } faults_t;
@@ -1244,6 +1245,19 @@ static int decode_summary(const decode_run_t *d, double dt, double cpu)
     return !ok_all;
 }
 
+/* --hold-start: the engine exists (FILE.up); the script sets its fault up
+ * and writes FILE, and only then does the first request connect. */
+static void hold_start(const char *file)
+{
+    char up[4200];
+    snprintf(up, sizeof(up), "%s.up", file);
+    write_marker(up);
+    for (double until = now_s() + 60; access(file, F_OK) != 0 && now_s() < until;)
+        usleep(20000);
+    printf("decode: %s %s\n", file,
+           access(file, F_OK) == 0 ? "seen: starting" : "not seen in 60 s: starting anyway");
+}
+
 static int run_decode(const opts_t *o)
 {
     memory_t m;
@@ -1254,6 +1268,8 @@ static int run_decode(const opts_t *o)
     else
         snprintf(d.bootstrap, sizeof(d.bootstrap), "%s", o->bootstrap);
     d.e = make_engine(o, &m, NULL);
+    if (o->f.hold_start)
+        hold_start(o->f.hold_start);
     d.lat = calloc(o->requests, sizeof(double));
     double t0 = now_s(), c0 = cpu_s();
     for (uint32_t wave = 0; wave < o->requests; wave += o->inflight) {
@@ -1482,6 +1498,9 @@ static void usage(void)
             "                           room that ends Failed must not change for MS ms after\n"
             "    --ready-file F         write F once data is moving (prefill: WRs posted;\n"
             "                           decode: bytes of a request landed)\n"
+            "    --hold-start F         decode: write F.up once the engine exists, then wait\n"
+            "                           (up to 60 s) for F before the first request, which\n"
+            "                           makes the connection (a fault set up in between)\n"
             "    --deadline-s S         S s after start, list the rooms not ended and exit 3\n"
             "                           (S + 10 s at the latest, whatever hangs)\n"
             "    --keep-going           decode: a failed room does not stop the run: the next\n"
@@ -1536,6 +1555,7 @@ enum { /* long options without a short letter */
        OPT_DEADLINE,
        OPT_ABORT_SYNC,
        OPT_HOLD_REST,
+       OPT_HOLD_START,
        OPT_KEEP_GOING,
        OPT_FIRST_ROOM,
        OPT_IDLE_S,
@@ -1585,6 +1605,9 @@ static bool parse_fault_opt(int c, const char *arg, faults_t *f)
         break;
     case OPT_HOLD_REST:
         f->hold_rest = arg;
+        break;
+    case OPT_HOLD_START:
+        f->hold_start = arg;
         break;
     case OPT_KEEP_GOING:
         f->keep_going = true;
@@ -1660,6 +1683,7 @@ static void parse(int argc, char **argv, opts_t *o)
                                              {"deadline-s", 1, 0, OPT_DEADLINE},
                                              {"abort-sync", 1, 0, OPT_ABORT_SYNC},
                                              {"hold-rest", 1, 0, OPT_HOLD_REST},
+                                             {"hold-start", 1, 0, OPT_HOLD_START},
                                              {"keep-going", 0, 0, OPT_KEEP_GOING},
                                              {"first-room", 1, 0, OPT_FIRST_ROOM},
                                              {"idle-s", 1, 0, OPT_IDLE_S},
