@@ -391,6 +391,20 @@ static uint32_t senders_failed_with(pair_room_t *rooms, const char *reason)
     return failed;
 }
 
+/* After the port went down: every request prefill asked decode about
+ * failed with `reason`, none ended as landed and none was replayed. */
+static void assert_asked_and_failed(pair_room_t *rooms, const char *reason)
+{
+    uint32_t failed = senders_failed_with(rooms, reason);
+    fake_nic_set_faults(NULL);
+    print_asks();
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    assert_true(counter(&c->replay_asks) >= 1);
+    assert_int_equal(failed, counter(&c->replay_asks));
+    assert_int_equal(counter(&c->replay_done), 0);
+    assert_int_equal(counter(&c->replays), 0);
+}
+
 /* Decode had every request already when prefill's second rail's port
  * goes down. The requests' final immediates were on the failed lane, so
  * prefill asks decode (REPLAY_ASK), which says it has them: they end
@@ -434,14 +448,7 @@ static void test_decode_forgot_it(void **state)
         rooms[i].r = NULL;
     }
     take_prefill_rail_down();
-    uint32_t failed = senders_failed_with(rooms, "decode no longer has the request");
-    fake_nic_set_faults(NULL);
-    print_asks();
-    kvw_engine_counters_t *c = &pair.prefill->counters;
-    assert_true(counter(&c->replay_asks) >= 1);
-    assert_int_equal(failed, counter(&c->replay_asks));
-    assert_int_equal(counter(&c->replay_done), 0);
-    assert_int_equal(counter(&c->replays), 0);
+    assert_asked_and_failed(rooms, "decode no longer has the request");
 }
 
 /* Decode's answers are lost: prefill waits out its 5 s for each request
@@ -462,15 +469,8 @@ static void test_decode_answer_lost(void **state)
     land_unacked(rooms);
     atomic_store(&kvw__zdrop_hook, drop_answers);
     take_prefill_rail_down();
-    uint32_t failed = senders_failed_with(rooms, "decode did not say in time");
+    assert_asked_and_failed(rooms, "decode did not say in time");
     atomic_store(&kvw__zdrop_hook, NULL);
-    fake_nic_set_faults(NULL);
-    print_asks();
-    kvw_engine_counters_t *c = &pair.prefill->counters;
-    assert_true(counter(&c->replay_asks) >= 1);
-    assert_int_equal(failed, counter(&c->replay_asks));
-    assert_int_equal(counter(&c->replay_done), 0);
-    assert_int_equal(counter(&c->replays), 0);
     transfer_rooms();
 }
 
