@@ -38,7 +38,11 @@
  *   I6 prefill's counters balance: posted = completed + flushed;
  *   I7 the fake NIC's WRs balance and no verbs object is left behind
  *      (accepted = succeeded + errored + flushed, zero live objects,
- *      no CQ overrun); leaks are ASan's. */
+ *      no CQ overrun); leaks are ASan's;
+ *   I8 where decode's dead device comes back ("rail down", back at 50 ms)
+ *      and the connection lives, every lane prefill failed over rejoins
+ *      it (probed, reset on both sides, proven by a write) in bounded
+ *      time; I3, I6 and I7 then also cover the rejoin's writes. */
 #include "ctrl/zsock.h"
 #include "engine/engine.h"
 #include "support/engine_pair.h"
@@ -57,6 +61,7 @@ enum {
     NEW_ROOM = MAX_ROOMS,  /* the room served by a restarted prefill */
     SLOTS = MAX_ROOMS + 1, /* rooms of a schedule, and that one */
     END_MS = 6000,
+    REJOIN_MS = 6000, /* I8: typically 100-200 ms; one failed try costs 2 s */
     /* Each canary is compared this long after it was taken at the
      * earliest (and after the fake NIC quiesced): a late write would have
      * landed by then. Anything later still is caught by the last
@@ -425,6 +430,7 @@ typedef struct run {
     _Atomic bool close_done;
     kvw_status_t restart_status;
     uint64_t t0;
+    bool killed, revived; /* sc->kill_nic's device, and (rail_back) back */
 } run_t;
 
 static int violations;
@@ -883,7 +889,6 @@ static void drive(run_t *x)
 {
     const schedule_t *sc = x->sc;
     uint64_t end = x->t0 + END_MS;
-    bool killed = false, revived = false;
     for (;;) {
         uint64_t now = pair_now_ms(), el = now - x->t0;
         bool all = true; /* every room ended on both sides */
@@ -900,13 +905,13 @@ static void drive(run_t *x)
             step(x, i, el);
             all = all && ended(rr->d) && ended(rr->s);
         }
-        if (sc->kill_nic && !killed && el >= 2) {
+        if (sc->kill_nic && !x->killed && el >= 2) {
             fake_nic_kill_device(sc->kill_nic);
-            killed = true;
+            x->killed = true;
         }
-        if (sc->rail_back && killed && !revived && el >= 50) {
+        if (sc->rail_back && x->killed && !x->revived && el >= 50) {
             fake_nic_revive_device(sc->kill_nic);
-            revived = true;
+            x->revived = true;
         }
         if (sc->silent_side && el >= 2 && !atomic_load(&silent_side))
             atomic_store(&silent_side, sc->silent_side);
@@ -947,6 +952,44 @@ static void drive(run_t *x)
 }
 
 /* ----------------------------------------------------------------- checks */
+
+static uint32_t decode_connection(kvw_engine_t *e);
+
+/* Prefill's lanes out of their (live) connections now, on every rail. */
+static uint32_t lanes_out(const kvw_engine_t *prefill)
+{
+    kvw_rail_health_t h[KVW_MAX_RAILS];
+    uint32_t n = kvw_engine_rail_health(prefill, h, KVW_MAX_RAILS), out = 0;
+    for (uint32_t r = 0; r < n; r++)
+        out += h[r].lanes_out;
+    return out;
+}
+
+/* I8 (see the top). Waits for the rejoins, so that the checks after it
+ * see the lanes back. A connection that closed takes its lanes out with
+ * it (the decode engine that leaves). */
+static void check_rejoin(run_t *x)
+{
+    const schedule_t *sc = x->sc;
+    if (!sc->rail_back || decode_connection(x->p.decode) == UINT32_MAX)
+        return;
+    if (x->killed && !x->revived) { /* every room ended before 50 ms */
+        uint64_t back = x->t0 + 50, now = pair_now_ms();
+        if (now < back)
+            pair_sleep_ms((int)(back - now));
+        fake_nic_revive_device(sc->kill_nic);
+        x->revived = true;
+    }
+    uint64_t until = pair_now_ms() + REJOIN_MS;
+    while (lanes_out(x->p.prefill) && pair_now_ms() < until)
+        pair_sleep_ms(2);
+    uint32_t out = lanes_out(x->p.prefill);
+    if (out)
+        VIOLATION(sc,
+                  "I8 %u of prefill's lanes still out of their connections %d ms after the "
+                  "schedule, with decode's device back",
+                  out, REJOIN_MS);
+}
 
 /* The serial of the connection decode engine e holds to prefill, up and
  * not closing; UINT32_MAX if none is. */
@@ -1136,6 +1179,7 @@ static void run_schedule(uint64_t seed, bool described)
                       "(serial %u at the start, %s)",
                       serial, now == UINT32_MAX ? "none up at the end" : "another at the end");
     }
+    check_rejoin(&x);
     for (uint32_t i = 0; i < SLOTS; i++)
         if (x.rooms[i].destroying)
             pthread_join(x.rooms[i].destroyer, NULL);
