@@ -178,6 +178,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         break;
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
+    case KVW_MSG_LANE_DOWN:
         body = 4 + 4 + 4 + 8;
         break;
     case KVW_MSG_REPLAY_ASK:
@@ -194,7 +195,7 @@ static int type_known(uint16_t t)
            t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
            t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY ||
-           t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER;
+           t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER || t == KVW_MSG_LANE_DOWN;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -289,6 +290,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         break;
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
+    case KVW_MSG_LANE_DOWN:
         put_le(w, m->u.lane.qp, 4);
         put_le(w, m->u.lane.psn, 4);
         put_le(w, m->u.lane.peer_psn, 4);
@@ -573,6 +575,7 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
         return KVW_OK;
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
+    case KVW_MSG_LANE_DOWN:
         m->u.lane.qp = (uint32_t)get_le(r, 4);
         m->u.lane.psn = (uint32_t)get_le(r, 4);
         m->u.lane.peer_psn = (uint32_t)get_le(r, 4);
@@ -680,6 +683,8 @@ const char *kvw__wire_type_name(uint16_t type)
         return "LANE_RESET";
     case KVW_MSG_LANE_READY:
         return "LANE_READY";
+    case KVW_MSG_LANE_DOWN:
+        return "LANE_DOWN";
     case KVW_MSG_REPLAY_ASK:
         return "REPLAY_ASK";
     case KVW_MSG_REPLAY_ANSWER:

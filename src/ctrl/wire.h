@@ -16,7 +16,7 @@
  * in a slice of it (an offset); 9: HELLO carries the sender's rails
  * (devices): each QP's rail, each rail's link speed, and every region's
  * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
- * back into its connection */
+ * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN */
 #define KVW_WIRE_VERSION 10
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
@@ -104,6 +104,12 @@ typedef enum {
      * stops counting that attempt's immediates. */
     KVW_MSG_REPLAY_ASK = 36,
     KVW_MSG_REPLAY_ANSWER = 37,
+    /* Wire 10, decode -> prefill: its end of a lane is down (its port went
+     * down, the handshake or a reset prefill asked for could not connect
+     * it): prefill fails the lane over now instead of learning it from its
+     * writes running out of retries, or pauses a rejoin at once (the lane
+     * in `lane.qp`; the other fields 0). */
+    KVW_MSG_LANE_DOWN = 38,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads

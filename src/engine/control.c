@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
+#include "engine/rejoin.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -88,8 +89,11 @@ static void rail_down(kvw_engine_t *e, const kvw_dev_t *dev, const char *why)
         for (uint32_t j = 0; p && atomic_load(&p->state) != PEER_DEAD && j < p->nlanes; j++)
             if (e->rails[p->lanes[j].rail] == dev) {
                 kvw__qp_set_error(p->lanes[j].qp);
+                atomic_store(&p->lanes[j].down_why, KVW_DOWN_PORT);
                 atomic_store(&p->lanes[j].down_due, true);
                 atomic_store(&p->lanes_down, true);
+                if (e->role == KVW_ROLE_DECODE) /* prefill's writes would run out of retries */
+                    kvw__rejoin_say_down(p, j);
             }
     }
     kvw__wake(e->poller_wake_fd);

@@ -214,14 +214,14 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
     }
     /* Prefill may take fewer QPs than we offered: the rest stay idle. One
-     * we cannot connect (our rail's link is down) fails on prefill's side
-     * at its first write, which starts its failover and rejoin there. */
+     * we cannot connect (our rail's link is down) is left out: LANE_DOWN,
+     * once connected, has prefill fail it over and probe it back. */
     uint32_t out = 0;
     if (!st)
         st = kvw__peer_connect_lanes(p, m->u.hello.qps, m->u.hello.num_qps, &out, why, sizeof(why));
     if (!st && out)
         KVW_WARN("prefill rank %u: %u of %u QPs could not be connected (%s): the connection "
-                 "starts without them; prefill probes them back",
+                 "starts without them; prefill is told and probes them back",
                  p->rank, (unsigned)__builtin_popcount(out), m->u.hello.num_qps, why);
     if (st) {
         kvw__peer_kill(p, st, "handshake with prefill rank %u failed: %s", p->rank,
@@ -233,6 +233,9 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
     if (!kvw__peer_transition(p, PEER_HELLO, PEER_CONNECTED))
         return; /* killed meanwhile: stays dead */
+    for (uint32_t i = 0; i < m->u.hello.num_qps; i++)
+        if (out & 1u << i)
+            kvw__rejoin_say_down(p, i); /* prefill fails it over before any write */
     uint32_t lanes = m->u.hello.num_qps;
     KVW_INFO("connected to prefill rank %u via %s as peer %u (%u QP%s, QPN %u -> %u)", p->rank,
              p->bootstrap_addr, p->index, lanes, lanes > 1 ? "s" : "", p->lanes[0].qp->qp->qp_num,

@@ -86,7 +86,7 @@ static void start_without(kvw_peer_t *p, uint64_t engine_id, uint32_t out, const
 {
     for (uint32_t m = out; m; m &= m - 1) {
         kvw_lane_t *l = &p->lanes[__builtin_ctz(m)];
-        l->born_out = true;
+        atomic_store(&l->down_why, KVW_DOWN_HELLO);
         atomic_store(&l->down_due, true);
     }
     atomic_store(&p->lanes_down, true);
@@ -626,6 +626,9 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         break;
     case KVW_MSG_LANE_READY:
         kvw__rejoin_on_ready(e, p, m);
+        break;
+    case KVW_MSG_LANE_DOWN:
+        kvw__rejoin_on_down(e, p, m);
         break;
     case KVW_MSG_REPLAY_ANSWER:
         on_replay_answer(e, p, m);

@@ -99,7 +99,45 @@ void kvw__rejoin_on_ready(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     kvw__wake(e->poller_wake_fd);
 }
 
+void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    uint32_t lane = m->u.lane.qp;
+    if (lane >= p->nlanes) {
+        kvw__ctl_dropped(e, "LANE_DOWN for lane %u of peer %u, which it does not have", lane,
+                         p->index);
+        return;
+    }
+    kvw_lane_t *l = &p->lanes[lane];
+    switch (atomic_load(&l->rejoin)) {
+    case LANE_RESETTING: /* decode could not connect its end: no LANE_READY will come */
+        probe_failed_ctl(e, p, lane, kvw__now_ns(), "decode could not connect its end");
+        return;
+    case LANE_LIVE:
+        /* Its writes flush now rather than run out of retries; the poller
+         * fails the lane over (or is doing so already: it ignores a lane
+         * that is out). */
+        KVW_WARN("connection %u: decode says its end of lane %u is down", p->index, lane);
+        kvw__qp_set_error(l->qp);
+        atomic_store(&l->down_why, KVW_DOWN_PEER);
+        atomic_store(&l->down_due, true);
+        atomic_store(&p->lanes_down, true);
+        kvw__wake(e->poller_wake_fd);
+        return;
+    default: /* out already: its next probe finds out */
+        return;
+    }
+}
+
 /* ---- decode, control thread ---------------------------------------------- */
+
+void kvw__rejoin_say_down(kvw_peer_t *p, uint32_t lane)
+{
+    if (!p->sock || atomic_load(&p->state) != PEER_CONNECTED)
+        return;
+    kvw_msg_t m = {.type = KVW_MSG_LANE_DOWN};
+    m.u.lane.qp = lane;
+    kvw__zsend(p->sock, &m, ZMQ_DONTWAIT);
+}
 
 void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
@@ -162,6 +200,7 @@ static uint64_t decode_tick(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint6
                  p->index, lane, kvw__rail_name(e, l));
         int due = LANE_READY_DUE;
         atomic_compare_exchange_strong(&l->rejoin, &due, LANE_LIVE);
+        kvw__rejoin_say_down(p, lane); /* prefill tries again later, without waiting */
         return 0;
     }
     kvw_msg_t m = {.type = KVW_MSG_LANE_READY};

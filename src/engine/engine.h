@@ -83,6 +83,13 @@ enum {
     KVW_ASK_SENT, /* asked: the answer comes as one of KVW_WIRE_REPLAY_* + KVW_ASK_SENT */
 };
 
+/* Why a lane's down_due was set (prefill; the poller's failover says it). */
+enum {
+    KVW_DOWN_PORT = 0, /* our rail's port went down (async event) */
+    KVW_DOWN_HELLO,    /* the handshake could not connect it */
+    KVW_DOWN_PEER,     /* decode said its end is down (LANE_DOWN) */
+};
+
 typedef struct kvw_lane {
     kvw_qp_t *qp;
     uint8_t rail;        /* the engine's rail (device) the QP lives on */
@@ -106,7 +113,7 @@ typedef struct kvw_lane {
     /* Its rail's port went down (control thread): the poller fails it over
      * before it posts again. */
     atomic_bool down_due;
-    bool born_out;            /* prefill: the handshake could not connect it (set before publish) */
+    _Atomic uint8_t down_why; /* prefill: KVW_DOWN_*, set before down_due */
     struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
     /* Rejoining (kvw_lane_rejoin_t). */
     _Atomic int rejoin;

@@ -948,7 +948,15 @@ static void serve_answers(kvw_engine_t *e, kvw_peer_t *p)
     retire_inflight(p);
 }
 
-/* Lanes whose rail's port went down (rail_down, control.c): failed over
+static const char *down_reason(uint8_t why)
+{
+    return why == KVW_DOWN_HELLO  ? "the handshake could not connect it"
+           : why == KVW_DOWN_PEER ? "decode says its end is down"
+                                  : "its port went down";
+}
+
+/* Lanes whose rail's port went down (rail_down, control.c), that the
+ * handshake could not connect, or whose decode end is down: failed over
  * before anything more is posted, or the connection killed when no other
  * rail is left. What they had posted may have landed. */
 static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p)
@@ -961,12 +969,10 @@ static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p)
             continue;
         kvw__txq_fail_at(&l->txq, l->txq.completed);
         if (can_fail_over(e, p, i))
-            fail_over(e, p, i,
-                      l->born_out ? "the handshake could not connect it" : "its port went down",
-                      false);
+            fail_over(e, p, i, down_reason(atomic_load(&l->down_why)), false);
         else if (atomic_load(&p->state) != PEER_DEAD)
-            kvw__peer_kill(p, KVW_ERR_TRANSFER, "%s port went down and no other rail is left",
-                           e->rails[l->rail]->name);
+            kvw__peer_kill(p, KVW_ERR_TRANSFER, "lane %u on %s: %s, and no other rail is left", i,
+                           e->rails[l->rail]->name, down_reason(atomic_load(&l->down_why)));
     }
     retire_inflight(p);
 }

@@ -123,7 +123,6 @@ static void lane_back(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
     uint64_t now = kvw__now_ns(), us = (now - l->failed_ns) / 1000;
     lane_in(e, p, lane);
     l->rejoined_ns = now;
-    l->born_out = false;
     atomic_store(&l->down_due, false); /* that port-down was dealt with */
     kvw__rejoin_rebuild_turns(p);
     atomic_store(&e->rail_recovery_us[l->rail], us);

@@ -690,6 +690,33 @@ static void test_connect_during_decode_outage(void **state)
     connect_during_outage("fake3");
 }
 
+/* Decode's second port goes down while prefill's writes on that rail are
+ * on the wire but go nowhere (stalled: no ACK, no error yet, as before the
+ * retries run out). Decode says so (LANE_DOWN): prefill fails the lane
+ * over at once, its QP flushes, and every request succeeds on the first
+ * rail. Without the message the stalled writes would wait for their
+ * retries, and here (a stall never times out) the requests would fail at
+ * the transfer timeout. */
+static void test_decode_says_its_end_is_down(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    pair_room_t rooms[ROOMS];
+    start_rooms(rooms);
+    kvw_peer_t *p = prefill_peer();
+    fake_nic_faults_t f = {.stall_qp_num = p->lanes[1].qp->qp->qp_num};
+    fake_nic_set_faults(&f);
+    send_rooms(rooms);
+    assert_int_equal(fake_nic_kill_device("fake3"), 0);
+    assert_int_equal(fake_nic_raise_port_event("fake3", IBV_EVENT_PORT_ERR), 0);
+    assert_all_landed(rooms);
+    fake_nic_set_faults(NULL);
+    print_health("decode's port down");
+    assert_int_equal(counter(&pair.prefill->counters.lanes_failed), 1);
+    assert_int_equal(counter(&pair.prefill->counters.replay_refused), 0);
+    transfer_rooms();
+}
+
 /* A malformed KVW_DEVICES refuses the engine. */
 static void test_bad_device_lists(void **state)
 {
@@ -728,6 +755,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_prefill_rails_only, close_rails),
         cmocka_unit_test_teardown(test_lane_error_fails_over, close_rails),
         cmocka_unit_test_teardown(test_rail_port_down, close_rails),
+        cmocka_unit_test_teardown(test_decode_says_its_end_is_down, close_rails),
         cmocka_unit_test_teardown(test_rail_dies_mid_transfer, close_rails),
         cmocka_unit_test_teardown(test_every_rail_fails, close_rails),
         cmocka_unit_test_teardown(test_decode_counts_per_epoch, close_rails),

@@ -189,6 +189,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         break;
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
+    case KVW_MSG_LANE_DOWN:
         assert_int_equal(a->u.lane.qp, b->u.lane.qp);
         assert_int_equal(a->u.lane.psn, b->u.lane.psn);
         assert_int_equal(a->u.lane.peer_psn, b->u.lane.peer_psn);
@@ -469,6 +470,10 @@ static void test_roundtrip_lane(void **state)
     m.u.lane.peer_psn = 0x123456;
     roundtrip(&m);
     assert_string_equal(kvw__wire_type_name(KVW_MSG_LANE_READY), "LANE_READY");
+    m.type = KVW_MSG_LANE_DOWN;
+    roundtrip(&m);
+    assert_string_equal(kvw__wire_type_name(KVW_MSG_LANE_DOWN), "LANE_DOWN");
+    m.type = KVW_MSG_LANE_READY;
     uint8_t buf[256];
     m.u.lane.qp = KVW_WIRE_MAX_QPS;
     expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
@@ -529,15 +534,15 @@ static void test_roundtrip_ping_pong(void **state)
 static void test_type_names(void **state)
 {
     (void)state;
-    static const uint16_t types[] = {KVW_MSG_BS_REGISTER,  KVW_MSG_BS_REGISTER_ACK,
-                                     KVW_MSG_BS_LOOKUP,    KVW_MSG_BS_LOOKUP_REPLY,
-                                     KVW_MSG_HELLO,        KVW_MSG_HELLO_ACK,
-                                     KVW_MSG_REQUEST,      KVW_MSG_REQUEST_FAILED,
-                                     KVW_MSG_ABORT,        KVW_MSG_PING,
-                                     KVW_MSG_PONG,         KVW_MSG_CREDIT,
-                                     KVW_MSG_BYE,          KVW_MSG_LANE_RESET,
-                                     KVW_MSG_LANE_READY,   KVW_MSG_REPLAY_ASK,
-                                     KVW_MSG_REPLAY_ANSWER};
+    static const uint16_t types[] = {KVW_MSG_BS_REGISTER,   KVW_MSG_BS_REGISTER_ACK,
+                                     KVW_MSG_BS_LOOKUP,     KVW_MSG_BS_LOOKUP_REPLY,
+                                     KVW_MSG_HELLO,         KVW_MSG_HELLO_ACK,
+                                     KVW_MSG_REQUEST,       KVW_MSG_REQUEST_FAILED,
+                                     KVW_MSG_ABORT,         KVW_MSG_PING,
+                                     KVW_MSG_PONG,          KVW_MSG_CREDIT,
+                                     KVW_MSG_BYE,           KVW_MSG_LANE_RESET,
+                                     KVW_MSG_LANE_READY,    KVW_MSG_REPLAY_ASK,
+                                     KVW_MSG_REPLAY_ANSWER, KVW_MSG_LANE_DOWN};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
