@@ -89,9 +89,7 @@ static void rail_down(kvw_engine_t *e, const kvw_dev_t *dev, const char *why)
         for (uint32_t j = 0; p && atomic_load(&p->state) != PEER_DEAD && j < p->nlanes; j++)
             if (e->rails[p->lanes[j].rail] == dev) {
                 kvw__qp_set_error(p->lanes[j].qp);
-                atomic_store(&p->lanes[j].down_why, KVW_DOWN_PORT);
-                atomic_store(&p->lanes[j].down_due, true);
-                atomic_store(&p->lanes_down, true);
+                kvw__lane_mark_down(p, j, KVW_DOWN_PORT);
                 if (e->role == KVW_ROLE_DECODE) /* prefill's writes would run out of retries */
                     kvw__rejoin_say_down(p, j);
             }

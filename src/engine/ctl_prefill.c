@@ -84,12 +84,8 @@ static bool hello_resent(kvw_engine_t *e, kvw_peer_t *old, const kvw_msg_t *m)
  * any failed lane (rejoin.c). Their QPs keep decode's offer for that. */
 static void start_without(kvw_peer_t *p, uint64_t engine_id, uint32_t out, const char *why)
 {
-    for (uint32_t m = out; m; m &= m - 1) {
-        kvw_lane_t *l = &p->lanes[__builtin_ctz(m)];
-        atomic_store(&l->down_why, KVW_DOWN_HELLO);
-        atomic_store(&l->down_due, true);
-    }
-    atomic_store(&p->lanes_down, true);
+    for (uint32_t m = out; m; m &= m - 1)
+        kvw__lane_mark_down(p, (uint32_t)__builtin_ctz(m), KVW_DOWN_HELLO);
     KVW_WARN("decode engine %016llx: %u of %u QPs could not be connected (%s): the connection "
              "starts without them and probes them back",
              (unsigned long long)engine_id, (unsigned)__builtin_popcount(out), p->nlanes, why);

@@ -38,11 +38,9 @@ static uint64_t probe_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64
     kvw_lane_t *l = &p->lanes[lane];
     if (now < l->probe_at_ns)
         return l->probe_at_ns;
-    const kvw_dev_t *dev = e->rails[l->rail];
-    struct ibv_port_attr pa;
     atomic_fetch_add(&e->counters.lane_probes, 1);
     atomic_fetch_add(&e->rail_probes[l->rail], 1);
-    if (dev->ops->query_port(dev->ctx, dev->port, &pa) || pa.state != IBV_PORT_ACTIVE)
+    if (!kvw__dev_port_active(e->rails[l->rail]))
         return probe_failed_ctl(e, p, lane, now, "its port is not up");
     if (kvw__qp_reset(l->qp))
         return probe_failed_ctl(e, p, lane, now, "resetting its QP failed");
@@ -118,9 +116,7 @@ void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
          * that is out). */
         KVW_WARN("connection %u: decode says its end of lane %u is down", p->index, lane);
         kvw__qp_set_error(l->qp);
-        atomic_store(&l->down_why, KVW_DOWN_PEER);
-        atomic_store(&l->down_due, true);
-        atomic_store(&p->lanes_down, true);
+        kvw__lane_mark_down(p, lane, KVW_DOWN_PEER);
         kvw__wake(e->poller_wake_fd);
         return;
     default: /* out already: its next probe finds out */

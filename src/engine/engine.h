@@ -850,6 +850,13 @@ kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n);
  * rail in why. Verbs: not under the lock. */
 kvw_status_t kvw__peer_connect_lanes(kvw_peer_t *p, const kvw_qp_info_t *remote, uint32_t n,
                                      uint32_t *out, char *why, size_t why_size);
+/* Can p go on without `lane`: several rails, no stager (a staged slice's
+ * chunk is reused once posted), and a lane on another rail that is not in
+ * `down` (a lane bit mask). The failover's rule and the handshake's. */
+bool kvw__peer_other_rail_up(const kvw_peer_t *p, uint32_t lane, uint32_t down);
+/* Have the poller fail `lane` over before it posts again (take_down_lanes),
+ * saying why (KVW_DOWN_*). Any thread; the caller wakes the poller. */
+void kvw__lane_mark_down(kvw_peer_t *p, uint32_t lane, uint8_t why);
 /* Decode: n receives on one lane (its rwrs), counted in recvs_posted. */
 kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n);
 /* Declare p dead (once): QP to ERR first, so nothing more lands, then fail

@@ -451,26 +451,33 @@ kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
     return KVW_OK;
 }
 
-static bool port_up(const kvw_dev_t *dev)
-{
-    struct ibv_port_attr pa;
-    return dev->ops->query_port(dev->ctx, dev->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
-}
-
-/* Lanes `out` may stay out of a new connection: each has a lane on
- * another rail that connected (the failover's rule, poller.c). */
-static bool can_start_without(const kvw_peer_t *p, uint32_t n, uint32_t out)
+bool kvw__peer_other_rail_up(const kvw_peer_t *p, uint32_t lane, uint32_t down)
 {
     const kvw_engine_t *e = p->engine;
     if (e->nrails < 2 || e->stager)
         return false;
-    for (uint32_t m = out; m; m &= m - 1) {
-        uint32_t i = (uint32_t)__builtin_ctz(m), j = 0;
-        while (j < n && (out & 1u << j || p->lanes[j].rail == p->lanes[i].rail))
-            j++;
-        if (j == n)
+    for (uint32_t j = 0; j < p->nlanes; j++)
+        if (!(down & 1u << j) && p->lanes[j].rail != p->lanes[lane].rail)
+            return true;
+    return false;
+}
+
+void kvw__lane_mark_down(kvw_peer_t *p, uint32_t lane, uint8_t why)
+{
+    atomic_store(&p->lanes[lane].down_why, why); /* before: the poller reads it after down_due */
+    atomic_store(&p->lanes[lane].down_due, true);
+    atomic_store(&p->lanes_down, true);
+}
+
+/* Lanes `out` may stay out of a new connection of n lanes (decode may
+ * have offered more; those past n are idle): each has a lane on another
+ * rail that connected. */
+static bool can_start_without(const kvw_peer_t *p, uint32_t n, uint32_t out)
+{
+    uint32_t down = out | (n < 32 ? ~0u << n : 0);
+    for (uint32_t m = out; m; m &= m - 1)
+        if (!kvw__peer_other_rail_up(p, (uint32_t)__builtin_ctz(m), down))
             return false;
-    }
     return true;
 }
 
@@ -484,8 +491,8 @@ kvw_status_t kvw__peer_connect_lanes(kvw_peer_t *p, const kvw_qp_info_t *remote,
         kvw_lane_t *l = &p->lanes[i];
         const kvw_dev_t *dev = e->rails[l->rail];
         l->remote = remote[i]; /* a rejoin connects to it again */
-        kvw_status_t st =
-            port_up(dev) ? kvw__qp_connect(l->qp, &remote[i], &e->cfg) : KVW_ERR_NO_DEVICE;
+        kvw_status_t st = kvw__dev_port_active(dev) ? kvw__qp_connect(l->qp, &remote[i], &e->cfg)
+                                                    : KVW_ERR_NO_DEVICE;
         if (!st)
             continue;
         if (!first)

@@ -713,19 +713,16 @@ enum { REQ_UNTOUCHED, REQ_REPLAY, REQ_ASK, REQ_REFUSE };
 /* How long a request waits for decode's REPLAY_ANSWER before it fails. */
 enum { ASK_WAIT_MS = 5000 };
 
-/* Can p go on without `lane`: several rails, a live lane on another rail,
- * and no stager (a staged slice's chunk is reused once posted). */
-static bool can_fail_over(const kvw_engine_t *e, const kvw_peer_t *p, uint32_t lane)
+/* Can p go on without `lane`: connected, not closing or being killed,
+ * and another rail's lane live (kvw__peer_other_rail_up). */
+static bool can_fail_over(const kvw_peer_t *p, uint32_t lane)
 {
     /* Killing: its QPs go to ERR before it turns DEAD, and their flushes
      * are the kill's, not a rail's. */
-    if (e->nrails < 2 || e->stager || atomic_load(&p->state) != PEER_CONNECTED ||
-        atomic_load(&p->closing) || atomic_load(&p->killing))
+    if (atomic_load(&p->state) != PEER_CONNECTED || atomic_load(&p->closing) ||
+        atomic_load(&p->killing))
         return false;
-    for (uint32_t i = 0; i < p->nlanes; i++)
-        if (i != lane && !p->lanes[i].dead && p->lanes[i].rail != p->lanes[lane].rail)
-            return true;
-    return false;
+    return kvw__peer_other_rail_up(p, lane, p->dead_lanes);
 }
 
 /* What r needs now that `lane` failed with every write before `landed`
@@ -968,7 +965,7 @@ static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p)
         if (!atomic_load(&l->down_due) || l->dead || !l->txq_ready)
             continue;
         kvw__txq_fail_at(&l->txq, l->txq.completed);
-        if (can_fail_over(e, p, i))
+        if (can_fail_over(p, i))
             fail_over(e, p, i, down_reason(atomic_load(&l->down_why)), false);
         else if (atomic_load(&p->state) != PEER_DEAD)
             kvw__peer_kill(p, KVW_ERR_TRANSFER, "lane %u on %s: %s, and no other rail is left", i,
@@ -987,7 +984,7 @@ static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
         retire_inflight(p);
         return;
     }
-    if (first && can_fail_over(p->engine, p, lane)) {
+    if (first && can_fail_over(p, lane)) {
         char what[96];
         snprintf(what, sizeof(what), "%s, vendor error 0x%x", ibv_wc_status_str(wc->status),
                  wc->vendor_err);
@@ -1028,7 +1025,7 @@ static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
     kvw__rejoin_reaped(e, p, lane, wc->wr_id, false); /* decode: one receive fewer */
     if (p->lanes[lane].dead || atomic_load(&p->lanes[lane].rejoin) == LANE_RESET_DUE)
         ; /* a rail already given up on, or being reset */
-    else if (can_fail_over(e, p, lane))
+    else if (can_fail_over(p, lane))
         decode_lane_failed(e, p, lane, wc);
     else if (atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER, "receive completed with %s (vendor error 0x%x)",

@@ -57,13 +57,13 @@ void kvw__rejoin_rebuild_turns(kvw_peer_t *p);
 
 /* ctl_rejoin.c. Control thread: probes and resets due (prefill), LANE_READY to send
  * (decode). Returns when it next needs to run (0: nothing pending). */
+uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now);
 /* Decode, control thread: tell prefill our end of `lane` is down
  * (LANE_DOWN), if p is connected; best effort (a full queue drops it:
  * prefill then learns it from its writes or its rejoin's timeout). */
 void kvw__rejoin_say_down(kvw_peer_t *p, uint32_t lane);
 /* Prefill, control thread: decode said its end of a lane is down. */
 void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
-uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now);
 /* Control thread, decode: prefill's LANE_RESET. */
 void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
 /* Control thread, prefill: decode's LANE_READY. */

@@ -138,6 +138,12 @@ static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_ind
     return choose_gid(dev, &pa, local_ip, gid_index);
 }
 
+bool kvw__dev_port_active(const kvw_dev_t *dev)
+{
+    struct ibv_port_attr pa;
+    return dev->ops->query_port(dev->ctx, dev->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+}
+
 kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint32_t rq_depth)
 {
     /* One CQ per QP takes both queues' completions (see qp.c). */

@@ -7,6 +7,8 @@
 #include "kvwire.h"
 #include "verbs/ops.h"
 
+#include <stdbool.h>
+
 typedef struct kvw_dev {
     const kvw_verbs_ops_t *ops;
     struct ibv_context *ctx;
@@ -31,6 +33,8 @@ void kvw__dev_close(kvw_dev_t *dev);
 /* Can this device hold QPs of these depths (and their CQ, one SGE per WR)?
  * KVW_ERR_INVALID with the limit named in the log if not. */
 kvw_status_t kvw__dev_check_limits(const kvw_dev_t *dev, uint32_t sq_depth, uint32_t rq_depth);
+/* Is the device's port ACTIVE now (ibv_query_port; false if that fails)? */
+bool kvw__dev_port_active(const kvw_dev_t *dev);
 
 /* Pure: a port's link speed in Mb/s from ibv_port_attr's active_speed
  * (per lane: 1 SDR 2.5G, 2 DDR 5G, 4 QDR 10G, 8 FDR10 10G, 16 FDR 14G,

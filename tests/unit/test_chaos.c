@@ -953,7 +953,20 @@ static void drive(run_t *x)
 
 /* ----------------------------------------------------------------- checks */
 
-static uint32_t decode_connection(kvw_engine_t *e);
+/* The serial of the connection decode engine e holds to prefill, up and
+ * not closing; UINT32_MAX if none is. */
+static uint32_t decode_connection(kvw_engine_t *e)
+{
+    uint32_t serial = UINT32_MAX;
+    pthread_mutex_lock(&e->lock); /* a slot is cleared (then freed) under it */
+    for (uint32_t i = 0; i < atomic_load(&e->num_peers); i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && atomic_load(&p->state) == PEER_CONNECTED && !atomic_load(&p->closing))
+            serial = p->serial;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return serial;
+}
 
 /* Prefill's lanes out of their (live) connections now, on every rail. */
 static uint32_t lanes_out(const kvw_engine_t *prefill)
@@ -989,21 +1002,6 @@ static void check_rejoin(run_t *x)
                   "I8 %u of prefill's lanes still out of their connections %d ms after the "
                   "schedule, with decode's device back",
                   out, REJOIN_MS);
-}
-
-/* The serial of the connection decode engine e holds to prefill, up and
- * not closing; UINT32_MAX if none is. */
-static uint32_t decode_connection(kvw_engine_t *e)
-{
-    uint32_t serial = UINT32_MAX;
-    pthread_mutex_lock(&e->lock); /* a slot is cleared (then freed) under it */
-    for (uint32_t i = 0; i < atomic_load(&e->num_peers); i++) {
-        kvw_peer_t *p = kvw__peer_at(e, i);
-        if (p && atomic_load(&p->state) == PEER_CONNECTED && !atomic_load(&p->closing))
-            serial = p->serial;
-    }
-    pthread_mutex_unlock(&e->lock);
-    return serial;
 }
 
 static void count_room(const room_run_t *rr)
