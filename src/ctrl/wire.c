@@ -179,6 +179,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
     case KVW_MSG_LANE_DOWN:
+    case KVW_MSG_LANE_UP:
         body = 4 + 4 + 4 + 8;
         break;
     case KVW_MSG_REPLAY_ASK:
@@ -195,7 +196,8 @@ static int type_known(uint16_t t)
            t == KVW_MSG_HELLO_ACK || t == KVW_MSG_REQUEST || t == KVW_MSG_REQUEST_FAILED ||
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
            t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY ||
-           t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER || t == KVW_MSG_LANE_DOWN;
+           t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER || t == KVW_MSG_LANE_DOWN ||
+           t == KVW_MSG_LANE_UP;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -291,6 +293,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
     case KVW_MSG_LANE_DOWN:
+    case KVW_MSG_LANE_UP:
         put_le(w, m->u.lane.qp, 4);
         put_le(w, m->u.lane.psn, 4);
         put_le(w, m->u.lane.peer_psn, 4);
@@ -576,6 +579,7 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
     case KVW_MSG_LANE_DOWN:
+    case KVW_MSG_LANE_UP:
         m->u.lane.qp = (uint32_t)get_le(r, 4);
         m->u.lane.psn = (uint32_t)get_le(r, 4);
         m->u.lane.peer_psn = (uint32_t)get_le(r, 4);
@@ -685,6 +689,8 @@ const char *kvw__wire_type_name(uint16_t type)
         return "LANE_READY";
     case KVW_MSG_LANE_DOWN:
         return "LANE_DOWN";
+    case KVW_MSG_LANE_UP:
+        return "LANE_UP";
     case KVW_MSG_REPLAY_ASK:
         return "REPLAY_ASK";
     case KVW_MSG_REPLAY_ANSWER:

@@ -16,7 +16,7 @@
  * in a slice of it (an offset); 9: HELLO carries the sender's rails
  * (devices): each QP's rail, each rail's link speed, and every region's
  * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
- * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN */
+ * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP */
 #define KVW_WIRE_VERSION 10
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
@@ -110,6 +110,11 @@ typedef enum {
      * writes running out of retries, or pauses a rejoin at once (the lane
      * in `lane.qp`; the other fields 0). */
     KVW_MSG_LANE_DOWN = 38,
+    /* Wire 10, decode -> prefill: its port on the lane's rail came up
+     * again (IBV_EVENT_PORT_ACTIVE): a paused lane there is probed now
+     * rather than after its cooldown (the lane in `lane.qp`; the other
+     * fields 0). */
+    KVW_MSG_LANE_UP = 39,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads

@@ -626,6 +626,9 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     case KVW_MSG_LANE_DOWN:
         kvw__rejoin_on_down(e, p, m);
         break;
+    case KVW_MSG_LANE_UP:
+        kvw__rejoin_on_up(e, p, m);
+        break;
     case KVW_MSG_REPLAY_ANSWER:
         on_replay_answer(e, p, m);
         break;

@@ -124,15 +124,66 @@ void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     }
 }
 
+/* A paused lane is probed now: its cooldown was sized for a port that
+ * might stay down, and the port just came up. A lane in any other state
+ * is on its way already (or live). */
+static void probe_now(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char *why)
+{
+    kvw_lane_t *l = &p->lanes[lane];
+    uint64_t now = kvw__now_ns();
+    if (atomic_load(&l->rejoin) != LANE_PAUSED || l->probe_at_ns <= now)
+        return;
+    KVW_INFO("connection %u: lane %u on %s: %s: probing it now, %llu ms before its cooldown ends",
+             p->index, lane, kvw__rail_name(e, l), why,
+             (unsigned long long)((l->probe_at_ns - now) / 1000000));
+    l->probe_at_ns = now;
+    atomic_fetch_or(&p->rejoin_ctl, 1u << lane);
+    atomic_fetch_add(&e->counters.lane_probes_early, 1);
+}
+
+void kvw__rejoin_on_up(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    uint32_t lane = m->u.lane.qp;
+    if (lane >= p->nlanes) {
+        kvw__ctl_dropped(e, "LANE_UP for lane %u of peer %u, which it does not have", lane,
+                         p->index);
+        return;
+    }
+    probe_now(e, p, lane, "decode's port came up");
+}
+
 /* ---- decode, control thread ---------------------------------------------- */
 
-void kvw__rejoin_say_down(kvw_peer_t *p, uint32_t lane)
+static void say_lane(kvw_peer_t *p, uint32_t lane, kvw_msg_type_t type)
 {
     if (!p->sock || atomic_load(&p->state) != PEER_CONNECTED)
         return;
-    kvw_msg_t m = {.type = KVW_MSG_LANE_DOWN};
+    kvw_msg_t m = {.type = type};
     m.u.lane.qp = lane;
     kvw__zsend(p->sock, &m, ZMQ_DONTWAIT);
+}
+
+void kvw__rejoin_say_down(kvw_peer_t *p, uint32_t lane)
+{
+    say_lane(p, lane, KVW_MSG_LANE_DOWN);
+}
+
+/* ---- both, control thread ------------------------------------------------ */
+
+void kvw__rejoin_rail_up(kvw_engine_t *e, const kvw_dev_t *dev)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        for (uint32_t j = 0; p && atomic_load(&p->state) == PEER_CONNECTED && j < p->nlanes; j++) {
+            if (e->rails[p->lanes[j].rail] != dev)
+                continue;
+            if (e->role == KVW_ROLE_PREFILL)
+                probe_now(e, p, j, "its port came up");
+            else /* every lane on the rail: prefill knows which of them are out */
+                say_lane(p, j, KVW_MSG_LANE_UP);
+        }
+    }
 }
 
 void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)

@@ -464,8 +464,9 @@ typedef struct kvw_engine_counters {
      * failed lane may have landed). */
     _Atomic uint64_t lanes_failed, replays, replay_refused;
     /* Rejoins: lanes back in their connection; probes of a paused lane's
-     * port, and those that found it still down or the lane not working. */
-    _Atomic uint64_t lanes_rejoined, lane_probes, lane_probes_failed;
+     * port, those that found it still down or the lane not working, and
+     * cooldowns cut short because a port came up (ours or decode's). */
+    _Atomic uint64_t lanes_rejoined, lane_probes, lane_probes_failed, lane_probes_early;
     /* Requests asked about (REPLAY_ASK), and those decode had completed. */
     _Atomic uint64_t replay_asks, replay_done;
 } kvw_engine_counters_t;

@@ -64,6 +64,13 @@ uint64_t kvw__rejoin_tick(kvw_engine_t *e, kvw_peer_t *p, uint64_t now);
 void kvw__rejoin_say_down(kvw_peer_t *p, uint32_t lane);
 /* Prefill, control thread: decode said its end of a lane is down. */
 void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
+/* Control thread: dev's port came up (IBV_EVENT_PORT_ACTIVE). Prefill
+ * probes its paused lanes on that rail now instead of after their
+ * cooldown; decode tells prefill (LANE_UP) for each lane on it, since
+ * prefill's own port may never have gone down. */
+void kvw__rejoin_rail_up(kvw_engine_t *e, const kvw_dev_t *dev);
+/* Prefill, control thread: decode said its end of a lane is up again. */
+void kvw__rejoin_on_up(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
 /* Control thread, decode: prefill's LANE_RESET. */
 void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
 /* Control thread, prefill: decode's LANE_READY. */

@@ -100,6 +100,7 @@ static bool msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
     case KVW_MSG_LANE_DOWN:
+    case KVW_MSG_LANE_UP:
         return a->u.lane.qp == b->u.lane.qp && a->u.lane.psn == b->u.lane.psn &&
                a->u.lane.peer_psn == b->u.lane.peer_psn && a->u.lane.count == b->u.lane.count;
     case KVW_MSG_REPLAY_ASK:

@@ -653,6 +653,54 @@ static void test_rail_comes_back_after_peer(void **state)
     print_health("decode's device back");
 }
 
+/* The port of `dead` (prefill's fake2 or decode's fake3) comes up again
+ * (IBV_EVENT_PORT_ACTIVE) while its lane waits out a cooldown grown by
+ * three failed probes (800 ms, then 1.6 s): the lane is probed at once
+ * rather than when the cooldown ends. Prefill sees its own port's event;
+ * decode's is relayed to prefill as LANE_UP, since prefill's port never
+ * went down. Counted: the cooldown cut short (lane_probes_early). */
+static void port_up_probes_now(const char *dead)
+{
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms();
+    _Atomic uint64_t *failed = &pair.prefill->counters.lane_probes_failed;
+    assert_int_equal(fake_nic_kill_device(dead), 0);
+    assert_int_equal(fake_nic_raise_port_event(dead, IBV_EVENT_PORT_ERR), 0);
+    for (int i = 0; i < 4 * WAIT_MS && counter(failed) < 3; i++)
+        pair_sleep_ms(1);
+    uint64_t paused_at = pair_now_ms();
+    assert_true(counter(failed) >= 3);
+    kvw_rail_t down[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(down), 2);
+    print_health("port down, three probes failed");
+    assert_int_equal(fake_nic_revive_device(dead), 0);
+    assert_int_equal(fake_nic_raise_port_event(dead, IBV_EVENT_PORT_ACTIVE), 0);
+    uint64_t late_ms = pair_now_ms() - paused_at;
+    assert_rail_back(down);
+    print_health("port up");
+    uint64_t early = counter(&pair.prefill->counters.lane_probes_early);
+    print_message("cooldowns cut short: %llu (this thread raised the event %llu ms after the "
+                  "third failed probe)\n",
+                  (unsigned long long)early, (unsigned long long)late_ms);
+    /* Only a test thread stalled for most of the 800 ms cooldown could see
+     * the scheduled probe come first. */
+    if (late_ms < 400)
+        assert_int_equal(early, 1);
+    assert_int_equal(health_of(pair.prefill, 1).lanes_failed, 1);
+}
+
+static void test_port_up_probes_now(void **state)
+{
+    (void)state;
+    port_up_probes_now("fake2");
+}
+
+static void test_decode_port_up_says_so(void **state)
+{
+    (void)state;
+    port_up_probes_now("fake3");
+}
+
 /* A connection made while a rail's link is down comes up on the other
  * rail; the lane that could not be connected is probed back once the
  * link is up, and then carries writes. `dead`: the device whose link is
@@ -764,6 +812,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_decode_answer_lost, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back_after_peer, close_rails),
+        cmocka_unit_test_teardown(test_port_up_probes_now, close_rails),
+        cmocka_unit_test_teardown(test_decode_port_up_says_so, close_rails),
         cmocka_unit_test_teardown(test_connect_during_prefill_outage, close_rails),
         cmocka_unit_test_teardown(test_connect_during_decode_outage, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),

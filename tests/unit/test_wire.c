@@ -190,6 +190,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_LANE_RESET:
     case KVW_MSG_LANE_READY:
     case KVW_MSG_LANE_DOWN:
+    case KVW_MSG_LANE_UP:
         assert_int_equal(a->u.lane.qp, b->u.lane.qp);
         assert_int_equal(a->u.lane.psn, b->u.lane.psn);
         assert_int_equal(a->u.lane.peer_psn, b->u.lane.peer_psn);
@@ -473,6 +474,10 @@ static void test_roundtrip_lane(void **state)
     m.type = KVW_MSG_LANE_DOWN;
     roundtrip(&m);
     assert_string_equal(kvw__wire_type_name(KVW_MSG_LANE_DOWN), "LANE_DOWN");
+    m.type = KVW_MSG_LANE_UP;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 20);
+    assert_string_equal(kvw__wire_type_name(KVW_MSG_LANE_UP), "LANE_UP");
     m.type = KVW_MSG_LANE_READY;
     uint8_t buf[256];
     m.u.lane.qp = KVW_WIRE_MAX_QPS;
@@ -542,7 +547,8 @@ static void test_type_names(void **state)
                                      KVW_MSG_PONG,          KVW_MSG_CREDIT,
                                      KVW_MSG_BYE,           KVW_MSG_LANE_RESET,
                                      KVW_MSG_LANE_READY,    KVW_MSG_REPLAY_ASK,
-                                     KVW_MSG_REPLAY_ANSWER, KVW_MSG_LANE_DOWN};
+                                     KVW_MSG_REPLAY_ANSWER, KVW_MSG_LANE_DOWN,
+                                     KVW_MSG_LANE_UP};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
