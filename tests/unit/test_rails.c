@@ -6,12 +6,14 @@
  * used its own rail's lkeys and the peer rail's rkeys. The WRs each rail
  * carried are counted (kvw_engine_rails). */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -701,6 +703,51 @@ static void test_decode_port_up_says_so(void **state)
     port_up_probes_now("fake3");
 }
 
+static atomic_uint probe_posts_failed; /* log lines saying so */
+
+static void count_probe_post_failures(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    if (strstr(msg, "posting the probe write failed"))
+        atomic_fetch_add(&probe_posts_failed, 1);
+    if (level == KVW_LOG_ERROR || getenv("KVW_TEST_LOG"))
+        fprintf(stderr, "kvwire: %s\n", msg);
+}
+
+/* The probe write's post fails (ibv_post_send refuses it, e.g. ENOMEM):
+ * the lane is paused again, for longer, like a probe that found the port
+ * down, and the next probe brings it back; nothing else is touched. */
+static void test_probe_post_fails(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms();
+    atomic_store(&probe_posts_failed, 0);
+    kvw_set_log_handler(count_probe_post_failures, NULL, KVW_LOG_WARN);
+    kvw_peer_t *p = prefill_peer();
+    fake_nic_faults_t f = {
+        .fault_qp_num = p->lanes[1].qp->qp->qp_num, .fail_post_call = 1, .fail_post_rc = ENOMEM};
+    assert_int_equal(fake_nic_kill_device("fake2"), 0);
+    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
+    assert_true(wait_health(1, offsetof(kvw_rail_health_t, lanes_out), 1));
+    fake_nic_set_faults(&f); /* the lane's next post is its probe's */
+    kvw_rail_t down[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(down), 2);
+    assert_int_equal(fake_nic_revive_device("fake2"), 0);
+    assert_rail_back(down);
+    print_health("probe post failed once");
+    fake_nic_stats_t st;
+    fake_nic_stats(&st);
+    assert_int_equal(st.fatal_errors, 0);
+    /* The post that failed was a probe's, and it was tried again. */
+    assert_int_equal(atomic_load(&probe_posts_failed), 1);
+    assert_true(counter(&pair.prefill->counters.lane_probes_failed) >= 1);
+    assert_true(health_of(pair.prefill, 1).probes >= 2);
+    assert_int_equal(health_of(pair.prefill, 1).lanes_failed, 1);
+    assert_int_equal(counter(&pair.prefill->counters.replay_refused), 0);
+    fake_nic_set_faults(NULL);
+}
+
 /* A connection made while a rail's link is down comes up on the other
  * rail; the lane that could not be connected is probed back once the
  * link is up, and then carries writes. `dead`: the device whose link is
@@ -813,6 +860,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_rail_comes_back, close_rails),
         cmocka_unit_test_teardown(test_rail_comes_back_after_peer, close_rails),
         cmocka_unit_test_teardown(test_port_up_probes_now, close_rails),
+        cmocka_unit_test_teardown(test_probe_post_fails, close_rails),
         cmocka_unit_test_teardown(test_decode_port_up_says_so, close_rails),
         cmocka_unit_test_teardown(test_connect_during_prefill_outage, close_rails),
         cmocka_unit_test_teardown(test_connect_during_decode_outage, close_rails),
