@@ -23,7 +23,7 @@ static uint64_t probe_failed_ctl(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, 
 {
     kvw_lane_t *l = &p->lanes[lane];
     atomic_fetch_add(&e->counters.lane_probes_failed, 1);
-    l->cooldown_ms = kvw__rejoin_grown(l->cooldown_ms);
+    l->cooldown_ms = kvw__rejoin_cooldown_after_failure(l);
     l->probe_at_ns = now + kvw__ms_ns(l->cooldown_ms);
     KVW_INFO("connection %u: lane %u on %s: %s: next probe in %u ms", p->index, lane,
              kvw__rail_name(e, l), why, l->cooldown_ms);
@@ -137,6 +137,7 @@ static void probe_now(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char 
              p->index, lane, kvw__rail_name(e, l), why,
              (unsigned long long)((l->probe_at_ns - now) / 1000000));
     l->probe_at_ns = now;
+    l->probe_early = true;
     atomic_fetch_or(&p->rejoin_ctl, 1u << lane);
     atomic_fetch_add(&e->counters.lane_probes_early, 1);
 }

@@ -119,6 +119,7 @@ typedef struct kvw_lane {
     _Atomic int rejoin;
     kvw_qp_info_t remote; /* the peer's QP, from HELLO; a reset renews its PSN */
     uint32_t cooldown_ms; /* prefill: the wait before the next probe, growing */
+    bool probe_early;     /* prefill: the current try was brought forward by a port event */
     uint64_t failed_ns;   /* prefill poller: when it failed (time to recover) */
     uint64_t rejoined_ns; /* prefill poller: when it last came back (flapping) */
     uint64_t reaped_upto; /* prefill poller: completions reaped after the failure, up to */

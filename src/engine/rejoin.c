@@ -54,6 +54,7 @@ void kvw__rejoin_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
     l->cooldown_ms =
         flapping && l->cooldown_ms ? kvw__rejoin_grown(l->cooldown_ms) : KVW_REJOIN_COOLDOWN_MIN_MS;
     l->failed_ns = now;
+    l->probe_early = false;
     l->reaped_upto = l->txq.completed;
     atomic_store(&l->rejoin, LANE_DRAINING);
 }
@@ -65,7 +66,7 @@ static void probe_failed_poller(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, c
 {
     kvw_lane_t *l = &p->lanes[lane];
     atomic_fetch_add(&e->counters.lane_probes_failed, 1);
-    l->cooldown_ms = kvw__rejoin_grown(l->cooldown_ms);
+    l->cooldown_ms = kvw__rejoin_cooldown_after_failure(l);
     KVW_WARN("connection %u: lane %u on %s: %s: paused again, next probe in %u ms", p->index, lane,
              kvw__rail_name(e, l), why, l->cooldown_ms);
     atomic_store(&l->rejoin, LANE_DRAINING);
@@ -123,6 +124,7 @@ static void lane_back(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
     uint64_t now = kvw__now_ns(), us = (now - l->failed_ns) / 1000;
     lane_in(e, p, lane);
     l->rejoined_ns = now;
+    l->probe_early = false;
     atomic_store(&l->down_due, false); /* that port-down was dealt with */
     kvw__rejoin_rebuild_turns(p);
     atomic_store(&e->rail_recovery_us[l->rail], us);

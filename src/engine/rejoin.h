@@ -35,6 +35,19 @@ static inline uint32_t kvw__rejoin_grown(uint32_t ms)
     return ms >= KVW_REJOIN_COOLDOWN_MAX_MS / 2 ? KVW_REJOIN_COOLDOWN_MAX_MS : ms * 2;
 }
 
+/* The cooldown after the lane's current try failed: grown, unless a port
+ * event had brought the try forward (the port came up, yet the lane does
+ * not work yet): that failure says nothing the cooldown did not already
+ * account for, so the schedule goes on as it was. */
+static inline uint32_t kvw__rejoin_cooldown_after_failure(kvw_lane_t *l)
+{
+    if (l->probe_early) {
+        l->probe_early = false;
+        return l->cooldown_ms;
+    }
+    return kvw__rejoin_grown(l->cooldown_ms);
+}
+
 static inline const char *kvw__rail_name(const kvw_engine_t *e, const kvw_lane_t *l)
 {
     return e->rails[l->rail]->name;

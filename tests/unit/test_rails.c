@@ -703,6 +703,67 @@ static void test_decode_port_up_says_so(void **state)
     port_up_probes_now("fake3");
 }
 
+/* The cooldowns prefill's log announced ("next probe in N ms"), in order. */
+static _Atomic uint32_t cooldowns[16];
+static atomic_uint ncooldowns;
+
+static void record_cooldowns(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    const char *at = strstr(msg, "next probe in ");
+    unsigned ms;
+    if (at && sscanf(at, "next probe in %u ms", &ms) == 1) {
+        unsigned i = atomic_fetch_add(&ncooldowns, 1);
+        if (i < 16)
+            atomic_store(&cooldowns[i], ms);
+    }
+    if (level == KVW_LOG_ERROR || getenv("KVW_TEST_LOG"))
+        fprintf(stderr, "kvwire: %s\n", msg);
+}
+
+/* A port event that comes too soon (the port reads up, the lane does not
+ * work yet; here: the event with the link still down) brings one try
+ * forward, which fails: the cooldown is not grown for it, and the
+ * schedule goes on as before. A later event with the link up brings the
+ * lane back. */
+static void test_port_up_too_soon(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms(); /* connected */
+    atomic_store(&ncooldowns, 0);
+    kvw_set_log_handler(record_cooldowns, NULL, KVW_LOG_INFO);
+    _Atomic uint64_t *failed = &pair.prefill->counters.lane_probes_failed;
+    assert_int_equal(fake_nic_kill_device("fake2"), 0);
+    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
+    for (int i = 0; i < 4 * WAIT_MS && counter(failed) < 3; i++)
+        pair_sleep_ms(1);
+    uint64_t paused_at = pair_now_ms();
+    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ACTIVE), 0);
+    for (int i = 0; i < WAIT_MS && counter(failed) < 4; i++)
+        pair_sleep_ms(1);
+    uint64_t late_ms = pair_now_ms() - paused_at;
+    assert_true(atomic_load(&ncooldowns) >= 4);
+    print_message("cooldowns: %u, %u, %u, then after the early try %u ms (event %llu ms after "
+                  "the third failure)\n",
+                  atomic_load(&cooldowns[0]), atomic_load(&cooldowns[1]),
+                  atomic_load(&cooldowns[2]), atomic_load(&cooldowns[3]),
+                  (unsigned long long)late_ms);
+    assert_int_equal(atomic_load(&cooldowns[0]), 200);
+    assert_int_equal(atomic_load(&cooldowns[1]), 400);
+    assert_int_equal(atomic_load(&cooldowns[2]), 800);
+    if (late_ms < 400) { /* else the scheduled try may have come first */
+        assert_int_equal(counter(&pair.prefill->counters.lane_probes_early), 1);
+        assert_int_equal(atomic_load(&cooldowns[3]), 800);
+    }
+    kvw_rail_t down[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(down), 2);
+    assert_int_equal(fake_nic_revive_device("fake2"), 0);
+    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ACTIVE), 0);
+    assert_rail_back(down);
+    print_health("port up");
+}
+
 static atomic_uint probe_posts_failed; /* log lines saying so */
 
 static void count_probe_post_failures(void *arg, kvw_log_level_t level, const char *msg)
@@ -862,6 +923,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_port_up_probes_now, close_rails),
         cmocka_unit_test_teardown(test_probe_post_fails, close_rails),
         cmocka_unit_test_teardown(test_decode_port_up_says_so, close_rails),
+        cmocka_unit_test_teardown(test_port_up_too_soon, close_rails),
         cmocka_unit_test_teardown(test_connect_during_prefill_outage, close_rails),
         cmocka_unit_test_teardown(test_connect_during_decode_outage, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
