@@ -89,7 +89,7 @@ flap() {
     # a run with three lane failures (rxe NAKed two writes as invalid after
     # the rejoin) reached its last 16 rooms 60.2 s in, prefill had given them
     # up and exited, and decode could not connect for them.
-    KVW_BOOTSTRAP_TIMEOUT_MS=150000 KVW_DEVICES="$dev0,$dev2" "$xfer" prefill --dev "$dev0" --ip "$ip0" \
+    KVW_LOG_LEVEL=info KVW_BOOTSTRAP_TIMEOUT_MS=150000 KVW_DEVICES="$dev0,$dev2" "$xfer" prefill --dev "$dev0" --ip "$ip0" \
         --embed-bootstrap "$work/bs" --decoders 1 --ready-file "$work/ready" \
         --deadline-s 240 --may-fail all "$@" >"$work/flap-p.log" 2>&1 &
     ppid=$!
@@ -134,7 +134,8 @@ flap() {
     grep -E '^prefill: [0-9]+ ok|^prefill: rail|^prefill: [0-9]+ WRs posted|^room .*FAILED|deadline' \
         "$work/flap-p.log" | sed 's/^/    prefill| /'
     grep -E '^decode: [0-9]+/|^room .*FAILED|deadline' "$work/flap-d.log" | sed 's/^/    decode| /'
-    grep -h 'kvwire \(WARN\|ERROR\)' "$work/flap-p.log" | sed 's/^/    prefill log| /'
+    grep -h 'kvwire \(WARN\|ERROR\)\|next probe in\|probing it now' "$work/flap-p.log" |
+        sed 's/^/    prefill log| /'
     grep -h 'kvwire \(WARN\|ERROR\)' "$work/flap-d.log" | sed 's/^/    decode log| /'
 
     p_ok=$(figure "$work/flap-p.log" 'prefill:' '^prefill: [0-9]+ ok')

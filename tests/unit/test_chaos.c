@@ -39,7 +39,8 @@
  *   I7 the fake NIC's WRs balance and no verbs object is left behind
  *      (accepted = succeeded + errored + flushed, zero live objects,
  *      no CQ overrun); leaks are ASan's;
- *   I8 where decode's dead device comes back ("rail down", back at 50 ms)
+ *   I8 where decode's dead device comes back ("rail down", back at 50 ms,
+ *      with its port-up event)
  *      and the connection lives, every lane prefill failed over rejoins
  *      it (probed, reset on both sides, proven by a write) in bounded
  *      time; I3, I6 and I7 then also cover the rejoin's writes. */
@@ -483,6 +484,14 @@ static uint32_t room_auxes(const pair_room_t *pr)
     return pr->aux_dst == KVW_NO_AUX ? 0 : 1u << pr->aux_dst;
 }
 
+/* A dead device comes back as a real one does: its link up, then its
+ * port's IBV_EVENT_PORT_ACTIVE (decode relays it as LANE_UP). */
+static void revive(const char *device)
+{
+    fake_nic_revive_device(device);
+    fake_nic_raise_port_event(device, IBV_EVENT_PORT_ACTIVE);
+}
+
 /* Snapshot every page no live request owns, for room (-1: none), now. */
 static int take_canary(run_t *x, int room, const char *why)
 {
@@ -910,7 +919,7 @@ static void drive(run_t *x)
             x->killed = true;
         }
         if (sc->rail_back && x->killed && !x->revived && el >= 50) {
-            fake_nic_revive_device(sc->kill_nic);
+            revive(sc->kill_nic);
             x->revived = true;
         }
         if (sc->silent_side && el >= 2 && !atomic_load(&silent_side))
@@ -990,7 +999,7 @@ static void check_rejoin(run_t *x)
         uint64_t back = x->t0 + 50, now = pair_now_ms();
         if (now < back)
             pair_sleep_ms((int)(back - now));
-        fake_nic_revive_device(sc->kill_nic);
+        revive(sc->kill_nic);
         x->revived = true;
     }
     uint64_t until = pair_now_ms() + REJOIN_MS;
