@@ -97,14 +97,22 @@ void kvw__rejoin_on_ready(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     kvw__wake(e->poller_wake_fd);
 }
 
+/* Does p have the lane decode's message names? If not, it is dropped
+ * (counted, logged). */
+static bool has_lane(kvw_engine_t *e, const kvw_peer_t *p, const kvw_msg_t *m)
+{
+    if (m->u.lane.qp < p->nlanes)
+        return true;
+    kvw__ctl_dropped(e, "%s for lane %u of peer %u, which it does not have",
+                     kvw__wire_type_name(m->type), m->u.lane.qp, p->index);
+    return false;
+}
+
 void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
-    uint32_t lane = m->u.lane.qp;
-    if (lane >= p->nlanes) {
-        kvw__ctl_dropped(e, "LANE_DOWN for lane %u of peer %u, which it does not have", lane,
-                         p->index);
+    if (!has_lane(e, p, m))
         return;
-    }
+    uint32_t lane = m->u.lane.qp;
     kvw_lane_t *l = &p->lanes[lane];
     switch (atomic_load(&l->rejoin)) {
     case LANE_RESETTING: /* decode could not connect its end: no LANE_READY will come */
@@ -144,13 +152,8 @@ static void probe_now(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char 
 
 void kvw__rejoin_on_up(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
-    uint32_t lane = m->u.lane.qp;
-    if (lane >= p->nlanes) {
-        kvw__ctl_dropped(e, "LANE_UP for lane %u of peer %u, which it does not have", lane,
-                         p->index);
-        return;
-    }
-    probe_now(e, p, lane, "decode's port came up");
+    if (has_lane(e, p, m))
+        probe_now(e, p, m->u.lane.qp, "decode's port came up");
 }
 
 /* ---- decode, control thread ---------------------------------------------- */
