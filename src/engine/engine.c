@@ -318,15 +318,25 @@ static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
         st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->rails[0]);
         e->nrails = st ? 0 : 1;
     }
+    /* One rail of several may be down (a node starting with a NIC out):
+     * its lanes join once it comes up. One alone must be up. */
+    kvw_status_t (*open)(const char *, const char *, uint8_t, int, kvw_dev_t **) =
+        n > 1 ? kvw__dev_open_rail : kvw__dev_open;
     for (int r = 0; r < n && !st; r++) {
         bool on_ip = r == 0 && (n == 1 || near);
-        st = kvw__dev_open(names[r], on_ip ? p->local_ip : NULL, e->cfg.ib_port, e->cfg.gid_index,
-                           &e->rails[r]);
+        st = open(names[r], on_ip ? p->local_ip : NULL, e->cfg.ib_port, e->cfg.gid_index,
+                  &e->rails[r]);
         e->nrails = st ? (uint32_t)r : (uint32_t)r + 1;
     }
+    uint32_t up = 0;
     for (uint32_t r = 0; r < e->nrails && !st; r++) {
         st = kvw__dev_check_limits(e->rails[r], e->cfg.sq_depth, e->cfg.rq_depth);
         e->rail_mbps[r] = e->rails[r]->link_mbps;
+        up += !e->rails[r]->down_at_open;
+    }
+    if (!st && !up) {
+        KVW_ERROR("KVW_DEVICES=%s: no rail's port is up", e->cfg.devices);
+        st = KVW_ERR_NO_DEVICE;
     }
     e->dev = e->rails[0];
     if (!st && e->nrails > 1)

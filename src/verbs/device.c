@@ -115,7 +115,8 @@ uint32_t kvw__link_mbps(uint8_t active_speed, uint8_t active_width)
     return lane * lanes;
 }
 
-static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_index)
+static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_index,
+                               bool may_be_down)
 {
     struct ibv_port_attr pa;
     struct ibv_device_attr da;
@@ -123,13 +124,22 @@ static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_ind
         KVW_ERROR("%s: query port %u failed: %s", dev->name, dev->port, strerror(errno));
         return KVW_ERR_VERBS;
     }
-    if (pa.state != IBV_PORT_ACTIVE) {
+    if (pa.state != IBV_PORT_ACTIVE && !may_be_down) {
         KVW_ERROR("%s port %u is not active (state %d)", dev->name, dev->port, pa.state);
         return KVW_ERR_NO_DEVICE;
     }
+    if (pa.state != IBV_PORT_ACTIVE) {
+        KVW_WARN("%s port %u is not active (state %d): opened as a rail whose lanes join once it "
+                 "is up",
+                 dev->name, dev->port, pa.state);
+        dev->down_at_open = true;
+    }
     dev->lid = pa.lid;
     dev->link_layer = pa.link_layer;
-    dev->active_mtu = pa.active_mtu;
+    /* A port that is down may not report its active MTU: its largest
+     * then (the connection takes the smaller of both ends'). */
+    dev->active_mtu =
+        pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096 ? pa.active_mtu : pa.max_mtu;
     dev->max_msg_sz = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
     dev->max_qp_wr = da.max_qp_wr;
     dev->max_cqe = da.max_cqe;
@@ -188,8 +198,8 @@ static void fork_protect(const kvw_verbs_ops_t *ops)
                  strerror(rc));
 }
 
-kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
-                           kvw_dev_t **dev_p)
+static kvw_status_t dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
+                             bool may_be_down, kvw_dev_t **dev_p)
 {
     kvw_dev_t *dev = calloc(1, sizeof(*dev));
     if (!dev)
@@ -217,7 +227,7 @@ kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port,
     int fl = dev->ctx->async_fd >= 0 ? fcntl(dev->ctx->async_fd, F_GETFL) : -1;
     if (fl >= 0 && fcntl(dev->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0)
         KVW_WARN("%s: cannot make the async event fd non-blocking: %s", dev->name, strerror(errno));
-    st = query_port(dev, local_ip, gid_index);
+    st = query_port(dev, local_ip, gid_index, may_be_down);
     if (st)
         goto fail;
     dev->pd = dev->ops->alloc_pd(dev->ctx);
@@ -231,6 +241,18 @@ kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port,
 fail:
     kvw__dev_close(dev);
     return st;
+}
+
+kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
+                           kvw_dev_t **dev_p)
+{
+    return dev_open(name, local_ip, port, gid_index, false, dev_p);
+}
+
+kvw_status_t kvw__dev_open_rail(const char *name, const char *local_ip, uint8_t port, int gid_index,
+                                kvw_dev_t **dev_p)
+{
+    return dev_open(name, local_ip, port, gid_index, true, dev_p);
 }
 
 void kvw__dev_close(kvw_dev_t *dev)

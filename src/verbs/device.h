@@ -23,12 +23,18 @@ typedef struct kvw_dev {
     uint32_t max_msg_sz; /* largest single RDMA write the port accepts */
     int max_qp_wr, max_cqe, max_sge;
     uint32_t link_mbps; /* the port's active speed x width in Mb/s; 0: unknown */
+    bool down_at_open;  /* opened as a rail while its port was not ACTIVE */
 } kvw_dev_t;
 
 /* Open device `name`, or the device that owns local_ip when name is NULL.
  * gid_index < 0 picks a RoCEv2 IPv4-mapped GID (matching local_ip if given). */
 kvw_status_t kvw__dev_open(const char *name, const char *local_ip, uint8_t port, int gid_index,
                            kvw_dev_t **dev_p);
+/* As kvw__dev_open, for one rail of several: a port that is not ACTIVE is
+ * opened all the same (down_at_open; its GID must be readable), since its
+ * lanes can join their connections once it comes up. */
+kvw_status_t kvw__dev_open_rail(const char *name, const char *local_ip, uint8_t port, int gid_index,
+                                kvw_dev_t **dev_p);
 void kvw__dev_close(kvw_dev_t *dev);
 /* Can this device hold QPs of these depths (and their CQ, one SGE per WR)?
  * KVW_ERR_INVALID with the limit named in the log if not. */

@@ -10,6 +10,8 @@
 # A second run takes the link down before decode connects, so that
 # the connection is made during the outage (on rail 0 alone: prefill
 # leaves rail 1's lane out at the handshake) and rail 1 joins it later.
+# A third takes it down before either engine is created: both open rail 1
+# down (a node starting with a NIC out) and its lanes join once it is up.
 # Pass: no request failed on either side, decode found no byte wrong, and
 # rail 1's lane came back into the connection (kvw_engine_rail_health).
 # Printed: prefill's summary lines (WRs per rail), the library's warnings
@@ -68,7 +70,8 @@ wait_link_down() {
 # flap NAME FLAP_S WHEN ARGS...: one transfer on two rails per engine, rail
 # 1's link down for FLAP_S seconds: WHEN "mid" once writes are on the wire,
 # "before" once both engines exist but before decode connects (kvw-xfer
-# --hold-start), so that the connection is made during the outage.
+# --hold-start), so that the connection is made during the outage,
+# "create" before either engine is created.
 flap() {
     name=$1 secs=$2 when=$3
     shift 3
@@ -78,6 +81,11 @@ flap() {
     rc=0
     hold=
     [ "$when" = before ] && hold="--hold-start $work/go"
+    if [ "$when" = create ]; then
+        "$link" flap "$KVW_TB_NETDEV2" "$secs" >"$work/link.log" 2>&1 &
+        lpid=$!
+        wait_link_down
+    fi
     # Fault mode (--ready-file, --deadline-s): failed rooms are printed with
     # their reason and the time they ended, and a hang ends at the deadline.
     # --may-fail all: a request the library refuses to replay (the safety
@@ -98,9 +106,8 @@ flap() {
         --keep-going $hold "$@" >"$work/flap-d.log" 2>&1 &
     dpid=$!
     if [ "$when" = before ]; then
-        # Both engines exist (an engine does not open a device whose port
-        # is down); decode connects with its first request, once the link
-        # is down.
+        # Both engines exist with every rail up; decode connects with its
+        # first request, once the link is down.
         n=0
         until [ -e "$work/go.up" ] || [ $n -ge 600 ]; do
             sleep 0.1
@@ -116,7 +123,7 @@ flap() {
         sleep 0.1
         n=$((n + 1))
     done
-    if [ "$when" = before ]; then
+    if [ "$when" != mid ]; then
         wait "$lpid" || rc=1
     else
         sleep 1 # every rail carrying writes
@@ -154,6 +161,11 @@ flap() {
         echo "    the connection was not made while the link was down"
         rc=1
     fi
+    if [ "$when" = create ] && { ! grep -q 'opened as a rail' "$work/flap-p.log" ||
+        ! grep -q 'opened as a rail' "$work/flap-d.log"; }; then
+        echo "    an engine was not created while the link was down"
+        rc=1
+    fi
     # Goal 0 failed: a request whose final immediate was on the lane when
     # the link went down is asked about (REPLAY_ASK), not refused.
     if [ "${p_failed:-1}" -ne 0 ] || [ -z "${d_ok:-}" ] || [ "$d_ok" != "${d_total:-}" ]; then
@@ -174,6 +186,9 @@ flap "rail 1 down 1.5 s, 16 layers x 8 KiB items, 120 requests, 4 in flight" 1.5
 flap "rail 1 down 4 s from before the connection, 120 requests, 4 in flight" 4 before \
     --layers 16 --item 8192 --pool 256 --pages 32 --requests 120 --inflight 4 \
     --contig 4 --dst-contig 3 --aux-item 256 --aux-items 8 --seed 37
+flap "rail 1 down 5 s from before the engines exist, 120 requests, 4 in flight" 5 create \
+    --layers 16 --item 8192 --pool 256 --pages 32 --requests 120 --inflight 4 \
+    --contig 4 --dst-contig 3 --aux-item 256 --aux-items 8 --seed 41
 
 echo "[==========] rail flap: $passed passed, $failed failed"
 rm -rf "$work"

@@ -23,10 +23,17 @@ void pair_sleep_ms(int ms)
 }
 
 static int nic_devices;
+static const char *down_at_open[4];
 
 void pair_set_nic_devices(int n)
 {
     nic_devices = n;
+}
+
+void pair_set_down_at_open(const char *a, const char *b)
+{
+    down_at_open[0] = a;
+    down_at_open[1] = b;
 }
 
 void pair_config(kvw_config_t *cfg)
@@ -158,6 +165,9 @@ kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
     fake_nic_config_t nic = {.num_devices = nic_devices};
     if (fake_nic_init(&nic))
         return KVW_ERR_NO_DEVICE;
+    for (int i = 0; i < 4 && down_at_open[i]; i++)
+        if (fake_nic_kill_device(down_at_open[i]))
+            return KVW_ERR_NO_DEVICE;
     kvw__verbs_set_ops(&fake_nic_ops);
     kvw_region_t pk[2 * PAIR_LAYERS], dk[2 * PAIR_LAYERS], pa, da;
     kvw_status_t st = alloc_regions(p, pk, dk, &pa, &da);

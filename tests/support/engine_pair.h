@@ -66,6 +66,9 @@ kvw_status_t pair_add_decode(engine_pair_t *p, kvw_engine_t **engine_p);
  * fake NIC's default of 2): engines with several rails (KVW_DEVICES) need
  * more. Stays set until changed. */
 void pair_set_nic_devices(int n);
+/* Devices (up to two; NULL: none) whose link is down (fake_nic_kill_device)
+ * when the next pair_open* creates the engines. Stays set until changed. */
+void pair_set_down_at_open(const char *a, const char *b);
 /* Destroy engines and bootstrap, restore the real ops, fake_nic_fini.
  * Fills *p->final_stats first when it is set. */
 void pair_close(engine_pair_t *p);

@@ -67,6 +67,7 @@ static int close_rails(void **state)
         pair_close(&pair);
     opened = false;
     pair_set_nic_devices(0);
+    pair_set_down_at_open(NULL, NULL);
     return 0;
 }
 
@@ -809,6 +810,62 @@ static void test_probe_post_fails(void **state)
     fake_nic_set_faults(NULL);
 }
 
+/* An engine is created while one of its rails' link is down (a node
+ * starting with a NIC out, `dead`: prefill's fake2 or decode's fake3): it
+ * starts on its live rail, the connection comes up there and carries every
+ * request, and the lane on the down rail joins once its link is up (its
+ * port-up event). */
+static void create_with_rail_down(const char *dead)
+{
+    pair_set_down_at_open(dead, NULL);
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    kvw_engine_t *owner = strcmp(dead, "fake2") == 0 ? pair.prefill : pair.decode;
+    assert_true(owner->rails[1]->down_at_open);
+    transfer_rooms();
+    assert_true(wait_health(1, offsetof(kvw_rail_health_t, lanes_out), 1));
+    kvw_rail_t down[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(down), 2);
+    print_health("created with a rail down");
+    assert_int_equal(counter(&pair.prefill->counters.replay_refused), 0);
+    assert_int_equal(fake_nic_revive_device(dead), 0);
+    assert_int_equal(fake_nic_raise_port_event(dead, IBV_EVENT_PORT_ACTIVE), 0);
+    assert_rail_back(down);
+    print_health("link up");
+}
+
+static void test_create_with_prefill_rail_down(void **state)
+{
+    (void)state;
+    create_with_rail_down("fake2");
+}
+
+static void test_create_with_decode_rail_down(void **state)
+{
+    (void)state;
+    create_with_rail_down("fake3");
+}
+
+/* Every rail down at creation, or the one device named: refused, by name. */
+static void test_create_with_every_rail_down(void **state)
+{
+    (void)state;
+    pair_set_down_at_open("fake0", "fake2");
+    kvw_config_t pc;
+    pair_config(&pc);
+    snprintf(pc.devices, sizeof(pc.devices), "fake0,fake2");
+    quiet_log();
+    pair_set_nic_devices(4);
+    opened = true;
+    assert_int_equal(pair_open(&pair, &pc), KVW_ERR_NO_DEVICE);
+    assert_null(pair.prefill);
+    close_rails(NULL);
+    pair_set_down_at_open("fake0", NULL);
+    pair_set_nic_devices(4);
+    opened = true;
+    assert_int_equal(pair_open(&pair, NULL), KVW_ERR_NO_DEVICE); /* fake0 alone */
+    assert_null(pair.prefill);
+}
+
 /* A connection made while a rail's link is down comes up on the other
  * rail; the lane that could not be connected is probed back once the
  * link is up, and then carries writes. `dead`: the device whose link is
@@ -924,6 +981,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_probe_post_fails, close_rails),
         cmocka_unit_test_teardown(test_decode_port_up_says_so, close_rails),
         cmocka_unit_test_teardown(test_port_up_too_soon, close_rails),
+        cmocka_unit_test_teardown(test_create_with_prefill_rail_down, close_rails),
+        cmocka_unit_test_teardown(test_create_with_decode_rail_down, close_rails),
+        cmocka_unit_test_teardown(test_create_with_every_rail_down, close_rails),
         cmocka_unit_test_teardown(test_connect_during_prefill_outage, close_rails),
         cmocka_unit_test_teardown(test_connect_during_decode_outage, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
