@@ -126,13 +126,12 @@ static bool judge_async_event(kvw_engine_t *e, const kvw_dev_t *dev,
         snprintf(why, size, "%s: %s", dev->name, name);
         return true;
     case IBV_EVENT_PORT_ACTIVE:
-        KVW_WARN("%s port %u: %s", dev->name, ev->element.port_num, name);
-        if (ev->element.port_num == dev->port && e->nrails > 1) /* its lanes out can rejoin */
-            kvw__rejoin_rail_up(e, dev);
-        return false;
     case IBV_EVENT_GID_CHANGE:
     case IBV_EVENT_LID_CHANGE:
         KVW_WARN("%s port %u: %s", dev->name, ev->element.port_num, name);
+        if (ev->event_type == IBV_EVENT_PORT_ACTIVE && ev->element.port_num == dev->port &&
+            e->nrails > 1) /* its lanes out can rejoin */
+            kvw__rejoin_rail_up(e, dev);
         return false;
     default:
         return false;

@@ -320,12 +320,12 @@ static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
     }
     /* One rail of several may be down (a node starting with a NIC out):
      * its lanes join once it comes up. One alone must be up. */
-    kvw_status_t (*open)(const char *, const char *, uint8_t, int, kvw_dev_t **) =
+    kvw_status_t (*open_dev)(const char *, const char *, uint8_t, int, kvw_dev_t **) =
         n > 1 ? kvw__dev_open_rail : kvw__dev_open;
     for (int r = 0; r < n && !st; r++) {
         bool on_ip = r == 0 && (n == 1 || near);
-        st = open(names[r], on_ip ? p->local_ip : NULL, e->cfg.ib_port, e->cfg.gid_index,
-                  &e->rails[r]);
+        st = open_dev(names[r], on_ip ? p->local_ip : NULL, e->cfg.ib_port, e->cfg.gid_index,
+                      &e->rails[r]);
         e->nrails = st ? (uint32_t)r : (uint32_t)r + 1;
     }
     uint32_t up = 0;

@@ -54,7 +54,6 @@ void kvw__rejoin_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
     l->cooldown_ms =
         flapping && l->cooldown_ms ? kvw__rejoin_grown(l->cooldown_ms) : KVW_REJOIN_COOLDOWN_MIN_MS;
     l->failed_ns = now;
-    l->probe_early = false;
     l->reaped_upto = l->txq.completed;
     atomic_store(&l->rejoin, LANE_DRAINING);
 }

@@ -124,11 +124,11 @@ static kvw_status_t query_port(kvw_dev_t *dev, const char *local_ip, int gid_ind
         KVW_ERROR("%s: query port %u failed: %s", dev->name, dev->port, strerror(errno));
         return KVW_ERR_VERBS;
     }
-    if (pa.state != IBV_PORT_ACTIVE && !may_be_down) {
-        KVW_ERROR("%s port %u is not active (state %d)", dev->name, dev->port, pa.state);
-        return KVW_ERR_NO_DEVICE;
-    }
     if (pa.state != IBV_PORT_ACTIVE) {
+        if (!may_be_down) {
+            KVW_ERROR("%s port %u is not active (state %d)", dev->name, dev->port, pa.state);
+            return KVW_ERR_NO_DEVICE;
+        }
         KVW_WARN("%s port %u is not active (state %d): opened as a rail whose lanes join once it "
                  "is up",
                  dev->name, dev->port, pa.state);

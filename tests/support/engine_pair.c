@@ -23,7 +23,7 @@ void pair_sleep_ms(int ms)
 }
 
 static int nic_devices;
-static const char *down_at_open[4];
+static const char *down_at_open[2];
 
 void pair_set_nic_devices(int n)
 {
@@ -165,7 +165,7 @@ kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
     fake_nic_config_t nic = {.num_devices = nic_devices};
     if (fake_nic_init(&nic))
         return KVW_ERR_NO_DEVICE;
-    for (int i = 0; i < 4 && down_at_open[i]; i++)
+    for (int i = 0; i < 2 && down_at_open[i]; i++)
         if (fake_nic_kill_device(down_at_open[i]))
             return KVW_ERR_NO_DEVICE;
     kvw__verbs_set_ops(&fake_nic_ops);

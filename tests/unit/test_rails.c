@@ -231,6 +231,14 @@ static uint64_t counter(_Atomic uint64_t *c)
     return atomic_load(c);
 }
 
+/* Waits (bounded: ms) until *c is at least n; true if it got there. */
+static bool wait_counter(_Atomic uint64_t *c, uint64_t n, int ms)
+{
+    for (int i = 0; i < ms && counter(c) < n; i++)
+        pair_sleep_ms(1);
+    return counter(c) >= n;
+}
+
 /* Two rails each side; the QP of prefill's lane on its second rail
  * fails on its 3rd WR (decode's NIC refuses it: remote access error, so
  * nothing from there on landed). Every request still succeeds with every
@@ -644,8 +652,7 @@ static void test_rail_comes_back_after_peer(void **state)
     open_rails("fake0,fake2", "fake1,fake3", 1);
     assert_int_equal(send_then_kill_decode_rail(), ROOMS);
     /* At least one whole try: reset on both sides, the probe write lost. */
-    for (int i = 0; i < WAIT_MS && !counter(&pair.prefill->counters.lane_probes_failed); i++)
-        pair_sleep_ms(1);
+    wait_counter(&pair.prefill->counters.lane_probes_failed, 1, WAIT_MS);
     print_health("decode's device down");
     assert_true(counter(&pair.prefill->counters.lane_probes_failed) >= 1);
     assert_int_equal(health_of(pair.prefill, 1).lanes_rejoined, 0);
@@ -662,17 +669,25 @@ static void test_rail_comes_back_after_peer(void **state)
  * rather than when the cooldown ends. Prefill sees its own port's event;
  * decode's is relayed to prefill as LANE_UP, since prefill's port never
  * went down. Counted: the cooldown cut short (lane_probes_early). */
-static void port_up_probes_now(const char *dead)
+/* Connected on two rails (the log to `log` from then on, at info; NULL:
+ * the quiet log), then `dead` loses its link (port-down event) and
+ * prefill's probes fail three times (cooldowns 200, 400, 800 ms).
+ * Returns when the third failed (pair_now_ms). */
+static uint64_t down_until_three_probes_failed(const char *dead, kvw_log_fn log)
 {
     open_rails("fake0,fake2", "fake1,fake3", 1);
     transfer_rooms();
-    _Atomic uint64_t *failed = &pair.prefill->counters.lane_probes_failed;
+    if (log)
+        kvw_set_log_handler(log, NULL, KVW_LOG_INFO);
     assert_int_equal(fake_nic_kill_device(dead), 0);
     assert_int_equal(fake_nic_raise_port_event(dead, IBV_EVENT_PORT_ERR), 0);
-    for (int i = 0; i < 4 * WAIT_MS && counter(failed) < 3; i++)
-        pair_sleep_ms(1);
-    uint64_t paused_at = pair_now_ms();
-    assert_true(counter(failed) >= 3);
+    assert_true(wait_counter(&pair.prefill->counters.lane_probes_failed, 3, 4 * WAIT_MS));
+    return pair_now_ms();
+}
+
+static void port_up_probes_now(const char *dead)
+{
+    uint64_t paused_at = down_until_three_probes_failed(dead, NULL);
     kvw_rail_t down[KVW_MAX_RAILS];
     assert_int_equal(prefill_rails(down), 2);
     print_health("port down, three probes failed");
@@ -704,6 +719,13 @@ static void test_decode_port_up_says_so(void **state)
     port_up_probes_now("fake3");
 }
 
+/* What a counting log handler passes on: errors, and all with KVW_TEST_LOG. */
+static void pass_on(kvw_log_level_t level, const char *msg)
+{
+    if (level == KVW_LOG_ERROR || getenv("KVW_TEST_LOG"))
+        fprintf(stderr, "kvwire: %s\n", msg);
+}
+
 /* The cooldowns prefill's log announced ("next probe in N ms"), in order. */
 static _Atomic uint32_t cooldowns[16];
 static atomic_uint ncooldowns;
@@ -718,8 +740,7 @@ static void record_cooldowns(void *arg, kvw_log_level_t level, const char *msg)
         if (i < 16)
             atomic_store(&cooldowns[i], ms);
     }
-    if (level == KVW_LOG_ERROR || getenv("KVW_TEST_LOG"))
-        fprintf(stderr, "kvwire: %s\n", msg);
+    pass_on(level, msg);
 }
 
 /* A port event that comes too soon (the port reads up, the lane does not
@@ -730,19 +751,10 @@ static void record_cooldowns(void *arg, kvw_log_level_t level, const char *msg)
 static void test_port_up_too_soon(void **state)
 {
     (void)state;
-    open_rails("fake0,fake2", "fake1,fake3", 1);
-    transfer_rooms(); /* connected */
     atomic_store(&ncooldowns, 0);
-    kvw_set_log_handler(record_cooldowns, NULL, KVW_LOG_INFO);
-    _Atomic uint64_t *failed = &pair.prefill->counters.lane_probes_failed;
-    assert_int_equal(fake_nic_kill_device("fake2"), 0);
-    assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
-    for (int i = 0; i < 4 * WAIT_MS && counter(failed) < 3; i++)
-        pair_sleep_ms(1);
-    uint64_t paused_at = pair_now_ms();
+    uint64_t paused_at = down_until_three_probes_failed("fake2", record_cooldowns);
     assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ACTIVE), 0);
-    for (int i = 0; i < WAIT_MS && counter(failed) < 4; i++)
-        pair_sleep_ms(1);
+    wait_counter(&pair.prefill->counters.lane_probes_failed, 4, WAIT_MS);
     uint64_t late_ms = pair_now_ms() - paused_at;
     assert_true(atomic_load(&ncooldowns) >= 4);
     print_message("cooldowns: %u, %u, %u, then after the early try %u ms (event %llu ms after "
@@ -772,8 +784,7 @@ static void count_probe_post_failures(void *arg, kvw_log_level_t level, const ch
     (void)arg;
     if (strstr(msg, "posting the probe write failed"))
         atomic_fetch_add(&probe_posts_failed, 1);
-    if (level == KVW_LOG_ERROR || getenv("KVW_TEST_LOG"))
-        fprintf(stderr, "kvwire: %s\n", msg);
+    pass_on(level, msg);
 }
 
 /* The probe write's post fails (ibv_post_send refuses it, e.g. ENOMEM):
