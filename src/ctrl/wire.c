@@ -596,9 +596,12 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
         m->u.replay.token = (uint32_t)get_le(r, 4);
         m->u.replay.epoch = (uint32_t)get_le(r, 4);
         m->u.replay.answer = (uint32_t)get_le(r, 4);
-        if (m->u.replay.token > KVW_WIRE_TOKEN_MASK || m->u.replay.epoch > KVW_WIRE_IMM_EPOCH_MASK)
-            return fail(reason, rsize, "%s: token 0x%x or epoch %u out of range",
-                        kvw__wire_type_name(m->type), m->u.replay.token, m->u.replay.epoch);
+        /* Only an attempt that another can follow is asked about: the
+         * last epoch an immediate can carry is never replayed. */
+        if (m->u.replay.token > KVW_WIRE_TOKEN_MASK || m->u.replay.epoch >= KVW_WIRE_IMM_EPOCH_MASK)
+            return fail(reason, rsize, "%s: token 0x%x or epoch %u out of range (epoch < %u)",
+                        kvw__wire_type_name(m->type), m->u.replay.token, m->u.replay.epoch,
+                        KVW_WIRE_IMM_EPOCH_MASK);
         if (m->type == KVW_MSG_REPLAY_ASK ? m->u.replay.answer != 0
                                           : m->u.replay.answer < KVW_WIRE_REPLAY_AGAIN ||
                                                 m->u.replay.answer > KVW_WIRE_REPLAY_GONE)

@@ -16,8 +16,10 @@
  * in a slice of it (an offset); 9: HELLO carries the sender's rails
  * (devices): each QP's rail, each rail's link speed, and every region's
  * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
- * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP */
-#define KVW_WIRE_VERSION 10
+ * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP;
+ * 11: LANE_DOWN and LANE_UP name the lane's life (prefill's PSN), REPLAY_ASK
+ * never asks about the last epoch */
+#define KVW_WIRE_VERSION 11
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -108,12 +110,14 @@ typedef enum {
      * down, the handshake or a reset prefill asked for could not connect
      * it): prefill fails the lane over now instead of learning it from its
      * writes running out of retries, or pauses a rejoin at once (the lane
-     * in `lane.qp`; the other fields 0). */
+     * in `lane.qp`; wire 11: `lane.peer_psn`, prefill's PSN on the lane
+     * decode last heard, names the lane's life or reset try, and prefill
+     * drops one of another; the other fields 0). */
     KVW_MSG_LANE_DOWN = 38,
     /* Wire 10, decode -> prefill: its port on the lane's rail came up
      * again (IBV_EVENT_PORT_ACTIVE): a paused lane there is probed now
-     * rather than after its cooldown (the lane in `lane.qp`; the other
-     * fields 0). */
+     * rather than after its cooldown (the lane in `lane.qp`, `lane.peer_psn`
+     * as LANE_DOWN's; the other fields 0). */
     KVW_MSG_LANE_UP = 39,
 } kvw_msg_type_t;
 
@@ -210,7 +214,7 @@ typedef struct kvw_msg {
         struct {
             uint64_t room;
             uint32_t token;  /* <= KVW_WIRE_TOKEN_MASK */
-            uint32_t epoch;  /* the attempt asked about, <= KVW_WIRE_IMM_EPOCH_MASK */
+            uint32_t epoch;  /* the attempt asked about, < KVW_WIRE_IMM_EPOCH_MASK */
             uint32_t answer; /* ANSWER: KVW_WIRE_REPLAY_*; ASK: 0 */
         } replay;
     } u;

@@ -25,7 +25,7 @@ kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_sta
 
 void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
 {
-    e->drops++;
+    uint64_t drops = atomic_fetch_add(&e->drops, 1) + 1;
     if (!kvw__ratelog_hit(&e->drop_log, kvw__now_ns(), kvw__ms_ns(DROP_LOG_MS)))
         return;
     char why[KVW_WIRE_REASON_MAX];
@@ -34,7 +34,7 @@ void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
     KVW_WARN("control: dropped a message: %s (%llu dropped so far)", why,
-             (unsigned long long)e->drops);
+             (unsigned long long)drops);
 }
 
 kvw_status_t kvw__ctl_recv_routed(kvw_engine_t *e, void *sock, uint8_t *id, size_t *id_len,

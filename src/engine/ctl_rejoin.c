@@ -114,6 +114,15 @@ void kvw__rejoin_on_down(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         return;
     uint32_t lane = m->u.lane.qp;
     kvw_lane_t *l = &p->lanes[lane];
+    /* Of this life of the lane (or of this reset try): decode echoes the
+     * PSN it connected to, or was asked to connect to. A late one, of a
+     * life that ended or a try given up, would knock out a lane that came
+     * back, or abort the try that is bringing it back. */
+    if (m->u.lane.peer_psn != l->qp->psn) {
+        kvw__ctl_dropped(e, "LANE_DOWN for lane %u of peer %u of an earlier life (PSN %u, now %u)",
+                         lane, p->index, m->u.lane.peer_psn, l->qp->psn);
+        return;
+    }
     switch (atomic_load(&l->rejoin)) {
     case LANE_RESETTING: /* decode could not connect its end: no LANE_READY will come */
         probe_failed_ctl(e, p, lane, kvw__now_ns(), "decode could not connect its end");
@@ -158,18 +167,23 @@ void kvw__rejoin_on_up(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 
 /* ---- decode, control thread ---------------------------------------------- */
 
-static void say_lane(kvw_peer_t *p, uint32_t lane, kvw_msg_type_t type)
+/* LANE_DOWN and LANE_UP name the lane's life by prefill's PSN on it, the
+ * one decode last heard (HELLO_ACK, or the latest LANE_RESET). */
+static void say_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, kvw_msg_type_t type)
 {
     if (!p->sock || atomic_load(&p->state) != PEER_CONNECTED)
         return;
     kvw_msg_t m = {.type = type};
     m.u.lane.qp = lane;
+    pthread_mutex_lock(&e->lock);
+    m.u.lane.peer_psn = p->lanes[lane].peer_psn;
+    pthread_mutex_unlock(&e->lock);
     kvw__zsend(p->sock, &m, ZMQ_DONTWAIT);
 }
 
 void kvw__rejoin_say_down(kvw_peer_t *p, uint32_t lane)
 {
-    say_lane(p, lane, KVW_MSG_LANE_DOWN);
+    say_lane(p->engine, p, lane, KVW_MSG_LANE_DOWN);
 }
 
 /* ---- both, control thread ------------------------------------------------ */
@@ -185,7 +199,7 @@ void kvw__rejoin_rail_up(kvw_engine_t *e, const kvw_dev_t *dev)
             if (e->role == KVW_ROLE_PREFILL)
                 probe_now(e, p, j, "its port came up");
             else /* every lane on the rail: prefill knows which of them are out */
-                say_lane(p, j, KVW_MSG_LANE_UP);
+                say_lane(e, p, j, KVW_MSG_LANE_UP);
         }
     }
 }
@@ -223,11 +237,14 @@ static kvw_status_t reconnect(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
     if (!st)
         st = kvw__qp_connect(l->qp, &r, &e->cfg);
     atomic_store(&l->recvs_posted, base);
-    /* Receives are posted last: after a failure none (or the few a failed
-     * post took, which flush) waits, so the next reset need not wait. */
-    l->rq_flushed = st ? e->cfg.rq_depth : 0;
-    if (!st && (st = kvw__lane_post_recvs(l, e->cfg.rq_depth)) != KVW_OK)
-        l->rq_flushed = e->cfg.rq_depth;
+    /* Receives are posted last. rq_flushed counts towards rq_depth, which
+     * the next reset waits for: after a failure nothing waits but the
+     * receives a failed post accepted before its bad one, which flush
+     * (counted by the poller) once the QP is in ERR, in this life. */
+    atomic_store(&l->rq_flushed, st ? e->cfg.rq_depth : 0);
+    uint32_t accepted = 0;
+    if (!st && (st = kvw__lane_post_recvs(l, e->cfg.rq_depth, &accepted)) != KVW_OK)
+        atomic_store(&l->rq_flushed, e->cfg.rq_depth - accepted);
     l->err_set = false;
     if (st) {
         kvw__qp_set_error(l->qp);
@@ -244,7 +261,7 @@ static uint64_t decode_tick(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint6
     kvw_lane_t *l = &p->lanes[lane];
     if (atomic_load(&l->rejoin) != LANE_READY_DUE)
         return 0;
-    if (!l->rq_flushed) { /* reconnected before: only LANE_READY is left to send */
+    if (!atomic_load(&l->rq_flushed)) { /* reconnected before: only LANE_READY is left to send */
     } else if (reconnect(e, p, lane)) {
         /* It stays out; prefill's try times out and it probes again later. */
         KVW_WARN("connection %u: lane %u on %s: the reset prefill asked for failed: it stays out",

@@ -110,6 +110,12 @@ typedef struct kvw_lane {
     uint64_t imm_posted;                 /* prefill: immediates posted */
     uint64_t wrs_counted, bytes_counted; /* prefill: txq totals already in the rail counters */
     bool dead; /* its QP failed and its rail has others: no more writes, nor turns, on it */
+    /* Which life of the lane this is: 0 from the handshake, one more each
+     * time it comes back after a failure (lane_in). Sequence numbers go on
+     * across lives, and a rejoin makes the old life's flushed ones read as
+     * completed, so a request's bookkeeping on the lane (last_seq, its bit
+     * in lane_mask) means something only for the life it was made in. */
+    uint32_t life;
     /* Its rail's port went down (control thread): the poller fails it over
      * before it posts again. */
     atomic_bool down_due;
@@ -126,10 +132,12 @@ typedef struct kvw_lane {
     uint64_t probe_seq;   /* prefill poller: the zero-length write's sequence number */
     uint64_t probe_at_ns, reset_deadline_ns; /* prefill control */
     _Atomic uint64_t imm_base;               /* prefill: imm_posted once drained, for LANE_RESET */
-    uint32_t rq_flushed; /* decode poller: receives flushed since they were posted */
-    bool err_set;        /* decode poller: the QP's current life was moved to ERR */
-    uint32_t peer_psn;   /* decode (lock): the last LANE_RESET's PSN */
-    uint64_t peer_base;  /* decode (lock): and its count of immediates */
+    /* decode: receives flushed since they were posted (poller counts,
+     * the control thread restarts it when it reconnects the lane) */
+    _Atomic uint32_t rq_flushed;
+    bool err_set;      /* decode poller: the QP's current life was moved to ERR */
+    uint32_t peer_psn; /* decode (lock): prefill's PSN of the lane's life (HELLO_ACK, LANE_RESET) */
+    uint64_t peer_base; /* decode (lock): and its count of immediates */
 } kvw_lane_t;
 
 /* One part of a sender's request (kvw_sender_send / send_part /
@@ -307,12 +315,13 @@ typedef struct kvw_req_tx {
     bool ev_blocked; /* its next part waits on its CUDA event */
     kvw_seg_t *seg;  /* the part being posted */
     uint64_t writes_built;
-    uint64_t last_seq[KVW_MAX_LANES]; /* its last write on each lane */
-    uint32_t lane_mask;               /* lanes that carried writes of it */
-    uint32_t imm_lanes;               /* lanes its final immediates go on, fixed at the finish */
-    uint32_t imms_posted;             /* lanes whose zero-length immediate is posted */
-    uint32_t final_lane;              /* the lane of its last write */
-    uint32_t epoch;                   /* attempts replayed after a lane failed (rails) */
+    uint64_t last_seq[KVW_MAX_LANES];  /* its last write on each lane */
+    uint32_t lane_life[KVW_MAX_LANES]; /* the lane's life (kvw_lane_t.life) last_seq is of */
+    uint32_t lane_mask;                /* lanes that carried writes of it */
+    uint32_t imm_lanes;                /* lanes its final immediates go on, fixed at the finish */
+    uint32_t imms_posted;              /* lanes whose zero-length immediate is posted */
+    uint32_t final_lane;               /* the lane of its last write */
+    uint32_t epoch;                    /* attempts replayed after a lane failed (rails) */
     /* (lock) Asking decode whether it completed the attempt (a lane failed
      * while its final immediate was on it): KVW_ASK_*; ask_deadline_ns
      * bounds the wait. */
@@ -561,7 +570,7 @@ struct kvw_engine {
     kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
     kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
     size_t npending, pending_cap;     /* (lock) */
-    uint64_t drops;                   /* control: messages dropped */
+    _Atomic uint64_t drops;           /* control writes: messages dropped; anyone reads */
     kvw_ratelog_t drop_log;           /* control: their log lines */
     uint64_t control_due_ns;          /* (lock) when the control thread wakes at the latest */
     _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
@@ -859,8 +868,9 @@ bool kvw__peer_other_rail_up(const kvw_peer_t *p, uint32_t lane, uint32_t down);
 /* Have the poller fail `lane` over before it posts again (take_down_lanes),
  * saying why (KVW_DOWN_*). Any thread; the caller wakes the poller. */
 void kvw__lane_mark_down(kvw_peer_t *p, uint32_t lane, uint8_t why);
-/* Decode: n receives on one lane (its rwrs), counted in recvs_posted. */
-kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n);
+/* Decode: n receives on one lane (its rwrs), counted in recvs_posted;
+ * *accepted_p: how many were posted (all, or those before a failing one). */
+kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n, uint32_t *accepted_p);
 /* Declare p dead (once): QP to ERR first, so nothing more lands, then fail
  * every request attached to it and have the control thread say BYE. Any
  * thread; kvw__peer_kill takes the lock. The _locked form, for callers

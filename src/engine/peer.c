@@ -430,23 +430,31 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     return st;
 }
 
-kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n)
+kvw_status_t kvw__lane_post_recvs(kvw_lane_t *l, uint32_t n, uint32_t *accepted_p)
 {
     for (uint32_t i = 0; i < n; i++)
         l->rwrs[i] = (struct ibv_recv_wr){.wr_id = i, .next = i + 1 < n ? &l->rwrs[i + 1] : NULL};
     struct ibv_recv_wr *bad = NULL;
     if (l->qp->dev->ops->post_recv(l->qp->qp, l->rwrs, &bad)) {
-        KVW_ERROR("ibv_post_recv of %u receives failed: %s", n, strerror(errno));
+        int err = errno;
+        /* The receives before bad_wr were posted (verbs: ibv_post_recv). */
+        uint32_t accepted = bad >= l->rwrs && bad < l->rwrs + n ? (uint32_t)(bad - l->rwrs) : 0;
+        atomic_fetch_add(&l->recvs_posted, accepted);
+        *accepted_p = accepted;
+        KVW_ERROR("ibv_post_recv of %u receives failed at the %u-th: %s", n, accepted + 1,
+                  strerror(err));
         return KVW_ERR_VERBS;
     }
     atomic_fetch_add(&l->recvs_posted, n);
+    *accepted_p = n;
     return KVW_OK;
 }
 
 kvw_status_t kvw__peer_post_recvs(kvw_peer_t *p, uint32_t n)
 {
+    uint32_t accepted;
     for (uint32_t k = 0; k < p->nlanes; k++)
-        if (kvw__lane_post_recvs(&p->lanes[k], n))
+        if (kvw__lane_post_recvs(&p->lanes[k], n, &accepted))
             return KVW_ERR_VERBS;
     return KVW_OK;
 }
@@ -491,6 +499,9 @@ kvw_status_t kvw__peer_connect_lanes(kvw_peer_t *p, const kvw_qp_info_t *remote,
         kvw_lane_t *l = &p->lanes[i];
         const kvw_dev_t *dev = e->rails[l->rail];
         l->remote = remote[i]; /* a rejoin connects to it again */
+        pthread_mutex_lock(&e->lock);
+        l->peer_psn = remote[i].psn; /* the lane's first life, for LANE_DOWN */
+        pthread_mutex_unlock(&e->lock);
         kvw_status_t st = kvw__dev_port_active(dev) ? kvw__qp_connect(l->qp, &remote[i], &e->cfg)
                                                     : KVW_ERR_NO_DEVICE;
         if (!st)

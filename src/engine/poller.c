@@ -255,11 +255,55 @@ static bool imm_room(kvw_peer_t *p, uint32_t lane)
     return false;
 }
 
-/* r's latest write on a lane. */
-static void note_lane(kvw_req_t *r, uint32_t lane, uint64_t seq)
+/* r's latest write on a lane, in the lane's current life. */
+static void note_lane(kvw_peer_t *p, kvw_req_t *r, uint32_t lane, uint64_t seq)
 {
     r->tx.last_seq[lane] = seq;
+    r->tx.lane_life[lane] = p->lanes[lane].life;
     r->tx.lane_mask |= 1u << lane;
+}
+
+/* ---- a lane's lives ----
+ *
+ * A request's writes on a lane (its bit in lane_mask, last_seq) are of
+ * the lane's life they were made in. When that life ends, its failover
+ * looks at every request that used it: one whose writes there all landed
+ * forgets the lane (forget_lane), any other starts over (which forgets
+ * it), is asked about, or fails. So a request that still has a lane of an
+ * earlier life in its mask was missed by that failover (a part handed
+ * over meanwhile): what became of those writes is unknown (the rejoin made
+ * their flushed sequence numbers read as completed), and it must start
+ * over before its final immediate goes. */
+
+static bool of_this_life(const kvw_peer_t *p, const kvw_req_t *r, uint32_t lane)
+{
+    return r->tx.lane_life[lane] == p->lanes[lane].life;
+}
+
+/* r waits for nothing more of its writes on the lane: they all landed, or
+ * they will never land and r starts over. */
+static void forget_lane(kvw_req_t *r, uint32_t lane)
+{
+    r->tx.lane_mask &= ~(1u << lane);
+    r->tx.last_seq[lane] = 0;
+}
+
+/* r's lanes whose writes will never be known landed: failed over and not
+ * (all) landed, or of an earlier life. Dead lanes whose writes of r all
+ * landed are settled on the way. */
+static uint32_t lanes_lost(const kvw_peer_t *p, kvw_req_t *r)
+{
+    uint32_t lost = 0;
+    for (uint32_t m = r->tx.lane_mask, j; m; m &= m - 1) {
+        j = (uint32_t)__builtin_ctz(m);
+        if (!of_this_life(p, r, j))
+            lost |= 1u << j;
+        else if (p->lanes[j].dead && r->tx.last_seq[j] >= p->lanes[j].txq.completed)
+            lost |= 1u << j;
+        else if (p->lanes[j].dead)
+            forget_lane(r, j);
+    }
+    return lost;
 }
 
 /* Plain writes of s that can go in as a span of whole runs (at most room,
@@ -324,7 +368,7 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
         use_lane_keys(p, j, s);
         kvw_write_t zero = {.remote_addr = s->plan.regions[0].remote_addr,
                             .rkey = s->plan.regions[0].rkey};
-        note_lane(r, j, kvw__txq_add(&p->lanes[j].txq, &zero, 1, imm));
+        note_lane(p, r, j, kvw__txq_add(&p->lanes[j].txq, &zero, 1, imm));
         p->lanes[j].imm_posted++;
         r->tx.imms_posted |= 1u << j;
     }
@@ -333,7 +377,7 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
     use_lane_keys(p, f, s);
     if (!imm_room(p, f) || !add_next(p, &p->lanes[f].txq, s, 1, imm, &seq, bytes))
         return false;
-    note_lane(r, f, seq);
+    note_lane(p, r, f, seq);
     p->lanes[f].imm_posted++;
     s->writes_built++;
     seg_posted(p, s);
@@ -361,19 +405,6 @@ static int part_event(kvw_req_t *r, kvw_seg_t *s)
 /* Build r's next writes into the lane's open chain; returns how many.
  * Stops before a part whose producer's event has not completed
  * (r->tx.ev_blocked). */
-/* r wrote on a lane that failed over and not all of those writes are
- * known to have landed: finishing would leave them out of decode's count
- * (a failed-over lane gets no immediate). */
-static bool lost_on_dead_lane(const kvw_peer_t *p, const kvw_req_t *r)
-{
-    for (uint32_t m = r->tx.lane_mask & p->dead_lanes, j; m; m &= m - 1) {
-        j = (uint32_t)__builtin_ctz(m);
-        if (r->tx.last_seq[j] >= p->lanes[j].txq.completed)
-            return true;
-    }
-    return false;
-}
-
 static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
@@ -400,18 +431,19 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
         uint32_t n = build_span(q, s, room - built, &bytes);
         if (n) {
             built += n;
-            note_lane(r, lane, q->posted + q->pending - 1);
+            note_lane(p, r, lane, q->posted + q->pending - 1);
             seg_posted(p, s);
             continue;
         }
         if (s->final && s->writes_built + 1 == total) {
-            if (!r->tx.imm_lanes && lost_on_dead_lane(p, r)) {
+            uint32_t lost = r->tx.imm_lanes ? 0 : lanes_lost(p, r);
+            if (lost) {
                 /* Missed by its lane's failover (a part handed over just
-                 * then): the lane gets no immediate, so the writes it may
-                 * have lost must go again. */
+                 * then): a failed lane gets no immediate, nor does an
+                 * earlier life's, so the writes it may have lost must go
+                 * again. */
                 if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
-                    refuse_req(p->engine, r,
-                               (uint32_t)__builtin_ctz(r->tx.lane_mask & p->dead_lanes));
+                    refuse_req(p->engine, r, (uint32_t)__builtin_ctz(lost));
                 else
                     restart_req(p->engine, r);
                 restarted = true;
@@ -424,11 +456,11 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             uint64_t seq;
             if (!add_next(p, q, s, 0, 0, &seq, &bytes))
                 break;
-            note_lane(r, lane, seq);
+            note_lane(p, r, lane, seq);
         } else {
             if (!next_write(s, &w))
                 break;
-            note_lane(r, lane, kvw__txq_add(q, &w, 0, 0));
+            note_lane(p, r, lane, kvw__txq_add(q, &w, 0, 0));
             bytes += w.len;
         }
         s->writes_built++;
@@ -727,19 +759,28 @@ static bool can_fail_over(const kvw_peer_t *p, uint32_t lane)
 
 /* What r needs now that `lane` failed with every write before `landed`
  * landed; exact: none from there on did (else they may have: a write whose
- * ACK was lost, or one in flight when the QP was failed, reached decode). */
-static int req_after_lane_failed(const kvw_req_t *r, uint32_t lane, uint64_t landed, bool exact)
+ * ACK was lost, or one in flight when the QP was failed, reached decode).
+ * Only the life that ended counts: writes of r in an earlier life of the
+ * lane were settled by that life's failover. r forgets the lane when its
+ * writes there all landed and no immediate is owed there. */
+static int req_after_lane_failed(const kvw_peer_t *p, kvw_req_t *r, uint32_t lane, uint64_t landed,
+                                 bool exact)
 {
-    /* Used: it carried writes of r, or r's final write or an immediate is
-     * due on it (the finish fixed its lanes). */
-    if (!((r->tx.lane_mask | r->tx.imm_lanes) & 1u << lane) ||
-        atomic_load(&r->state) != KVW_POLL_TRANSFERRING)
+    if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING)
         return REQ_UNTOUCHED;
-    bool all_landed = r->tx.last_seq[lane] < landed;
-    bool imm_posted = (r->tx.imms_posted & 1u << lane) ||
+    uint32_t bit = 1u << lane;
+    bool wrote = (r->tx.lane_mask & bit) && of_this_life(p, r, lane);
+    /* The final write or a zero-length immediate is on it (posted in
+     * this life: the finish fixed the lanes while it was live). */
+    bool imm_posted = (r->tx.imms_posted & bit) ||
                       (r->tx.imm_lanes && r->tx.final_lane == lane && fully_built(r));
-    if (all_landed && (imm_posted || !r->tx.imm_lanes))
-        return REQ_UNTOUCHED; /* nothing of it lost; no immediate owed there */
+    bool imm_owed = (r->tx.imm_lanes & bit) && !imm_posted;
+    bool all_landed = !wrote || r->tx.last_seq[lane] < landed;
+    if (all_landed && !imm_owed) { /* nothing of it lost, no immediate owed there */
+        if (wrote)
+            forget_lane(r, lane);
+        return REQ_UNTOUCHED;
+    }
     /* An exact boundary (the peer refused the write, or it never left):
      * nothing from it on landed, so neither did the immediate. */
     if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
@@ -765,11 +806,14 @@ static void restart_req(kvw_engine_t *e, kvw_req_t *r)
     /* The live lanes keep what they carried: writes of the earlier attempt
      * may still be in flight there, and r must not count as drained (nor
      * decode be told it failed) before they completed. The failed lanes'
-     * writes will never land: forgotten. */
-    uint32_t dead = r->peer ? r->peer->dead_lanes : 0;
-    for (uint32_t m = r->tx.lane_mask & dead; m; m &= m - 1)
-        r->tx.last_seq[__builtin_ctz(m)] = 0;
-    r->tx.lane_mask &= ~dead;
+     * writes, and those of a lane's earlier life, will never land:
+     * forgotten. */
+    kvw_peer_t *p = r->peer;
+    for (uint32_t m = r->tx.lane_mask, j; p && m; m &= m - 1) {
+        j = (uint32_t)__builtin_ctz(m);
+        if (p->lanes[j].dead || !of_this_life(p, r, j))
+            forget_lane(r, j);
+    }
     r->tx.imm_lanes = r->tx.imms_posted = r->tx.final_lane = 0;
     r->tx.epoch++;
     atomic_fetch_add(&e->counters.replays, 1);
@@ -814,7 +858,7 @@ static void fail_over_list(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t **head, kvw
 {
     kvw_req_t *keep_head = NULL, *keep_tail = NULL, *replay_head = NULL, *replay_tail = NULL, *r;
     while ((r = queue_pop(head, tail))) {
-        int what = req_after_lane_failed(r, lane, landed, exact);
+        int what = req_after_lane_failed(p, r, lane, landed, exact);
         if (what == REQ_REPLAY) {
             restart_req(e, r);
             queue_push(&replay_head, &replay_tail, r);
@@ -836,11 +880,11 @@ static void fail_over_list(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t **head, kvw
 
 /* Requests waiting on a CUDA event have not posted their final
  * immediate: restarted in place (or refused, replayed too often). */
-static void fail_over_evwait(kvw_engine_t *e, kvw_req_t *head, uint32_t lane, uint64_t landed,
-                             bool exact)
+static void fail_over_evwait(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *head, uint32_t lane,
+                             uint64_t landed, bool exact)
 {
     for (kvw_req_t *r = head; r; r = r->qnext) {
-        int what = req_after_lane_failed(r, lane, landed, exact);
+        int what = req_after_lane_failed(p, r, lane, landed, exact);
         if (what == REQ_REPLAY)
             restart_req(e, r);
         else if (what != REQ_UNTOUCHED)
@@ -856,7 +900,7 @@ static void fail_over_parked(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->role != KVW_ROLE_PREFILL || r->peer != p || !r->tx.starved)
             continue;
-        int what = req_after_lane_failed(r, lane, landed, false);
+        int what = req_after_lane_failed(p, r, lane, landed, false);
         if (what == REQ_REPLAY) {
             restart_req(e, r);
             kvw__sender_unstarve_locked(r);
@@ -893,7 +937,7 @@ static void fail_over(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char 
     uint64_t landed = l->txq.completed;
     fail_over_list(e, p, &p->active_head, &p->active_tail, lane, landed, exact);
     fail_over_list(e, p, &p->inflight_head, &p->inflight_tail, lane, landed, exact);
-    fail_over_evwait(e, p->evwait_head, lane, landed, exact);
+    fail_over_evwait(e, p, p->evwait_head, lane, landed, exact);
     fail_over_parked(e, p, lane, landed);
 }
 

@@ -24,6 +24,7 @@ static void lane_out(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 static void lane_in(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
 {
     p->lanes[lane].dead = false;
+    p->lanes[lane].life++; /* nothing a request noted of the old life reads as this one's */
     p->dead_lanes &= ~(1u << lane);
     atomic_fetch_sub(&e->rail_out[p->lanes[lane].rail], 1);
     atomic_fetch_add(&e->rail_rejoined[p->lanes[lane].rail], 1);
@@ -75,7 +76,8 @@ void kvw__rejoin_reaped(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t 
 {
     kvw_lane_t *l = &p->lanes[lane];
     if (e->role != KVW_ROLE_PREFILL) {
-        l->rq_flushed += !ok; /* decode posts receives only: each error is one gone */
+        atomic_fetch_add(&l->rq_flushed,
+                         !ok); /* decode posts receives only: each error is one gone */
         return;
     }
     /* A late success counts too: a write whose ACK came after the lane
@@ -187,7 +189,7 @@ static bool decode_step(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane)
         kvw__qp_set_error(l->qp);
         l->err_set = true;
     }
-    if (l->rq_flushed < e->cfg.rq_depth)
+    if (atomic_load(&l->rq_flushed) < e->cfg.rq_depth)
         return false;
     if (atomic_compare_exchange_strong(&l->rejoin, &st, LANE_READY_DUE)) {
         atomic_fetch_or(&p->rejoin_ctl, 1u << lane);

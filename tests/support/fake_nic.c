@@ -172,7 +172,7 @@ typedef struct nic_state {
     nic_qp_t *qps;
     uint32_t next_handle;
     fake_nic_faults_t faults;
-    uint64_t fault_posts, fault_execs, rng;
+    uint64_t fault_posts, fault_execs, fault_recv_posts, rng;
     fake_nic_stats_t stats;
 } nic_state_t;
 
@@ -1311,14 +1311,28 @@ static int check_recv_wr(const nic_qp_t *qp, const struct ibv_recv_wr *w)
     return 0;
 }
 
+/* Index of the receive where an injected post_recv failure hits this
+ * call, or -1. */
+static long recv_fault_index(const nic_qp_t *qp, const struct ibv_recv_wr *wr)
+{
+    const fake_nic_faults_t *f = &nic.faults;
+    if (!f->fail_recv_call || !in_fault_scope(qp) || ++nic.fault_recv_posts != f->fail_recv_call)
+        return -1;
+    long last = -1;
+    for (; wr; wr = wr->next)
+        last++;
+    return (long)f->fail_recv_wr < last ? (long)f->fail_recv_wr : last;
+}
+
 static int nic_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
     nic_qp_t *qp = qp_of(ibqp);
     struct ibv_recv_wr *w = wr;
     int rc = 0;
     lock();
-    for (; w; w = w->next) {
-        rc = check_recv_wr(qp, w);
+    long fault_at = recv_fault_index(qp, wr);
+    for (long i = 0; w; w = w->next, i++) {
+        rc = i == fault_at ? ENOMEM : check_recv_wr(qp, w);
         if (rc)
             break;
         *rq_at(qp, qp->rq_tail++) = w->wr_id;
@@ -1674,7 +1688,7 @@ void fake_nic_set_faults(const fake_nic_faults_t *faults)
 {
     lock();
     nic.faults = faults ? *faults : (fake_nic_faults_t){0};
-    nic.fault_posts = nic.fault_execs = 0;
+    nic.fault_posts = nic.fault_execs = nic.fault_recv_posts = 0;
     nic.rng = nic.faults.seed ? nic.faults.seed : 0x9e3779b97f4a7c15ull;
     changed();
     unlock();

@@ -72,6 +72,11 @@ typedef struct fake_nic_faults {
      * notices): they resume, in order, once the faults change. Such WRs do
      * not count as work for fake_nic_quiesce(). */
     uint32_t stall_qp_num;
+    /* The fail_recv_call-th post_recv call (of fault_qp_num's QP, or any)
+     * accepts receives [0, fail_recv_wr) of its list and fails with ENOMEM
+     * at index fail_recv_wr (its last receive if the list is shorter). */
+    uint64_t fail_recv_call;
+    uint32_t fail_recv_wr;
 } fake_nic_faults_t;
 
 typedef struct fake_nic_stats {

@@ -7,6 +7,7 @@
  * carried are counted (kvw_engine_rails). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -958,6 +959,246 @@ static void test_bad_device_lists(void **state)
     }
 }
 
+/* ---- a lane's lifetimes ------------------------------------------------- */
+
+/* r's lanes with writes of it, read under the poller's pass lock. */
+static uint32_t lanes_of(pair_room_t *pr)
+{
+    kvw_req_t *r = (kvw_req_t *)pr->s;
+    pthread_mutex_lock(&pair.prefill->pass_lock);
+    uint32_t m = r->tx.lane_mask;
+    pthread_mutex_unlock(&pair.prefill->pass_lock);
+    return m;
+}
+
+static bool parked(pair_room_t *pr)
+{
+    kvw_req_t *r = (kvw_req_t *)pr->s;
+    pthread_mutex_lock(&pair.prefill->lock);
+    bool starved = r->tx.starved;
+    pthread_mutex_unlock(&pair.prefill->lock);
+    return starved;
+}
+
+/* Decode's application reuses pr's pages (every KV item and the aux
+ * item) once its receiver reported Success: they hold `byte` from now. */
+static void reuse_pages(pair_room_t *pr, uint8_t byte)
+{
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++)
+        for (size_t k = 0; k < pr->n; k++)
+            memset(pair.dst[i] + pr->dst[k] * PAIR_ITEM, byte, PAIR_ITEM);
+    memset(pair.dst_aux + pr->aux_dst * PAIR_AUX_ITEM, byte, PAIR_AUX_ITEM);
+}
+
+/* Bytes of pr's reused pages that no longer hold `byte`. */
+static size_t reused_bytes_changed(pair_room_t *pr, uint8_t byte)
+{
+    size_t changed = 0;
+    for (uint32_t i = 0; i < 2 * PAIR_LAYERS; i++)
+        for (size_t k = 0; k < pr->n; k++)
+            for (size_t b = 0; b < PAIR_ITEM; b++)
+                changed += fake_nic_peek(pair.dst[i] + pr->dst[k] * PAIR_ITEM + b) != byte;
+    for (size_t b = 0; b < PAIR_AUX_ITEM; b++)
+        changed += fake_nic_peek(pair.dst_aux + pr->aux_dst * PAIR_AUX_ITEM + b) != byte;
+    return changed;
+}
+
+static void rail_down(const char *dev)
+{
+    assert_int_equal(fake_nic_kill_device(dev), 0);
+    assert_int_equal(fake_nic_raise_port_event(dev, IBV_EVENT_PORT_ERR), 0);
+}
+
+static void rail_up(const char *dev)
+{
+    assert_int_equal(fake_nic_revive_device(dev), 0);
+    assert_int_equal(fake_nic_raise_port_event(dev, IBV_EVENT_PORT_ACTIVE), 0);
+}
+
+enum { REUSED = 0x5a, LATE_ACK_US = 6000000 };
+
+/* A flapping rail must not replay a request into pages decode reused.
+ * Room A's first part lands on both lanes and A parks between parts;
+ * lane 1's rail fails (A's writes there all landed: left alone); A's final
+ * part goes while lane 1 is out, so its immediates are fixed without it;
+ * decode counts them, reports Success, and its application reuses the
+ * pages at once. Prefill hears A's last ACKs late (6 s), so A is still in
+ * flight when lane 1 rejoins and fails again. That second failure is of a
+ * later life of lane 1: A owes it nothing (no write of it in that life, no
+ * immediate), so A is neither replayed nor asked about, ends Success, and
+ * its reused pages never change. */
+static void test_flap_no_replay_after_success(void **state)
+{
+    (void)state;
+    open_rails_timeout("fake0,fake2", "fake1,fake3", 1, 4 * LATE_ACK_US / 1000);
+    pair_room_t a;
+    pair_pick(&a, 40, PAGES, 7727, 0);
+    assert_int_equal(pair_create(&pair, &a), KVW_OK);
+    assert_int_equal(kvw_receiver_init(a.r, a.dst, a.n, a.aux_dst), KVW_OK);
+    assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+    assert_int_equal(pair_wait_sender_ready(&a, WAIT_MS), KVW_POLL_WAITING_FOR_INPUT);
+    assert_int_equal(kvw_sender_send(a.s, a.src, a.n / 2), KVW_OK);
+    for (int i = 0; i < WAIT_MS && !parked(&a); i++)
+        pair_sleep_ms(1);
+    assert_true(parked(&a));
+    assert_int_equal(fake_nic_quiesce(WAIT_MS), 0);
+    assert_int_equal(lanes_of(&a), 3); /* the first part went on both lanes */
+
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    rail_down("fake2");
+    assert_true(wait_counter(&c->lanes_failed, 1, WAIT_MS));
+    fake_nic_faults_t late = {.ack_delay_us = LATE_ACK_US};
+    fake_nic_set_faults(&late);
+    assert_int_equal(kvw_sender_send(a.s, a.src + a.n / 2, a.n - a.n / 2), KVW_OK);
+    assert_int_equal(pair_wait_receiver(&a, WAIT_MS), KVW_POLL_SUCCESS);
+    assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+    kvw_receiver_destroy(a.r);
+    a.r = NULL;
+    reuse_pages(&a, REUSED);
+    fake_nic_set_faults(NULL); /* A's ACKs stay late; the probe's are not */
+
+    rail_up("fake2");
+    assert_true(wait_counter(&c->lanes_rejoined, 1, WAIT_MS));
+    /* The set-up holds only while prefill has not heard A's last ACKs. */
+    assert_int_equal(kvw_sender_poll(a.s), KVW_POLL_TRANSFERRING);
+    rail_down("fake2");
+    assert_true(wait_counter(&c->lanes_failed, 2, WAIT_MS));
+
+    const char *why = "";
+    char reason[KVW_WIRE_REASON_MAX] = "";
+    if (pair_wait_sender(&a, 2 * WAIT_MS) != KVW_POLL_SUCCESS)
+        kvw_sender_failure(a.s, &why);
+    snprintf(reason, sizeof(reason), "%s", why);
+    pair_destroy_room(&a);
+    assert_int_equal(fake_nic_quiesce(WAIT_MS), 0);
+    size_t changed = reused_bytes_changed(&a, REUSED);
+    print_message("lanes failed %llu, rejoined %llu; replayed %llu, asked %llu; reused bytes "
+                  "overwritten %zu\n",
+                  (unsigned long long)counter(&c->lanes_failed),
+                  (unsigned long long)counter(&c->lanes_rejoined),
+                  (unsigned long long)counter(&c->replays),
+                  (unsigned long long)counter(&c->replay_asks), changed);
+    assert_int_equal(changed, 0);
+    assert_int_equal(counter(&c->replays), 0);
+    assert_string_equal(reason, "");
+}
+
+/* The PSN prefill's lane 1 has in its current life (reset by each probe). */
+static uint32_t prefill_lane_psn(void)
+{
+    return prefill_peer()->lanes[1].qp->psn;
+}
+
+/* Lane 1 fails (prefill's second port down) and comes back: a new life. */
+static void flap_lane_once(void)
+{
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    uint64_t failed = counter(&c->lanes_failed), back = counter(&c->lanes_rejoined);
+    rail_down("fake2");
+    assert_true(wait_counter(&c->lanes_failed, failed + 1, WAIT_MS));
+    rail_up("fake2");
+    assert_true(wait_counter(&c->lanes_rejoined, back + 1, WAIT_MS));
+}
+
+/* A LANE_DOWN decode sent in lane 1's first life, delayed on the way: the
+ * drop hook puts it on decode's socket (from decode's control thread,
+ * the socket's own) in front of decode's next PING. */
+static _Atomic uint32_t late_down_psn;
+static atomic_bool late_down_sent;
+
+static bool send_late_down(void *sock, const kvw_msg_t *m)
+{
+    if (m->type != KVW_MSG_PING || atomic_exchange(&late_down_sent, true))
+        return false;
+    kvw_msg_t down = {.type = KVW_MSG_LANE_DOWN};
+    down.u.lane.qp = 1;
+    down.u.lane.peer_psn = atomic_load(&late_down_psn);
+    assert_int_equal(kvw__zsend_raw(sock, &down, 0), KVW_OK);
+    return false; /* the PING follows it */
+}
+
+/* A LANE_DOWN of an earlier life of the lane (it names the PSN prefill
+ * had then) reaches prefill after the lane came back: dropped, counted,
+ * and the lane carries writes on. (Wire 10's LANE_DOWN named no life: it
+ * knocked the live lane out again.) */
+static void test_late_lane_down_dropped(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms();
+    uint32_t first_life = prefill_lane_psn();
+    flap_lane_once();
+    assert_int_not_equal(prefill_lane_psn(), first_life);
+    kvw_rail_t before[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(before), 2);
+    uint64_t drops = counter(&pair.prefill->drops);
+    atomic_store(&late_down_psn, first_life);
+    atomic_store(&late_down_sent, false);
+    atomic_store(&kvw__zdrop_hook, send_late_down);
+    assert_true(wait_counter(&pair.prefill->drops, drops + 1, WAIT_MS));
+    atomic_store(&kvw__zdrop_hook, NULL);
+    assert_true(atomic_load(&late_down_sent));
+    transfer_rooms();
+    kvw_rail_t after[KVW_MAX_RAILS];
+    assert_int_equal(prefill_rails(after), 2);
+    assert_int_equal(counter(&pair.prefill->counters.lanes_failed), 1);
+    assert_true(after[1].wrs_posted > before[1].wrs_posted);
+}
+
+/* Only the first LANE_RESET reaches decode: prefill's later tries time
+ * out, so decode's lane stays as the failed reconnect left it. */
+static _Atomic uint32_t resets_seen;
+
+static bool pass_first_reset(void *sock, const kvw_msg_t *m)
+{
+    (void)sock;
+    return m->type == KVW_MSG_LANE_RESET && atomic_fetch_add(&resets_seen, 1) > 0;
+}
+
+enum { RECVS_TAKEN = 5 };
+
+/* Decode's reconnect of lane 1 (prefill asked for its reset) posts its
+ * receives and the post fails part-way, after RECVS_TAKEN of them: those
+ * flush once the QP is in ERR and are counted in this life, so the count
+ * the next reset waits for reaches exactly rq_depth. (It was forced to
+ * rq_depth at the failure, and the flushes came on top: the next life
+ * started RECVS_TAKEN ahead, taking completions of the old one for its
+ * own.) The lane comes back on the next try. */
+static void test_recv_post_fails_part_way(void **state)
+{
+    (void)state;
+    open_rails("fake0,fake2", "fake1,fake3", 1);
+    transfer_rooms();
+    kvw_peer_t *dp = kvw__peer_at(pair.decode, 0);
+    assert_non_null(dp);
+    kvw_lane_t *dl = &dp->lanes[1];
+    uint32_t depth = pair.decode->cfg.rq_depth;
+    assert_true(depth > RECVS_TAKEN);
+    kvw_engine_counters_t *c = &pair.prefill->counters;
+    rail_down("fake2");
+    assert_true(wait_counter(&c->lanes_failed, 1, WAIT_MS));
+    fake_nic_faults_t f = {
+        .fault_qp_num = dl->qp->qp->qp_num, .fail_recv_call = 1, .fail_recv_wr = RECVS_TAKEN};
+    fake_nic_set_faults(&f);
+    atomic_store(&resets_seen, 0);
+    atomic_store(&kvw__zdrop_hook, pass_first_reset);
+    rail_up("fake2");
+    /* The failed reconnect says LANE_DOWN: prefill's try fails at once. */
+    assert_true(wait_counter(&c->lane_probes_failed, 1, WAIT_MS));
+    for (int i = 0; i < WAIT_MS && atomic_load(&dl->rq_flushed) < depth; i++)
+        pair_sleep_ms(1);
+    assert_int_equal(fake_nic_quiesce(WAIT_MS), 0);
+    pair_sleep_ms(50);
+    uint32_t flushed = atomic_load(&dl->rq_flushed);
+    print_message("receives counted flushed after the failed reconnect: %u (depth %u)\n", flushed,
+                  depth);
+    assert_int_equal(flushed, depth);
+    atomic_store(&kvw__zdrop_hook, NULL);
+    fake_nic_set_faults(NULL);
+    assert_true(wait_counter(&c->lanes_rejoined, 1, 4 * WAIT_MS));
+    transfer_rooms();
+}
+
 /* Link speeds from ibv_query_port's codes. */
 static void test_link_mbps(void **state)
 {
@@ -997,6 +1238,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_create_with_every_rail_down, close_rails),
         cmocka_unit_test_teardown(test_connect_during_prefill_outage, close_rails),
         cmocka_unit_test_teardown(test_connect_during_decode_outage, close_rails),
+        cmocka_unit_test_teardown(test_flap_no_replay_after_success, close_rails),
+        cmocka_unit_test_teardown(test_late_lane_down_dropped, close_rails),
+        cmocka_unit_test_teardown(test_recv_post_fails_part_way, close_rails),
         cmocka_unit_test_teardown(test_bad_device_lists, close_rails),
         cmocka_unit_test(test_link_mbps),
     };

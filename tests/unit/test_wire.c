@@ -491,7 +491,10 @@ static void test_roundtrip_lane(void **state)
 }
 
 /* Wire 10: asking decode whether it completed an attempt. An answer out
- * of range, an answer in a question, a token or epoch too large: refused. */
+ * of range, an answer in a question, a token or epoch too large: refused.
+ * Wire 11: the last epoch (KVW_WIRE_IMM_EPOCH_MASK) is too large too: no
+ * immediate could carry the attempt after it, so decode, told to replay
+ * it, would wait for one that never comes until the transfer timeout. */
 static void test_roundtrip_replay(void **state)
 {
     (void)state;
@@ -500,10 +503,18 @@ static void test_roundtrip_replay(void **state)
     m.type = KVW_MSG_REPLAY_ASK;
     m.u.replay.room = 0x0102030405060708ull;
     m.u.replay.token = KVW_WIRE_TOKEN_MASK;
-    m.u.replay.epoch = KVW_WIRE_IMM_EPOCH_MASK;
+    m.u.replay.epoch = KVW_WIRE_IMM_EPOCH_MASK - 1;
     roundtrip(&m);
     assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 20);
     uint8_t buf[256];
+    m.u.replay.epoch = KVW_WIRE_IMM_EPOCH_MASK;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.type = KVW_MSG_REPLAY_ANSWER;
+    m.u.replay.answer = KVW_WIRE_REPLAY_AGAIN;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.type = KVW_MSG_REPLAY_ASK;
+    m.u.replay.answer = 0;
+    m.u.replay.epoch = KVW_WIRE_IMM_EPOCH_MASK - 1;
     m.u.replay.answer = KVW_WIRE_REPLAY_AGAIN;
     expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
     m.type = KVW_MSG_REPLAY_ANSWER;
