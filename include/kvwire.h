@@ -108,7 +108,7 @@ extern "C" {
  * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
  * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 1
-#define KVW_VERSION_MINOR 3
+#define KVW_VERSION_MINOR 4
 #define KVW_VERSION_PATCH 0
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
@@ -504,6 +504,25 @@ typedef struct kvw_engine_params {
      * group (num_groups of them; 1 for the classic layout, its K/V group).
      * Only KV groups may describe heads. */
     const kvw_group_heads_t *group_heads;
+    /* Since 1.4: how many entries the arrays above hold where their length
+     * is otherwise implied, so that a short or long array is refused
+     * instead of read past or partly ignored. 0 (NULL), as a caller built
+     * against an older kvwire.h leaves them: the length is implied, as
+     * before. Set, each must be exactly what the layout needs, else
+     * KVW_ERR_INVALID, logged naming the field:
+     *   num_kv_regions     entries in kv_regions: 2 * num_layers (0 when
+     *                      using groups).
+     *   num_group_heads    entries in group_heads: num_groups, 1 for the
+     *                      classic layout (0 when group_heads is NULL).
+     *   group_num_regions  NULL, or num_groups entries (the count of
+     *                      groups itself): entry i the number of regions
+     *                      groups[i].regions holds, which must be that
+     *                      group's num_layers * regions_per_layer (NULL
+     *                      with the classic layout).
+     * The Python binding always fills them. */
+    size_t num_kv_regions;
+    size_t num_group_heads;
+    const size_t *group_num_regions;
 } kvw_engine_params_t;
 
 /* Zero every field and set struct_size (inline: the caller's sizeof). */

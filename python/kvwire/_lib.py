@@ -127,6 +127,11 @@ class kvw_engine_params_t(Structure):
         ("num_groups", c_uint32),
         ("groups", POINTER(kvw_group_t)),
         ("group_heads", POINTER(kvw_group_heads_t)),
+        # 1.4: the lengths of the arrays above whose length the layout
+        # implies (0 / NULL: implied); the binding always fills them.
+        ("num_kv_regions", c_size_t),
+        ("num_group_heads", c_size_t),
+        ("group_num_regions", POINTER(c_size_t)),
     ]
 
 
