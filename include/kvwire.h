@@ -440,7 +440,8 @@ typedef struct kvw_group {
     uint32_t regions_per_layer; /* KV: 1 (MLA), 2 (K, V), ...; AUX: the number of buffers */
     /* num_layers * regions_per_layer regions, region-major: region j of
      * layer l at [j * num_layers + l] (a K/V group lists the K layers, then
-     * the V layers). Each region has its own item length. */
+     * the V layers). Each region has its own item length. Since 1.4 the
+     * engine params' group_num_regions can say how many the array holds. */
     const kvw_region_t *regions;
 } kvw_group_t;
 
@@ -492,7 +493,7 @@ typedef struct kvw_engine_params {
     const char *bootstrap_addr;
     /* The classic layout: one K/V group and one aux group. Leave them 0/NULL
      * when using groups. */
-    uint32_t num_layers;            /* L; kv_regions has 2L entries */
+    uint32_t num_layers;            /* L; kv_regions has 2L entries (num_kv_regions) */
     const kvw_region_t *kv_regions; /* K layers 0..L-1, then V layers 0..L-1 */
     uint32_t num_aux;
     const kvw_region_t *aux_regions; /* may be NULL when num_aux == 0 */

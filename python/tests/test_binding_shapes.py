@@ -387,6 +387,30 @@ def _request_constructors(e, room, rank, addr):
 
 
 @SHAPES
+@given(fields, fields, st.sampled_from(["tcp://10.0.0.1:5000", "tcp://a\0b", None, 5]))
+def test_endpoint_receiver(room, rank, endpoint):
+    """The sglang backend's receiver (kvw_receiver_create_at) checks as
+    kvwire.Receiver does."""
+    from kvwire import _sglang_lib
+
+    e, fake = fake_engine(), _Fake()
+    saved = _sglang_lib._fns["kvw_receiver_create_at"]
+    _sglang_lib._fns["kvw_receiver_create_at"] = fake
+    try:
+        r = _sglang_lib.EndpointReceiver(e, endpoint, rank, room)
+    except PY_ERRORS:
+        assert not (_int(room, U64_MAX) and _int(rank, U32_MAX) and isinstance(endpoint, str)
+                    and "\0" not in endpoint)
+        assert not fake.calls
+    else:
+        assert fake.calls[0][1:4] == (endpoint.encode(), rank, room)
+        r._cell.h = None
+    finally:
+        _sglang_lib._fns["kvw_receiver_create_at"] = saved
+        e._cell = None
+
+
+@SHAPES
 @given(fields, fields, fields, fields)
 def test_sender_counts(num_pages, first_page, layer_begin, layer_end):
     s = kvwire.Sender.__new__(kvwire.Sender)
