@@ -173,8 +173,9 @@ abi-update: $(ABI_DUMP)
 	$(ABI_DUMP) > $(ABI_RECORD)
 
 # The Python binding (python/), host only: import, config, errors, index
-# conversion, bootstrap service, use after close. Debian's python3 with
-# python3-pytest and python3-numpy; transfers run in python_scenarios.sh.
+# conversion, bootstrap service, use after close, random shapes of the
+# constructors. Debian's python3 with python3-pytest, python3-numpy and
+# python3-hypothesis; transfers run in python_scenarios.sh.
 PYTHON    ?= $(firstword $(wildcard /usr/bin/python3) python3)
 python-test: $(SHARED)
 	KVWIRE_LIB=$(CURDIR)/$(BUILD)/libkvwire.so.$(SONAME_MAJOR) PYTHONPATH=$(CURDIR)/python \

@@ -178,6 +178,7 @@ int main(int argc, char **argv)
         .bootstrap_addr = bootstrap_addr,
         .num_layers = LAYERS,
         .kv_regions = p_mem.kv_regions,
+        .num_kv_regions = 2 * LAYERS, /* the array's length: a mismatch is refused, not read past */
         .num_aux = 1,
         .aux_regions = &p_mem.aux_region,
     };
@@ -192,6 +193,7 @@ int main(int argc, char **argv)
         .local_ip = decode_ip,
         .num_layers = LAYERS,
         .kv_regions = d_mem.kv_regions,
+        .num_kv_regions = 2 * LAYERS,
         .num_aux = 1,
         .aux_regions = &d_mem.aux_region,
     };

@@ -108,7 +108,7 @@ extern "C" {
  * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
  * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 1
-#define KVW_VERSION_MINOR 3
+#define KVW_VERSION_MINOR 4
 #define KVW_VERSION_PATCH 0
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
@@ -440,7 +440,8 @@ typedef struct kvw_group {
     uint32_t regions_per_layer; /* KV: 1 (MLA), 2 (K, V), ...; AUX: the number of buffers */
     /* num_layers * regions_per_layer regions, region-major: region j of
      * layer l at [j * num_layers + l] (a K/V group lists the K layers, then
-     * the V layers). Each region has its own item length. */
+     * the V layers). Each region has its own item length. Since 1.4 the
+     * engine params' group_num_regions can say how many the array holds. */
     const kvw_region_t *regions;
 } kvw_group_t;
 
@@ -492,7 +493,7 @@ typedef struct kvw_engine_params {
     const char *bootstrap_addr;
     /* The classic layout: one K/V group and one aux group. Leave them 0/NULL
      * when using groups. */
-    uint32_t num_layers;            /* L; kv_regions has 2L entries */
+    uint32_t num_layers;            /* L; kv_regions has 2L entries (num_kv_regions) */
     const kvw_region_t *kv_regions; /* K layers 0..L-1, then V layers 0..L-1 */
     uint32_t num_aux;
     const kvw_region_t *aux_regions; /* may be NULL when num_aux == 0 */
@@ -504,6 +505,25 @@ typedef struct kvw_engine_params {
      * group (num_groups of them; 1 for the classic layout, its K/V group).
      * Only KV groups may describe heads. */
     const kvw_group_heads_t *group_heads;
+    /* Since 1.4: how many entries the arrays above hold where their length
+     * is otherwise implied, so that a short or long array is refused
+     * instead of read past or partly ignored. 0 (NULL), as a caller built
+     * against an older kvwire.h leaves them: the length is implied, as
+     * before. Set, each must be exactly what the layout needs, else
+     * KVW_ERR_INVALID, logged naming the field:
+     *   num_kv_regions     entries in kv_regions: 2 * num_layers (0 when
+     *                      using groups).
+     *   num_group_heads    entries in group_heads: num_groups, 1 for the
+     *                      classic layout (0 when group_heads is NULL).
+     *   group_num_regions  NULL, or num_groups entries (the count of
+     *                      groups itself): entry i the number of regions
+     *                      groups[i].regions holds, which must be that
+     *                      group's num_layers * regions_per_layer (NULL
+     *                      with the classic layout).
+     * The Python binding always fills them. */
+    size_t num_kv_regions;
+    size_t num_group_heads;
+    const size_t *group_num_regions;
 } kvw_engine_params_t;
 
 /* Zero every field and set struct_size (inline: the caller's sizeof). */

@@ -24,8 +24,9 @@ BUILD_PKGS=(
     libibverbs-dev librdmacm-dev libzmq3-dev libcmocka-dev
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     valgrind
-    # the Python binding's tests (make python-test, python_scenarios.sh)
-    python3 python3-pytest python3-numpy
+    # the Python binding's tests (make python-test, python_scenarios.sh;
+    # hypothesis: the property tests of its constructors)
+    python3 python3-pytest python3-numpy python3-hypothesis
     # the sglang backend's tests run sglang's own connection code (the
     # pinned reference snapshot): torch (CPU), ZeroMQ, requests, aiohttp
     python3-torch python3-zmq python3-requests python3-aiohttp

@@ -16,6 +16,53 @@ from ._core import (NO_AUX, ClosedError, Error, GroupKind, Poll, Role, _c, _call
                     _unsupported)
 from ._indices import as_indices
 
+# ----------------------------------------------------------- C integers
+#
+# ctypes converts a Python int into a C integer by truncation: -1 becomes
+# SIZE_MAX, 2**64 + 8192 becomes 8192, and the library then validates a
+# value it was never given. Every integer the binding hands to C goes
+# through _uint first, so that one that does not fit is an exception here.
+
+_SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+_PTR_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1
+_U32_MAX = (1 << 32) - 1
+_U64_MAX = (1 << 64) - 1
+# kvw_engine_params_t's counts (num_kv_regions, ...) came with 1.4: an
+# older library refuses a struct whose bytes past its own end are set, so
+# they are left 0 ("implied") there, and the checks below stand alone.
+_HAS_COUNTS = int(_c.kvw_version()) >= 10400
+
+
+def _uint(value: Any, hi: int, what: str) -> int:
+    """value as a C unsigned integer of at most hi: TypeError for anything
+    but an integer (bool and float included: no silent truncation),
+    OverflowError outside 0..hi (the C type's range)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    v = value.__index__()
+    if not 0 <= v <= hi:
+        raise OverflowError(f"{what} {v} does not fit its C type (0..{hi})")
+    return v
+
+
+def _text(value: Any, what: str, optional: bool = False) -> Optional[bytes]:
+    """A str for a C string: TypeError for anything else, ValueError for an
+    embedded NUL (C would see only the text before it)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{what} {value!r} contains a NUL character")
+    return value.encode()
+
+
+def _seq(value: Any, what: str) -> List[Any]:
+    """A list of the entries of a sequence (not a str or bytes)."""
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Iterable):
+        raise TypeError(f"{what} must be a sequence, not {type(value).__name__}")
+    return list(value)
+
 # --------------------------------------------------------------- handles
 
 
@@ -74,7 +121,9 @@ class Bootstrap(_Handle):
 
     def __init__(self, bind_addr: str, config: Optional[Config] = None, lease_ms: int = 0):
         p = _lib.kvw_bootstrap_params_t(ctypes.sizeof(_lib.kvw_bootstrap_params_t),
-                                        bind_addr.encode(), _cfg_ptr(config), lease_ms)
+                                        _text(bind_addr, "kvwire.Bootstrap: bind_addr"),
+                                        _cfg_ptr(config),
+                                        _uint(lease_ms, _U32_MAX, "kvwire.Bootstrap: lease_ms"))
         h = ctypes.c_void_p()
         _call(_c.kvw_bootstrap_create, f"kvw_bootstrap_create({bind_addr})", ctypes.byref(p),
               ctypes.byref(h))
@@ -122,7 +171,7 @@ class Region(NamedTuple):
             mv = memoryview(buf)  # raises for non-contiguous numpy arrays only later
             if not mv.c_contiguous:
                 raise ValueError("kvwire.Region.of: the array must be C-contiguous")
-            return cls(int(ai["data"][0]), mv.nbytes, int(item_len), buf)
+            return cls(int(ai["data"][0]), mv.nbytes, _uint(item_len, _SIZE_MAX, "item_len"), buf)
         mv = memoryview(buf)
         if not mv.c_contiguous:
             raise ValueError("kvwire.Region.of: the buffer must be C-contiguous")
@@ -132,7 +181,7 @@ class Region(NamedTuple):
         if n == 0:
             raise ValueError("kvwire.Region.of: empty buffer")
         arr = (ctypes.c_char * n).from_buffer(mv.cast("B"))
-        return cls(ctypes.addressof(arr), n, int(item_len), (buf, arr))
+        return cls(ctypes.addressof(arr), n, _uint(item_len, _SIZE_MAX, "item_len"), (buf, arr))
 
 
 RegionLike = Union[Region, Tuple[int, int, int]]
@@ -167,8 +216,18 @@ class GroupHeads(NamedTuple):
 _PAGE_ORDERS = {"NHD": 0, "HND": 1, 0: 0, 1: 1}
 
 
-def _group_heads(heads: Sequence[Optional[GroupHeads]], want: int, keep: List[Any]) -> Any:
-    """The kvw_group_heads_t array: one entry per group (None: not described)."""
+def _page_order(order: Any, what: str) -> int:
+    if isinstance(order, str) and order in _PAGE_ORDERS:
+        return _PAGE_ORDERS[order]
+    if not isinstance(order, bool) and hasattr(order, "__index__") and order.__index__() in (0, 1):
+        return order.__index__()
+    raise ValueError(f"{what}: page_order {order!r} is not NHD or HND (0 or 1)")
+
+
+def _group_heads(heads: Any, want: int, keep: List[Any]) -> Tuple[Any, int]:
+    """The kvw_group_heads_t array: one entry per group (None: not
+    described); returns it and its length."""
+    heads = _seq(heads, "kvwire.Engine: group_heads")
     if len(heads) != want:
         raise ValueError(f"kvwire.Engine: group_heads has {len(heads)} entries, one per group "
                          f"({want}) is needed")
@@ -176,18 +235,17 @@ def _group_heads(heads: Sequence[Optional[GroupHeads]], want: int, keep: List[An
     for i, h in enumerate(heads):
         if h is None:
             continue
-        h = h if isinstance(h, GroupHeads) else GroupHeads(*h)
-        if h.page_order not in _PAGE_ORDERS:
-            raise ValueError(f"kvwire.Engine: group {i}: page_order {h.page_order!r} is not "
-                             "NHD or HND")
+        what = f"kvwire.Engine: group_heads[{i}]"
+        try:
+            h = h if isinstance(h, GroupHeads) else GroupHeads(*h)
+        except TypeError:
+            raise TypeError(f"{what}: a GroupHeads or a tuple of its 5 or 6 fields, "
+                            f"not {h!r}") from None
         for nm in ("total_heads", "first_head", "num_heads", "head_bytes", "page_tokens"):
-            v = getattr(h, nm)
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 32:
-                raise TypeError(f"kvwire.Engine: group {i}: {nm} must be a uint32")
-            setattr(arr[i], nm, v)
-        arr[i].page_order = _PAGE_ORDERS[h.page_order]
+            setattr(arr[i], nm, _uint(getattr(h, nm), _U32_MAX, f"{what}.{nm}"))
+        arr[i].page_order = _page_order(h.page_order, what)
     keep.append(arr)
-    return arr
+    return arr, want
 
 
 def _state_lists(lists: Optional[Mapping[int, Any]], what: str) -> Tuple[Any, int, List[Any]]:
@@ -207,20 +265,75 @@ def _state_lists(lists: Optional[Mapping[int, Any]], what: str) -> Tuple[Any, in
     return arr, len(lists), keep
 
 
-def _regions(seq: Iterable[RegionLike], keep: List[Any]) -> Tuple[Any, int]:
-    items = [r if isinstance(r, Region) else Region(*r) for r in seq]
+def _region(r: Any, what: str) -> Region:
+    """One region, checked as kvw_engine_create would (a non-NULL address,
+    a non-empty length that is a multiple of a non-zero item length), and
+    first that each field fits its C type and the region the address
+    space."""
+    if not isinstance(r, Region):
+        if isinstance(r, (str, bytes)) or not isinstance(r, (tuple, list)) or len(r) != 3:
+            raise TypeError(f"{what}: a Region or an (addr, length, item_len) triple, not {r!r}")
+        r = Region(*r)
+    addr = _uint(r.addr, _PTR_MAX, f"{what}: addr")
+    length = _uint(r.length, _SIZE_MAX, f"{what}: length")
+    item_len = _uint(r.item_len, _SIZE_MAX, f"{what}: item_len")
+    if not addr or not length or not item_len:
+        raise ValueError(f"{what}: addr {addr:#x}, length {length}, item_len {item_len}: each "
+                         "must be non-zero")
+    if length % item_len:
+        raise ValueError(f"{what}: length {length} is not a multiple of item_len {item_len}")
+    if addr + length - 1 > _PTR_MAX:
+        raise OverflowError(f"{what}: {length} bytes from {addr:#x} run past the end of the "
+                            "address space")
+    return Region(addr, length, item_len, r.owner)
+
+
+def _regions(seq: Any, keep: List[Any], what: str) -> Tuple[Any, int]:
+    """The kvw_region_t array of seq (None when empty) and its length."""
+    items = [_region(r, f"{what}[{i}]") for i, r in enumerate(_seq(seq, what))]
     if not items:
         return None, 0
     arr = (_lib.kvw_region_t * len(items))()
     for i, r in enumerate(items):
-        for v, nm in ((r.addr, "addr"), (r.length, "length"), (r.item_len, "item_len")):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise TypeError(f"kvwire: region {i}: {nm} must be a non-negative int")
         arr[i].addr, arr[i].len, arr[i].item_len = r.addr, r.length, r.item_len
         if r.owner is not None:
             keep.append(r.owner)
     keep.append(arr)
-    return arr, len(items)
+    return ctypes.cast(arr, ctypes.POINTER(_lib.kvw_region_t)), len(items)
+
+
+def _kv_layers(nkv: int, num_layers: Any) -> int:
+    """The classic layout's L: kv= holds exactly 2L regions, K then V."""
+    if num_layers is None:
+        if not nkv or nkv % 2:
+            raise ValueError(f"kvwire.Engine: kv has {nkv} regions; 2 per layer (K layers, then "
+                             "V layers) are needed")
+        return nkv // 2
+    layers = _uint(num_layers, _U32_MAX // 2, "kvwire.Engine: num_layers")
+    if not layers or nkv != 2 * layers:
+        raise ValueError(f"kvwire.Engine: kv has {nkv} regions, but num_layers {layers} needs "
+                         f"2 x {layers} = {2 * layers} (K layers, then V layers)")
+    return layers
+
+
+def _group(g: Any, i: int, keep: List[Any]) -> Tuple[Any, int]:
+    """kvw_group_t i and the number of regions its array holds."""
+    what = f"kvwire.Engine: group {i}"
+    if not isinstance(g, Group):
+        if isinstance(g, (str, bytes)) or not isinstance(g, (tuple, list)) or len(g) != 4:
+            raise TypeError(f"{what}: a Group or a (kind, num_layers, regions_per_layer, "
+                            f"regions) tuple, not {g!r}")
+        g = Group(*g)
+    kind = _uint(g.kind, _U32_MAX, f"{what}: kind")
+    if kind not in set(GroupKind):
+        raise ValueError(f"{what}: kind {kind} is not a GroupKind (KV, AUX, STATE)")
+    layers = _uint(g.num_layers, _U32_MAX, f"{what}: num_layers")
+    per_layer = _uint(g.regions_per_layer, _U32_MAX, f"{what}: regions_per_layer")
+    regs, n = _regions(g.regions, keep, f"{what}: regions")
+    if not n or n != layers * per_layer:
+        raise ValueError(f"{what} has {n} regions, not num_layers*regions_per_layer = "
+                         f"{layers} x {per_layer} = {layers * per_layer}")
+    return _lib.kvw_group_t(kind, layers, per_layer, regs), n
 
 
 # ---------------------------------------------------------------- engine
@@ -259,7 +372,9 @@ def _role(role: Union[str, int, Role]) -> Role:
             return Role[role.upper()]
         except KeyError:
             raise ValueError(f"kvwire: role must be 'prefill' or 'decode', not {role!r}") from None
-    return Role(role)
+    if isinstance(role, bool) or not hasattr(role, "__index__"):
+        raise TypeError(f"kvwire: role must be 'prefill', 'decode' or a Role, not {role!r}")
+    return Role(role.__index__())  # ValueError for another number
 
 
 class Engine(_Handle):
@@ -276,7 +391,13 @@ class Engine(_Handle):
     per group (one for kv=, its K/V group); only KV groups describe heads.
     The memory stays the caller's and must outlive close().
 
-    Raises Error (KVW_ERR_NO_DEVICE, ...) with nothing left allocated.
+    A shape the library would misread is refused before it is called:
+    ValueError for a region count the layout does not read (kv not
+    2 x num_layers, ...) or a region the library refuses (zero address,
+    length or item_len; length not a multiple of item_len), OverflowError
+    for an integer that does not fit its C type, TypeError for a value of
+    the wrong type. Otherwise raises Error (KVW_ERR_NO_DEVICE, ...) with
+    nothing left allocated.
     Thread-safe; close() first closes every Sender and Receiver of it."""
 
     _what = "kvwire.Engine"
@@ -294,40 +415,19 @@ class Engine(_Handle):
         p = _lib.kvw_engine_params_t()
         p.struct_size = ctypes.sizeof(_lib.kvw_engine_params_t)
         p.role = int(self.role)
-        p.engine_rank = engine_rank
-        p.device = device.encode() if device else None
-        p.local_ip = local_ip.encode()
-        p.bootstrap_addr = bootstrap_addr.encode() if bootstrap_addr else None
+        p.engine_rank = _uint(engine_rank, _U32_MAX, "kvwire.Engine: engine_rank")
+        p.device = _text(device, "kvwire.Engine: device", optional=True) or None
+        p.local_ip = _text(local_ip, "kvwire.Engine: local_ip")
+        p.bootstrap_addr = _text(bootstrap_addr, "kvwire.Engine: bootstrap_addr",
+                                 optional=True) or None
         if groups:
-            if kv or aux or num_layers:
-                raise ValueError("kvwire.Engine: give either groups or kv/aux, not both")
-            if not _L.has(_lib.GROUPS_MARKER):
-                raise _unsupported(_lib.GROUPS_MARKER, "kvwire.Engine(groups=...)")
-            garr = (_lib.kvw_group_t * len(groups))()
-            for i, g in enumerate(groups):
-                regs, n = _regions(g.regions, self._keep)
-                if n != g.num_layers * g.regions_per_layer:
-                    raise ValueError(f"kvwire.Engine: group {i} has {n} regions, "
-                                     f"not num_layers*regions_per_layer = "
-                                     f"{g.num_layers * g.regions_per_layer}")
-                garr[i].kind = int(GroupKind(g.kind))
-                garr[i].num_layers = g.num_layers
-                garr[i].regions_per_layer = g.regions_per_layer
-                garr[i].regions = ctypes.cast(regs, ctypes.POINTER(_lib.kvw_region_t))
-            self._keep.append(garr)
-            p.num_groups, p.groups = len(groups), garr
+            self._groups(p, groups, kv, aux, num_layers)
         else:
-            kvarr, nkv = _regions(kv, self._keep)
-            if num_layers is None:
-                num_layers = nkv // 2
-            p.num_layers = num_layers
-            p.kv_regions = ctypes.cast(kvarr, ctypes.POINTER(_lib.kvw_region_t)) if nkv else None
-            auxarr, naux = _regions(aux, self._keep)
-            p.num_aux = naux
-            p.aux_regions = ctypes.cast(auxarr, ctypes.POINTER(_lib.kvw_region_t)) if naux else None
+            self._classic(p, kv, aux, num_layers)
         if group_heads is not None:
-            harr = _group_heads(group_heads, len(groups) if groups else 1, self._keep)
+            harr, nh = _group_heads(group_heads, p.num_groups or 1, self._keep)
             p.group_heads = ctypes.cast(harr, ctypes.POINTER(_lib.kvw_group_heads_t))
+            p.num_group_heads = nh if _HAS_COUNTS else 0
         cfgp = _cfg_ptr(config)
         p.config = cfgp
         h = ctypes.c_void_p()
@@ -335,6 +435,39 @@ class Engine(_Handle):
               ctypes.byref(p), ctypes.byref(h))
         self._cell = _Cell(h.value, "engine")
         self.engine_rank = engine_rank
+
+    # Every array handed to kvw_engine_create is built here from a list
+    # whose length was checked against the layout, and its count goes
+    # with it (num_kv_regions, group_num_regions, num_group_heads): the
+    # library checks those too, so that no array is read past its end.
+
+    def _classic(self, p: Any, kv: Any, aux: Any, num_layers: Any) -> None:
+        """The classic layout: kv is 2L regions, K layers then V layers."""
+        kvp, nkv = _regions(kv, self._keep, "kvwire.Engine: kv")
+        p.num_layers = _kv_layers(nkv, num_layers)
+        p.kv_regions = kvp
+        p.num_kv_regions = nkv if _HAS_COUNTS else 0
+        auxp, naux = _regions(aux, self._keep, "kvwire.Engine: aux")
+        p.num_aux = _uint(naux, _U32_MAX, "kvwire.Engine: the number of aux regions")
+        p.aux_regions = auxp
+
+    def _groups(self, p: Any, groups: Any, kv: Any, aux: Any, num_layers: Any) -> None:
+        """Buffer groups: each group's regions array with its count."""
+        if kv or aux or num_layers:
+            raise ValueError("kvwire.Engine: give either groups or kv/aux, not both")
+        if not _L.has(_lib.GROUPS_MARKER):
+            raise _unsupported(_lib.GROUPS_MARKER, "kvwire.Engine(groups=...)")
+        groups = _seq(groups, "kvwire.Engine: groups")
+        if len(groups) > _lib.MAX_GROUPS:
+            raise ValueError(f"kvwire.Engine: {len(groups)} groups; at most {_lib.MAX_GROUPS}")
+        garr = (_lib.kvw_group_t * len(groups))()
+        counts = (ctypes.c_size_t * len(groups))()
+        for i, g in enumerate(groups):
+            garr[i], counts[i] = _group(g, i, self._keep)
+        self._keep += [garr, counts]
+        p.num_groups, p.groups = len(groups), garr
+        if _HAS_COUNTS:
+            p.group_num_regions = ctypes.cast(counts, ctypes.POINTER(ctypes.c_size_t))
 
     # -- properties ------------------------------------------------------
     @property
@@ -524,8 +657,8 @@ class Sender(_Request):
 
     def __init__(self, engine: Engine, room: int, receivers: int = 1):
         self._engine = engine
-        self.room = int(room)
-        self.receivers = int(receivers)
+        self.room = _uint(room, _U64_MAX, "kvwire.Sender: room")
+        self.receivers = _uint(receivers, _U32_MAX, "kvwire.Sender: receivers")
         if not 1 <= self.receivers <= _lib.MAX_DECODE_RECEIVERS:
             raise ValueError(f"kvwire: receivers {self.receivers} is outside "
                              f"1..{_lib.MAX_DECODE_RECEIVERS}")
@@ -549,7 +682,7 @@ class Sender(_Request):
         index (None: no aux)."""
         with self._cell.lock:
             _call(_c.kvw_sender_init, f"kvw_sender_init(room {self.room})", self._get(),
-                  int(num_pages), _aux(aux_index))
+                  _uint(num_pages, _SIZE_MAX, "kvwire.Sender.init: num_pages"), _aux(aux_index))
 
     def send(self, pages: Any, event: Optional[int] = None) -> None:
         """Hand over the next source pages (all layers). May be called once
@@ -591,9 +724,12 @@ class Sender(_Request):
         if fn is None:
             what = "kvwire.Sender.send_part()" if ev is None else "kvwire.Sender.send_part(event=...)"
             raise _unsupported(name, what)
+        what = "kvwire.Sender.send_part"
+        first = _uint(first_page, _SIZE_MAX, f"{what}: first_page")
+        begin = _uint(layer_begin, _U32_MAX, f"{what}: layer_begin")
+        end = _uint(layer_end, _U32_MAX, f"{what}: layer_end")
         idx = as_indices(pages)
-        part = _lib.kvw_part_t(idx.ptr, idx.count, int(first_page), int(layer_begin),
-                               int(layer_end))
+        part = _lib.kvw_part_t(idx.ptr, idx.count, first, begin, end)
         args = (ctypes.byref(part),) if ev is None else (ctypes.byref(part), ev)
         with self._cell.lock:
             _call(fn, f"{name}(room {self.room})", self._get(), *args)
@@ -664,14 +800,14 @@ class Receiver(_Request):
 
     def __init__(self, engine: Engine, bootstrap_addr: str, prefill_rank: int, room: int):
         self._engine = engine
-        self.room = int(room)
+        self.room = _uint(room, _U64_MAX, "kvwire.Receiver: room")
+        addr = _text(bootstrap_addr, "kvwire.Receiver: bootstrap_addr")
         self.bootstrap_addr = bootstrap_addr
-        self.prefill_rank = int(prefill_rank)
+        self.prefill_rank = _uint(prefill_rank, _U32_MAX, "kvwire.Receiver: prefill_rank")
         h = ctypes.c_void_p()
         with engine._lock:
             _call(_c.kvw_receiver_create, f"kvw_receiver_create(room {self.room})",
-                  engine._get(), bootstrap_addr.encode(), self.prefill_rank, self.room,
-                  ctypes.byref(h))
+                  engine._get(), addr, self.prefill_rank, self.room, ctypes.byref(h))
             self._cell = engine._adopt(h.value, "receiver")
 
     def init(self, pages: Any, aux_index: Optional[int] = None, state: Any = None,
@@ -755,6 +891,8 @@ def _prefill_rank(x: Any, what: str) -> PrefillRank:
              else PrefillRank(rank, bootstrap_addr=addr))
     if isinstance(x.rank, bool) or not isinstance(x.rank, int) or not 0 <= x.rank < 2**32:
         raise ValueError(f"{what}: rank {x.rank!r} is not an integer in [0, 2^32)")
+    _text(x.bootstrap_addr, f"{what}: rank {x.rank}'s bootstrap_addr", optional=True)
+    _text(x.endpoint, f"{what}: rank {x.rank}'s endpoint", optional=True)
     if (x.bootstrap_addr is None) == (x.endpoint is None):
         raise ValueError(f"{what}: rank {x.rank} needs exactly one of bootstrap_addr and "
                          "endpoint")
@@ -790,7 +928,7 @@ class RanksReceiver(Receiver):
             raise ValueError(f"{what}: {len(self.ranks)} ranks; 1 to "
                              f"{_lib.MAX_PREFILL_RANKS} (KVW_MAX_PREFILL_RANKS)")
         self._engine = engine
-        self.room = int(room)
+        self.room = _uint(room, _U64_MAX, f"{what}: room")
         self.prefill_rank = self.ranks[0].rank
         self.bootstrap_addr = ", ".join(
             f"rank {k.rank} at {k.bootstrap_addr or k.endpoint}" for k in self.ranks)

@@ -127,6 +127,11 @@ class kvw_engine_params_t(Structure):
         ("num_groups", c_uint32),
         ("groups", POINTER(kvw_group_t)),
         ("group_heads", POINTER(kvw_group_heads_t)),
+        # 1.4: the lengths of the arrays above whose length the layout
+        # implies (0 / NULL: implied); the binding always fills them.
+        ("num_kv_regions", c_size_t),
+        ("num_group_heads", c_size_t),
+        ("group_num_regions", POINTER(c_size_t)),
     ]
 
 
@@ -321,6 +326,9 @@ OPTIONAL = {
 MAX_DECODE_RECEIVERS = 64
 # KVW_MAX_PREFILL_RANKS: the most ranks one kvw_receiver_create_ranks takes.
 MAX_PREFILL_RANKS = 64
+# The most buffer groups kvw_engine_create takes (src/plan/layout.h,
+# KVW_LAYOUT_MAX_GROUPS; the header says "at most 64 groups").
+MAX_GROUPS = 64
 # Buffer groups change kvw_engine_params_t, which no symbol names: a library
 # that has the calls introduced with them is taken to understand groups.
 GROUPS_MARKER = "kvw_receiver_init_indices"

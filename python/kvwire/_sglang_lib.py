@@ -18,6 +18,7 @@ from typing import Any, Optional, Tuple
 
 import kvwire
 from kvwire import _lib
+from kvwire._engine import _U32_MAX, _U64_MAX, _text, _uint
 
 _L = _lib.load()
 _c = _L.c
@@ -60,12 +61,14 @@ class EndpointReceiver(kvwire.Receiver):
             raise kvwire.Error(kvwire.Status.ERR_UNSUPPORTED,
                                "libkvwire lacks kvw_receiver_create_at", "EndpointReceiver")
         self._engine = engine
-        self.room = int(room)
+        # Checked as kvwire.Receiver's: ctypes would wrap what does not fit.
+        self.room = _uint(room, _U64_MAX, "EndpointReceiver: room")
+        addr = _text(endpoint, "EndpointReceiver: endpoint")
         self.bootstrap_addr = endpoint
-        self.prefill_rank = int(prefill_rank)
+        self.prefill_rank = _uint(prefill_rank, _U32_MAX, "EndpointReceiver: prefill_rank")
         h = ctypes.c_void_p()
         with engine._lock:
-            _check(fn(engine._get(), endpoint.encode(), self.prefill_rank, self.room,
+            _check(fn(engine._get(), addr, self.prefill_rank, self.room,
                       ctypes.byref(h)), f"kvw_receiver_create_at({endpoint}, room {self.room})")
             self._cell = engine._adopt(h.value, "receiver")
 

@@ -31,6 +31,58 @@ static kvw_status_t check_region(const char *kind, uint32_t i, const kvw_region_
     return KVW_OK;
 }
 
+/* A count the caller gave for an array whose length the layout implies
+ * (since 1.4). 0 is an older caller's "implied"; any other value must be
+ * what the layout reads, since a different one means the array the caller
+ * built is not the one the layout describes: reading it would run past
+ * its end or leave entries out. */
+static kvw_status_t check_count(const char *field, size_t given, uint64_t need, const char *by)
+{
+    if (!given || given == need)
+        return KVW_OK;
+    KVW_ERROR("engine params: %s is %zu, but %s needs %llu entries", field, given, by,
+              (unsigned long long)need);
+    return KVW_ERR_INVALID;
+}
+
+/* group_num_regions: each group's regions array against its own shape. */
+static kvw_status_t check_group_counts(const kvw_engine_params_t *p)
+{
+    if (!p->group_num_regions)
+        return KVW_OK;
+    if (!p->num_groups) {
+        KVW_ERROR("engine params: group_num_regions is set, but the classic layout has no "
+                  "groups (leave it NULL)");
+        return KVW_ERR_INVALID;
+    }
+    for (uint32_t i = 0; i < p->num_groups; i++) {
+        const kvw_group_t *g = &p->groups[i];
+        uint64_t need = (uint64_t)g->num_layers * g->regions_per_layer;
+        if (p->group_num_regions[i] != need) {
+            KVW_ERROR("engine params: group_num_regions[%u] is %zu, but group %u's num_layers %u "
+                      "x regions_per_layer %u needs %llu regions",
+                      i, p->group_num_regions[i], i, g->num_layers, g->regions_per_layer,
+                      (unsigned long long)need);
+            return KVW_ERR_INVALID;
+        }
+    }
+    return KVW_OK;
+}
+
+static kvw_status_t check_counts(const kvw_engine_params_t *p)
+{
+    uint64_t kv = p->num_groups ? 0 : (uint64_t)p->num_layers * 2;
+    uint64_t heads = !p->group_heads ? 0 : p->num_groups ? p->num_groups : 1;
+    const char *kv_by = p->num_groups ? "a layout of groups (kv_regions unused)" : "2 x num_layers";
+    const char *heads_by = !p->group_heads ? "group_heads NULL"
+                           : p->num_groups ? "one entry per group (num_groups)"
+                                           : "the classic layout (its K/V group)";
+    kvw_status_t st = check_count("num_kv_regions", p->num_kv_regions, kv, kv_by);
+    if (!st)
+        st = check_count("num_group_heads", p->num_group_heads, heads, heads_by);
+    return st ? st : check_group_counts(p);
+}
+
 static kvw_status_t check_params(const kvw_engine_params_t *p)
 {
     if (!p || (p->role != KVW_ROLE_PREFILL && p->role != KVW_ROLE_DECODE) || !p->local_ip) {
@@ -48,7 +100,7 @@ static kvw_status_t check_params(const kvw_engine_params_t *p)
         KVW_ERROR("engine params: at most %u buffer groups", KVW_LAYOUT_MAX_GROUPS);
         return KVW_ERR_INVALID;
     }
-    return KVW_OK;
+    return check_counts(p);
 }
 
 /* The classic parameters as groups: one K/V group, one aux group. */
