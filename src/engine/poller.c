@@ -405,6 +405,16 @@ static int part_event(kvw_req_t *r, kvw_seg_t *s)
 /* Build r's next writes into the lane's open chain; returns how many.
  * Stops before a part whose producer's event has not completed
  * (r->tx.ev_blocked). */
+/* r may have lost writes on the `lost` lanes, and its final immediate is
+ * not out: it starts over (or fails, replayed too often). */
+static void start_over(kvw_peer_t *p, kvw_req_t *r, uint32_t lost)
+{
+    if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
+        refuse_req(p->engine, r, (uint32_t)__builtin_ctz(lost));
+    else
+        restart_req(p->engine, r);
+}
+
 static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
@@ -412,6 +422,12 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
     uint64_t bytes = 0;
     kvw_write_t w;
     bool restarted = false;
+    if ((r->tx.lane_mask & 1u << lane) && !of_this_life(p, r, lane)) {
+        /* Its writes in the lane's earlier life were missed by that life's
+         * failover: noting new ones would hide them. They may be lost. */
+        start_over(p, r, 1u << lane);
+        return 0;
+    }
     kvw_seg_t *s = current_seg(r);
     use_lane_keys(p, lane, s);
     while (built < room) {
@@ -442,10 +458,7 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
                  * then): a failed lane gets no immediate, nor does an
                  * earlier life's, so the writes it may have lost must go
                  * again. */
-                if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
-                    refuse_req(p->engine, r, (uint32_t)__builtin_ctz(lost));
-                else
-                    restart_req(p->engine, r);
+                start_over(p, r, lost);
                 restarted = true;
                 break;
             }
