@@ -16,8 +16,9 @@
  * in a slice of it (an offset); 9: HELLO carries the sender's rails
  * (devices): each QP's rail, each rail's link speed, and every region's
  * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
- * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP */
-#define KVW_WIRE_VERSION 10
+ * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP;
+ * 11: DIGEST, and REQUEST's flag KVW_WIRE_REQ_VERIFY (config verify) */
+#define KVW_WIRE_VERSION 11
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -53,7 +54,11 @@ enum {
      * landing_off + i * pages * slice per page, page position k of it at
      * k * slice per page. Needs RANGE with a count above 0. */
     KVW_WIRE_HEADS_LANDING = 4u,
-    KVW_WIRE_HEADS_FLAGS = 7u, /* every known flag */
+    /* Wire 11, not about heads (the REQUEST's one flags word): decode
+     * checks the request's bytes (config verify) and waits for prefill's
+     * DIGEST; prefill must verify too, or the request fails. */
+    KVW_WIRE_REQ_VERIFY = 8u,
+    KVW_WIRE_HEADS_FLAGS = 15u, /* every known flag */
 };
 /* REPLAY_ANSWER's answers. */
 enum {
@@ -115,6 +120,12 @@ typedef enum {
      * rather than after its cooldown (the lane in `lane.qp`; the other
      * fields 0). */
     KVW_MSG_LANE_UP = 39,
+    /* Wire 11, prefill -> decode: the digest of what prefill wrote for a
+     * request decode asked to verify (KVW_WIRE_REQ_VERIFY), sent once every
+     * write of it completed (room, token, the attempt that completed it,
+     * the digest). The same for every attempt: a replay writes the same
+     * bytes. */
+    KVW_MSG_DIGEST = 40,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
@@ -213,6 +224,12 @@ typedef struct kvw_msg {
             uint32_t epoch;  /* the attempt asked about, <= KVW_WIRE_IMM_EPOCH_MASK */
             uint32_t answer; /* ANSWER: KVW_WIRE_REPLAY_*; ASK: 0 */
         } replay;
+        struct {
+            uint64_t room;
+            uint32_t token; /* <= KVW_WIRE_TOKEN_MASK */
+            uint32_t epoch; /* <= KVW_WIRE_IMM_EPOCH_MASK */
+            uint64_t value;
+        } digest;
     } u;
 } kvw_msg_t;
 
