@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-void (*kvw__verify_hook)(uint64_t room);
+void (*_Atomic kvw__verify_hook)(uint64_t room);
 
 uint8_t kvw__verify_mode(const kvw_engine_t *e)
 {
@@ -115,8 +115,9 @@ static uint64_t items_sum(const kvw_engine_t *e, uint32_t k, const uint64_t *idx
 
 uint64_t kvw__verify_landed(kvw_engine_t *e, const kvw_req_t *r)
 {
-    if (kvw__verify_hook)
-        kvw__verify_hook(r->room);
+    void (*hook)(uint64_t) = atomic_load(&kvw__verify_hook);
+    if (hook)
+        hook(r->room);
     const kvw_layout_t *l = &e->layout;
     /* What the REQUEST named: staging slots stand in for staged kinds. */
     const uint64_t *sent = r->stage.slots ? r->stage.slots : r->rx.pages;

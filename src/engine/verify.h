@@ -70,6 +70,6 @@ void kvw__verify_check_landed(kvw_engine_t *e, kvw_req_t *r);
 
 /* Tests: called with the room just before decode computes the digest of
  * what landed (to change a byte of it). NULL: none. */
-extern void (*kvw__verify_hook)(uint64_t room);
+extern void (*_Atomic kvw__verify_hook)(uint64_t room);
 
 #endif
