@@ -210,6 +210,30 @@ static void test_flip_after_landing_fails(void **state)
     pair_destroy_room(&pr);
 }
 
+/* The sender destroyed the moment it succeeded (as sglang clears it):
+ * the engine keeps the request until its DIGEST went out. */
+static void test_sender_destroyed_at_success(void **state)
+{
+    (void)state;
+    pair_room_t pr;
+    start(&pr, 25, 8, 0);
+    send_now(&pr);
+    assert_int_equal(pair_wait_sender(&pr, WAIT_MS), KVW_POLL_SUCCESS);
+    kvw_sender_destroy(pr.s);
+    pr.s = NULL;
+    const char *why = "";
+    if (pair_wait_receiver(&pr, WAIT_MS) != KVW_POLL_SUCCESS)
+        kvw_receiver_failure(pr.r, &why);
+    assert_string_equal(why, "");
+    assert_int_equal(pair_wrong_bytes(&pair, &pr), 0);
+    pair_destroy_room(&pr);
+    /* The tombstone leaves once the DIGEST went. */
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (pair_table_size(pair.prefill) && pair_now_ms() < end)
+        pair_sleep_ms(5);
+    assert_int_equal(pair_table_size(pair.prefill), 0);
+}
+
 /* Both sides must agree: decode without the check, prefill with it. */
 static void test_one_sided_refused(void **state)
 {
@@ -376,6 +400,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_flip_in_flight_fails, open_verified, close_pair),
         cmocka_unit_test_setup_teardown(test_flip_in_aux_fails, open_verified, close_pair),
         cmocka_unit_test_setup_teardown(test_flip_after_landing_fails, open_verified, close_pair),
+        cmocka_unit_test_setup_teardown(test_sender_destroyed_at_success, open_verified,
+                                        close_pair),
         cmocka_unit_test_teardown(test_one_sided_refused, close_pair),
         cmocka_unit_test_setup_teardown(test_staged_clean_succeeds, open_staged, close_pair),
         cmocka_unit_test_setup_teardown(test_staged_flip_fails, open_staged, close_pair),
