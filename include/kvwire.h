@@ -831,9 +831,11 @@ KVW_API void kvw_sender_destroy(kvw_sender_t *sender);
  * sender destroyed before it was given sends none (decode then times
  * out). KVW_ERR_STATE when the engine's check is off, when kvwire computes
  * the digest itself (host or staged memory), once given, or after the
- * request failed; KVW_ERR_INVALID for NULL, or a fan-out sender
- * (kvw_sender_create_fanout). Thread safety as any call on the sender.
- * Since 1.4. */
+ * request failed; KVW_ERR_INVALID for NULL. A fan-out sender
+ * (kvw_sender_create_fanout) sends every decode receiver the same bytes
+ * (head slicing is not verified): the one digest goes to each of them
+ * (KVW_ERR_STATE only when no request of it takes one). Thread safety as
+ * any call on the sender. Since 1.4. */
 KVW_API kvw_status_t kvw_sender_set_digest(kvw_sender_t *sender, uint64_t digest);
 
 /* Decode side. Create a receiver for room, fetching its data from the

@@ -647,7 +647,8 @@ class Sender(_Request):
         """Verified transfers (Config(verify=1)) with GPU memory the NIC
         reaches directly: the digest of what this request sends, any
         64-bit function of its bytes that decode's caller computes the same
-        way (kvw_sender_set_digest), once, before or after Success.
+        way (kvw_sender_set_digest), once, before or after Success; a
+        fan-out sender's goes to each of its decode receivers.
         Error(KVW_ERR_STATE) when kvwire computes the digests itself (host
         or staged memory), the check is off, or it was given already."""
         fn = _L.optional.get("kvw_sender_set_digest")

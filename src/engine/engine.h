@@ -757,6 +757,10 @@ kvw_status_t kvw__sender_send_state_one(kvw_req_t *r, const uint64_t *state, siz
 kvw_status_t kvw__sender_abort_one(kvw_req_t *r, const char *why);
 kvw_status_t kvw__sender_requested_one(const kvw_req_t *r, size_t *num_pages_p, uint32_t *aux_p);
 void kvw__sender_destroy_one(kvw_req_t *r);
+/* (lock) The caller's digest of r's bytes (kvw_sender_set_digest, verify
+ * with GPU memory kvwire cannot read): KVW_ERR_STATE when the engine does
+ * not take the caller's digests, it was given, or r failed. */
+kvw_status_t kvw__sender_set_digest_locked(kvw_req_t *r, uint64_t digest);
 /* (lock) Make r the caller's sender (it may be a request decode sent ahead). */
 void kvw__sender_adopt_locked(kvw_req_t *r);
 /* txset.c: one sender serving a room to several decode receivers
@@ -773,6 +777,8 @@ kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p);
 kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_t *aux_p);
 kvw_status_t kvw__txset_metrics(kvw_txset_t *set, kvw_req_metrics_t *m);
 kvw_status_t kvw__txset_abort(kvw_txset_t *set);
+/* kvw_sender_set_digest on a set: the same digest for every member. */
+kvw_status_t kvw__txset_set_digest(kvw_txset_t *set, uint64_t digest);
 void kvw__txset_destroy(kvw_txset_t *set);
 /* (lock) A member failed: fail the others (each tells its decode receiver
  * once its writes drained), keep the first reason. */

@@ -879,24 +879,28 @@ kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
     return KVW_OK;
 }
 
-kvw_status_t kvw_sender_set_digest(kvw_sender_t *s, uint64_t digest)
+kvw_status_t kvw__sender_set_digest_locked(kvw_req_t *r, uint64_t digest)
 {
-    if (!s || s->req.tx.set)
-        return KVW_ERR_INVALID;
-    kvw_req_t *r = &s->req;
-    kvw_engine_t *e = r->engine;
-    pthread_mutex_lock(&e->lock);
     /* After Success too: the writes may complete before the caller's
      * digest is computed; the DIGEST waits for it. */
-    kvw_status_t st = e->verify_mode != KVW_VERIFY_CALLER || r->tx.digest_given ||
-                              atomic_load(&r->state) == KVW_POLL_FAILED
-                          ? KVW_ERR_STATE
-                          : KVW_OK;
-    if (!st) {
-        r->tx.digest_given = true;
-        r->tx.given = digest;
-        kvw__req_touch_locked(r); /* the control thread sends it once it may */
-    }
+    if (r->engine->verify_mode != KVW_VERIFY_CALLER || r->tx.digest_given ||
+        atomic_load(&r->state) == KVW_POLL_FAILED)
+        return KVW_ERR_STATE;
+    r->tx.digest_given = true;
+    r->tx.given = digest;
+    kvw__req_touch_locked(r); /* the control thread sends it once it may */
+    return KVW_OK;
+}
+
+kvw_status_t kvw_sender_set_digest(kvw_sender_t *s, uint64_t digest)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    if (s->req.tx.set)
+        return kvw__txset_set_digest(s->req.tx.set, digest);
+    kvw_engine_t *e = s->req.engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = kvw__sender_set_digest_locked(&s->req, digest);
     pthread_mutex_unlock(&e->lock);
     return st;
 }

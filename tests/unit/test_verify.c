@@ -389,6 +389,38 @@ static void test_caller_digest_flip_fails(void **state)
     pair_destroy_room(&pr);
 }
 
+/* A fan-out sender (one prefill rank, two decode engines, as MLA with
+ * decode TP > prefill TP): one caller digest serves both requests. */
+static void test_caller_digest_fanout_succeeds(void **state)
+{
+    (void)state;
+    kvw_engine_t *second = NULL;
+    assert_int_equal(pair_add_decode(&pair, &second), KVW_OK);
+    pair_room_t pr[2];
+    pair_pick(&pr[0], 70, 6, 70 * 7919u + 1, 0);
+    assert_int_equal(kvw_sender_create_fanout(pair.prefill, 70, 2, &pr[0].s), KVW_OK);
+    pr[1] = pr[0];
+    kvw_engine_t *decode[2] = {pair.decode, second};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(
+            kvw_receiver_create(decode[i], kvw_bootstrap_addr(pair.bootstrap), 0, 70, &pr[i].r),
+            KVW_OK);
+        assert_int_equal(kvw_receiver_init(pr[i].r, pr[i].dst, pr[i].n, pr[i].aux_dst), KVW_OK);
+    }
+    assert_int_equal(kvw_sender_init(pr[0].s, pr[0].n, pr[0].aux_src), KVW_OK);
+    send_now(&pr[0]);
+    assert_int_equal(kvw_sender_set_digest(pr[0].s, prefill_digest(&pr[0])), KVW_OK);
+    assert_int_equal(kvw_sender_set_digest(pr[0].s, 1), KVW_ERR_STATE); /* once */
+    for (int i = 0; i < 2; i++)
+        verify_when_landed(&pr[i], 0);
+    for (int i = 0; i < 2; i++)
+        assert_landed(&pr[i]);
+    for (int i = 0; i < 2; i++)
+        kvw_receiver_destroy(pr[i].r);
+    kvw_sender_destroy(pr[0].s);
+    kvw_engine_destroy(second);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -412,6 +444,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_caller_digest_wrong_fails, open_direct_gpu,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_caller_digest_flip_fails, open_direct_gpu, close_pair),
+        cmocka_unit_test_setup_teardown(test_caller_digest_fanout_succeeds, open_direct_gpu,
+                                        close_pair),
     };
     return cmocka_run_group_tests_name("verify", tests, NULL, NULL);
 }
