@@ -36,10 +36,12 @@ TSAN      := -fsanitize=thread -fno-omit-frame-pointer
 # The threaded tests: the engine on the fake NIC, its chaos schedules, the
 # soak (connection slots reclaimed while the poller runs), the NIC itself,
 # staging under faults, requests parked between parts, liveness, the
-# device's events, producer events, head slicing's gather writes and rails
-# (failover, the ask round trip and rejoins cross the poller and control).
+# device's events, producer events, head slicing's gather writes, rails
+# (failover, the ask round trip and rejoins cross the poller and control)
+# and verified transfers (digests from the poller, stager, control thread
+# and caller).
 TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_nic staging_abort \
-              parked_abort liveness device_events producer_event heads_engine rails)
+              parked_abort liveness device_events producer_event heads_engine rails verify)
 
 # Tools by audience. tools/: the operator tools, which make install
 # installs (the programs, and the script kvw-rxe). tests/tools/: the test

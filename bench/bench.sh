@@ -23,17 +23,21 @@
 #   storm  KVW_BENCH_STORM_ENGINES (64) decode engines connect to one prefill
 #        at once (bench/kvw-storm, rxe0 -> rxe1): time to connected, failures,
 #        per-connection throughput spread
+#   verify  the end-to-end check of the bytes (KVW_VERIFY=1, CRC32C on both
+#        sides) against the same run without it, 64 KiB and 1 MiB workloads,
+#        interleaved (which goes first alternates by rep): GB/s and CPU-s/GB
+#        of both sides, on / off
 # Each ratio is reported as its median with the interquartile range and a
 # ~95% confidence interval of the median (order statistics), and a verdict
 # against its target: met (the whole interval on the right side), missed
 # (the whole interval on the wrong side), or not separable at this REPS.
 # Usage: bench.sh BUILD_DIR     env: KVW_BENCH_REPS (9), KVW_BENCH_SIZES ("2k 64k 1m lat
-#        layer tp idle storm"), LAYER_MS (20); REPS and SIZES also work when run by hand
+#        layer tp idle storm verify"), LAYER_MS (20); REPS and SIZES also work when run by hand
 set -u
 build=${1:-build}
 # KVW_BENCH_*: the test bed passes only KVW_* variables into the guest.
 reps=${KVW_BENCH_REPS:-${REPS:-9}}
-sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer tp idle storm"}}
+sizes=${KVW_BENCH_SIZES:-${SIZES:-"2k 64k 1m lat layer tp idle storm verify"}}
 dev=${KVW_TB_DEV0:?run inside tests/tools/kvw-testbed} ip=${KVW_TB_IP0}
 gid=${KVW_TB_GID_INDEX0:-1}
 work=$(mktemp -d)
@@ -77,10 +81,14 @@ pt_bw() { # size iters extra...
               if (mr >= 0.001) printf "%.0f\n", b; else printf "%.0f\n", m }' "$work/cli.out"
 }
 
+# kv_env: KVW_* settings for this run only (e.g. KVW_VERIFY=1; empty: none);
+# kv_pfx: the metrics' prefix (kv: kv_GBps ...).
+kv_env='' kv_pfx=kv
 kv() { # tag rep args... -> prints GB/s etc into raw, returns json line in $work/kv.json
     tag=$1 rep=$2
     shift 2
-    if ! "$build/kvwire-bench" --dev0 "$dev" --ip0 "$ip" --dev1 "$dev" --ip1 "$ip" --quiet \
+    # shellcheck disable=SC2086
+    if ! env $kv_env "$build/kvwire-bench" --dev0 "$dev" --ip0 "$ip" --dev1 "$dev" --ip1 "$ip" --quiet \
         --json "$@" >"$work/kv.json" 2>"$work/kv.err"; then
         note "kvwire-bench $* FAILED:"
         cat "$work/kv.json" "$work/kv.err" >&2
@@ -91,7 +99,7 @@ kv() { # tag rep args... -> prints GB/s etc into raw, returns json line in $work
     for k in GBps req_per_s wrs_per_s bytes_per_wr chains_per_req p50_ms p99_ms \
         prefill_cpu_s_per_GB decode_cpu_s_per_GB prefill_cq_sleeps; do
         v=$(printf '%s\n' "$j" | sed -n "s/.*\"$k\":\([-0-9.e+]*\).*/\1/p")
-        rec "$tag" "$rep" "kv_$k" "$v"
+        rec "$tag" "$rep" "${kv_pfx}_$k" "$v"
     done
 }
 
@@ -132,6 +140,20 @@ while [ $rep -le "$reps" ]; do
             rec lat $rep pt_lat_us "$(awk '$1 == 8 && NF >= 8 { print $5 }' "$work/cli.out")"
             # shellcheck disable=SC2086
             kv lat $rep $klat
+            ;;
+        verify)
+            # The same runs with the check off (kv_*) and on (kvv_*); the
+            # first of the pair alternates, so drift does not favour one.
+            for w in v64k v1m; do
+                [ $w = v64k ] && args=$k64k || args=$k1m
+                for on in $((rep % 2)) $(((rep + 1) % 2)); do
+                    [ "$on" = 1 ] && kv_pfx=kvv || kv_pfx=kv
+                    kv_env="KVW_VERIFY=$on"
+                    # shellcheck disable=SC2086
+                    kv $w $rep $args
+                done
+            done
+            kv_env='' kv_pfx=kv
             ;;
         esac
         note "   rep $rep $s done ($(($(date +%s) - t_start)) s)"
@@ -193,6 +215,19 @@ awk -F'\t' '
             }
         if (("1m") in sz) ratio("1m", "kv_cpu_both", 1, "pt_cpu_both", "CPU-s/GB both sides vs ib_write_bw (2 cores)", "<= 1")
         if (("lat") in sz) ratio("lat", "kv_p50_ms", 1000, "pt_lat_us", "8 B request p50 / ib_write_lat typical", "<= 1.2")
+        # Verified transfers: the check on over the same run off (no
+        # target: its cost, reported).
+        for (r = 1; r <= maxrep; r++) for (s in sz)
+            if (s ~ /^v/ && v[s, r, "kvv_prefill_cpu_s_per_GB"] != "" && v[s, r, "kv_prefill_cpu_s_per_GB"] != "") {
+                v[s, r, "kvv_cpu_both"] = v[s, r, "kvv_prefill_cpu_s_per_GB"] + v[s, r, "kvv_decode_cpu_s_per_GB"]
+                v[s, r, "kv_cpu_both"] = v[s, r, "kv_prefill_cpu_s_per_GB"] + v[s, r, "kv_decode_cpu_s_per_GB"]
+            }
+        for (w = 0; w < 2; w++) {
+            s = w ? "v1m" : "v64k"
+            if (!((s) in sz)) continue
+            ratio(s, "kvv_GBps", 1, "kv_GBps", (w ? "1 MiB" : "64 KiB") " GB/s, verify on / off", "-")
+            ratio(s, "kvv_cpu_both", 1, "kv_cpu_both", (w ? "1 MiB" : "64 KiB") " CPU-s/GB both sides, on / off", "-")
+        }
     }' "$raw"
 # The null-device rate (kvw-wrcost --rate) is measured by make bench on
 # the host before the guest boots: it is about this machine's core, which

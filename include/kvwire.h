@@ -146,7 +146,8 @@ KVW_API const char *kvw_version_string(void);
     X(ERR_EXISTS, -15, "already exists")                                                           \
     X(ERR_UNSUPPORTED, -16, "not supported on this device or build")                               \
     X(ERR_ABORTED, -17, "request aborted")                                                         \
-    X(ERR_LIMIT, -18, "a configured limit was reached")
+    X(ERR_LIMIT, -18, "a configured limit was reached")                                            \
+    X(ERR_CORRUPT, -19, "bytes differ from what prefill sent")
 
 typedef enum {
 #define KVW_STATUS_ENUM(name, value, msg) KVW_##name = value,
@@ -377,6 +378,25 @@ typedef struct kvw_config {
      * docs/topology.md, "Every near device", "Several rails per engine" and
      * "A rail that goes down". */
     char devices[128];
+    /* 1.3's tail padding, which an older caller may have left unset: never
+     * read (docs/api-policy.md). */
+    uint32_t reserved_1_4;
+    /* KVW_VERIFY, 0 (0..1): an end-to-end check of every request's bytes
+     * (docs/failure-semantics.md, "Verified transfers"). Prefill sends a
+     * digest of what it wrote (CRC32C per item, see there), decode
+     * computes the digest of what landed, and reports Success only when
+     * the two agree: a difference is Failed with KVW_ERR_CORRUPT, the
+     * reason naming the room and both digests. Host memory and staged GPU
+     * memory: kvwire computes both digests. GPU memory the NIC reaches
+     * directly (dma-buf, nvidia_peermem): the caller computes them and
+     * hands them over (kvw_sender_set_digest, kvw_receiver_landed,
+     * kvw_receiver_verify), kvwire carries and compares them. Both sides
+     * must agree: a request between an engine with it and one without
+     * fails on both sides with KVW_ERR_MISMATCH. Not with head slicing
+     * (a sliced connection, kvw_receiver_create_ranks): KVW_ERR_UNSUPPORTED.
+     * Costs a pass over the bytes on each side (bench/bench.sh prints the
+     * ratio); off, nothing on the data path changes. Since 1.4. */
+    uint32_t verify;
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set
@@ -816,6 +836,28 @@ KVW_API kvw_status_t kvw_sender_abort(kvw_sender_t *sender);
  * (kvw_sender_abort); it does not wait. */
 KVW_API void kvw_sender_destroy(kvw_sender_t *sender);
 
+/* Verified transfers (config verify; docs/failure-semantics.md, "Verified
+ * transfers"), when kvwire cannot read the memory itself: an engine with
+ * a region of GPU memory the NIC reaches directly (dma-buf, nvidia_peermem)
+ * leaves both digests to the caller, who computes them on the GPU (e.g.
+ * with torch), any 64-bit function of the request's bytes, the same on
+ * both sides; kvwire only carries prefill's to decode and compares.
+ *
+ * Prefill: the digest of what this request sends, once. It may be given
+ * at any time while the sender lives, before or after its Success (the
+ * writes may complete before the caller's digest is computed); kvwire
+ * sends it to decode once every write completed and the digest was given,
+ * so decode waits (up to its transfer_timeout_ms) for one given late. A
+ * sender destroyed before it was given sends none (decode then times
+ * out). KVW_ERR_STATE when the engine's check is off, when kvwire computes
+ * the digest itself (host or staged memory), once given, or after the
+ * request failed; KVW_ERR_INVALID for NULL. A fan-out sender
+ * (kvw_sender_create_fanout) sends every decode receiver the same bytes
+ * (head slicing is not verified): the one digest goes to each of them
+ * (KVW_ERR_STATE only when no request of it takes one). Thread safety as
+ * any call on the sender. Since 1.4. */
+KVW_API kvw_status_t kvw_sender_set_digest(kvw_sender_t *sender, uint64_t digest);
+
 /* Decode side. Create a receiver for room, fetching its data from the
  * prefill engine registered as prefill_rank at bootstrap_addr ("host:port").
  * Bootstrapping until the peer is looked up and connected (once per peer),
@@ -911,6 +953,23 @@ KVW_API kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *receiver,
  * keeps the request, and its staging slots, until it ends, and the
  * receiver's pages must not be reused before that. */
 KVW_API void kvw_receiver_destroy(kvw_receiver_t *receiver);
+
+/* Decode's half of a caller-computed digest (see kvw_sender_set_digest):
+ * kvw_receiver_landed() says whether every write of the request landed in
+ * its pages (1), so that the caller may now compute the digest of its
+ * pages and hand it over with kvw_receiver_verify(); 0 while not yet (or
+ * the request ended, or kvwire computes the digest itself). The receiver
+ * stays Transferring until the digest is given and prefill's arrived;
+ * then Success when they are equal, Failed with KVW_ERR_CORRUPT when not,
+ * the reason naming the room and both digests. All of that within
+ * transfer_timeout_ms of the request (then KVW_ERR_TIMEOUT, as for data
+ * that does not land). kvw_receiver_verify(): KVW_ERR_STATE before the
+ * request landed, once a digest was given, after it ended, or when the
+ * check is off or kvwire computes it; KVW_ERR_INVALID for NULL or a
+ * receiver over several prefill ranks. Thread safety as any call on the
+ * receiver. Since 1.4. */
+KVW_API int kvw_receiver_landed(kvw_receiver_t *receiver);
+KVW_API kvw_status_t kvw_receiver_verify(kvw_receiver_t *receiver, uint64_t digest);
 
 /* Engines that bring their own discovery (sglang's bootstrap server carries
  * each prefill rank's kvw_engine_endpoint()): kvw_receiver_create for a

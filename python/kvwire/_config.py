@@ -17,6 +17,8 @@ from ._core import _c, _call, _s
 
 _CFG_FIELDS: Dict[str, Tuple[int, int]] = {}
 for _name, _ct in _lib.kvw_config_t._fields_:
+    if _name.startswith("reserved"):  # padding kept zero, not a field
+        continue
     if _ct is ctypes.c_uint32:
         _CFG_FIELDS[_name] = (0, (1 << 32) - 1)
     elif _ct is ctypes.c_int32:
@@ -36,7 +38,8 @@ class Config:
     not thread-safe to mutate while another thread reads it."""
 
     FIELDS: Tuple[str, ...] = tuple(
-        n for n, _ in _lib.kvw_config_t._fields_ if n != "struct_size")
+        n for n, _ in _lib.kvw_config_t._fields_
+        if n != "struct_size" and not n.startswith("reserved"))
 
     def __init__(self, **overrides: Any):
         # kvw_config_init_size writes exactly this binding's struct (a newer

@@ -42,7 +42,9 @@ def features() -> Dict[str, bool]:
     Sender.send_part), state_lists (an index list per state group:
     Receiver.init(state_lists=...), Sender.send_state(lists=...)),
     receiver_ranks (Engine.receiver_ranks: decode over several prefill
-    ranks, head slicing). A
+    ranks, head slicing), sender_fanout, verify_digests (the caller's
+    digests of a verified transfer: Sender.set_digest, Receiver.landed,
+    Receiver.verify). A
     missing one makes only the method that needs it
     raise Error(KVW_ERR_UNSUPPORTED)."""
     return {
@@ -55,6 +57,8 @@ def features() -> Dict[str, bool]:
         "state_lists": _L.has("kvw_receiver_init_lists") and _L.has("kvw_sender_send_state_lists"),
         "receiver_ranks": _L.has("kvw_receiver_create_ranks"),
         "sender_fanout": _L.has("kvw_sender_create_fanout"),
+        "verify_digests": (_L.has("kvw_sender_set_digest") and _L.has("kvw_receiver_landed")
+                           and _L.has("kvw_receiver_verify")),
     }
 
 
@@ -82,6 +86,7 @@ class Status(enum.IntEnum):
     ERR_UNSUPPORTED = -16
     ERR_ABORTED = -17
     ERR_LIMIT = -18
+    ERR_CORRUPT = -19
 
 
 class Poll(enum.IntEnum):

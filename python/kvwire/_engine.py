@@ -779,6 +779,21 @@ class Sender(_Request):
         """Bytes, writes and transfer time of this request so far."""
         return self._metrics("kvw_sender_metrics")
 
+    def set_digest(self, digest: int) -> None:
+        """Verified transfers (Config(verify=1)) with GPU memory the NIC
+        reaches directly: the digest of what this request sends, any
+        64-bit function of its bytes that decode's caller computes the same
+        way (kvw_sender_set_digest), once, before or after Success; a
+        fan-out sender's goes to each of its decode receivers.
+        Error(KVW_ERR_STATE) when kvwire computes the digests itself (host
+        or staged memory), the check is off, or it was given already."""
+        fn = _L.optional.get("kvw_sender_set_digest")
+        if fn is None:
+            raise _unsupported("kvw_sender_set_digest", "kvwire.Sender.set_digest()")
+        with self._cell.lock:
+            _call(fn, f"kvw_sender_set_digest(room {self.room})", self._get(),
+                  _digest(digest, "kvwire.Sender.set_digest"))
+
     def close(self) -> None:
         """Destroy (aborting a live request first, without waiting). Idempotent."""
         self._close_with(_c.kvw_sender_destroy)
@@ -861,6 +876,28 @@ class Receiver(_Request):
     def metrics(self) -> ReqMetrics:
         return self._metrics("kvw_receiver_metrics")
 
+    def landed(self) -> bool:
+        """Verified transfers with the caller's digests: every write of the
+        request landed, so its digest may be computed now and given to
+        verify() (kvw_receiver_landed). False otherwise, and always when
+        kvwire computes the digests itself."""
+        fn = _L.optional.get("kvw_receiver_landed")
+        if fn is None:
+            return False
+        with self._cell.lock:
+            return bool(fn(self._get()))
+
+    def verify(self, digest: int) -> None:
+        """Decode's digest of the pages that landed (kvw_receiver_verify):
+        SUCCESS once it equals prefill's, FAILED with KVW_ERR_CORRUPT when
+        not. Error(KVW_ERR_STATE) before landed(), or once given."""
+        fn = _L.optional.get("kvw_receiver_verify")
+        if fn is None:
+            raise _unsupported("kvw_receiver_verify", "kvwire.Receiver.verify()")
+        with self._cell.lock:
+            _call(fn, f"kvw_receiver_verify(room {self.room})", self._get(),
+                  _digest(digest, "kvwire.Receiver.verify"))
+
     def close(self) -> None:
         """Destroy; a live request is aborted and the barrier awaited. Idempotent."""
         self._close_with(_c.kvw_receiver_destroy)
@@ -868,6 +905,13 @@ class Receiver(_Request):
     def __repr__(self) -> str:
         st = "closed" if self.closed else self.poll().name
         return f"<kvwire.Receiver room {self.room} {st}>"
+
+
+def _digest(x: Any, what: str) -> int:
+    """A caller's digest: an int in [0, 2^64)."""
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**64:
+        raise ValueError(f"{what}: digest {x!r} is not an integer in [0, 2^64)")
+    return x
 
 
 class PrefillRank(NamedTuple):

@@ -81,6 +81,8 @@ class kvw_config_t(Structure):
         ("max_handshakes", c_uint32),
         ("landing_mib", c_uint32),
         ("devices", ctypes.c_char * 128),
+        ("reserved_1_4", c_uint32),  # 1.3's tail padding: never read
+        ("verify", c_uint32),
     ]
 
 
@@ -321,6 +323,10 @@ OPTIONAL = {
     # An engine's rails (KVW_DEVICES, 1.2).
     "kvw_engine_rails": (c_uint32, [c_void_p, POINTER(kvw_rail_t), c_uint32]),
     "kvw_engine_rail_health": (c_uint32, [c_void_p, POINTER(kvw_rail_health_t), c_uint32]),
+    # Verified transfers, the caller's digests (config verify, 1.4).
+    "kvw_sender_set_digest": (c_int, [c_void_p, c_uint64]),
+    "kvw_receiver_landed": (c_int, [c_void_p]),
+    "kvw_receiver_verify": (c_int, [c_void_p, c_uint64]),
 }
 # KVW_MAX_DECODE_RECEIVERS: the most decode receivers one fan-out sender serves.
 MAX_DECODE_RECEIVERS = 64

@@ -15,7 +15,8 @@ def test_import_and_library():
     assert os.path.exists(kvwire.library_path()) or kvwire.library_path().startswith("lib")
     feats = kvwire.features()
     assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
-                          "send_after", "state_lists", "receiver_ranks", "sender_fanout"}
+                          "send_after", "state_lists", "receiver_ranks", "sender_fanout",
+                          "verify_digests"}
     assert feats["state_lists"]
 
 
@@ -435,3 +436,42 @@ def test_sender_fanout_reaches_c(monkeypatch, fake_engine):
 def test_sender_fanout_in_the_real_library():
     """The library this binding loads exports the call."""
     assert kvwire.features()["sender_fanout"]
+
+
+def test_verify_config_and_status():
+    """Config.verify (KVW_VERIFY, off by default) and KVW_ERR_CORRUPT."""
+    assert kvwire.Config().verify == 0
+    assert kvwire.Config(verify=1).verify == 1
+    assert "reserved_1_4" not in kvwire.Config.FIELDS
+    assert kvwire.Status.ERR_CORRUPT == -19
+    assert kvwire.features()["verify_digests"]
+
+
+def test_caller_digests_reach_c(monkeypatch, fake_engine):
+    """Sender.set_digest, Receiver.landed and Receiver.verify pass the
+    digest (a 64-bit int) to C; a value outside [0, 2^64) is refused before
+    C; the library's refusal comes back as an Error naming the call."""
+    seen = []
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_set_digest",
+                        lambda h, d: seen.append(("set", h, d)) or 0)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_landed", lambda h: 1)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_verify",
+                        lambda h, d: seen.append(("verify", h, d)) or 0)
+    s = kvwire.Sender.__new__(kvwire.Sender)
+    s.room, s._cell = 5, kvwire._Cell(80, "sender")
+    r = kvwire.Receiver.__new__(kvwire.Receiver)
+    r.room, r._cell = 5, kvwire._Cell(81, "receiver")
+    s.set_digest(2**64 - 1)
+    assert r.landed() is True
+    r.verify(0x1234)
+    assert seen == [("set", 80, 2**64 - 1), ("verify", 81, 0x1234)]
+    for bad in (-1, 2**64, True, 1.5):
+        with pytest.raises((ValueError, TypeError)):
+            r.verify(bad)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_verify",
+                        lambda h, d: int(kvwire.Status.ERR_STATE))
+    with pytest.raises(kvwire.Error) as ei:
+        r.verify(1)
+    assert ei.value.status == kvwire.Status.ERR_STATE
+    assert "kvw_receiver_verify(room 5)" in str(ei.value)
+    s._cell = r._cell = None  # never destroy the dummy handles

@@ -258,3 +258,70 @@ def test_prefill_decode_receivers_from_sglangs_decode_tp(sg):
         m._decode_receivers(sa(disaggregation_decode_tp=4))
     m.is_mla_backend = True  # MLA's state goes whole to each: not sliced
     assert m._decode_receivers(sa(disaggregation_decode_tp=4)) == 2
+
+
+def test_caller_digests_verified_transfers(sg):
+    """KVW_VERIFY=1 with the caller's digests (GPU memory kvwire cannot
+    read): the sender sums its parts (positions continue) and gives the
+    sum with its last part; decode gives the digest of its pages once its
+    receiver landed (0 for a dummy); where kvwire reads the memory itself
+    (set_digest refused with KVW_ERR_STATE) the backend stops summing.
+    The digest itself is digest.py's (test_digest.py); torch is not
+    exercised here."""
+    import kvwire
+    from kvwire.sglang import conn
+
+    calls = []
+
+    class Mgr:
+        verify, caller_digests = True, None
+
+        def kv_digest(self, pages, first=0):
+            calls.append((tuple(pages), first))
+            return 1000 * first + len(pages)
+
+    class FakeSender:
+        def __init__(self, refuse=False):
+            self.given, self.refuse = [], refuse
+
+        def set_digest(self, v):
+            if self.refuse:
+                raise kvwire.Error(kvwire.Status.ERR_STATE, None, "kvw_sender_set_digest")
+            self.given.append(v)
+
+    s = conn.KVWireKVSender.__new__(conn.KVWireKVSender)
+    s.kv_mgr, s.sender, s._digest, s._pages_sent = Mgr(), FakeSender(), 0, 0
+    s._add_digest([4, 5, 6])
+    s._add_digest([7])
+    s._give_digest()
+    assert calls == [((4, 5, 6), 0), ((7,), 3)]
+    assert s.sender.given == [3 + 3001]
+    assert s.kv_mgr.caller_digests is True
+
+    s2 = conn.KVWireKVSender.__new__(conn.KVWireKVSender)
+    s2.kv_mgr, s2.sender, s2._digest, s2._pages_sent = Mgr(), FakeSender(refuse=True), 0, 0
+    s2._add_digest([1])
+    s2._give_digest()
+    assert s2.kv_mgr.caller_digests is False
+    s2._add_digest([2])  # no more summing
+    assert calls[-1] == ((1,), 0)
+
+    class FakeRecv:
+        closed = False
+
+        def __init__(self, landed):
+            self._landed, self.verified = landed, []
+
+        def landed(self):
+            return self._landed
+
+        def verify(self, v):
+            self.verified.append(v)
+
+    r = conn.KVWireKVReceiver.__new__(conn.KVWireKVReceiver)
+    r.kv_mgr, r._pages = Mgr(), [8, 9]
+    waiting, landed, dummy = FakeRecv(False), FakeRecv(True), FakeRecv(True)
+    r._verify_landed(waiting, False)
+    r._verify_landed(landed, False)
+    r._verify_landed(dummy, True)
+    assert waiting.verified == [] and landed.verified == [2] and dummy.verified == [0]

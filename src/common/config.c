@@ -68,6 +68,7 @@ static const config_field_t fields[] = {
     FIELD(max_handshakes, FIELD_U32, 16, 1, 65536),
     FIELD(landing_mib, FIELD_U32, 64, 0, 1u << 20),
     TEXT(devices, FIELD_STR),
+    FIELD(verify, FIELD_U32, 0, 0, 1),
 };
 
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))

@@ -186,6 +186,9 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_REPLAY_ANSWER:
         body = 8 + 4 + 4 + 4;
         break;
+    case KVW_MSG_DIGEST:
+        body = 8 + 4 + 4 + 8;
+        break;
     }
     return KVW_WIRE_HEADER_LEN + body;
 }
@@ -197,7 +200,7 @@ static int type_known(uint16_t t)
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
            t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY ||
            t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER || t == KVW_MSG_LANE_DOWN ||
-           t == KVW_MSG_LANE_UP;
+           t == KVW_MSG_LANE_UP || t == KVW_MSG_DIGEST;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -305,6 +308,12 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.replay.token, 4);
         put_le(w, m->u.replay.epoch, 4);
         put_le(w, m->u.replay.answer, 4);
+        break;
+    case KVW_MSG_DIGEST:
+        put_le(w, m->u.digest.room, 8);
+        put_le(w, m->u.digest.token, 4);
+        put_le(w, m->u.digest.epoch, 4);
+        put_le(w, m->u.digest.value, 8);
         break;
     }
 }
@@ -608,6 +617,15 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
             return fail(reason, rsize, "%s: answer %u", kvw__wire_type_name(m->type),
                         m->u.replay.answer);
         return KVW_OK;
+    case KVW_MSG_DIGEST:
+        m->u.digest.room = get_le(r, 8);
+        m->u.digest.token = (uint32_t)get_le(r, 4);
+        m->u.digest.epoch = (uint32_t)get_le(r, 4);
+        m->u.digest.value = get_le(r, 8); /* any value: decode compares it */
+        if (m->u.digest.token > KVW_WIRE_TOKEN_MASK || m->u.digest.epoch > KVW_WIRE_IMM_EPOCH_MASK)
+            return fail(reason, rsize, "DIGEST: token 0x%x or epoch %u out of range",
+                        m->u.digest.token, m->u.digest.epoch);
+        return KVW_OK;
     }
     return fail(reason, rsize, "unknown message type %u", m->type);
 }
@@ -698,6 +716,8 @@ const char *kvw__wire_type_name(uint16_t type)
         return "REPLAY_ASK";
     case KVW_MSG_REPLAY_ANSWER:
         return "REPLAY_ANSWER";
+    case KVW_MSG_DIGEST:
+        return "DIGEST";
     case KVW_MSG_PING:
         return "PING";
     case KVW_MSG_PONG:

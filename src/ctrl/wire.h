@@ -18,7 +18,8 @@
  * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
  * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP;
  * 11: LANE_DOWN and LANE_UP name the lane's life (prefill's PSN), REPLAY_ASK
- * never asks about the last epoch */
+ * never asks about the last epoch; DIGEST, and REQUEST's flag
+ * KVW_WIRE_REQ_VERIFY (config verify) */
 #define KVW_WIRE_VERSION 11
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
@@ -55,7 +56,11 @@ enum {
      * landing_off + i * pages * slice per page, page position k of it at
      * k * slice per page. Needs RANGE with a count above 0. */
     KVW_WIRE_HEADS_LANDING = 4u,
-    KVW_WIRE_HEADS_FLAGS = 7u, /* every known flag */
+    /* Wire 11, not about heads (the REQUEST's one flags word): decode
+     * checks the request's bytes (config verify) and waits for prefill's
+     * DIGEST; prefill must verify too, or the request fails. */
+    KVW_WIRE_REQ_VERIFY = 8u,
+    KVW_WIRE_HEADS_FLAGS = 15u, /* every known flag */
 };
 /* REPLAY_ANSWER's answers. */
 enum {
@@ -119,6 +124,12 @@ typedef enum {
      * rather than after its cooldown (the lane in `lane.qp`, `lane.peer_psn`
      * as LANE_DOWN's; the other fields 0). */
     KVW_MSG_LANE_UP = 39,
+    /* Wire 11, prefill -> decode: the digest of what prefill wrote for a
+     * request decode asked to verify (KVW_WIRE_REQ_VERIFY), sent once every
+     * write of it completed (room, token, the attempt that completed it,
+     * the digest). The same for every attempt: a replay writes the same
+     * bytes. */
+    KVW_MSG_DIGEST = 40,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
@@ -217,6 +228,12 @@ typedef struct kvw_msg {
             uint32_t epoch;  /* the attempt asked about, < KVW_WIRE_IMM_EPOCH_MASK */
             uint32_t answer; /* ANSWER: KVW_WIRE_REPLAY_*; ASK: 0 */
         } replay;
+        struct {
+            uint64_t room;
+            uint32_t token; /* <= KVW_WIRE_TOKEN_MASK */
+            uint32_t epoch; /* <= KVW_WIRE_IMM_EPOCH_MASK */
+            uint64_t value;
+        } digest;
     } u;
 } kvw_msg_t;
 

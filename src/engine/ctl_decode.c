@@ -5,6 +5,8 @@
  * aborts, credits and heartbeats. */
 #include "engine/control.h"
 #include "engine/rejoin.h"
+#include "engine/stager.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 #include "ctrl/zsock.h"
@@ -278,8 +280,8 @@ static void on_replay_ask(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     kvw_req_t *r = kvw__token_lookup_locked(e, m->u.replay.token);
     if (!r || r->peer != p || r->room != m->u.replay.room)
         a.u.replay.answer = KVW_WIRE_REPLAY_GONE;
-    else if (atomic_load(&r->state) == KVW_POLL_SUCCESS)
-        a.u.replay.answer = KVW_WIRE_REPLAY_DONE;
+    else if (atomic_load(&r->state) == KVW_POLL_SUCCESS || (r->rx.v_landed && !kvw__req_ended(r)))
+        a.u.replay.answer = KVW_WIRE_REPLAY_DONE; /* verified: landed, its digest awaited */
     else if (kvw__req_ended(r))
         a.u.replay.answer = KVW_WIRE_REPLAY_GONE;
     else {
@@ -291,6 +293,29 @@ static void on_replay_ask(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     }
     pthread_mutex_unlock(&e->lock);
     kvw__zsend(p->sock, &a, ZMQ_DONTWAIT);
+}
+
+/* Prefill's digest of what it wrote for a request we verify: Success or
+ * KVW_ERR_CORRUPT once ours is in too (engine/verify.h). */
+static void on_digest(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
+{
+    pthread_mutex_lock(&e->lock);
+    kvw_req_t *r = kvw__token_lookup_locked(e, m->u.digest.token);
+    bool ours = r && r->peer == p && r->room == m->u.digest.room && r->rx.verify;
+    if (ours)
+        kvw__verify_remote_locked(r, m->u.digest.value);
+    bool ended = ours && kvw__req_ended(r);
+    if (ended) /* nothing lands in its staging slots any more: free them now */
+        atomic_fetch_add(&r->refs, 1);
+    pthread_mutex_unlock(&e->lock);
+    if (!ours)
+        KVW_INFO("DIGEST for room %llu (token 0x%x) matches no verified receiver of prefill "
+                 "rank %u (ended or destroyed?)",
+                 (unsigned long long)m->u.digest.room, m->u.digest.token, p->rank);
+    if (ended) {
+        kvw__stager_unreserve(r);
+        kvw__req_unref(r);
+    }
 }
 
 void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
@@ -315,6 +340,8 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
             kvw__rejoin_on_reset(e, p, &m);
         else if (m.type == KVW_MSG_REPLAY_ASK && atomic_load(&p->state) == PEER_CONNECTED)
             on_replay_ask(e, p, &m);
+        else if (m.type == KVW_MSG_DIGEST && atomic_load(&p->state) == PEER_CONNECTED)
+            on_digest(e, p, &m);
         else if (m.type == KVW_MSG_BYE)
             kvw__peer_kill(p, (kvw_status_t)m.status,
                            "prefill rank %u closed the connection: %.100s", p->rank,
@@ -528,6 +555,8 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
             m.u.request.landing_off = r->rx.land_off;
         }
     }
+    if (r->rx.verify) /* wire 11: prefill sends its digest (engine/verify.h) */
+        m.u.request.heads_flags |= KVW_WIRE_REQ_VERIFY;
     /* Wire 6: each state group's own list (the indices are in group order). */
     m.u.request.num_state_lists = r->engine->layout.num_state_groups;
     for (uint32_t i = 0; i < m.u.request.num_state_lists; i++)
@@ -568,7 +597,14 @@ static void receiver_deadline_locked(kvw_engine_t *e, kvw_req_t *r, int s)
                               (unsigned long long)r->room, e->cfg.peer_timeout_ms);
     } else if (s == KVW_POLL_TRANSFERRING) {
         char why[KVW_WIRE_REASON_MAX];
-        snprintf(why, sizeof(why), "data did not land within %u ms", e->cfg.transfer_timeout_ms);
+        if (r->rx.v_landed) /* verified: the data is there, a digest is not */
+            snprintf(why, sizeof(why), "the data landed but %s did not come within %u ms",
+                     !r->rx.v_have_remote ? "prefill's digest (DIGEST)"
+                                          : "the caller's digest (kvw_receiver_verify)",
+                     e->cfg.transfer_timeout_ms);
+        else
+            snprintf(why, sizeof(why), "data did not land within %u ms",
+                     e->cfg.transfer_timeout_ms);
         kvw__receiver_start_abort_locked(r, KVW_ERR_TIMEOUT, why);
     } else if (s == KVW_POLL_BOOTSTRAPPING) {
         kvw__req_fail(r, KVW_ERR_TIMEOUT, "not connected to prefill rank %u within %u ms",

@@ -7,6 +7,7 @@
 #include "engine/control.h"
 #include "engine/poller.h"
 #include "engine/rejoin.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 #include "ctrl/zsock.h"
@@ -792,6 +793,21 @@ static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
                     "aborted after the transfer had completed");
 }
 
+/* (lock) Verified: the digest of what a request that succeeded wrote, to
+ * decode, once (engine/verify.h). */
+static void send_digest_locked(kvw_engine_t *e, kvw_req_t *r)
+{
+    if (!r->tx.drained || !r->peer || !kvw__verify_sendable_locked(r))
+        return;
+    r->tx.digest_due = false;
+    kvw_msg_t m = {.type = KVW_MSG_DIGEST};
+    m.u.digest.room = r->room;
+    m.u.digest.token = r->token;
+    m.u.digest.epoch = r->tx.epoch & KVW_WIRE_IMM_EPOCH_MASK; /* drained: the poller is done */
+    m.u.digest.value = r->tx.caller_digest ? r->tx.given : atomic_load(&r->tx.digest);
+    kvw__ctl_route(e, r->peer->id, sizeof(r->peer->id), &m);
+}
+
 /* (lock) The transfer watchdog fired. RC completes in order: a request
  * whose first write was posted transfer_timeout_ms ago and is not complete
  * means the connection is stuck, not the request; unless the request is
@@ -839,9 +855,11 @@ bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
 {
     int s = atomic_load(&r->state);
     notify_failure_locked(e, r);
+    send_digest_locked(e, r);
+    bool owed = r->tx.notify_failure || kvw__verify_owed_locked(r);
     bool due = r->deadline_ns && now >= r->deadline_ns;
     if (!due) /* a tombstone whose writes drained and whose answer went out goes now */
-        return r->user_gone && r->tx.drained && !r->tx.notify_failure && !r->deadline_ns;
+        return r->user_gone && r->tx.drained && !owed && !r->deadline_ns;
     kvw__req_set_deadline_locked(r, 0);
     if (s == KVW_POLL_TRANSFERRING) {
         transfer_watchdog_locked(e, r, now);
@@ -857,7 +875,7 @@ bool kvw__prefill_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
         expire_orphan_locked(e, r, now);
         return false;
     }
-    if (!r->tx.drained || r->tx.notify_failure) {
+    if (!r->tx.drained || owed) {
         kvw__req_set_deadline_locked(r, now + kvw__ms_ns(RECHECK_MS)); /* still owed: again */
         return false;
     }

@@ -4,6 +4,7 @@
  * undo all of it in reverse order. */
 #include "engine/engine.h"
 #include "engine/stager.h"
+#include "engine/verify.h"
 
 #include "common/config.h"
 #include "common/log.h"
@@ -442,6 +443,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         (st = kvw__stager_create(e)) || (st = kvw__landing_create(e)) || (st = open_channel(e)) ||
         (st = open_control(e)))
         return st;
+    e->verify_mode = kvw__verify_mode(e); /* who reads the memory: its path decides */
     return start_threads(e);
 }
 

@@ -178,6 +178,10 @@ typedef struct kvw_seg {
      * poller, or the stager for staged engines, whose slices carry none);
      * queried only through kvw__seg_event_ready. */
     void *event;
+    /* Verified transfers (engine/verify.h): its source items still to be
+     * added to the request's digest, by the one thread that first posts
+     * it (set when planned; false with the check off). */
+    bool digest_due;
 } kvw_seg_t;
 
 struct kvw_peer {
@@ -345,6 +349,15 @@ typedef struct kvw_req_tx {
      * (lock) by the set's destroy; NULL for a plain sender. */
     struct kvw_txset *set;
     uint32_t set_index;
+    /* Verified transfers (engine/verify.h). (lock, fixed once have_dst)
+     * decode asked for the check; the caller gives the digest (GPU memory
+     * kvwire does not read). (lock) digest_due: the DIGEST is still to be
+     * sent once the request succeeded; given: the caller's digest arrived
+     * (in `given`). `digest`: kvwire's sum, added to by whichever thread
+     * first posts each part (poller). */
+    bool verify, caller_digest, digest_due, digest_given;
+    uint64_t given;
+    _Atomic uint64_t digest;
 } kvw_req_tx_t;
 
 /* A receiver's side of a request (decode; kvw_receiver_*, receiver.c and
@@ -382,6 +395,14 @@ typedef struct kvw_req_rx {
      * scatter into the rows; 0: none (its writes land in the rows). Freed
      * when it ends (Failed comes only once nothing more can land). */
     uint64_t land_off, land_len;
+    /* Verified transfers (engine/verify.h), (lock) unless marked: the
+     * check's mode (KVW_VERIFY_*, fixed by init); every write landed
+     * (v_landed, the immediates all counted); decode's own digest
+     * (v_local: computed, or the caller's) and prefill's (v_remote), each
+     * with its flag. Success only once all three are in and agree. */
+    uint8_t verify;
+    bool v_landed, v_have_local, v_have_remote;
+    uint64_t v_local, v_remote;
 } kvw_req_rx_t;
 
 /* A request's staging through host memory (engine/stager.h), on engines
@@ -515,6 +536,7 @@ struct kvw_engine {
     kvw_mem_ctx_t mem;           /* how each region was registered; read-only once threads run */
     struct kvw_stager *stager;   /* GPU regions copied through host memory; NULL: none */
     struct kvw_landing *landing; /* decode's landing buffer (landing.c); NULL: none */
+    uint8_t verify_mode;         /* KVW_VERIFY_*: cfg.verify and who reads the memory */
     uint64_t local_max[3];       /* items every local region of each kind holds (KVW_LAYOUT_*) */
     uint64_t state_max[KVW_LAYOUT_MAX_GROUPS]; /* the same per state group */
     struct ibv_comp_channel *channel;
@@ -744,6 +766,10 @@ kvw_status_t kvw__sender_send_state_one(kvw_req_t *r, const uint64_t *state, siz
 kvw_status_t kvw__sender_abort_one(kvw_req_t *r, const char *why);
 kvw_status_t kvw__sender_requested_one(const kvw_req_t *r, size_t *num_pages_p, uint32_t *aux_p);
 void kvw__sender_destroy_one(kvw_req_t *r);
+/* (lock) The caller's digest of r's bytes (kvw_sender_set_digest, verify
+ * with GPU memory kvwire cannot read): KVW_ERR_STATE when the engine does
+ * not take the caller's digests, it was given, or r failed. */
+kvw_status_t kvw__sender_set_digest_locked(kvw_req_t *r, uint64_t digest);
 /* (lock) Make r the caller's sender (it may be a request decode sent ahead). */
 void kvw__sender_adopt_locked(kvw_req_t *r);
 /* txset.c: one sender serving a room to several decode receivers
@@ -760,6 +786,8 @@ kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p);
 kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_t *aux_p);
 kvw_status_t kvw__txset_metrics(kvw_txset_t *set, kvw_req_metrics_t *m);
 kvw_status_t kvw__txset_abort(kvw_txset_t *set);
+/* kvw_sender_set_digest on a set: the same digest for every member. */
+kvw_status_t kvw__txset_set_digest(kvw_txset_t *set, uint64_t digest);
 void kvw__txset_destroy(kvw_txset_t *set);
 /* (lock) A member failed: fail the others (each tells its decode receiver
  * once its writes drained), keep the first reason. */

@@ -7,6 +7,7 @@
 #include "engine/poller.h"
 #include "engine/rejoin.h"
 #include "engine/stager.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 
@@ -444,6 +445,8 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             r->tx.ev_blocked = true; /* waits (0), or failed (-1): nothing of s goes */
             break;
         }
+        if (s->digest_due) /* verify: its source is final now (event done, chunk filled) */
+            kvw__verify_seg(r, s);
         uint32_t n = build_span(q, s, room - built, &bytes);
         if (n) {
             built += n;
@@ -1142,6 +1145,23 @@ static void scatter_landed(kvw_engine_t *e, kvw_req_t *r)
     kvw__req_unref(r);
 }
 
+/* (lock) Every write of verified r landed: the caller's digest is
+ * awaited, or kvwire computes decode's (returns r, with a reference, for
+ * kvw__verify_check_landed outside the lock). Once only. */
+static kvw_req_t *landed_to_verify_locked(kvw_req_t *r)
+{
+    if (r->rx.v_landed)
+        return NULL;
+    atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
+    if (r->rx.verify == KVW_VERIFY_CALLER) {
+        kvw__verify_landed_locked(r, false, 0);
+        return NULL;
+    }
+    r->rx.v_landed = true;
+    atomic_fetch_add(&r->refs, 1);
+    return r;
+}
+
 static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const struct ibv_wc *wc)
 {
     uint32_t imm = ntohl(wc->imm_data), token = imm & KVW_WIRE_TOKEN_MASK;
@@ -1151,7 +1171,7 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
     kvw_status_t flushed =
         kvw__mem_needs_flush(&e->mem) ? kvw__mem_flush_gpu_writes(&e->mem) : KVW_OK;
     pthread_mutex_lock(&e->lock);
-    kvw_req_t *r = kvw__token_lookup_locked(e, token), *scatter = NULL;
+    kvw_req_t *r = kvw__token_lookup_locked(e, token), *scatter = NULL, *check = NULL;
     bool staged = r && r->stage.slots && kvw__stager_on(e);
     if (r && r->peer == p && !all_immediates_locked(r, imm))
         ; /* another lane's still to come */
@@ -1177,6 +1197,10 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
         r->stage.staging_in = true;
         atomic_fetch_add(&r->refs, 1);
         scatter = r;
+    } else if (r && r->peer == p && r->rx.verify && !kvw__req_ended(r)) {
+        /* Verified: Success once the digests agree (engine/verify.h); the
+         * transfer limit still bounds the wait for them. */
+        check = landed_to_verify_locked(r);
     } else if (r && r->peer == p && kvw__req_succeed(r)) {
         atomic_store_explicit(&r->rx.landed_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_set_deadline_locked(r, 0); /* its transfer limit no longer applies */
@@ -1185,6 +1209,8 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
     pthread_mutex_unlock(&e->lock);
     if (scatter)
         scatter_landed(e, scatter);
+    if (check)
+        kvw__verify_check_landed(e, check); /* outside the lock: a pass over its bytes */
     /* Give the receive back at once so the peer never meets an empty queue. */
     if (wc->wr_id < e->cfg.rq_depth)
         repost_receive(e, p, l, wc->wr_id);

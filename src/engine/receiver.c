@@ -2,6 +2,7 @@
 /* Decode side of a request: the public receiver API. */
 #include "engine/engine.h"
 #include "engine/stager.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 
@@ -146,6 +147,7 @@ kvw_status_t kvw__receiver_create(kvw_engine_t *e, const char *addr, uint32_t pr
         r->has_user = true;
         atomic_fetch_add(&r->refs, 1);
         r->rx.prefill_rank = prefill_rank;
+        r->rx.verify = e->verify_mode; /* a member: refused earlier (rxset.c) */
         snprintf(r->rx.bootstrap_addr, sizeof(r->rx.bootstrap_addr), "%s", bootstrap_addr);
         kvw__req_touch_locked(r); /* attach it to a peer */
     }
@@ -362,4 +364,35 @@ void kvw_receiver_destroy(kvw_receiver_t *rc)
         kvw__rxset_destroy(rc->req.rx.set);
     else if (rc)
         kvw__receiver_destroy_one(&rc->req);
+}
+
+int kvw_receiver_landed(kvw_receiver_t *rc)
+{
+    if (!rc || rc->req.rx.set)
+        return 0;
+    kvw_req_t *r = &rc->req;
+    pthread_mutex_lock(&r->engine->lock);
+    int landed = r->rx.verify == KVW_VERIFY_CALLER && r->rx.v_landed && !kvw__req_ended(r);
+    pthread_mutex_unlock(&r->engine->lock);
+    return landed;
+}
+
+kvw_status_t kvw_receiver_verify(kvw_receiver_t *rc, uint64_t digest)
+{
+    if (!rc || rc->req.rx.set)
+        return KVW_ERR_INVALID;
+    kvw_req_t *r = &rc->req;
+    kvw_engine_t *e = r->engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = r->rx.verify != KVW_VERIFY_CALLER || !r->rx.v_landed || r->rx.v_have_local ||
+                              kvw__req_ended(r)
+                          ? KVW_ERR_STATE
+                          : KVW_OK;
+    if (!st)
+        kvw__verify_landed_locked(r, true, digest);
+    bool ended = kvw__req_ended(r);
+    pthread_mutex_unlock(&e->lock);
+    if (ended)
+        kvw__stager_unreserve(r); /* nothing lands in its slots any more */
+    return st;
 }

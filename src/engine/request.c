@@ -3,6 +3,7 @@
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */
 #include "engine/engine.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 
@@ -182,7 +183,7 @@ void kvw__req_drained(kvw_req_t *r)
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     r->tx.drained = true;
-    if (r->tx.notify_failure || r->user_gone)
+    if (r->tx.notify_failure || r->user_gone || r->tx.digest_due)
         kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
 }
@@ -212,8 +213,11 @@ void kvw__req_release_handle_locked(kvw_req_t *r)
         kvw__req_touch_locked(r);
         return;
     }
-    bool answer_owed =
-        r->role == KVW_ROLE_PREFILL ? atomic_load(&r->state) == KVW_POLL_FAILED : r->rx.abort_due;
+    if (r->role == KVW_ROLE_PREFILL && r->tx.caller_digest && !r->tx.digest_given)
+        r->tx.digest_due = false; /* verify: the caller's digest can no longer come */
+    bool answer_owed = r->role == KVW_ROLE_PREFILL
+                           ? atomic_load(&r->state) == KVW_POLL_FAILED || kvw__verify_owed_locked(r)
+                           : r->rx.abort_due;
     if (answer_owed) {
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
         kvw__req_touch_locked(r);

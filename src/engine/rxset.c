@@ -91,6 +91,12 @@ kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *e, const kvw_receiver_param
                   (unsigned long long)p.room);
         return KVW_ERR_UNSUPPORTED;
     }
+    if (e->verify_mode) {
+        KVW_ERROR("room %llu: a receiver over several prefill ranks cannot verify the bytes "
+                  "(KVW_VERIFY=1): head slicing is not verified",
+                  (unsigned long long)p.room);
+        return KVW_ERR_UNSUPPORTED;
+    }
     kvw_rxset_t *set = calloc(1, sizeof(*set) + p.num_ranks * sizeof(kvw_req_t *));
     if (!set)
         return KVW_ERR_NO_MEMORY;

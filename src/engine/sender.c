@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/poller.h"
 #include "engine/stager.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 
@@ -122,6 +123,7 @@ static kvw_status_t plan_seg_locked(kvw_req_t *r, kvw_seg_t *s)
                       .layer_end = s->le,
                       .max_msg = r->peer->max_msg_sz};
     s->landing = r->tx.landing;
+    s->digest_due = r->tx.verify && !r->tx.caller_digest;
     p->num_runs = s->landing
                       ? landing_runs(s->src, s->first, s->n, s->runs)
                       : kvw__plan_runs(s->src, r->tx.dst_pages ? r->tx.dst_pages + s->first : NULL,
@@ -434,6 +436,8 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
                                                char *why, size_t size)
 {
     kvw_status_t st = check_request(r, peer, m, why, size);
+    if (!st)
+        st = kvw__verify_accept_locked(r, peer, m, why, size);
     if (!st)
         st = accept_heads(r, peer, m, why, size);
     if (st)
@@ -873,6 +877,32 @@ kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
                              .start_ns = first,
                              .end_ns = done};
     return KVW_OK;
+}
+
+kvw_status_t kvw__sender_set_digest_locked(kvw_req_t *r, uint64_t digest)
+{
+    /* After Success too: the writes may complete before the caller's
+     * digest is computed; the DIGEST waits for it. */
+    if (r->engine->verify_mode != KVW_VERIFY_CALLER || r->tx.digest_given ||
+        atomic_load(&r->state) == KVW_POLL_FAILED)
+        return KVW_ERR_STATE;
+    r->tx.digest_given = true;
+    r->tx.given = digest;
+    kvw__req_touch_locked(r); /* the control thread sends it once it may */
+    return KVW_OK;
+}
+
+kvw_status_t kvw_sender_set_digest(kvw_sender_t *s, uint64_t digest)
+{
+    if (!s)
+        return KVW_ERR_INVALID;
+    if (s->req.tx.set)
+        return kvw__txset_set_digest(s->req.tx.set, digest);
+    kvw_engine_t *e = s->req.engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = kvw__sender_set_digest_locked(&s->req, digest);
+    pthread_mutex_unlock(&e->lock);
+    return st;
 }
 
 kvw_status_t kvw_sender_abort(kvw_sender_t *s)

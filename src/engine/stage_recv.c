@@ -3,6 +3,7 @@
  * the pool, taken in order of arrival, and the copy of a landed request
  * from its slots to the GPU pages, which ends it. */
 #include "engine/stager_int.h"
+#include "engine/verify.h"
 
 #include "common/log.h"
 
@@ -200,12 +201,28 @@ static void copy_in_runs(copy_arg_t *a, kvw_req_t *r, uint32_t k, int kind)
     }
 }
 
+/* (lock) Verified r is on the GPU: Success once prefill's digest came and
+ * agrees. Landing cleared its transfer deadline (the copy is local); the
+ * wait for the DIGEST is bounded again, by what was left of it. */
+static void verify_copied_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t digest)
+{
+    kvw__verify_landed_locked(r, r->rx.verify == KVW_VERIFY_KVWIRE, digest);
+    if (!kvw__req_ended(r)) {
+        uint64_t now = kvw__now_ns(), end = r->rx.sent_ns + kvw__ms_ns(e->cfg.transfer_timeout_ms);
+        kvw__req_set_deadline_locked(r, end > now ? end : now + 1);
+    }
+}
+
 /* The request landed in its slots: copy them to the GPU pages, then end it. */
 void kvw__stage_copy_in(kvw_stager_t *st, kvw_req_t *r)
 {
     kvw_engine_t *e = st->e;
     const kvw_layout_t *l = &e->layout;
     copy_arg_t a = {.st = st, .r = r, .lane = 0};
+    /* Verified: the digest of what landed in the slots, before they are
+     * copied (the copy leaves them as they are; this is what the NIC
+     * wrote). */
+    uint64_t digest = r->rx.verify == KVW_VERIFY_KVWIRE ? kvw__verify_landed(e, r) : 0;
     if (st->kind[KVW_LAYOUT_KV])
         for (uint32_t i = 0; i < l->kv_layers * l->kv_per_layer; i++)
             copy_in_runs(&a, r, l->kv_slots[i], KVW_LAYOUT_KV);
@@ -230,6 +247,8 @@ void kvw__stage_copy_in(kvw_stager_t *st, kvw_req_t *r)
                       a.err ? a.why : why);
     else if (r->rx.aborting)
         kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
+    else if (r->rx.verify)
+        verify_copied_locked(e, r, digest);
     else if (kvw__req_succeed(r))
         kvw__req_set_deadline_locked(r, 0);
     pthread_mutex_unlock(&e->lock);

@@ -250,6 +250,20 @@ kvw_status_t kvw__txset_metrics(kvw_txset_t *set, kvw_req_metrics_t *out)
     return KVW_OK;
 }
 
+kvw_status_t kvw__txset_set_digest(kvw_txset_t *set, uint64_t digest)
+{
+    /* Every member sends the same bytes (MLA's latent whole to each decode
+     * rank; head slicing is not verified): one digest for all. */
+    kvw_engine_t *e = set->engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = KVW_ERR_STATE;
+    for (uint32_t i = 0; i < set->n; i++)
+        if (!kvw__sender_set_digest_locked(set->m[i], digest))
+            st = KVW_OK; /* a member that failed keeps none: its decode was told */
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
 kvw_status_t kvw__txset_abort(kvw_txset_t *set)
 {
     kvw_engine_t *e = set->engine;

@@ -107,6 +107,9 @@ static bool msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_REPLAY_ANSWER:
         return a->u.replay.room == b->u.replay.room && a->u.replay.token == b->u.replay.token &&
                a->u.replay.epoch == b->u.replay.epoch && a->u.replay.answer == b->u.replay.answer;
+    case KVW_MSG_DIGEST:
+        return a->u.digest.room == b->u.digest.room && a->u.digest.token == b->u.digest.token &&
+               a->u.digest.epoch == b->u.digest.epoch && a->u.digest.value == b->u.digest.value;
     }
     return false; /* decode accepted a type it does not know */
 }

@@ -90,6 +90,7 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
     ADD(.type = KVW_MSG_REPLAY_ASK, .u.replay = {.room = 1, .token = 1, .epoch = 0});
     ADD(.type = KVW_MSG_REPLAY_ANSWER,
         .u.replay = {.room = 1, .token = 1, .epoch = 0, .answer = KVW_WIRE_REPLAY_AGAIN});
+    ADD(.type = KVW_MSG_DIGEST, .u.digest = {.room = 1, .token = 1, .value = 0xe3069283});
 #undef ADD
     return n;
 }
@@ -177,12 +178,18 @@ static void prefill_seeds(const kvw_msg_t *all, size_t n)
     ranged.u.request.head_count = 1;
     const kvw_msg_t *rtalk[] = {hello, credit, &ranged, ping};
     write_stream("prefill", "ranged-request", rtalk, NULL, 4);
+    /* Wire 11: a request decode verifies. */
+    kvw_msg_t verified = *req;
+    verified.u.request.heads_flags = KVW_WIRE_REQ_VERIFY;
+    const kvw_msg_t *vtalk[] = {hello, credit, &verified, ping};
+    write_stream("prefill", "verified-request", vtalk, NULL, 4);
 }
 
 static void decode_seeds(const kvw_msg_t *all, size_t n)
 {
     static const uint16_t types[] = {KVW_MSG_HELLO_ACK, KVW_MSG_REQUEST_FAILED, KVW_MSG_PONG,
-                                     KVW_MSG_BYE,       KVW_MSG_LANE_RESET,     KVW_MSG_REPLAY_ASK};
+                                     KVW_MSG_BYE,       KVW_MSG_LANE_RESET,     KVW_MSG_REPLAY_ASK,
+                                     KVW_MSG_DIGEST};
     per_type("decode", all, n, types, sizeof(types) / sizeof(types[0]));
     const kvw_msg_t *ack = find(all, n, KVW_MSG_HELLO_ACK),
                     *failed = find(all, n, KVW_MSG_REQUEST_FAILED),
@@ -192,6 +199,9 @@ static void decode_seeds(const kvw_msg_t *all, size_t n)
     const uint8_t multi_flags[] = {FUZZ_MORE, 0, 0};
     const kvw_msg_t *multi[] = {pong, ping, pong};
     write_stream("decode", "multipart", multi, multi_flags, 3);
+    const kvw_msg_t *digest = find(all, n, KVW_MSG_DIGEST);
+    const kvw_msg_t *dtalk[] = {ack, pong, digest, pong};
+    write_stream("decode", "digest", dtalk, NULL, 4);
 }
 
 static void bootstrap_seeds(const kvw_msg_t *all, size_t n)

@@ -173,6 +173,7 @@ typedef struct nic_state {
     uint32_t next_handle;
     fake_nic_faults_t faults;
     uint64_t fault_posts, fault_execs, fault_recv_posts, rng;
+    uint64_t fault_bytes; /* bytes placed in scope since the faults were set (flip_byte) */
     fake_nic_stats_t stats;
 } nic_state_t;
 
@@ -1490,6 +1491,21 @@ static void consume_recv(nic_qp_t *r, const nic_qp_t *from, const nic_swr_t *w)
     cq_push(r->rcq, &wc, NULL, 0, w->solicited);
 }
 
+/* The flip_byte fault: invert one byte of the len just placed at addr if
+ * the count reaches it within them. */
+static void flip_in_flight(const nic_qp_t *qp, uint64_t addr, uint64_t len)
+{
+    uint64_t want = nic.faults.flip_byte;
+    if (!want || !len || !in_fault_scope(qp))
+        return;
+    uint64_t before = nic.fault_bytes;
+    nic.fault_bytes += len;
+    if (want <= before || want > nic.fault_bytes)
+        return;
+    ((uint8_t *)(uintptr_t)addr)[want - before - 1] ^= 0xff;
+    nic.stats.bytes_flipped++;
+}
+
 /* Success: place the bytes, then the receive's and our own completions. */
 static void deliver(nic_qp_t *qp, nic_qp_t *r, nic_swr_t *w)
 {
@@ -1500,6 +1516,7 @@ static void deliver(nic_qp_t *qp, nic_qp_t *r, nic_swr_t *w)
                     w->sge[i].length);
         at += w->sge[i].length;
     }
+    flip_in_flight(qp, w->remote_addr, w->len);
     nic.stats.bytes_written += w->len;
     uint32_t n = packets(qp, w->len);
     qp->sq_psn = (qp->sq_psn + n) & NIC_PSN_MASK;
@@ -1688,7 +1705,7 @@ void fake_nic_set_faults(const fake_nic_faults_t *faults)
 {
     lock();
     nic.faults = faults ? *faults : (fake_nic_faults_t){0};
-    nic.fault_posts = nic.fault_execs = nic.fault_recv_posts = 0;
+    nic.fault_posts = nic.fault_execs = nic.fault_recv_posts = nic.fault_bytes = 0;
     nic.rng = nic.faults.seed ? nic.faults.seed : 0x9e3779b97f4a7c15ull;
     changed();
     unlock();

@@ -77,6 +77,12 @@ typedef struct fake_nic_faults {
      * at index fail_recv_wr (its last receive if the list is shorter). */
     uint64_t fail_recv_call;
     uint32_t fail_recv_wr;
+    /* Silent corruption in flight: the flip_byte-th byte the wire places
+     * (1-based, over the payload of successful writes in scope) lands with
+     * its bits inverted; the write completes as if nothing happened (what
+     * the transport's own checks would miss, e.g. a bad PCIe or memory
+     * path). Counted in stats.bytes_flipped. */
+    uint64_t flip_byte;
 } fake_nic_faults_t;
 
 typedef struct fake_nic_stats {
@@ -90,6 +96,7 @@ typedef struct fake_nic_stats {
     uint64_t cqes;        /* completions produced (polled or not) */
     uint64_t cq_overruns; /* must stay 0; each is also a fatal error */
     uint64_t bytes_written;
+    uint64_t bytes_flipped; /* the flip_byte fault's */
     /* Misuse that real verbs would punish (CQ overrun, destroy_cq with
      * unacked events, ...): counted, the first one described. */
     uint64_t fatal_errors;

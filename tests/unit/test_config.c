@@ -51,6 +51,7 @@ static const char *const env_names[] = {
     "KVW_POLL_BUSY_US",
     "KVW_MAX_HANDSHAKES",
     "KVW_LANDING_MIB",
+    "KVW_VERIFY",
 };
 #define NUM_ENV (sizeof(env_names) / sizeof(env_names[0]))
 
@@ -115,6 +116,7 @@ static void assert_defaults(const kvw_config_t *c)
     assert_string_equal(c->devices, "");
     assert_int_equal(c->gpu_flush, -1);
     assert_int_equal(c->gpu_relaxed_ordering, -1);
+    assert_int_equal(c->verify, 0); /* off: the data path unchanged */
 }
 
 /* ------------------------------------------------------------ config */
@@ -393,6 +395,7 @@ static void test_print(void **state)
         {"poll_busy_us", "KVW_POLL_BUSY_US", 0},
         {"max_handshakes", "KVW_MAX_HANDSHAKES", 16},
         {"landing_mib", "KVW_LANDING_MIB", 64},
+        {"verify", "KVW_VERIFY", 0},
     };
     const size_t n = sizeof(want) / sizeof(want[0]);
     assert_int_equal(n, NUM_ENV);
@@ -484,7 +487,7 @@ static void test_status_strings(void **state)
 #undef KVW_TEST_STATUS
     };
     const size_t n = sizeof(all) / sizeof(all[0]);
-    assert_int_equal(n, 19);
+    assert_int_equal(n, 20);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(kvw_status_name(all[i].st), all[i].name);
         assert_string_equal(kvw_strerror(all[i].st), all[i].msg);
@@ -500,8 +503,9 @@ static void test_status_strings(void **state)
     assert_int_equal(KVW_ERR_UNSUPPORTED, -16);
     assert_int_equal(KVW_ERR_ABORTED, -17);
     assert_int_equal(KVW_ERR_LIMIT, -18);
+    assert_int_equal(KVW_ERR_CORRUPT, -19);
 
-    static const int unknown[] = {1, 2, -19, -100, 12345, INT32_MIN, INT32_MAX};
+    static const int unknown[] = {1, 2, -20, -100, 12345, INT32_MIN, INT32_MAX};
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
         assert_string_equal(kvw_strerror((kvw_status_t)unknown[i]), "unknown status");
         assert_string_equal(kvw_status_name((kvw_status_t)unknown[i]), "KVW_UNKNOWN");

@@ -203,6 +203,12 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.replay.epoch, b->u.replay.epoch);
         assert_int_equal(a->u.replay.answer, b->u.replay.answer);
         break;
+    case KVW_MSG_DIGEST:
+        assert_int_equal(a->u.digest.room, b->u.digest.room);
+        assert_int_equal(a->u.digest.token, b->u.digest.token);
+        assert_int_equal(a->u.digest.epoch, b->u.digest.epoch);
+        assert_int_equal(a->u.digest.value, b->u.digest.value);
+        break;
     default:
         fail_msg("unexpected type %u", a->type);
     }
@@ -381,6 +387,13 @@ static void test_roundtrip_request(void **state)
     m.u.request.head_count = 0;
     roundtrip(&m);
     m.u.request.heads_flags = m.u.request.head_first = 0;
+    /* Wire 11: decode verifies the bytes, alone or beside a head range. */
+    m.u.request.heads_flags = KVW_WIRE_REQ_VERIFY;
+    roundtrip(&m);
+    m.u.request.heads_flags = KVW_WIRE_REQ_VERIFY | KVW_WIRE_HEADS_RANGE;
+    m.u.request.head_count = 2;
+    roundtrip(&m);
+    m.u.request.heads_flags = m.u.request.head_count = 0;
     /* Pages, then state indices, in one array, with a count per state
      * group (a Mamba group of one slot, a skipped group). */
     m.u.request.num_pages = 3;
@@ -534,6 +547,33 @@ static void test_roundtrip_replay(void **state)
     expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
 }
 
+static void truncations(const kvw_msg_t *m);
+
+/* Wire 11: the digest of a request's bytes, any 64-bit value; a token or
+ * epoch too large is refused. */
+static void test_roundtrip_digest(void **state)
+{
+    (void)state;
+    kvw_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVW_MSG_DIGEST;
+    m.u.digest.room = 0x0102030405060708ull;
+    m.u.digest.token = KVW_WIRE_TOKEN_MASK;
+    m.u.digest.epoch = KVW_WIRE_IMM_EPOCH_MASK;
+    m.u.digest.value = 0xfedcba9876543210ull;
+    roundtrip(&m);
+    assert_int_equal(kvw__wire_size(&m), KVW_WIRE_HEADER_LEN + 24);
+    m.u.digest.value = 0;
+    roundtrip(&m);
+    truncations(&m);
+    uint8_t buf[256];
+    m.u.digest.token = KVW_WIRE_TOKEN_MASK + 1;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.digest.token = 1;
+    m.u.digest.epoch = KVW_WIRE_IMM_EPOCH_MASK + 1;
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+}
+
 static void test_roundtrip_ping_pong(void **state)
 {
     (void)state;
@@ -559,7 +599,7 @@ static void test_type_names(void **state)
                                      KVW_MSG_BYE,           KVW_MSG_LANE_RESET,
                                      KVW_MSG_LANE_READY,    KVW_MSG_REPLAY_ASK,
                                      KVW_MSG_REPLAY_ANSWER, KVW_MSG_LANE_DOWN,
-                                     KVW_MSG_LANE_UP};
+                                     KVW_MSG_LANE_UP,       KVW_MSG_DIGEST};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
@@ -800,7 +840,7 @@ static void test_reject_request_page_count(void **state)
     assert_int_equal(out.u.request.head_first, 4);
     assert_int_equal(out.u.request.head_count, 4);
     kvw__wire_free(&out);
-    expect_reject(buf, forge_request_heads(buf, 3, 3, 8, 0, 0)); /* an unknown flag */
+    expect_reject(buf, forge_request_heads(buf, 3, 3, 16, 0, 0)); /* an unknown flag */
     /* Landing (wire 8) only with a range of some heads; an offset only
      * with its flag. */
     expect_reject(buf, forge_request_heads(buf, 3, 3, KVW_WIRE_HEADS_LANDING, 0, 0));
@@ -1120,6 +1160,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_request_failed),
         cmocka_unit_test(test_roundtrip_lane),
         cmocka_unit_test(test_roundtrip_replay),
+        cmocka_unit_test(test_roundtrip_digest),
         cmocka_unit_test(test_roundtrip_ping_pong),
         cmocka_unit_test(test_roundtrip_credit),
         cmocka_unit_test(test_type_names),

@@ -390,6 +390,12 @@ class KVWireKVManager(CommonKVManager):
             devs = [d.strip() for d in device.split(",") if d.strip()]
             device = devs[int(getattr(args, "gpu_id", 0) or 0) % len(devs)]
         cfg = kvwire.Config()
+        # Verified transfers (KVW_VERIFY=1): with KV pages in GPU memory the
+        # NIC reaches directly, the digests are ours (digest.py); kvwire
+        # refuses them (KVW_ERR_STATE) where it reads the memory itself.
+        self.verify = bool(cfg.verify)
+        self.caller_digests: Optional[bool] = None  # unknown until kvwire says
+        self._kv_digest: Any = None
         if role == "prefill" and "KVW_BOOTSTRAP_TIMEOUT_MS" not in os.environ:
             # A sender waits for decode's request as long as sglang lets it
             # (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s), not kvwire's 30 s.
@@ -403,6 +409,19 @@ class KVWireKVManager(CommonKVManager):
         return kvwire.Engine(role, self.kvwire_ip, groups=groups, device=device,
                              engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg,
                              group_heads=heads)
+
+    def kv_digest(self, pages: List[int], first: int = 0) -> int:
+        """The caller's digest of these KV pages (digest.py), on the KV
+        regions' GPU with torch."""
+        if self._kv_digest is None:
+            import torch
+
+            from kvwire.sglang.digest import KVDigest
+
+            args = self._kvwire_args[0]
+            self._kv_digest = KVDigest(args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens,
+                                       torch.cuda.current_device())
+        return self._kv_digest.digest(pages, first)
 
     # ------------------------------------------------------ registration
 
@@ -474,6 +493,7 @@ class KVWireKVSender(CommonKVSender):
         self.dummy = False
         self.sender: Optional[kvwire.Sender] = None
         self._t_first: Optional[float] = None
+        self._digest, self._pages_sent = 0, 0  # verified: the caller's digest so far
         try:
             n = getattr(mgr, "decode_receivers", 1)
             self.sender = mgr.engine.sender(int(bootstrap_room), receivers=n)
@@ -531,13 +551,41 @@ class KVWireKVSender(CommonKVSender):
                     if groups:  # asked for no state either
                         self.sender.send_state(lists=_state_lists(None, groups))
                     self.sender.send([])
+                    self._give_digest()  # of nothing: 0, as decode's dummy
                 return
             if is_last and groups:
                 self.sender.send_state(lists=_state_lists(state_indices, groups))
+            self._add_digest(kv_indices)
             self.sender.send(kv_indices)
+            if is_last:
+                self._give_digest()
         except Error as e:
             if self.sender.poll() != Poll.FAILED:
                 self._fail(f"kvwire send: {e}")
+
+    def _add_digest(self, kv_indices: Any) -> None:
+        """Verified, with the caller's digests: add this part's pages (the
+        forward pass that wrote them is ordered before on the current
+        stream; the sum syncs the host once per part)."""
+        mgr = self.kv_mgr
+        if not mgr.verify or mgr.caller_digests is False:
+            return
+        pages = _flat_indices(kv_indices)
+        self._digest = (self._digest + mgr.kv_digest(pages, self._pages_sent)) & ((1 << 64) - 1)
+        self._pages_sent += len(pages)
+
+    def _give_digest(self) -> None:
+        mgr = self.kv_mgr
+        if not mgr.verify or mgr.caller_digests is False:
+            return
+        try:
+            self.sender.set_digest(self._digest)
+            mgr.caller_digests = True
+        except Error as e:
+            if e.status != kvwire.Status.ERR_STATE or mgr.caller_digests:
+                raise
+            mgr.caller_digests = False  # kvwire reads this memory itself: stop summing
+            logger.info("kvwire verifies this engine's memory itself: no caller digests")
 
     def poll(self) -> int:
         if self.conclude_state is not None:
@@ -613,6 +661,7 @@ class KVWireKVReceiver(CommonKVReceiver):
         self.abort_notified = True  # kvwire tells prefill itself (kvw_receiver_abort)
         self._deliver = False
         self._t_meta: Optional[float] = None
+        self._pages: List[int] = []  # verified: the pages to digest once landed
 
     def _fail(self, reason: str, abort: bool = True) -> None:
         self.kv_mgr.record_failure(self.bootstrap_room, reason)
@@ -724,6 +773,8 @@ class KVWireKVReceiver(CommonKVReceiver):
             return
         lists = _state_lists(state_indices, self.kv_mgr.state_groups)
         self._t_meta = time.monotonic()
+        if self.kv_mgr.verify:
+            self._pages = _flat_indices(kv_indices)
         for r, dummy in self.recvs:
             if dummy:
                 continue
@@ -746,7 +797,8 @@ class KVWireKVReceiver(CommonKVReceiver):
         if not self.recvs:
             return common
         low = Poll.SUCCESS
-        for r, _ in self.recvs:
+        for r, dummy in self.recvs:
+            self._verify_landed(r, dummy)
             s = r.poll()
             if s == Poll.FAILED:
                 err = r.failure()
@@ -757,6 +809,17 @@ class KVWireKVReceiver(CommonKVReceiver):
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
             self.conclude_state = KVPoll.Success
         return int(low)
+
+    def _verify_landed(self, r: kvwire.Receiver, dummy: bool) -> None:
+        """Verified, with the caller's digests: once r landed, the digest of
+        our pages (a dummy, asked for nothing: 0), which kvwire compares
+        with prefill's. landed() is False where kvwire digests itself."""
+        if not self.kv_mgr.verify or r.closed or not r.landed():
+            return
+        try:
+            r.verify(0 if dummy else self.kv_mgr.kv_digest(self._pages, 0))
+        except Error:
+            pass  # ended meanwhile (aborted, timed out): its poll says why
 
     def failure_exception(self) -> None:
         with self.kv_mgr.failure_lock:
