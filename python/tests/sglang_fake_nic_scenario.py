@@ -6,7 +6,7 @@ scheduler queues drive them; run by test_sglang_fake_nic.py, one scenario
 per process (the fake NIC is process-wide). Prints one JSON line.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
-        python3 sglang_fake_nic_scenario.py abort|timeout|hang
+        python3 sglang_fake_nic_scenario.py abort|timeout|hang|other_rank
 
 Real: sglang's CommonKVManager / Sender / Receiver / BootstrapServer from
 the pinned snapshot under kvwire's classes (get_kv_class), kvwire's engines.
@@ -26,7 +26,11 @@ them to another request (release_kv_cache); the scenario then fills them
            set to 1 s) fires while prefill's writes, delayed 2.5 s, are
            still on the wire;
   hang     prefill's scheduler stops after bootstrap (it never sends):
-           decode must fail by the waiting timeout (2 s here), not wait on.
+           decode must fail by the waiting timeout (2 s here), not wait on;
+  other_rank  another TP rank of the request failed: sglang's all-reduced
+           poll (poll_and_all_reduce, a minimum) is Failed on this rank too
+           while its own writes, delayed DELAY_MS, are on the wire; sglang
+           then calls failure_exception() and frees the pages.
 """
 import json
 import os
@@ -43,7 +47,7 @@ import numpy as np  # noqa: E402
 import sglang_ref  # noqa: E402
 
 SCENARIO = sys.argv[1]
-DELAY_MS = {"abort": 300, "timeout": 2500, "hang": 0}[SCENARIO]
+DELAY_MS = {"abort": 300, "timeout": 2500, "hang": 0, "other_rank": 300}[SCENARIO]
 if SCENARIO == "timeout":
     os.environ["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] = "1"
 elif SCENARIO == "hang":
@@ -134,7 +138,8 @@ def main():
         if SCENARIO == "abort":
             r.abort()  # sglang's AbortReq on decode
         out["polls_before_failed"] = []
-        while True:  # DecodeTransferQueue.pop_transferred
+        p = int(KVPoll.Failed)  # other_rank: the all-reduced poll, not this rank's
+        while SCENARIO != "other_rank":  # DecodeTransferQueue.pop_transferred
             p = int(r.poll())
             if p in (KVPoll.Failed, KVPoll.Success):
                 break
@@ -145,12 +150,14 @@ def main():
             time.sleep(0.001)
         t_end = time.monotonic()
         out["poll"] = p
-        out["ms_to_end"] = round((t_end - t0) * 1000)
-        out["outstanding_at_end"] = nic.kvw_test_fake_nic_outstanding()
         try:
             r.failure_exception()
         except Exception as e:
             out["reason"] = str(e)
+        if SCENARIO == "other_rank":
+            t_end = time.monotonic()
+        out["ms_to_end"] = round((t_end - t0) * 1000)
+        out["outstanding_at_end"] = nic.kvw_test_fake_nic_outstanding()
         # release_kv_cache: the pages go back to the allocator; the next
         # request takes them at once and writes its own KV there.
         for d in dst:

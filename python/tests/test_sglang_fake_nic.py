@@ -71,3 +71,15 @@ def test_waiting_timeout_fails_a_hung_prefill():
     assert r["poll"] == FAILED, r
     assert "timed out" in r["reason"], r
     assert 1500 <= r["ms_to_end"] < 10000, r
+
+
+def test_failed_on_another_rank_waits_in_failure_exception():
+    """Another TP rank failed the request: sglang's all-reduced poll is
+    Failed on this rank while its writes (delayed 300 ms) are on the wire.
+    sglang calls failure_exception() right before it frees the pages, so
+    that is where this rank aborts its kvwire receivers and waits for their
+    barrier: when it returns, nothing more lands in the reused pages."""
+    r = run("other_rank")
+    assert r["ms_to_end"] >= 200, r
+    assert r["outstanding_at_end"] == 0, r
+    assert r["reused_bytes_overwritten"] == 0, r

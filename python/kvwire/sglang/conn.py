@@ -397,6 +397,8 @@ class KVWireKVManager(CommonKVManager):
 
             sg_ms = int(float(envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()) * 1000)
             cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
+        # The longest a receiver's abort barrier may take (kvw_receiver_abort)
+        self.peer_timeout_ms = int(cfg.peer_timeout_ms or 0) or 10000
         heads = None
         if self.heads is not None:
             heads = [self.heads] + [None] * (len(groups) - 1)
@@ -603,7 +605,18 @@ class KVWireKVSender(CommonKVSender):
 
 class KVWireKVReceiver(CommonKVReceiver):
     """One request on one decode rank: sglang resolves the prefill ranks
-    (init), kvwire receives from each of them."""
+    (init), kvwire receives from each of them.
+
+    Failed means "free the pages": sglang's decode queue releases the
+    request's pages on the poll that reports it (release_kv_cache) and hands
+    them to the next request. So once send_metadata() has given the pages to
+    kvwire, no path reports Failed before every kvwire receiver of the
+    request has ended (Failed: its abort barrier passed, nothing of the
+    request lands any more; or Success): an abort, sglang's waiting timeout,
+    its heartbeat (prefill dead), a kvwire failure on one prefill rank. Until
+    then the request is failing: its kvwire receivers are aborted (which
+    never blocks) and poll() keeps answering Transferring. Before
+    send_metadata kvwire holds none of sglang's pages: Failed at once."""
 
     def __init__(self, mgr: KVWireKVManager, bootstrap_addr: str,
                  bootstrap_room: Optional[int] = None):
@@ -613,15 +626,39 @@ class KVWireKVReceiver(CommonKVReceiver):
         self.abort_notified = True  # kvwire tells prefill itself (kvw_receiver_abort)
         self._deliver = False
         self._t_meta: Optional[float] = None
+        self._pages_given = False  # send_metadata handed sglang's pages to kvwire
+        self._failing = False  # failed, its kvwire receivers not all ended yet
 
-    def _fail(self, reason: str, abort: bool = True) -> None:
+    def _fail(self, reason: str, abort: bool = True) -> int:
+        """Record the failure (sglang's failure record and room status) and
+        abort the kvwire receivers; Failed once they have ended (see the
+        class), else Transferring. abort=False (a refused layout, before
+        send_metadata): the receivers' empty requests still go out."""
         self.kv_mgr.record_failure(self.bootstrap_room, reason)
         self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
-        self.conclude_state = KVPoll.Failed
+        if not abort:
+            self._deliver = True
+        return self._settle(abort)
+
+    def _settle(self, abort: bool = True) -> int:
+        self._failing = True
         if abort:
             self._abort_recvs()
-        else:
-            self._deliver = True
+        if self._pages_given and not self._recvs_ended():
+            return KVPoll.Transferring  # writes may still land: keep the pages
+        self.conclude_state = KVPoll.Failed
+        return KVPoll.Failed
+
+    def _recvs_ended(self) -> bool:
+        for r, _ in self.recvs:
+            if r.closed:
+                continue
+            try:
+                if r.poll() not in (Poll.SUCCESS, Poll.FAILED):
+                    return False
+            except Error:
+                pass  # its engine is gone: nothing lands
+        return True
 
     def _abort_recvs(self) -> None:
         for r, _ in self.recvs:
@@ -724,6 +761,10 @@ class KVWireKVReceiver(CommonKVReceiver):
             return
         lists = _state_lists(state_indices, self.kv_mgr.state_groups)
         self._t_meta = time.monotonic()
+        # sglang's waiting timeout (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)
+        # runs from here: the pages are held, waiting for prefill's data.
+        self.init_time = time.time()
+        self._pages_given = True
         for r, dummy in self.recvs:
             if dummy:
                 continue
@@ -739,10 +780,12 @@ class KVWireKVReceiver(CommonKVReceiver):
         if self.conclude_state is not None:
             return self.conclude_state
         common = self.kv_mgr.request_status.get(self.bootstrap_room, KVPoll.Failed)
-        if common == KVPoll.Failed:  # heartbeat, abort, timeout: sglang's verdict
-            self.conclude_state = KVPoll.Failed
-            self._abort_recvs()
-            return KVPoll.Failed
+        if common == KVPoll.Failed or self._failing:
+            # heartbeat, abort, timeout (sglang's verdict) or kvwire's own:
+            # Failed once kvwire's receivers have ended
+            return self._settle()
+        if self._pages_given and self._check_waiting_timeout() == KVPoll.Failed:
+            return self._settle()  # sglang recorded why (timed out after ...)
         if not self.recvs:
             return common
         low = Poll.SUCCESS
@@ -750,17 +793,46 @@ class KVWireKVReceiver(CommonKVReceiver):
             s = r.poll()
             if s == Poll.FAILED:
                 err = r.failure()
-                self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
-                return KVPoll.Failed
+                return self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
             low = min(low, s)
         if low == Poll.SUCCESS:
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
             self.conclude_state = KVPoll.Success
         return int(low)
 
+    def _wait_recvs_ended(self) -> bool:
+        """Block until this rank's kvwire receivers have ended (aborting
+        them), bounded as kvw_receiver_destroy is (2 x peer_timeout_ms +
+        1 s). For a request sglang fails on another rank's verdict (the
+        TP group's polls are all-reduced: one rank's Failed frees every
+        rank's pages) while this rank's writes may still land. True if
+        it had to abort them."""
+        if not self._pages_given or self._recvs_ended():
+            return False
+        self._failing = True
+        self._abort_recvs()
+        bound = 2 * self.kv_mgr.peer_timeout_ms / 1000 + 1.0
+        end = time.monotonic() + bound
+        while not self._recvs_ended():
+            if time.monotonic() > end:
+                logger.error("kvwire %s: room %d: the receivers did not end within %.1f s of "
+                             "their abort; sglang frees the pages now", self.kv_mgr.where(),
+                             self.bootstrap_room, bound)
+                return True
+            time.sleep(0.001)
+        self.conclude_state = KVPoll.Failed
+        return True
+
     def failure_exception(self) -> None:
+        # sglang asks this on a Failed poll, right before it frees the pages
+        # (release_kv_cache): if the Failed was another rank's, this rank's
+        # own transfer must be over first.
+        aborted_here = self._wait_recvs_ended()
         with self.kv_mgr.failure_lock:
             reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
+        if reason is None and aborted_here:
+            reason = ("failed on another rank (this rank's transfer was still under way: "
+                      "aborted, its writes over)")
         if reason is None:
             errs = [f"prefill at {r.bootstrap_addr}: {_reason(r.failure())}"
                     for r, _ in self.recvs if not r.closed and r.poll() == Poll.FAILED]
@@ -784,8 +856,13 @@ class KVWireKVReceiver(CommonKVReceiver):
         return m
 
     def abort(self) -> None:
-        super().abort()  # Failed at once, also before init
-        self._abort_recvs()
+        """sglang's AbortReq: kvwire's receivers are aborted (kvwire tells
+        prefill: no abort notification of sglang's); the request turns
+        Failed once they have ended (see the class): at once before
+        send_metadata, also before init."""
+        if self.conclude_state is not None:
+            return
+        self._fail("Aborted by AbortReq.")
 
     def clear(self) -> None:
         """Never blocks: a receiver that has not ended is destroyed on the
