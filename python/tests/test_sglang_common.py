@@ -258,3 +258,17 @@ def test_prefill_decode_receivers_from_sglangs_decode_tp(sg):
         m._decode_receivers(sa(disaggregation_decode_tp=4))
     m.is_mla_backend = True  # MLA's state goes whole to each: not sliced
     assert m._decode_receivers(sa(disaggregation_decode_tp=4)) == 2
+
+
+def test_reason_never_names_room_uint64_max(sg):
+    """A write that failed with no request in flight on its lane: the
+    library names room UINT64_MAX; sglang's failure reason does not."""
+    import kvwire
+    from kvwire.sglang import conn
+
+    e = kvwire.Error(kvwire.Status.ERR_PEER, "prefill: RDMA write (room 18446744073709551615) "
+                     "completed with remote access error (vendor error 0x0)")
+    got = conn._reason(e)
+    assert "18446744073709551615" not in got and "(no room in flight)" in got, got
+    assert conn._reason(kvwire.Error(kvwire.Status.ERR_PEER, "room 7 failed")).startswith(
+        "room 7 failed")

@@ -457,10 +457,16 @@ def KVPoll_name(v: int) -> str:  # noqa: N802
             4: "Success"}.get(int(v), str(v))
 
 
+# The library names room UINT64_MAX when a failed write matched no request
+# it still had in flight on the lane ("RDMA write (room 18446744073709551615)
+# completed with ..."): no room of sglang's.
+_NO_ROOM = f"room {2**64 - 1}"
+
+
 def _reason(err: Optional[Error]) -> str:
     if err is None:
         return "unknown"
-    return str(err)
+    return str(err).replace(_NO_ROOM, "no room in flight")
 
 
 class KVWireKVSender(CommonKVSender):
