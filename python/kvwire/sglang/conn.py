@@ -634,6 +634,7 @@ class KVWireKVReceiver(CommonKVReceiver):
         self._t_meta: Optional[float] = None
         self._pages_given = False  # send_metadata handed sglang's pages to kvwire
         self._failing = False  # failed, its kvwire receivers not all ended yet
+        self._aborted = False  # its kvwire receivers aborted
 
     def _fail(self, reason: str, abort: bool = True) -> int:
         """Record the failure (sglang's failure record and room status) and
@@ -667,6 +668,10 @@ class KVWireKVReceiver(CommonKVReceiver):
         return True
 
     def _abort_recvs(self) -> None:
+        """Once per request (a failing request's polls come back here)."""
+        if self._aborted:
+            return
+        self._aborted = True
         for r, _ in self.recvs:
             if not r.closed:
                 try:
@@ -866,8 +871,8 @@ class KVWireKVReceiver(CommonKVReceiver):
         prefill: no abort notification of sglang's); the request turns
         Failed once they have ended (see the class): at once before
         send_metadata, also before init."""
-        if self.conclude_state is not None:
-            return
+        if self.conclude_state is not None or self._failing:
+            return  # ended, or failing already (its reason stands)
         self._fail("Aborted by AbortReq.")
 
     def clear(self) -> None:
