@@ -11,8 +11,11 @@ What is sglang's and what is kvwire's:
         decode's try_ensure_parallel_info / prefill_info_table and its rank
         mapping (TP, DP attention, CP, PP), the heartbeat that fails the
         rooms of a prefill that stopped answering, request_status,
-        failure_records, conclude_state, abort bookkeeping, the bootstrap
-        and waiting timeouts.
+        failure_records, the bootstrap and waiting timeouts (decode's
+        poll runs _check_waiting_timeout from send_metadata). On decode a
+        failed request reports Failed to sglang only once kvwire's
+        receivers have ended (KVWireKVReceiver), since sglang reuses its
+        pages on that Failed.
   kvwire                         the QP handshake and the data: each rank's
         manager owns one kvwire engine; what a prefill rank registers with
         sglang's bootstrap server as (rank_ip, rank_port) is its kvwire
@@ -397,8 +400,8 @@ class KVWireKVManager(CommonKVManager):
 
             sg_ms = int(float(envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()) * 1000)
             cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
-        # The longest a receiver's abort barrier may take (kvw_receiver_abort)
-        self.peer_timeout_ms = int(cfg.peer_timeout_ms or 0) or 10000
+        # bounds a receiver's abort barrier (kvw_receiver_abort)
+        self.peer_timeout_ms = int(cfg.peer_timeout_ms)
         heads = None
         if self.heads is not None:
             heads = [self.heads] + [None] * (len(groups) - 1)

@@ -890,8 +890,8 @@ def decode_lost(o, case, s, reqs, world_group):
         # sglang's verdict aborts kvwire's receivers, and the pages are
         # released only once their abort barrier has passed: a frozen
         # prefill never confirms, so the connection is declared dead after
-        # kvwire's peer timeout (set to 60 s for this case)
-        bound += int(os.environ.get("KVW_PEER_TIMEOUT_MS", "2000")) / 1000
+        # kvwire's peer timeout (60 s for this case, read by the engine)
+        bound += mgr.peer_timeout_ms / 1000
     whys = [why.message for _, why in s.streamed if failed(why)]
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size())
     ok = not tq.queue and len(whys) == len(reqs) and took < bound and leaks == (0, 0)
