@@ -69,6 +69,14 @@ def _install(site_dir):
         f.write(PYTHON_DIR + "\n")
 
 
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    """The spawned process inherits the environment: no plugin whitelist,
+    no other backend name, unless a test sets them."""
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.delenv("KVWIRE_SGLANG_BACKEND", raising=False)
+
+
 def _spawn(**kw):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
