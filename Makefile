@@ -68,7 +68,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit abi-check abi-update python-test integration tsan chaos stream demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check doc-check unit abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -92,6 +92,17 @@ $(SHARED): $(LIB_OBJS) src/kvwire.map
 	    -Wl,--no-undefined -o $@ $(LIB_OBJS) $(LDLIBS)
 	ln -sf libkvwire.so.$(VERSION) $(BUILD)/libkvwire.so.$(SONAME_MAJOR)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(BUILD)/libkvwire.so
+
+# The Python tests' libkvwire on the fake NIC (host only, never installed):
+# the library's objects, tests/support/fake_nic.c and the few calls of
+# python/tests/fake_nic/kvw_fake_nic.c that start its devices and delay its
+# writes. Tests load it as KVWIRE_LIB in a process of their own.
+FAKE_NIC_LIB := $(BUILD)/test/libkvwire-fakenic.so
+$(FAKE_NIC_LIB): python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c \
+                 tests/support/fake_nic.h $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -shared -Wl,--no-undefined \
+	    python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c $(LIB_OBJS) -o $@ $(LDLIBS)
 
 # The prefix is baked in, so install regenerates it for its own PREFIX.
 define write_pc
@@ -179,8 +190,11 @@ abi-update: $(ABI_DUMP)
 # constructors. Debian's python3 with python3-pytest, python3-numpy and
 # python3-hypothesis; transfers run in python_scenarios.sh.
 PYTHON    ?= $(firstword $(wildcard /usr/bin/python3) python3)
-python-test: $(SHARED)
+python-fake-nic: $(FAKE_NIC_LIB)
+
+python-test: $(SHARED) $(FAKE_NIC_LIB)
 	KVWIRE_LIB=$(CURDIR)/$(BUILD)/libkvwire.so.$(SONAME_MAJOR) PYTHONPATH=$(CURDIR)/python \
+	    KVWIRE_FAKE_NIC_LIB=$(CURDIR)/$(FAKE_NIC_LIB) \
 	    PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider python/tests \
 	    --ignore=python/tests/guest
 

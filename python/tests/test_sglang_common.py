@@ -325,3 +325,131 @@ def test_caller_digests_verified_transfers(sg):
     r._verify_landed(landed, False)
     r._verify_landed(dummy, True)
     assert waiting.verified == [] and landed.verified == [2] and dummy.verified == [0]
+
+
+def test_reason_never_names_room_uint64_max(sg):
+    """A write that failed with no request in flight on its lane: the
+    library names room UINT64_MAX; sglang's failure reason does not."""
+    import kvwire
+    from kvwire.sglang import conn
+
+    e = kvwire.Error(kvwire.Status.ERR_PEER, "prefill: RDMA write (room 18446744073709551615) "
+                     "completed with remote access error (vendor error 0x0)")
+    got = conn._reason(e)
+    assert "18446744073709551615" not in got and "(no room in flight)" in got, got
+    assert conn._reason(kvwire.Error(kvwire.Status.ERR_PEER, "room 7 failed")).startswith(
+        "room 7 failed")
+
+
+class _FakeRecv:
+    """A kvwire receiver's poll / abort / failure, as the backend uses them."""
+
+    def __init__(self, state):
+        from kvwire import Poll
+
+        self.state, self.aborts, self.closed, self.bootstrap_addr = Poll(state), 0, False, "x"
+
+    def poll(self):
+        return self.state
+
+    def abort(self):
+        self.aborts += 1
+
+    def failure(self):
+        return None
+
+
+def _receiver(conn, recvs, pages_given):
+    import threading
+    import types
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    mgr = types.SimpleNamespace(request_status={5: KVPoll.Transferring}, failure_records={},
+                                failure_lock=threading.Lock(), waiting_timeout=300,
+                                peer_timeout_ms=50, where=lambda: "decode",
+                                verify=False)
+    mgr.record_failure = lambda room, why: mgr.failure_records.setdefault(room, why)
+    mgr.update_status = lambda room, st: mgr.request_status.__setitem__(room, st)
+    r = conn.KVWireKVReceiver.__new__(conn.KVWireKVReceiver)
+    r.kv_mgr, r.bootstrap_room, r.conclude_state, r.init_time = mgr, 5, None, None
+    r.recvs, r._deliver, r._pages_given = [(x, False) for x in recvs], False, pages_given
+    r._failing, r._aborted, r.abort_notified = False, False, True
+    return r
+
+
+def test_decode_failed_only_after_kvwire_ended(sg):
+    """Every path that fails a decode request (abort, sglang's heartbeat
+    verdict in request_status, kvwire's failure on one of several prefill
+    ranks) answers Transferring while a kvwire receiver holding the pages
+    has not ended, and aborts each receiver once; Failed when they have.
+    Before send_metadata (kvwire holds no page of sglang's): Failed at once.
+    (The data path itself: test_sglang_fake_nic.py.)"""
+    from kvwire import Poll
+    from kvwire.sglang import conn
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    a = _FakeRecv(Poll.TRANSFERRING)
+    r = _receiver(conn, [a], pages_given=False)
+    r.abort()
+    assert r.poll() == KVPoll.Failed and a.aborts == 1
+    for fail in ("abort", "heartbeat", "kvwire"):
+        a, b = _FakeRecv(Poll.TRANSFERRING), _FakeRecv(Poll.TRANSFERRING)
+        r = _receiver(conn, [a, b], pages_given=True)
+        if fail == "abort":
+            r.abort()
+            r.abort()  # sglang may abort twice: one abort of each receiver
+        elif fail == "heartbeat":
+            r.kv_mgr.request_status[5] = KVPoll.Failed
+        else:
+            a.state = Poll.FAILED
+        for _ in range(3):
+            assert r.poll() == KVPoll.Transferring, fail
+        assert b.aborts == 1 and r.conclude_state is None, fail
+        if fail != "kvwire":
+            a.state = Poll.FAILED
+            assert r.poll() == KVPoll.Transferring, fail  # b still holds the pages
+        b.state = Poll.FAILED if fail != "heartbeat" else Poll.SUCCESS
+        assert r.poll() == KVPoll.Failed and r.conclude_state == KVPoll.Failed, fail
+        with pytest.raises(conn.KVTransferError):
+            r.failure_exception()
+
+
+def test_decode_waiting_timeout_from_send_metadata(sg, monkeypatch):
+    """sglang's waiting timeout runs from send_metadata (init_time) and
+    fails the request with sglang's reason, after kvwire's receivers end."""
+    import time
+
+    from kvwire import Poll
+    from kvwire.sglang import conn
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    a = _FakeRecv(Poll.TRANSFERRING)
+    r = _receiver(conn, [a], pages_given=True)
+    r.kv_mgr.waiting_timeout = 0.05
+    r.init_time = time.time()
+    assert r.poll() == KVPoll.Transferring and a.aborts == 0
+    time.sleep(0.06)
+    assert r.poll() == KVPoll.Transferring and a.aborts == 1  # timed out, kvwire not ended
+    a.state = Poll.FAILED
+    assert r.poll() == KVPoll.Failed
+    assert "timed out after" in r.kv_mgr.failure_records[5]
+
+
+def test_failure_exception_waits_for_this_ranks_barrier(sg):
+    """Another rank's Failed (sglang's all-reduce) while this rank's kvwire
+    receiver still transfers: failure_exception aborts it and returns only
+    once it has ended, or after 2 x peer_timeout_ms + 1 s."""
+    import threading
+    import time
+
+    from kvwire import Poll
+    from kvwire.sglang import conn
+
+    a = _FakeRecv(Poll.TRANSFERRING)
+    r = _receiver(conn, [a], pages_given=True)
+    threading.Timer(0.2, lambda: setattr(a, "state", Poll.FAILED)).start()
+    t0 = time.monotonic()
+    with pytest.raises(conn.KVTransferError, match="failed on another rank"):
+        r.failure_exception()
+    assert 0.15 < time.monotonic() - t0 < 1.0 and a.aborts == 1

@@ -14,11 +14,15 @@ handshake and the data. Importing this package does not import sglang;
 the classes load on first use (KVWireKVManager... attributes, or
 get_kv_class).
 
-Selecting it. sglang has no plugin entry point, so install() patches three
-things of sglang, each as its module is loaded (or at once if it already
-is), in this process and in the processes it forks; launch through
-`python3 -m kvwire.sglang.launch_server` so that spawned schedulers do the
-same (it calls install() on import, which spawn repeats):
+Selecting it. Installed (pip install ./python), kvwire registers plugin()
+under the entry point group "sglang.srt.plugins": an sglang with the plugin
+framework runs it (load_plugins()) in `python -m sglang.launch_server`
+before it parses the arguments and at the start of every scheduler process,
+spawned or not. For an sglang without plugins, launch through `python3 -m
+kvwire.sglang.launch_server`, which stays the main module, so that spawned
+schedulers re-import it and call install() too. Either way install()
+patches three things of sglang, each as its module is loaded (or at once if
+it already is), in this process and in the processes it forks:
 
   1. server_args.DISAGG_TRANSFER_BACKEND_CHOICES (and
      arg_groups.choices's, where it exists) gains "kvwire", so the option
@@ -45,7 +49,7 @@ from typing import Any, Dict, Optional
 
 __all__ = [
     "KVWireKVBootstrapServer", "KVWireKVManager", "KVWireKVReceiver", "KVWireKVSender",
-    "install", "uninstall", "installed_backend", "BACKEND",
+    "install", "uninstall", "installed_backend", "plugin", "BACKEND",
 ]
 
 BACKEND = "kvwire"
@@ -242,3 +246,12 @@ def uninstall() -> None:
 def installed_backend() -> Optional[str]:
     """The sglang backend name kvwire serves, or None."""
     return _state["replace"]
+
+
+def plugin() -> None:
+    """sglang's general plugin (entry point group "sglang.srt.plugins",
+    declared in python/pyproject.toml): install(). sglang's load_plugins()
+    calls it once per process, before it parses the arguments and at the
+    start of each scheduler process; it imports nothing of sglang itself.
+    $SGLANG_PLUGINS, where set, must name "kvwire" for sglang to load it."""
+    install()

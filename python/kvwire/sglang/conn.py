@@ -11,8 +11,11 @@ What is sglang's and what is kvwire's:
         decode's try_ensure_parallel_info / prefill_info_table and its rank
         mapping (TP, DP attention, CP, PP), the heartbeat that fails the
         rooms of a prefill that stopped answering, request_status,
-        failure_records, conclude_state, abort bookkeeping, the bootstrap
-        and waiting timeouts.
+        failure_records, the bootstrap and waiting timeouts (decode's
+        poll runs _check_waiting_timeout from send_metadata). On decode a
+        failed request reports Failed to sglang only once kvwire's
+        receivers have ended (KVWireKVReceiver), since sglang reuses its
+        pages on that Failed.
   kvwire                         the QP handshake and the data: each rank's
         manager owns one kvwire engine; what a prefill rank registers with
         sglang's bootstrap server as (rank_ip, rank_port) is its kvwire
@@ -403,6 +406,8 @@ class KVWireKVManager(CommonKVManager):
 
             sg_ms = int(float(envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()) * 1000)
             cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
+        # bounds a receiver's abort barrier (kvw_receiver_abort)
+        self.peer_timeout_ms = int(cfg.peer_timeout_ms)
         heads = None
         if self.heads is not None:
             heads = [self.heads] + [None] * (len(groups) - 1)
@@ -474,10 +479,16 @@ def KVPoll_name(v: int) -> str:  # noqa: N802
             4: "Success"}.get(int(v), str(v))
 
 
+# The library names room UINT64_MAX when a failed write matched no request
+# it still had in flight on the lane ("RDMA write (room 18446744073709551615)
+# completed with ..."): no room of sglang's.
+_NO_ROOM = f"room {2**64 - 1}"
+
+
 def _reason(err: Optional[Error]) -> str:
     if err is None:
         return "unknown"
-    return str(err)
+    return str(err).replace(_NO_ROOM, "no room in flight")
 
 
 class KVWireKVSender(CommonKVSender):
@@ -651,7 +662,18 @@ class KVWireKVSender(CommonKVSender):
 
 class KVWireKVReceiver(CommonKVReceiver):
     """One request on one decode rank: sglang resolves the prefill ranks
-    (init), kvwire receives from each of them."""
+    (init), kvwire receives from each of them.
+
+    Failed means "free the pages": sglang's decode queue releases the
+    request's pages on the poll that reports it (release_kv_cache) and hands
+    them to the next request. So once send_metadata() has given the pages to
+    kvwire, no path reports Failed before every kvwire receiver of the
+    request has ended (Failed: its abort barrier passed, nothing of the
+    request lands any more; or Success): an abort, sglang's waiting timeout,
+    its heartbeat (prefill dead), a kvwire failure on one prefill rank. Until
+    then the request is failing: its kvwire receivers are aborted (which
+    never blocks) and poll() keeps answering Transferring. Before
+    send_metadata kvwire holds none of sglang's pages: Failed at once."""
 
     def __init__(self, mgr: KVWireKVManager, bootstrap_addr: str,
                  bootstrap_room: Optional[int] = None):
@@ -662,17 +684,46 @@ class KVWireKVReceiver(CommonKVReceiver):
         self._deliver = False
         self._t_meta: Optional[float] = None
         self._pages: List[int] = []  # verified: the pages to digest once landed
+        self._pages_given = False  # send_metadata handed sglang's pages to kvwire
+        self._failing = False  # failed, its kvwire receivers not all ended yet
+        self._aborted = False  # its kvwire receivers aborted
 
-    def _fail(self, reason: str, abort: bool = True) -> None:
+    def _fail(self, reason: str, abort: bool = True) -> int:
+        """Record the failure (sglang's failure record and room status) and
+        abort the kvwire receivers; Failed once they have ended (see the
+        class), else Transferring. abort=False (a refused layout, before
+        send_metadata): the receivers' empty requests still go out."""
         self.kv_mgr.record_failure(self.bootstrap_room, reason)
         self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
-        self.conclude_state = KVPoll.Failed
+        if not abort:
+            self._deliver = True
+        return self._settle(abort)
+
+    def _settle(self, abort: bool = True) -> int:
+        self._failing = True
         if abort:
             self._abort_recvs()
-        else:
-            self._deliver = True
+        if self._pages_given and not self._recvs_ended():
+            return KVPoll.Transferring  # writes may still land: keep the pages
+        self.conclude_state = KVPoll.Failed
+        return KVPoll.Failed
+
+    def _recvs_ended(self) -> bool:
+        for r, _ in self.recvs:
+            if r.closed:
+                continue
+            try:
+                if r.poll() not in (Poll.SUCCESS, Poll.FAILED):
+                    return False
+            except Error:
+                pass  # its engine is gone: nothing lands
+        return True
 
     def _abort_recvs(self) -> None:
+        """Once per request (a failing request's polls come back here)."""
+        if self._aborted:
+            return
+        self._aborted = True
         for r, _ in self.recvs:
             if not r.closed:
                 try:
@@ -775,6 +826,10 @@ class KVWireKVReceiver(CommonKVReceiver):
         self._t_meta = time.monotonic()
         if self.kv_mgr.verify:
             self._pages = _flat_indices(kv_indices)
+        # sglang's waiting timeout (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)
+        # runs from here: the pages are held, waiting for prefill's data.
+        self.init_time = time.time()
+        self._pages_given = True
         for r, dummy in self.recvs:
             if dummy:
                 continue
@@ -790,10 +845,12 @@ class KVWireKVReceiver(CommonKVReceiver):
         if self.conclude_state is not None:
             return self.conclude_state
         common = self.kv_mgr.request_status.get(self.bootstrap_room, KVPoll.Failed)
-        if common == KVPoll.Failed:  # heartbeat, abort, timeout: sglang's verdict
-            self.conclude_state = KVPoll.Failed
-            self._abort_recvs()
-            return KVPoll.Failed
+        if common == KVPoll.Failed or self._failing:
+            # heartbeat, abort, timeout (sglang's verdict) or kvwire's own:
+            # Failed once kvwire's receivers have ended
+            return self._settle()
+        if self._pages_given and self._check_waiting_timeout() == KVPoll.Failed:
+            return self._settle()  # sglang recorded why (timed out after ...)
         if not self.recvs:
             return common
         low = Poll.SUCCESS
@@ -802,8 +859,7 @@ class KVWireKVReceiver(CommonKVReceiver):
             s = r.poll()
             if s == Poll.FAILED:
                 err = r.failure()
-                self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
-                return KVPoll.Failed
+                return self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
             low = min(low, s)
         if low == Poll.SUCCESS:
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
@@ -821,9 +877,39 @@ class KVWireKVReceiver(CommonKVReceiver):
         except Error:
             pass  # ended meanwhile (aborted, timed out): its poll says why
 
+    def _wait_recvs_ended(self) -> bool:
+        """Block until this rank's kvwire receivers have ended (aborting
+        them), bounded as kvw_receiver_destroy is (2 x peer_timeout_ms +
+        1 s). For a request sglang fails on another rank's verdict (the
+        TP group's polls are all-reduced: one rank's Failed frees every
+        rank's pages) while this rank's writes may still land. True if
+        it had to abort them."""
+        if not self._pages_given or self._recvs_ended():
+            return False
+        self._failing = True
+        self._abort_recvs()
+        bound = 2 * self.kv_mgr.peer_timeout_ms / 1000 + 1.0
+        end = time.monotonic() + bound
+        while not self._recvs_ended():
+            if time.monotonic() > end:
+                logger.error("kvwire %s: room %d: the receivers did not end within %.1f s of "
+                             "their abort; sglang frees the pages now", self.kv_mgr.where(),
+                             self.bootstrap_room, bound)
+                return True
+            time.sleep(0.001)
+        self.conclude_state = KVPoll.Failed
+        return True
+
     def failure_exception(self) -> None:
+        # sglang asks this on a Failed poll, right before it frees the pages
+        # (release_kv_cache): if the Failed was another rank's, this rank's
+        # own transfer must be over first.
+        aborted_here = self._wait_recvs_ended()
         with self.kv_mgr.failure_lock:
             reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
+        if reason is None and aborted_here:
+            reason = ("failed on another rank (this rank's transfer was still under way: "
+                      "aborted, its writes over)")
         if reason is None:
             errs = [f"prefill at {r.bootstrap_addr}: {_reason(r.failure())}"
                     for r, _ in self.recvs if not r.closed and r.poll() == Poll.FAILED]
@@ -847,8 +933,13 @@ class KVWireKVReceiver(CommonKVReceiver):
         return m
 
     def abort(self) -> None:
-        super().abort()  # Failed at once, also before init
-        self._abort_recvs()
+        """sglang's AbortReq: kvwire's receivers are aborted (kvwire tells
+        prefill: no abort notification of sglang's); the request turns
+        Failed once they have ended (see the class): at once before
+        send_metadata, also before init."""
+        if self.conclude_state is not None or self._failing:
+            return  # ended, or failing already (its reason stands)
+        self._fail("Aborted by AbortReq.")
 
     def clear(self) -> None:
         """Never blocks: a receiver that has not ended is destroyed on the

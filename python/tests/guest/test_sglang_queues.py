@@ -70,7 +70,8 @@ def _stop_prefill_when_ready(tmp, launcher, secs):
     if _wait(tmp, _ready("freeze22"), launcher, end):
         _signal_prefill(tmp, signal.SIGSTOP)
         (tmp / "freeze22.stopped").write_text("")
-        _wait(tmp, ["freeze22.failed"], launcher, time.monotonic() + 120)
+        # heartbeat (about 14 s) + kvwire's abort barrier (peer timeout, 60 s)
+        _wait(tmp, ["freeze22.failed"], launcher, time.monotonic() + 200)
         _signal_prefill(tmp, signal.SIGCONT)
         (tmp / "freeze22.release").write_text("")
     if _wait(tmp, _ready("kill22"), launcher, end):
@@ -232,8 +233,10 @@ def test_prefill_frozen_fails_by_sglangs_heartbeat(run):
     transfer queue, kvwire's own peer timers set to 60 s: each decode rank
     fails them all through sglang's heartbeat ("Lost connection with
     prefill instance"; 2 s x 2 here, each try also waiting out the 2 s + 3 s
-    HTTP timeouts, + 10 s) and frees their pages; resumed, prefill fails
-    its side too."""
+    HTTP timeouts, + 10 s) and frees their pages once kvwire's abort
+    barrier has passed (a frozen prefill never confirms: kvwire's peer
+    timeout, 60 s here, declares the connection dead); resumed, prefill
+    fails its side too."""
     codes, text = run
     for r in range(WORLD):
         assert codes[("decode", r)] == 0, text[-4000:]

@@ -18,6 +18,8 @@ _DEFAULTS = {
     "SGLANG_DISAGGREGATION_SAMPLING_MASK_MAX_TOKENS": 0,
     "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": None,
     "SGLANG_TEST_DISAGG_FAILURE_PROB": 0.0,
+    # read by the plugin loader (plugins/__init__.py): a whitelist of names
+    "SGLANG_PLUGINS": None,
 }
 
 
