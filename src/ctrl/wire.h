@@ -16,8 +16,9 @@
  * in a slice of it (an offset); 9: HELLO carries the sender's rails
  * (devices): each QP's rail, each rail's link speed, and every region's
  * rkey on each rail; 10: LANE_RESET / LANE_READY bring a lane that failed
- * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP */
-#define KVW_WIRE_VERSION 10
+ * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP;
+ * 11: CLOSING, the orderly end of a connection */
+#define KVW_WIRE_VERSION 11
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -115,6 +116,12 @@ typedef enum {
      * rather than after its cooldown (the lane in `lane.qp`; the other
      * fields 0). */
     KVW_MSG_LANE_UP = 39,
+    /* Wire 11, decode -> prefill: status, reason (the body of BYE).
+     * Decode's engine is going: prefill posts nothing more on the
+     * connection, lets what it posted complete (its QPs stay up at decode
+     * meanwhile, so every ACK can still come), then ends the connection
+     * with BYE, which is decode's cue to tear its QPs down. */
+    KVW_MSG_CLOSING = 41,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
@@ -142,7 +149,8 @@ static inline uint32_t kvw__wire_region_rkey(const kvw_wire_region_t *g, uint32_
 
 typedef struct kvw_msg {
     uint16_t type;
-    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED, ABORT, BYE */
+    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED, ABORT, BYE,
+                     * CLOSING */
     union {
         struct {
             uint32_t rank;
@@ -193,7 +201,7 @@ typedef struct kvw_msg {
             uint64_t room;
             uint32_t token;
             char reason[KVW_WIRE_REASON_MAX];
-        } failed; /* REQUEST_FAILED, ABORT, BYE (room and token unused) */
+        } failed; /* REQUEST_FAILED, ABORT, BYE, CLOSING (room and token unused in the last two) */
         struct {
             uint64_t engine_id;
         } ping;

@@ -641,6 +641,14 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         kvw__peer_close(p, (kvw_status_t)m->status, "decode closed the connection: %.120s",
                         m->u.failed.reason);
         break;
+    case KVW_MSG_CLOSING:
+        /* Decode keeps its QPs up until our BYE: wait for the ACKs of what
+         * we posted (a loaded host may take longer than one ACK timeout),
+         * so that a request decode counted as landed ends Success here
+         * too. Bounded as a silent peer is. */
+        kvw__peer_close_within(p, kvw__ms_ns(e->cfg.peer_timeout_ms), (kvw_status_t)m->status,
+                               "decode engine closed the connection: %.120s", m->u.failed.reason);
+        break;
     default:
         kvw__ctl_dropped(e, "unexpected %s from peer %u", kvw__wire_type_name(m->type), p->index);
     }

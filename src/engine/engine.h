@@ -234,6 +234,9 @@ struct kvw_peer {
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
     atomic_bool ctl_gone; /* the other side's control connection closed: no BYE can reach it */
+    /* Decode: its engine is going and it said CLOSING; prefill's BYE (it
+     * has its completions) ends the connection, news rather than trouble. */
+    atomic_bool closing_said;
 
     /* control thread only */
     void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */
@@ -529,6 +532,9 @@ struct kvw_engine {
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
     atomic_bool stop;
+    /* The poller stops only after the control thread: decode's QPs must
+     * live while it ends its connections in order (kvw__decode_close_all). */
+    atomic_bool poller_stop;
 
     pthread_mutex_t lock;
     /* Held for one poller pass (run_once), by the poller thread or by a
@@ -877,6 +883,10 @@ void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
  * no retransmission outlives the peer. Any thread. */
 void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same when decode says CLOSING: its QPs stay up until our BYE, so the
+ * posted writes get grace_ns to complete rather than one ACK timeout. */
+void kvw__peer_close_within(kvw_peer_t *p, uint64_t grace_ns, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Poller: a closing peer with nothing in flight any more is killed. */
 void kvw__peer_close_if_drained(kvw_peer_t *p, bool drained);
 /* Move p from state `from` to `to`; false (and nothing changed) if p was

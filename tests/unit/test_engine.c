@@ -1216,8 +1216,54 @@ static void test_decode_leaving_after_success_is_success(void **state)
     }
 }
 
+/* Issue 28 (rxe soak with one core kept busy): a clean cycle's room ended
+ * Success on decode and Failed on prefill, "decode engine's control
+ * connection closed". Decode destroyed its engine (QPs gone) right after
+ * Success; prefill, seeing the connection close, gave its last writes one
+ * ACK timeout (67 ms) and failed them, though they had landed: on a loaded
+ * host the ACK takes longer. Now decode says CLOSING and keeps its QPs up
+ * until prefill, with every completion reaped, answers BYE. Here the ACKs
+ * come well past one ACK timeout (within peer_timeout_ms, 400 ms): every
+ * request decode reported Success is a Success at prefill too, counted. */
+static void test_decode_destroyed_before_acks_is_success(void **state)
+{
+    (void)state;
+    enum { ROOMS = 3 };
+    kvw_counters_t before, after;
+    kvw_engine_counters(pair.prefill, &before);
+    fake_nic_faults_t late_ack = {.ack_delay_us = 250000};
+    fake_nic_set_faults(&late_ack);
+    for (uint64_t room = 1; room <= ROOMS; room++) {
+        pair_room_t a;
+        pair_pick(&a, room, 8, room, 0);
+        assert_int_equal(kvw_sender_create(pair.prefill, a.room, &a.s), KVW_OK);
+        assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+        a.r = receive_on(pair.decode, &a);
+        send_now(&a);
+        assert_int_equal(wait_receiver(a.r), KVW_POLL_SUCCESS);
+        assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+        /* The ACKs are still on their way: decode leaves now. */
+        assert_int_equal(kvw_sender_poll(a.s), KVW_POLL_TRANSFERRING);
+        kvw_receiver_destroy(a.r);
+        a.r = NULL;
+        kvw_engine_destroy(pair.decode);
+        pair.decode = NULL;
+        const char *why = "";
+        if (pair_wait_sender(&a, WAIT_MS) != KVW_POLL_SUCCESS)
+            kvw_sender_failure(a.s, &why);
+        assert_string_equal(why, "");
+        pair_destroy_room(&a);
+        assert_int_equal(pair_add_decode(&pair, &pair.decode), KVW_OK);
+    }
+    kvw_engine_counters(pair.prefill, &after);
+    assert_int_equal(after.requests_ok - before.requests_ok, ROOMS);
+    assert_int_equal(after.requests_failed - before.requests_failed, 0);
+    assert_int_equal(after.wrs_flushed - before.wrs_flushed, 0);
+}
+
 /* An orderly teardown, either engine first, is news, not trouble: the one
- * left notices the closed control connection (logged as such, INFO) and
+ * left notices the closed control connection (logged as such, INFO; a
+ * decode engine going first says CLOSING, and prefill logs that) and
  * warns about nothing: no BYE to a peer that cannot receive it any more,
  * no warning for a connection that failed no request. */
 static atomic_int teardown_warnings, teardown_closed;
@@ -1227,7 +1273,8 @@ static void count_teardown_log(void *arg, kvw_log_level_t level, const char *msg
     (void)arg;
     if (level <= KVW_LOG_WARN)
         atomic_fetch_add(&teardown_warnings, 1);
-    if (strstr(msg, "control connection closed"))
+    if (strstr(msg, "control connection closed") ||
+        strstr(msg, "decode engine closed the connection"))
         atomic_fetch_add(&teardown_closed, 1);
 }
 
@@ -1437,6 +1484,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_unknown_rank_fails_fast, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_decode_destroyed_before_acks_is_success, open_pair,
+                                        close_pair),
         cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),
