@@ -1261,6 +1261,47 @@ static void test_decode_destroyed_before_acks_is_success(void **state)
     assert_int_equal(after.wrs_flushed - before.wrs_flushed, 0);
 }
 
+/* A prefill that never answers CLOSING (its BYE lost here) does not hang
+ * decode's destroy: decode stops waiting after peer_timeout_ms and a
+ * heartbeat, and says so once; prefill, which drained, ends Success. */
+static bool drop_byes_from_router(void *sock, const kvw_msg_t *m)
+{
+    return sock == silenced_router && m->type == KVW_MSG_BYE;
+}
+
+static atomic_int unanswered_closings;
+
+static void count_unanswered(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    if (strstr(msg, "did not end the connection"))
+        atomic_fetch_add(&unanswered_closings, 1);
+}
+
+static void test_closing_unanswered_is_bounded(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+    silenced_router = pair.prefill->router;
+    atomic_store(&kvw__zdrop_hook, drop_byes_from_router);
+    atomic_store(&unanswered_closings, 0);
+    kvw_set_log_handler(count_unanswered, NULL, KVW_LOG_INFO);
+    kvw_engine_destroy(pair.decode); /* returns: the wait is bounded */
+    pair.decode = NULL;
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    atomic_store(&kvw__zdrop_hook, NULL);
+    assert_int_equal(atomic_load(&unanswered_closings), 1);
+    kvw_counters_t c;
+    kvw_engine_counters(pair.prefill, &c);
+    assert_int_equal(c.requests_ok, 1);
+    assert_int_equal(c.requests_failed, 0);
+}
+
 /* An orderly teardown, either engine first, is news, not trouble: the one
  * left notices the closed control connection (logged as such, INFO; a
  * decode engine going first says CLOSING, and prefill logs that) and
@@ -1486,6 +1527,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_unknown_rank_fails_fast, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_decode_destroyed_before_acks_is_success, open_pair,
                                         close_pair),
+        cmocka_unit_test_setup_teardown(test_closing_unanswered_is_bounded, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),
