@@ -20,7 +20,12 @@ enum {
     RECHECK_MS = 100,      /* a tombstone whose writes are still in flight looks again */
     PROBE_TICK_MS = 10,    /* while probing connections after a disconnect */
     PROBE_WINDOW_MS = 500, /* how long a disconnect keeps us probing */
-    ROUTER_BATCH = 256,    /* messages served per control-loop iteration */
+    /* How long after our BYE to a decode engine that said CLOSING its
+     * disconnect is expected (it closes on that BYE): one probe round of
+     * every live connection per decode engine that leaves in order made
+     * a storm of them (1024 engines leaving: minutes instead of seconds). */
+    CLOSE_EXPECT_MS = 1000,
+    ROUTER_BATCH = 256, /* messages served per control-loop iteration */
 };
 
 static void send_failed(kvw_engine_t *e, const kvw_peer_t *p, uint64_t room, uint32_t token,
@@ -642,6 +647,7 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
                         m->u.failed.reason);
         break;
     case KVW_MSG_CLOSING:
+        atomic_store(&p->closing_said, true);
         /* Decode keeps its QPs up until our BYE: wait for the ACKs of what
          * we posted (a loaded host may take longer than one ACK timeout),
          * so that a request decode counted as landed ends Success here
@@ -712,6 +718,14 @@ static void probe_connections(kvw_engine_t *e)
     }
 }
 
+/* A disconnect that an orderly close announced (CLOSING, then our BYE). */
+static bool close_expected(kvw_engine_t *e)
+{
+    if (e->closes_expected && kvw__now_ns() >= e->closes_expected_until_ns)
+        e->closes_expected = 0; /* not come in time: probe for what comes */
+    return e->closes_expected > 0;
+}
+
 /* Only the closing of a connection that completed its handshake starts a
  * probe: a client without the cluster key (or speaking garbage, or none)
  * that connects and fails made every live connection be probed every 10 ms
@@ -731,6 +745,8 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
             e->unhandshaken_closes++;
         else if (ev == ZMQ_EVENT_DISCONNECTED && e->unhandshaken_closes)
             e->unhandshaken_closes--;
+        else if (ev == ZMQ_EVENT_DISCONNECTED && close_expected(e))
+            e->closes_expected--;
         else if (ev == ZMQ_EVENT_DISCONNECTED)
             disconnected = true;
     }
@@ -745,6 +761,10 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
 void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
 {
     kvw__ctl_route(e, p->id, sizeof(p->id), bye);
+    if (atomic_load(&p->closing_said)) { /* decode closes its connection on this BYE */
+        e->closes_expected++;
+        e->closes_expected_until_ns = kvw__now_ns() + kvw__ms_ns(CLOSE_EXPECT_MS);
+    }
 }
 
 uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)

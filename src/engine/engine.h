@@ -234,8 +234,9 @@ struct kvw_peer {
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
     atomic_bool ctl_gone; /* the other side's control connection closed: no BYE can reach it */
-    /* Decode: its engine is going and it said CLOSING; prefill's BYE (it
-     * has its completions) ends the connection, news rather than trouble. */
+    /* CLOSING was said on this connection (decode: its engine is going;
+     * prefill: decode's is). Prefill's BYE, once it has its completions,
+     * ends it: news rather than trouble. */
     atomic_bool closing_said;
 
     /* control thread only */
@@ -524,6 +525,11 @@ struct kvw_engine {
      * and whose DISCONNECTED has not come yet: those closings concern no
      * peer and start no probe (kvw__prefill_on_monitor). */
     uint64_t unhandshaken_closes;
+    /* control (prefill): connections whose decode engine said CLOSING and
+     * got our BYE, which it closes next: those closings start no probe
+     * either (each DISCONNECTED takes one), until closes_expected_until_ns
+     * (a count never matched must not hide a crashed peer for long). */
+    uint64_t closes_expected, closes_expected_until_ns;
     /* control (prefill): HELLOs received and not yet served, in arrival
      * order from hellos[hello_head] (ctl_prefill.c, max_handshakes). */
     struct kvw_pending_hello *hellos;

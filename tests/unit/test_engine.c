@@ -1302,6 +1302,46 @@ static void test_closing_unanswered_is_bounded(void **state)
     assert_int_equal(c.requests_failed, 0);
 }
 
+/* A decode engine that leaves in order makes prefill probe no connection:
+ * its disconnect was announced (CLOSING, then our BYE). Each probe round
+ * sends every live connection a PONG; with 1024 decode engines leaving one
+ * by one (test_storm) the rounds took minutes. Counted: every PONG prefill
+ * sends meanwhile answers a PING of the decode engine that stays. */
+static void *_Atomic watched_router;
+static atomic_int router_pongs, dealer_pings;
+
+static bool count_pings_pongs(void *sock, const kvw_msg_t *m)
+{
+    if (sock == atomic_load(&watched_router))
+        atomic_fetch_add(&router_pongs, m->type == KVW_MSG_PONG);
+    else
+        atomic_fetch_add(&dealer_pings, m->type == KVW_MSG_PING);
+    return false;
+}
+
+static void test_orderly_close_starts_no_probe(void **state)
+{
+    (void)state;
+    kvw_engine_t *stays = NULL;
+    assert_int_equal(pair_add_decode(&pair, &stays), KVW_OK);
+    transfer_via(stays, 1);
+    transfer_via(pair.decode, 2);
+    wait_live_peers(2);
+    atomic_store(&router_pongs, 0);
+    atomic_store(&dealer_pings, 0);
+    atomic_store(&watched_router, pair.prefill->router);
+    atomic_store(&kvw__zdrop_hook, count_pings_pongs);
+    kvw_engine_destroy(pair.decode);
+    pair.decode = NULL;
+    wait_live_peers(1);
+    pair_sleep_ms(200); /* its disconnect reaches prefill's monitor */
+    atomic_store(&kvw__zdrop_hook, NULL);
+    print_message("after an orderly close: %d PONG from prefill, %d PING to it\n",
+                  atomic_load(&router_pongs), atomic_load(&dealer_pings));
+    kvw_engine_destroy(stays); /* before any assertion: pair_close does not know it */
+    assert_true(atomic_load(&router_pongs) <= atomic_load(&dealer_pings));
+}
+
 /* An orderly teardown, either engine first, is news, not trouble: the one
  * left notices the closed control connection (logged as such, INFO; a
  * decode engine going first says CLOSING, and prefill logs that) and
@@ -1528,6 +1568,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_decode_destroyed_before_acks_is_success, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_closing_unanswered_is_bounded, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_orderly_close_starts_no_probe, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),
