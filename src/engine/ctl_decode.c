@@ -747,9 +747,11 @@ static void wait_for_byes(kvw_engine_t *e, zmq_pollitem_t *items, kvw_peer_t **p
         }
         kvw__peer_finish_kills(e); /* kills begun under the lock meanwhile */
     }
+    /* n: the peers left waiting when time ran out (0 when all answered). */
     for (int i = 0; i < n; i++)
         if (items[i].socket == peers[i]->sock)
-            KVW_INFO("prefill rank %u did not end the connection within %u ms of our CLOSING",
+            KVW_WARN("prefill rank %u did not end the connection within %u ms of our CLOSING: "
+                     "what it still had in flight to us may end Failed there",
                      peers[i]->rank, e->cfg.peer_timeout_ms + e->cfg.heartbeat_ms);
 }
 
