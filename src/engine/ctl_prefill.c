@@ -96,6 +96,43 @@ static void start_without(kvw_peer_t *p, uint64_t engine_id, uint32_t out, const
              (unsigned long long)engine_id, (unsigned)__builtin_popcount(out), p->nlanes, why);
 }
 
+/* The first of the HELLO's QPs that lane j of p already sends to (the same
+ * GID and QP number), or UINT32_MAX. */
+static uint32_t reused_qpn(const kvw_peer_t *p, const kvw_msg_t *m)
+{
+    for (uint32_t j = 0; j < p->nlanes; j++) {
+        const kvw_qp_info_t *r = &p->lanes[j].remote;
+        for (uint32_t i = 0; r->qpn && i < m->u.hello.num_qps; i++)
+            if (m->u.hello.qps[i].qpn == r->qpn &&
+                memcmp(m->u.hello.qps[i].gid, r->gid, sizeof(r->gid)) == 0)
+                return r->qpn;
+    }
+    return UINT32_MAX;
+}
+
+/* A decode QP number one of our connections still sends to: that remote
+ * QP is gone (one device never has two live QPs of one number; rxe hands
+ * a destroyed QP's number to the next QP at once), its process killed
+ * before we noticed. Our QP there still retransmits, and once decode's new
+ * QP is ready the stale packets reach it: rxe answers them with a NAK to
+ * our new QP, and the new connection fails ("remote invalid request", seen
+ * in the rxe soak on a loaded host right after a killed decode process).
+ * So the old connection dies first: its QPs in ERR before our HELLO_ACK
+ * lets decode bring the new one up. */
+static void kill_reused_qpns(kvw_engine_t *e, const kvw_msg_t *m)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        uint32_t qpn =
+            p && atomic_load(&p->state) == PEER_CONNECTED ? reused_qpn(p, m) : UINT32_MAX;
+        if (qpn != UINT32_MAX)
+            kvw__peer_kill(p, KVW_ERR_PEER,
+                           "decode's QP %u was given to a new connection: its old one is gone",
+                           qpn);
+    }
+}
+
 static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
 {
     kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
@@ -119,6 +156,8 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw_status_t st = kvw__peer_create(e, lanes, rails, &p);
     if (!st)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
+    if (!st) /* a peer we would connect: its QPs prove which of ours are stale */
+        kill_reused_qpns(e, m);
     if (!st)
         st = kvw__peer_connect_lanes(p, m->u.hello.qps, lanes, &out, why, sizeof(why));
     if (!st) {
@@ -760,8 +799,10 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
 
 void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
 {
-    kvw__ctl_route(e, p->id, sizeof(p->id), bye);
-    if (atomic_load(&p->closing_said)) { /* decode closes its connection on this BYE */
+    kvw_status_t st = kvw__ctl_route(e, p->id, sizeof(p->id), bye);
+    /* Decode closes its connection on this BYE (unroutable: it is gone
+     * already, its disconnect came before). */
+    if (!st && atomic_load(&p->closing_said)) {
         e->closes_expected++;
         e->closes_expected_until_ns = kvw__now_ns() + kvw__ms_ns(CLOSE_EXPECT_MS);
     }

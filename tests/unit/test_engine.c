@@ -1342,6 +1342,53 @@ static void test_orderly_close_starts_no_probe(void **state)
     assert_true(atomic_load(&router_pongs) <= atomic_load(&dealer_pings));
 }
 
+/* rxe soak on a loaded host: right after a decode process was killed, the
+ * next decode engine's QP got the dead one's number (rxe reuses them at
+ * once) while prefill's QP of the dead connection still retransmitted to
+ * it, and the new connection failed ("remote invalid request"). A HELLO
+ * offering a GID and QP number a connection of prefill still sends to
+ * proves that connection's decode QP gone: prefill kills it before it
+ * answers. The fake NIC hands out no number twice, so a stranger repeats
+ * decode's own HELLO here; the connection it names dies (counted) and
+ * decode's next request connects again and lands. */
+static atomic_int qpn_kills;
+
+static void count_qpn_kills(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    if (strstr(msg, "was given to a new connection"))
+        atomic_fetch_add(&qpn_kills, 1);
+}
+
+static void test_hello_with_a_used_qpn_ends_the_old_connection(void **state)
+{
+    (void)state;
+    transfer_via(pair.decode, 1);
+    kvw_msg_t hello;
+    pthread_mutex_lock(&pair.decode->lock); /* the peer stays published meanwhile */
+    kvw__peer_hello(kvw__peer_at(pair.decode, 0), KVW_MSG_HELLO, &hello);
+    pthread_mutex_unlock(&pair.decode->lock);
+    atomic_store(&qpn_kills, 0);
+    kvw_set_log_handler(count_qpn_kills, NULL, KVW_LOG_INFO);
+    void *zctx = zmq_ctx_new();
+    void *twin = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(twin, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(twin, ZMQ_ROUTING_ID, "twin-decode!", KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(twin, kvw_engine_endpoint(pair.prefill)), 0);
+    assert_int_equal(kvw__zsend(twin, &hello, 0), KVW_OK);
+    kvw__wire_free(&hello);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (atomic_load(&qpn_kills) < 2 && pair_now_ms() < end) /* prefill's, then decode's */
+        pair_sleep_ms(5);
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    zmq_close(twin);
+    zmq_ctx_term(zctx);
+    assert_int_equal(atomic_load(&qpn_kills), 2);
+    transfer_via(pair.decode, 2);
+}
+
 /* An orderly teardown, either engine first, is news, not trouble: the one
  * left notices the closed control connection (logged as such, INFO; a
  * decode engine going first says CLOSING, and prefill logs that) and
@@ -1569,6 +1616,8 @@ int main(int argc, char **argv)
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_closing_unanswered_is_bounded, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_orderly_close_starts_no_probe, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_hello_with_a_used_qpn_ends_the_old_connection,
+                                        open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),
