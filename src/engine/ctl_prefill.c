@@ -96,13 +96,16 @@ static void start_without(kvw_peer_t *p, uint64_t engine_id, uint32_t out, const
              (unsigned long long)engine_id, (unsigned)__builtin_popcount(out), p->nlanes, why);
 }
 
-/* The first of the HELLO's QPs that lane j of p already sends to (the same
- * GID and QP number), or UINT32_MAX. */
+/* The first of the HELLO's QPs that a lane of p already sends to (the same
+ * GID and QP number), or UINT32_MAX. An all-zero GID names no device (test
+ * clients that play decode send one): it matches nothing. */
 static uint32_t reused_qpn(const kvw_peer_t *p, const kvw_msg_t *m)
 {
+    static const uint8_t none[16];
     for (uint32_t j = 0; j < p->nlanes; j++) {
         const kvw_qp_info_t *r = &p->lanes[j].remote;
-        for (uint32_t i = 0; r->qpn && i < m->u.hello.num_qps; i++)
+        bool named = r->qpn && memcmp(r->gid, none, sizeof(none)) != 0;
+        for (uint32_t i = 0; named && i < m->u.hello.num_qps; i++)
             if (m->u.hello.qps[i].qpn == r->qpn &&
                 memcmp(m->u.hello.qps[i].gid, r->gid, sizeof(r->gid)) == 0)
                 return r->qpn;
