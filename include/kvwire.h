@@ -567,9 +567,14 @@ typedef struct kvw_engine kvw_engine_t;
  * or registered. Thread-safe. */
 KVW_API kvw_status_t kvw_engine_create(const kvw_engine_params_t *params, kvw_engine_t **engine_p);
 /* Stop the threads, fail any request still in flight, deregister and free.
- * Accepts NULL. All senders/receivers must have been destroyed. It waits for
- * no peer: a prefill engine's UNREGISTER to the bootstrap service is given
- * at most 250 ms to leave. */
+ * Accepts NULL. All senders/receivers must have been destroyed. A decode
+ * engine ends each live connection in order: it tells prefill it is going
+ * and keeps its QPs until prefill has the completions of the writes it
+ * posted (one control round trip; at most peer_timeout_ms and one
+ * heartbeat_ms for a prefill that does not answer), so that a request that
+ * ended Success here ends Success at prefill too. A prefill engine waits
+ * for no peer: its UNREGISTER to the bootstrap service is given at most
+ * 250 ms to leave. */
 KVW_API void kvw_engine_destroy(kvw_engine_t *engine);
 
 /* Name of the opened device and the GID index chosen; the name is valid for

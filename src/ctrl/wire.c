@@ -167,6 +167,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
     case KVW_MSG_BYE:
+    case KVW_MSG_CLOSING:
         body = 8 + 4 + 4 + 2 + strnlen(m->u.failed.reason, KVW_WIRE_REASON_MAX);
         break;
     case KVW_MSG_PING:
@@ -200,7 +201,7 @@ static int type_known(uint16_t t)
            t == KVW_MSG_ABORT || t == KVW_MSG_PING || t == KVW_MSG_PONG || t == KVW_MSG_CREDIT ||
            t == KVW_MSG_BYE || t == KVW_MSG_LANE_RESET || t == KVW_MSG_LANE_READY ||
            t == KVW_MSG_REPLAY_ASK || t == KVW_MSG_REPLAY_ANSWER || t == KVW_MSG_LANE_DOWN ||
-           t == KVW_MSG_LANE_UP || t == KVW_MSG_DIGEST;
+           t == KVW_MSG_LANE_UP || t == KVW_MSG_DIGEST || t == KVW_MSG_CLOSING;
 }
 
 static void encode_body(writer_t *w, const kvw_msg_t *m)
@@ -279,6 +280,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
     case KVW_MSG_BYE:
+    case KVW_MSG_CLOSING:
         put_le(w, m->u.failed.room, 8);
         put_le(w, m->u.failed.token, 4);
         put_le(w, (uint32_t)m->status, 4);
@@ -563,6 +565,7 @@ static kvw_status_t decode_body(reader_t *r, kvw_msg_t *m, char *reason, size_t 
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
     case KVW_MSG_BYE:
+    case KVW_MSG_CLOSING:
         m->u.failed.room = get_le(r, 8);
         m->u.failed.token = (uint32_t)get_le(r, 4);
         m->status = (int32_t)get_le(r, 4);
@@ -704,6 +707,8 @@ const char *kvw__wire_type_name(uint16_t type)
         return "CREDIT";
     case KVW_MSG_BYE:
         return "BYE";
+    case KVW_MSG_CLOSING:
+        return "CLOSING";
     case KVW_MSG_LANE_RESET:
         return "LANE_RESET";
     case KVW_MSG_LANE_READY:

@@ -19,7 +19,8 @@
  * back into its connection, REPLAY_ASK / REPLAY_ANSWER, LANE_DOWN, LANE_UP;
  * 11: LANE_DOWN and LANE_UP name the lane's life (prefill's PSN), REPLAY_ASK
  * never asks about the last epoch; DIGEST, and REQUEST's flag
- * KVW_WIRE_REQ_VERIFY (config verify) */
+ * KVW_WIRE_REQ_VERIFY (config verify);
+ * CLOSING, the orderly end of a connection */
 #define KVW_WIRE_VERSION 11
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
@@ -130,6 +131,12 @@ typedef enum {
      * the digest). The same for every attempt: a replay writes the same
      * bytes. */
     KVW_MSG_DIGEST = 40,
+    /* Wire 11, decode -> prefill: status, reason (the body of BYE).
+     * Decode's engine is going: prefill posts nothing more on the
+     * connection, lets what it posted complete (its QPs stay up at decode
+     * meanwhile, so every ACK can still come), then ends the connection
+     * with BYE, which is decode's cue to tear its QPs down. */
+    KVW_MSG_CLOSING = 41,
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
@@ -157,7 +164,8 @@ static inline uint32_t kvw__wire_region_rkey(const kvw_wire_region_t *g, uint32_
 
 typedef struct kvw_msg {
     uint16_t type;
-    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED, ABORT, BYE */
+    int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED, ABORT, BYE,
+                     * CLOSING */
     union {
         struct {
             uint32_t rank;
@@ -208,7 +216,7 @@ typedef struct kvw_msg {
             uint64_t room;
             uint32_t token;
             char reason[KVW_WIRE_REASON_MAX];
-        } failed; /* REQUEST_FAILED, ABORT, BYE (room and token unused) */
+        } failed; /* REQUEST_FAILED, ABORT, BYE, CLOSING (room and token unused in the last two) */
         struct {
             uint64_t engine_id;
         } ping;

@@ -341,9 +341,10 @@ void *kvw__control_main(void *arg)
         kvw__peer_finish_kills(e);
         kvw__peers_unpublish_dead(e);
     }
-    if (e->role == KVW_ROLE_DECODE)
+    if (e->role == KVW_ROLE_DECODE) {
+        kvw__decode_close_all(e); /* the poller still runs: ACKs and immediates flow */
         kvw__decode_fini(e);
-    else
+    } else
         kvw__prefill_fini_handshakes(e);
     free(ps.items);
     free(ps.peer);

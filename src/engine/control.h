@@ -61,6 +61,11 @@ bool kvw__decode_service_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now);
  * (verbs calls: without the lock). */
 void kvw__decode_connect_pending(kvw_engine_t *e);
 void kvw__decode_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye);
+/* The engine is going (the control loop ended): say CLOSING on every
+ * connected peer and serve their sockets until each answered with BYE
+ * (prefill has the completions of every write it posted to us), closed,
+ * or peer_timeout_ms and a heartbeat passed. The QPs stay up meanwhile. */
+void kvw__decode_close_all(kvw_engine_t *e);
 void kvw__decode_fini(kvw_engine_t *e);
 
 #endif

@@ -342,6 +342,9 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
             on_replay_ask(e, p, &m);
         else if (m.type == KVW_MSG_DIGEST && atomic_load(&p->state) == PEER_CONNECTED)
             on_digest(e, p, &m);
+        else if (m.type == KVW_MSG_BYE && atomic_load(&p->closing_said))
+            kvw__peer_kill(p, (kvw_status_t)m.status,
+                           "prefill rank %u ended the connection after our CLOSING", p->rank);
         else if (m.type == KVW_MSG_BYE)
             kvw__peer_kill(p, (kvw_status_t)m.status,
                            "prefill rank %u closed the connection: %.100s", p->rank,
@@ -719,4 +722,93 @@ void kvw__decode_fini(kvw_engine_t *e)
     e->pending = NULL;
     e->pending_cap = 0;
     pthread_mutex_unlock(&e->lock);
+}
+
+/* ------------------------------------------------------ orderly close */
+
+/* Our engine is going. Prefill's last writes may have landed (we counted
+ * their immediates, the request said Success) while their ACKs are still
+ * on the way or being retransmitted; a QP torn down now loses them, and
+ * prefill would fail a request we reported Success. So say CLOSING and keep
+ * the QPs up until prefill, with its completions reaped, answers BYE. */
+static bool say_closing(kvw_peer_t *p)
+{
+    if (atomic_load(&p->state) != PEER_CONNECTED || atomic_load(&p->killing) || !p->sock)
+        return false;
+    kvw_msg_t m = kvw__failure_msg(KVW_MSG_CLOSING, 0, 0, KVW_ERR_PEER, "its engine is destroyed");
+    if (kvw__zsend(p->sock, &m, ZMQ_DONTWAIT))
+        return false; /* its queue is full: it ends as before, on the closed socket */
+    atomic_store(&p->closing_said, true);
+    return true;
+}
+
+/* The sockets (and monitors) of the peers still waiting for prefill's BYE;
+ * peers[i] is item i's peer. */
+static int closing_items(kvw_engine_t *e, zmq_pollitem_t *items, kvw_peer_t **peers)
+{
+    int n = 0;
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (!p || !atomic_load(&p->closing_said) || atomic_load(&p->state) == PEER_DEAD)
+            continue;
+        items[n] = (zmq_pollitem_t){p->sock, 0, ZMQ_POLLIN, 0};
+        peers[n++] = p;
+        if (p->monitor) {
+            items[n] = (zmq_pollitem_t){p->monitor, 0, ZMQ_POLLIN, 0};
+            peers[n++] = p;
+        }
+    }
+    return n;
+}
+
+/* Serve the waiting peers' sockets until none waits or `until` passed:
+ * prefill's BYE (or its connection closing) kills the peer, QP in ERR. */
+static void wait_for_byes(kvw_engine_t *e, zmq_pollitem_t *items, kvw_peer_t **peers,
+                          uint64_t until)
+{
+    int n;
+    uint64_t now;
+    while ((n = closing_items(e, items, peers)) > 0 && (now = kvw__now_ns()) < until) {
+        long ms = (long)((until - now + 999999) / 1000000);
+        if (zmq_poll(items, n, ms) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN))
+                continue;
+            if (items[i].socket == peers[i]->sock)
+                kvw__decode_on_message(e, peers[i]);
+            else
+                kvw__decode_on_monitor(e, peers[i]);
+        }
+        kvw__peer_finish_kills(e); /* kills begun under the lock meanwhile */
+    }
+    /* n: the peers left waiting when time ran out (0 when all answered). */
+    for (int i = 0; i < n; i++)
+        if (items[i].socket == peers[i]->sock)
+            KVW_WARN("prefill rank %u did not end the connection within %u ms of our CLOSING: "
+                     "what it still had in flight to us may end Failed there",
+                     peers[i]->rank, e->cfg.peer_timeout_ms + e->cfg.heartbeat_ms);
+}
+
+void kvw__decode_close_all(kvw_engine_t *e)
+{
+    uint32_t np = atomic_load(&e->num_peers), waiting = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        waiting += p && say_closing(p);
+    }
+    if (!waiting)
+        return;
+    /* Prefill gives its writes peer_timeout_ms from our CLOSING: a
+     * heartbeat more lets its BYE arrive, so that its QPs are in ERR
+     * before ours go (no retransmission then meets a reused QPN). */
+    uint64_t until =
+        kvw__now_ns() + kvw__ms_ns((uint64_t)e->cfg.peer_timeout_ms + e->cfg.heartbeat_ms);
+    zmq_pollitem_t *items = calloc(2 * (size_t)np, sizeof(*items));
+    kvw_peer_t **peers = calloc(2 * (size_t)np, sizeof(*peers));
+    if (items && peers)
+        wait_for_byes(e, items, peers, until);
+    free(items);
+    free(peers);
 }

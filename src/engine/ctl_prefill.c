@@ -21,7 +21,12 @@ enum {
     RECHECK_MS = 100,      /* a tombstone whose writes are still in flight looks again */
     PROBE_TICK_MS = 10,    /* while probing connections after a disconnect */
     PROBE_WINDOW_MS = 500, /* how long a disconnect keeps us probing */
-    ROUTER_BATCH = 256,    /* messages served per control-loop iteration */
+    /* How long after our BYE to a decode engine that said CLOSING its
+     * disconnect is expected (it closes on that BYE): one probe round of
+     * every live connection per decode engine that leaves in order made
+     * a storm of them (1024 engines leaving: minutes instead of seconds). */
+    CLOSE_EXPECT_MS = 1000,
+    ROUTER_BATCH = 256, /* messages served per control-loop iteration */
 };
 
 static void send_failed(kvw_engine_t *e, const kvw_peer_t *p, uint64_t room, uint32_t token,
@@ -92,6 +97,46 @@ static void start_without(kvw_peer_t *p, uint64_t engine_id, uint32_t out, const
              (unsigned long long)engine_id, (unsigned)__builtin_popcount(out), p->nlanes, why);
 }
 
+/* The first of the HELLO's QPs that a lane of p already sends to (the same
+ * GID and QP number), or UINT32_MAX. An all-zero GID names no device (test
+ * clients that play decode send one): it matches nothing. */
+static uint32_t reused_qpn(const kvw_peer_t *p, const kvw_msg_t *m)
+{
+    static const uint8_t none[16];
+    for (uint32_t j = 0; j < p->nlanes; j++) {
+        const kvw_qp_info_t *r = &p->lanes[j].remote;
+        bool named = r->qpn && memcmp(r->gid, none, sizeof(none)) != 0;
+        for (uint32_t i = 0; named && i < m->u.hello.num_qps; i++)
+            if (m->u.hello.qps[i].qpn == r->qpn &&
+                memcmp(m->u.hello.qps[i].gid, r->gid, sizeof(r->gid)) == 0)
+                return r->qpn;
+    }
+    return UINT32_MAX;
+}
+
+/* A decode QP number one of our connections still sends to: that remote
+ * QP is gone (one device never has two live QPs of one number; rxe hands
+ * a destroyed QP's number to the next QP at once), its process killed
+ * before we noticed. Our QP there still retransmits, and once decode's new
+ * QP is ready the stale packets reach it: rxe answers them with a NAK to
+ * our new QP, and the new connection fails ("remote invalid request", seen
+ * in the rxe soak on a loaded host right after a killed decode process).
+ * So the old connection dies first: its QPs in ERR before our HELLO_ACK
+ * lets decode bring the new one up. */
+static void kill_reused_qpns(kvw_engine_t *e, const kvw_msg_t *m)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        uint32_t qpn =
+            p && atomic_load(&p->state) == PEER_CONNECTED ? reused_qpn(p, m) : UINT32_MAX;
+        if (qpn != UINT32_MAX)
+            kvw__peer_kill(p, KVW_ERR_PEER,
+                           "decode's QP %u was given to a new connection: its old one is gone",
+                           qpn);
+    }
+}
+
 static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
 {
     kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
@@ -115,6 +160,8 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw_status_t st = kvw__peer_create(e, lanes, rails, &p);
     if (!st)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
+    if (!st) /* a peer we would connect: its QPs prove which of ours are stale */
+        kill_reused_qpns(e, m);
     if (!st)
         st = kvw__peer_connect_lanes(p, m->u.hello.qps, lanes, &out, why, sizeof(why));
     if (!st) {
@@ -642,6 +689,15 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         kvw__peer_close(p, (kvw_status_t)m->status, "decode closed the connection: %.120s",
                         m->u.failed.reason);
         break;
+    case KVW_MSG_CLOSING:
+        atomic_store(&p->closing_said, true);
+        /* Decode keeps its QPs up until our BYE: wait for the ACKs of what
+         * we posted (a loaded host may take longer than one ACK timeout),
+         * so that a request decode counted as landed ends Success here
+         * too. Bounded as a silent peer is. */
+        kvw__peer_close_within(p, kvw__ms_ns(e->cfg.peer_timeout_ms), (kvw_status_t)m->status,
+                               "decode engine closed the connection: %.120s", m->u.failed.reason);
+        break;
     default:
         kvw__ctl_dropped(e, "unexpected %s from peer %u", kvw__wire_type_name(m->type), p->index);
     }
@@ -705,6 +761,14 @@ static void probe_connections(kvw_engine_t *e)
     }
 }
 
+/* A disconnect that an orderly close announced (CLOSING, then our BYE). */
+static bool close_expected(kvw_engine_t *e)
+{
+    if (e->closes_expected && kvw__now_ns() >= e->closes_expected_until_ns)
+        e->closes_expected = 0; /* not come in time: probe for what comes */
+    return e->closes_expected > 0;
+}
+
 /* Only the closing of a connection that completed its handshake starts a
  * probe: a client without the cluster key (or speaking garbage, or none)
  * that connects and fails made every live connection be probed every 10 ms
@@ -724,6 +788,8 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
             e->unhandshaken_closes++;
         else if (ev == ZMQ_EVENT_DISCONNECTED && e->unhandshaken_closes)
             e->unhandshaken_closes--;
+        else if (ev == ZMQ_EVENT_DISCONNECTED && close_expected(e))
+            e->closes_expected--;
         else if (ev == ZMQ_EVENT_DISCONNECTED)
             disconnected = true;
     }
@@ -737,7 +803,13 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
 
 void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
 {
-    kvw__ctl_route(e, p->id, sizeof(p->id), bye);
+    kvw_status_t st = kvw__ctl_route(e, p->id, sizeof(p->id), bye);
+    /* Decode closes its connection on this BYE (unroutable: it is gone
+     * already, its disconnect came before). */
+    if (!st && atomic_load(&p->closing_said)) {
+        e->closes_expected++;
+        e->closes_expected_until_ns = kvw__now_ns() + kvw__ms_ns(CLOSE_EXPECT_MS);
+    }
 }
 
 uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)

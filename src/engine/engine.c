@@ -491,6 +491,9 @@ void kvw_engine_destroy(kvw_engine_t *e)
         kvw__wake(e->control_wake_fd);
         pthread_join(e->control_thread, NULL);
     }
+    /* Only now: decode's control thread ended its connections in order
+     * (kvw__decode_close_all) while the poller kept reaping. */
+    atomic_store(&e->poller_stop, true);
     if (e->poller_started) {
         kvw__wake(e->poller_wake_fd);
         pthread_join(e->poller_thread, NULL);

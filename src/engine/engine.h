@@ -246,6 +246,10 @@ struct kvw_peer {
     kvw_status_t dead_status;              /* (lock) */
     atomic_bool bye_due;                   /* dead: the control thread tells the other side */
     atomic_bool ctl_gone; /* the other side's control connection closed: no BYE can reach it */
+    /* CLOSING was said on this connection (decode: its engine is going;
+     * prefill: decode's is). Prefill's BYE, once it has its completions,
+     * ends it: news rather than trouble. */
+    atomic_bool closing_said;
 
     /* control thread only */
     void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */
@@ -552,6 +556,11 @@ struct kvw_engine {
      * and whose DISCONNECTED has not come yet: those closings concern no
      * peer and start no probe (kvw__prefill_on_monitor). */
     uint64_t unhandshaken_closes;
+    /* control (prefill): connections whose decode engine said CLOSING and
+     * got our BYE, which it closes next: those closings start no probe
+     * either (each DISCONNECTED takes one), until closes_expected_until_ns
+     * (a count never matched must not hide a crashed peer for long). */
+    uint64_t closes_expected, closes_expected_until_ns;
     /* control (prefill): HELLOs received and not yet served, in arrival
      * order from hellos[hello_head] (ctl_prefill.c, max_handshakes). */
     struct kvw_pending_hello *hellos;
@@ -560,6 +569,9 @@ struct kvw_engine {
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
     atomic_bool stop;
+    /* The poller stops only after the control thread: decode's QPs must
+     * live while it ends its connections in order (kvw__decode_close_all). */
+    atomic_bool poller_stop;
 
     pthread_mutex_t lock;
     /* Held for one poller pass (run_once), by the poller thread or by a
@@ -915,6 +927,10 @@ void kvw__peer_kill_locked(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
  * no retransmission outlives the peer. Any thread. */
 void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same when decode says CLOSING: its QPs stay up until our BYE, so the
+ * posted writes get grace_ns to complete rather than one ACK timeout. */
+void kvw__peer_close_within(kvw_peer_t *p, uint64_t grace_ns, kvw_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Poller: a closing peer with nothing in flight any more is killed. */
 void kvw__peer_close_if_drained(kvw_peer_t *p, bool drained);
 /* Move p from state `from` to `to`; false (and nothing changed) if p was

@@ -558,9 +558,11 @@ static void finish_kill_locked(kvw_peer_t *p)
             kvw__req_touch_locked(r); /* destroyed, kept until it ended: it leaves now */
         kvw__req_attach_locked(r, NULL);
     }
-    /* A peer that left (said so, or closed its control connection) with
-     * nothing in flight is news, not trouble. */
-    if (hit || (!atomic_load(&p->closing) && !atomic_load(&p->ctl_gone)))
+    /* A peer that left (said so, or closed its control connection), or
+     * one we closed in order, with nothing in flight is news, not trouble. */
+    bool left =
+        atomic_load(&p->closing) || atomic_load(&p->ctl_gone) || atomic_load(&p->closing_said);
+    if (hit || !left)
         KVW_WARN("peer %u: %s (%u request(s) failed)", p->index, p->dead_reason, hit);
     else
         KVW_INFO("peer %u: %s", p->index, p->dead_reason);
@@ -648,22 +650,36 @@ static uint64_t close_grace_ns(const kvw_config_t *cfg)
     return ack_ns < limit ? ack_ns : limit;
 }
 
-void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+static void close_within(kvw_peer_t *p, uint64_t grace_ns, kvw_status_t st, const char *fmt,
+                         va_list ap)
 {
     if (atomic_load(&p->killing) || atomic_load(&p->closing))
         return;
     kvw_engine_t *e = p->engine;
-    va_list ap;
-    va_start(ap, fmt);
     pthread_mutex_lock(&e->lock);
     vsnprintf(p->close_reason, sizeof(p->close_reason), fmt, ap);
     p->close_status = st;
-    p->close_deadline_ns = kvw__now_ns() + close_grace_ns(&e->cfg);
+    p->close_deadline_ns = kvw__now_ns() + grace_ns;
     pthread_mutex_unlock(&e->lock);
-    va_end(ap);
     atomic_store(&p->closing, true);
     kvw__wake(e->poller_wake_fd);  /* it decides when the writes drained */
     kvw__wake(e->control_wake_fd); /* it enforces the deadline */
+}
+
+void kvw__peer_close(kvw_peer_t *p, kvw_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    close_within(p, close_grace_ns(&p->engine->cfg), st, fmt, ap);
+    va_end(ap);
+}
+
+void kvw__peer_close_within(kvw_peer_t *p, uint64_t grace_ns, kvw_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    close_within(p, grace_ns, st, fmt, ap);
+    va_end(ap);
 }
 
 void kvw__peer_close_if_drained(kvw_peer_t *p, bool drained)

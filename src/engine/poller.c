@@ -1388,7 +1388,7 @@ void *kvw__poller_main(void *arg)
     uint64_t spin_ns = (uint64_t)e->cfg.poll_spin_us * 1000ull;
     uint64_t busy_ns = (uint64_t)e->cfg.poll_busy_us * 1000ull;
     uint64_t last_work = kvw__now_ns();
-    while (!atomic_load(&e->stop)) {
+    while (!atomic_load(&e->poller_stop)) {
         if (poller_pass(e) > 0) {
             last_work = kvw__now_ns();
             continue;

@@ -85,6 +85,7 @@ static bool msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
     case KVW_MSG_BYE:
+    case KVW_MSG_CLOSING:
         return a->u.failed.room == b->u.failed.room && a->u.failed.token == b->u.failed.token &&
                strcmp(a->u.failed.reason, b->u.failed.reason) == 0;
     case KVW_MSG_PING:

@@ -82,6 +82,8 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
     ADD(.type = KVW_MSG_PONG, .u.ping = {.engine_id = 0xfeed});
     ADD(.type = KVW_MSG_CREDIT, .u.credit = {.num_qps = 2, .recvs_posted = {64, 32}});
     ADD(.type = KVW_MSG_BYE, .status = KVW_ERR_PEER, .u.failed = {.reason = "bye"});
+    ADD(.type = KVW_MSG_CLOSING, .status = KVW_ERR_PEER,
+        .u.failed = {.reason = "its engine is destroyed"});
     ADD(.type = KVW_MSG_LANE_RESET, .u.lane = {.qp = 1, .psn = 0x123, .count = 40});
     ADD(.type = KVW_MSG_LANE_READY,
         .u.lane = {.qp = 1, .psn = 0x456, .peer_psn = 0x123, .count = 56});
@@ -158,7 +160,7 @@ static void prefill_seeds(const kvw_msg_t *all, size_t n)
     static const uint16_t types[] = {KVW_MSG_HELLO,      KVW_MSG_REQUEST,       KVW_MSG_ABORT,
                                      KVW_MSG_PING,       KVW_MSG_CREDIT,        KVW_MSG_BYE,
                                      KVW_MSG_LANE_READY, KVW_MSG_REPLAY_ANSWER, KVW_MSG_LANE_DOWN,
-                                     KVW_MSG_LANE_UP};
+                                     KVW_MSG_LANE_UP,    KVW_MSG_CLOSING};
     per_type("prefill", all, n, types, sizeof(types) / sizeof(types[0]));
     const kvw_msg_t *hello = find(all, n, KVW_MSG_HELLO), *req = find(all, n, KVW_MSG_REQUEST),
                     *abort_ = find(all, n, KVW_MSG_ABORT), *credit = find(all, n, KVW_MSG_CREDIT),

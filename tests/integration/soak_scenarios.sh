@@ -92,6 +92,12 @@ soak() {
         grep "^room $r: FAILED" "$work/soak-p.log" | sed 's/^/    p| /'
         grep "^room $r: " "$work/soak-d.log" | sed 's/^/    d| /'
     done
+    # A room decode failed in a clean cycle (no process was killed): why, on
+    # both sides (the doomed processes print no room lines).
+    for r in $(sed -n 's/^room \([0-9]*\): FAILED.*/\1/p' "$work/soak-d.log"); do
+        grep "^room $r: " "$work/soak-d.log" | sed 's/^/    d| /'
+        grep "^room $r: " "$work/soak-p.log" | sed 's/^/    p| /'
+    done
     pfail=$(sed -n 's/^room \([0-9]*\): FAILED.*/\1/p' "$work/soak-p.log" |
         awk -v k=$kill_every '$1 % k == k - 1' | wc -l)
     echo "    prefill: $pfail of the $(echo "$kills" | tr , '\n' | wc -l) killed decode processes' rooms failed there (the rest had landed)"

@@ -1216,8 +1216,182 @@ static void test_decode_leaving_after_success_is_success(void **state)
     }
 }
 
+/* Issue 28 (rxe soak with one core kept busy): a clean cycle's room ended
+ * Success on decode and Failed on prefill, "decode engine's control
+ * connection closed". Decode destroyed its engine (QPs gone) right after
+ * Success; prefill, seeing the connection close, gave its last writes one
+ * ACK timeout (67 ms) and failed them, though they had landed: on a loaded
+ * host the ACK takes longer. Now decode says CLOSING and keeps its QPs up
+ * until prefill, with every completion reaped, answers BYE. Here the ACKs
+ * come well past one ACK timeout (within peer_timeout_ms, 400 ms): every
+ * request decode reported Success is a Success at prefill too, counted. */
+static void test_decode_destroyed_before_acks_is_success(void **state)
+{
+    (void)state;
+    enum { ROOMS = 3 };
+    kvw_counters_t before, after;
+    kvw_engine_counters(pair.prefill, &before);
+    fake_nic_faults_t late_ack = {.ack_delay_us = 250000};
+    fake_nic_set_faults(&late_ack);
+    for (uint64_t room = 1; room <= ROOMS; room++) {
+        pair_room_t a;
+        pair_pick(&a, room, 8, room, 0);
+        assert_int_equal(kvw_sender_create(pair.prefill, a.room, &a.s), KVW_OK);
+        assert_int_equal(kvw_sender_init(a.s, a.n, a.aux_src), KVW_OK);
+        a.r = receive_on(pair.decode, &a);
+        send_now(&a);
+        assert_int_equal(wait_receiver(a.r), KVW_POLL_SUCCESS);
+        assert_int_equal(pair_wrong_bytes(&pair, &a), 0);
+        /* The ACKs are still on their way: decode leaves now. */
+        assert_int_equal(kvw_sender_poll(a.s), KVW_POLL_TRANSFERRING);
+        kvw_receiver_destroy(a.r);
+        a.r = NULL;
+        kvw_engine_destroy(pair.decode);
+        pair.decode = NULL;
+        const char *why = "";
+        if (pair_wait_sender(&a, WAIT_MS) != KVW_POLL_SUCCESS)
+            kvw_sender_failure(a.s, &why);
+        assert_string_equal(why, "");
+        pair_destroy_room(&a);
+        assert_int_equal(pair_add_decode(&pair, &pair.decode), KVW_OK);
+    }
+    kvw_engine_counters(pair.prefill, &after);
+    assert_int_equal(after.requests_ok - before.requests_ok, ROOMS);
+    assert_int_equal(after.requests_failed - before.requests_failed, 0);
+    assert_int_equal(after.wrs_flushed - before.wrs_flushed, 0);
+}
+
+/* A prefill that never answers CLOSING (its BYE lost here) does not hang
+ * decode's destroy: decode stops waiting after peer_timeout_ms and a
+ * heartbeat, and says so once; prefill, which drained, ends Success. */
+static bool drop_byes_from_router(void *sock, const kvw_msg_t *m)
+{
+    return sock == silenced_router && m->type == KVW_MSG_BYE;
+}
+
+static atomic_int unanswered_closings;
+
+static void count_unanswered(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    if (strstr(msg, "did not end the connection"))
+        atomic_fetch_add(&unanswered_closings, 1);
+}
+
+static void test_closing_unanswered_is_bounded(void **state)
+{
+    (void)state;
+    pair_room_t a;
+    start(&a, 1, 8, 0);
+    send_now(&a);
+    assert_landed(&a);
+    pair_destroy_room(&a);
+    silenced_router = pair.prefill->router;
+    atomic_store(&kvw__zdrop_hook, drop_byes_from_router);
+    atomic_store(&unanswered_closings, 0);
+    kvw_set_log_handler(count_unanswered, NULL, KVW_LOG_INFO);
+    kvw_engine_destroy(pair.decode); /* returns: the wait is bounded */
+    pair.decode = NULL;
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    atomic_store(&kvw__zdrop_hook, NULL);
+    assert_int_equal(atomic_load(&unanswered_closings), 1);
+    kvw_counters_t c;
+    kvw_engine_counters(pair.prefill, &c);
+    assert_int_equal(c.requests_ok, 1);
+    assert_int_equal(c.requests_failed, 0);
+}
+
+/* A decode engine that leaves in order makes prefill probe no connection:
+ * its disconnect was announced (CLOSING, then our BYE). Each probe round
+ * sends every live connection a PONG; with 1024 decode engines leaving one
+ * by one (test_storm) the rounds took minutes. Counted: every PONG prefill
+ * sends meanwhile answers a PING of the decode engine that stays. */
+static void *_Atomic watched_router;
+static atomic_int router_pongs, dealer_pings;
+
+static bool count_pings_pongs(void *sock, const kvw_msg_t *m)
+{
+    if (sock == atomic_load(&watched_router))
+        atomic_fetch_add(&router_pongs, m->type == KVW_MSG_PONG);
+    else
+        atomic_fetch_add(&dealer_pings, m->type == KVW_MSG_PING);
+    return false;
+}
+
+static void test_orderly_close_starts_no_probe(void **state)
+{
+    (void)state;
+    kvw_engine_t *stays = NULL;
+    assert_int_equal(pair_add_decode(&pair, &stays), KVW_OK);
+    transfer_via(stays, 1);
+    transfer_via(pair.decode, 2);
+    wait_live_peers(2);
+    atomic_store(&router_pongs, 0);
+    atomic_store(&dealer_pings, 0);
+    atomic_store(&watched_router, pair.prefill->router);
+    atomic_store(&kvw__zdrop_hook, count_pings_pongs);
+    kvw_engine_destroy(pair.decode);
+    pair.decode = NULL;
+    wait_live_peers(1);
+    pair_sleep_ms(200); /* its disconnect reaches prefill's monitor */
+    atomic_store(&kvw__zdrop_hook, NULL);
+    print_message("after an orderly close: %d PONG from prefill, %d PING to it\n",
+                  atomic_load(&router_pongs), atomic_load(&dealer_pings));
+    kvw_engine_destroy(stays); /* before any assertion: pair_close does not know it */
+    assert_true(atomic_load(&router_pongs) <= atomic_load(&dealer_pings));
+}
+
+/* rxe soak on a loaded host: right after a decode process was killed, the
+ * next decode engine's QP got the dead one's number (rxe reuses them at
+ * once) while prefill's QP of the dead connection still retransmitted to
+ * it, and the new connection failed ("remote invalid request"). A HELLO
+ * offering a GID and QP number a connection of prefill still sends to
+ * proves that connection's decode QP gone: prefill kills it before it
+ * answers. The fake NIC hands out no number twice, so a stranger repeats
+ * decode's own HELLO here; the connection it names dies (counted) and
+ * decode's next request connects again and lands. */
+static atomic_int qpn_kills;
+
+static void count_qpn_kills(void *arg, kvw_log_level_t level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    if (strstr(msg, "was given to a new connection"))
+        atomic_fetch_add(&qpn_kills, 1);
+}
+
+static void test_hello_with_a_used_qpn_ends_the_old_connection(void **state)
+{
+    (void)state;
+    transfer_via(pair.decode, 1);
+    kvw_msg_t hello;
+    pthread_mutex_lock(&pair.decode->lock); /* the peer stays published meanwhile */
+    kvw__peer_hello(kvw__peer_at(pair.decode, 0), KVW_MSG_HELLO, &hello);
+    pthread_mutex_unlock(&pair.decode->lock);
+    atomic_store(&qpn_kills, 0);
+    kvw_set_log_handler(count_qpn_kills, NULL, KVW_LOG_INFO);
+    void *zctx = zmq_ctx_new();
+    void *twin = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(twin, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(twin, ZMQ_ROUTING_ID, "twin-decode!", KVW_IDENTITY_LEN);
+    assert_int_equal(zmq_connect(twin, kvw_engine_endpoint(pair.prefill)), 0);
+    assert_int_equal(kvw__zsend(twin, &hello, 0), KVW_OK);
+    kvw__wire_free(&hello);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (atomic_load(&qpn_kills) < 2 && pair_now_ms() < end) /* prefill's, then decode's */
+        pair_sleep_ms(5);
+    kvw_set_log_handler(NULL, NULL, getenv("KVW_TEST_LOG") ? KVW_LOG_INFO : KVW_LOG_ERROR);
+    zmq_close(twin);
+    zmq_ctx_term(zctx);
+    assert_int_equal(atomic_load(&qpn_kills), 2);
+    transfer_via(pair.decode, 2);
+}
+
 /* An orderly teardown, either engine first, is news, not trouble: the one
- * left notices the closed control connection (logged as such, INFO) and
+ * left notices the closed control connection (logged as such, INFO; a
+ * decode engine going first says CLOSING, and prefill logs that) and
  * warns about nothing: no BYE to a peer that cannot receive it any more,
  * no warning for a connection that failed no request. */
 static atomic_int teardown_warnings, teardown_closed;
@@ -1227,7 +1401,8 @@ static void count_teardown_log(void *arg, kvw_log_level_t level, const char *msg
     (void)arg;
     if (level <= KVW_LOG_WARN)
         atomic_fetch_add(&teardown_warnings, 1);
-    if (strstr(msg, "control connection closed"))
+    if (strstr(msg, "control connection closed") ||
+        strstr(msg, "decode engine closed the connection"))
         atomic_fetch_add(&teardown_closed, 1);
 }
 
@@ -1437,6 +1612,12 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_device_limits_checked_at_create, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_unknown_rank_fails_fast, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_decode_destroyed_before_acks_is_success, open_pair,
+                                        close_pair),
+        cmocka_unit_test_setup_teardown(test_closing_unanswered_is_bounded, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_orderly_close_starts_no_probe, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_hello_with_a_used_qpn_ends_the_old_connection,
+                                        open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_decode_leaving_after_success_is_success, open_pair,
                                         close_pair),
         cmocka_unit_test_setup_teardown(test_receiver_for_known_endpoint, open_pair, close_pair),

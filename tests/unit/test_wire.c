@@ -173,6 +173,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
     case KVW_MSG_BYE:
+    case KVW_MSG_CLOSING:
         assert_int_equal(a->status, b->status);
         assert_int_equal(a->u.failed.room, b->u.failed.room);
         assert_int_equal(a->u.failed.token, b->u.failed.token);
@@ -417,12 +418,15 @@ static void test_roundtrip_request(void **state)
     roundtrip(&m);
 }
 
+/* REQUEST_FAILED, ABORT, BYE and (wire 11) CLOSING share a body: room,
+ * token, an error status and a reason. */
 static void test_roundtrip_request_failed(void **state)
 {
     (void)state;
     kvw_msg_t m;
     memset(&m, 0, sizeof(m));
-    static const uint16_t types[] = {KVW_MSG_REQUEST_FAILED, KVW_MSG_ABORT, KVW_MSG_BYE};
+    static const uint16_t types[] = {KVW_MSG_REQUEST_FAILED, KVW_MSG_ABORT, KVW_MSG_BYE,
+                                     KVW_MSG_CLOSING};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         memset(&m, 0, sizeof(m));
         m.type = types[i];
@@ -431,6 +435,8 @@ static void test_roundtrip_request_failed(void **state)
         m.u.failed.token = 0x00070003;
         strcpy(m.u.failed.reason, "page 9999 outside the registered region");
         roundtrip(&m);
+        assert_int_equal(kvw__wire_size(&m),
+                         KVW_WIRE_HEADER_LEN + 8 + 4 + 4 + 2 + strlen(m.u.failed.reason));
         /* Longest reason that fits. */
         memset(m.u.failed.reason, 'r', KVW_WIRE_REASON_MAX - 1);
         m.u.failed.reason[KVW_WIRE_REASON_MAX - 1] = '\0';
@@ -599,12 +605,15 @@ static void test_type_names(void **state)
                                      KVW_MSG_BYE,           KVW_MSG_LANE_RESET,
                                      KVW_MSG_LANE_READY,    KVW_MSG_REPLAY_ASK,
                                      KVW_MSG_REPLAY_ANSWER, KVW_MSG_LANE_DOWN,
-                                     KVW_MSG_LANE_UP,       KVW_MSG_DIGEST};
+                                     KVW_MSG_LANE_UP,       KVW_MSG_DIGEST,
+                                     KVW_MSG_CLOSING};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         assert_non_null(kvw__wire_type_name(types[i]));
         assert_string_not_equal(kvw__wire_type_name(types[i]), "UNKNOWN");
     }
     assert_string_equal(kvw__wire_type_name(KVW_MSG_REQUEST), "REQUEST");
+    assert_string_equal(kvw__wire_type_name(KVW_MSG_CLOSING), "CLOSING");
+    assert_int_equal(KVW_MSG_CLOSING, 41);
     assert_string_equal(kvw__wire_type_name(0), "UNKNOWN");
     assert_string_equal(kvw__wire_type_name(999), "UNKNOWN");
 }
