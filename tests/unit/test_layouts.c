@@ -321,10 +321,21 @@ static kvw_status_t send_state_of(const req_spec_t *q, kvw_sender_t *s)
     return kvw_sender_send_state_lists(s, q->src_state, q->ns, lists, q->nlists);
 }
 
+/* Both ends of q Success (a failure's reason is printed first). */
 static void finish(const req_spec_t *q, kvw_sender_t *s, kvw_receiver_t *r)
 {
-    assert_int_equal(wait_end(poll_r, r), KVW_POLL_SUCCESS);
-    assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
+    kvw_poll_t rs = wait_end(poll_r, r), ss = wait_end(poll_s, s);
+    const char *why = "";
+    if (rs != KVW_POLL_SUCCESS && kvw_receiver_failure(r, &why) != KVW_OK)
+        why = "";
+    if (rs != KVW_POLL_SUCCESS)
+        print_message("room %llu: decode %s: %s\n", (unsigned long long)q->room, kvw_poll_name(rs),
+                      why);
+    if (ss != KVW_POLL_SUCCESS && kvw_sender_failure(s, &why) == KVW_OK)
+        print_message("room %llu: prefill %s: %s\n", (unsigned long long)q->room, kvw_poll_name(ss),
+                      why);
+    assert_int_equal(rs, KVW_POLL_SUCCESS);
+    assert_int_equal(ss, KVW_POLL_SUCCESS);
     assert_int_equal(wrong_bytes(q), 0);
     kvw_sender_destroy(s);
     kvw_receiver_destroy(r);
