@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/sized.h"
 #include "kvwire.h"
+#include "support/fake_nic.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -780,6 +781,54 @@ static void test_public_validate(void **state)
     assert_int_equal(kvw_config_validate(NULL), KVW_ERR_INVALID);
 }
 
+/* An engine from the environment (config NULL) on the fake NIC: one info
+ * line with the version and the overrides it applied; a bad variable is
+ * one error, from kvw_config_init, and the create fails with its status. */
+static kvw_status_t create_decode(kvw_engine_t **e)
+{
+    static uint8_t mem[2][4096];
+    kvw_region_t kv[2] = {{mem[0], sizeof(mem[0]), 256}, {mem[1], sizeof(mem[1]), 256}};
+    kvw_engine_params_t p;
+    kvw_engine_params_init(&p);
+    p.role = KVW_ROLE_DECODE;
+    p.device = "fake0";
+    p.local_ip = "127.0.0.1";
+    p.num_layers = 1;
+    p.kv_regions = kv;
+    return kvw_engine_create(&p, e);
+}
+
+static void test_engine_says_version_and_overrides(void **state)
+{
+    (void)state;
+    assert_int_equal(fake_nic_init(NULL), 0);
+    kvw__verbs_set_ops(&fake_nic_ops);
+    setenv("KVW_SQ_DEPTH", "0x400", 1);
+    setenv("KVW_LANDING_MIB", "0", 1);
+    kvw_engine_t *e = NULL;
+    assert_int_equal(create_decode(&e), KVW_OK);
+    kvw_engine_destroy(e);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "kvwire %s, decode engine rank 0: KVW_* overrides applied: KVW_SQ_DEPTH=0x400 "
+             "KVW_LANDING_MIB=0\n",
+             kvw_version_string());
+    if (!strstr(log_buf, want))
+        fail_msg("no line \"%s\" in:\n%s", want, log_buf);
+
+    log_buf[0] = '\0';
+    log_count = 0;
+    kvw_set_log_handler(capture_log, NULL, KVW_LOG_ERROR);
+    setenv("KVW_SQ_DEPTH", "lots", 1);
+    e = NULL;
+    assert_int_equal(create_decode(&e), KVW_ERR_INVALID);
+    assert_null(e);
+    if (log_count != 1 || !strstr(log_buf, "KVW_SQ_DEPTH='lots' refused"))
+        fail_msg("not one refusal: %s", log_buf);
+    kvw__verbs_set_ops(NULL);
+    fake_nic_fini();
+}
+
 /* The runtime version is the header's, as a number and as text. */
 static void test_version(void **state)
 {
@@ -813,6 +862,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unknown_env_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_env_summary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_public_validate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_says_version_and_overrides, setup, teardown),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }
