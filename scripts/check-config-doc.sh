@@ -46,6 +46,7 @@ grep -rhoE --include='*.c' --include='*.h' 'getenv\("KVW_[A-Z0-9_]+"\)' "$src" |
 section() {
     awk -v t="$1" '/^### / { on = index($0, t) > 0; next } on' "$doc"
 }
+# shellcheck disable=SC2016 # backquotes are the doc's markdown
 section 'Outside `kvw_config_t`' | sed -n 's/^| `\(KVW_[A-Z0-9_]*\)` |.*/\1/p' |
     sort -u >"$tmp/doc_env"
 # A C string list in config.c: the quoted names between "NAME[] = {" and "};".
@@ -55,6 +56,7 @@ c_list() {
 }
 c_list library_vars >"$tmp/lib_list"
 c_list test_prefixes >"$tmp/test_list"
+# shellcheck disable=SC2016
 section 'Test bed, tests and benchmarks' | sed -n 's/^| `\(KVW_[A-Z0-9_]*\)` |$/\1/p' |
     sort -u >"$tmp/doc_test"
 # What the tests, tools and scripts read or set (test_config.c and the
