@@ -24,8 +24,9 @@ fail() {
 }
 
 # Independent of a calling make (make check exports WERROR=1 and its
-# jobserver): this is a user's build.
-unset MAKEFLAGS MFLAGS MAKELEVEL WERROR
+# jobserver) and of flags in the environment: this is a user's build, with
+# the flags given below.
+unset MAKEFLAGS MFLAGS MAKELEVEL WERROR CFLAGS CPPFLAGS LDFLAGS LDLIBS
 version=$(sed -n 's/^#define KVW_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' include/kvwire.h |
     paste -sd.)
 major=${version%%.*}
