@@ -6,7 +6,15 @@
 # fuzz` fuzzes for longer; `make demo` runs the main job; `make bench` the
 # benchmarks.
 
+# Install directories, each settable on the command line: LIBDIR for a
+# multiarch (lib/x86_64-linux-gnu) or lib64 layout; DESTDIR stages the
+# install (packaging) without changing the paths baked into kvwire.pc.
 PREFIX    ?= /usr/local
+LIBDIR    ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR    ?= $(PREFIX)/bin
+DOCDIR    ?= $(PREFIX)/share/doc/kvwire
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 BUILD     ?= build
 CC        ?= cc
 # The version is the header's (KVW_VERSION_MAJOR/MINOR/PATCH in
@@ -20,12 +28,30 @@ $(error include/kvwire.h: cannot read KVW_VERSION_MAJOR/MINOR/PATCH (got '$(VERS
 endif
 SONAME_MAJOR := $(firstword $(subst ., ,$(VERSION)))
 
-WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-             -Wno-missing-field-initializers
-CPPFLAGS  += -D_GNU_SOURCE -Iinclude -Isrc
+# Flags. CFLAGS, CPPFLAGS, LDFLAGS and LDLIBS are the user's (command line
+# or environment: `make CFLAGS="-O2 -g" LDFLAGS=...`, as packagers pass
+# them); the flags the build needs (the C standard, -fPIC, visibility,
+# include paths, -D_GNU_SOURCE, the libraries) are KVW_* variables placed
+# before them, so a user's CFLAGS adds to them and can override a choice
+# (-O0) but never drops them. The rules keep writing $(CPPFLAGS) $(CFLAGS)
+# and $(LDLIBS): those are overridden below to the combination.
+# -Werror is the project's gate (make check and CI build with WERROR=1),
+# not forced on users, whose compiler may warn about more.
+WERROR    ?= 0
+WARN       = -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -Wshadow -Wstrict-prototypes \
+             -Wmissing-prototypes -Wno-missing-field-initializers
 CFLAGS    ?= -O2 -g
-CFLAGS    += -std=c11 $(WARN) -fPIC -fvisibility=hidden -pthread
-LDLIBS    := -libverbs -lrdmacm -lzmq -ldl -pthread
+KVW_CPPFLAGS := -D_GNU_SOURCE -Iinclude -Isrc
+KVW_CFLAGS    = -std=c11 $(WARN) -fPIC -fvisibility=hidden -pthread
+KVW_LIBS     := -libverbs -lrdmacm -lzmq -ldl -pthread
+USER_CPPFLAGS := $(CPPFLAGS)
+USER_CFLAGS   := $(CFLAGS)
+USER_LDLIBS   := $(LDLIBS)
+override CPPFLAGS = $(KVW_CPPFLAGS) $(USER_CPPFLAGS)
+override CFLAGS   = $(KVW_CFLAGS) $(USER_CFLAGS)
+# Every link line ends with $(LDLIBS): the user's LDFLAGS go there, before
+# the libraries (-L, -Wl,... options apply wherever they stand).
+override LDLIBS   = $(LDFLAGS) $(KVW_LIBS) $(USER_LDLIBS)
 SAN       := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 LIB_SRCS  := $(sort $(wildcard src/*/*.c))
@@ -68,7 +94,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check doc-check unit abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -104,15 +130,19 @@ $(FAKE_NIC_LIB): python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c \
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -shared -Wl,--no-undefined \
 	    python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c $(LIB_OBJS) -o $@ $(LDLIBS)
 
-# The prefix is baked in, so install regenerates it for its own PREFIX.
+# kvwire.pc from its template, src/kvwire.pc.in: the directories are baked
+# in (relative to ${prefix} where they are under it), so install
+# regenerates it for its own PREFIX and LIBDIR.
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 define write_pc
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvwire\nDescription: KV cache transfer over RDMA\nVersion: %s\nRequires.private: libibverbs librdmacm libzmq\nLibs: -L$${libdir} -lkvwire\nLibs.private: -ldl -pthread\nCflags: -I$${includedir}\n' \
-	    '$(1)' '$(VERSION)' > $(2)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(call pc_dir,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|' -e 's|@VERSION@|$(VERSION)|' \
+	    src/kvwire.pc.in > $(1)
 endef
 
-$(PC): Makefile
+$(PC): src/kvwire.pc.in Makefile
 	@mkdir -p $(BUILD)
-	$(call write_pc,$(PREFIX),$@)
+	$(call write_pc,$@)
 
 $(BUILD)/%: tools/%.c tools/kvw-tools.h $(STATIC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(STATIC) $(LDLIBS) -lm
@@ -151,8 +181,11 @@ $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(TSAN) $< $(TEST_SUPPORT_SRCS) $(TSAN_OBJS) \
 	    -o $@ $(LDLIBS) -lcmocka -lm
 
+# make check builds with -Werror (WERROR=1), its sub-makes too.
+check: export WERROR = 1
 check: deps all
 	@$(MAKE) --no-print-directory doc-check
+	@$(MAKE) --no-print-directory install-check
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory gpu-check
 	@$(MAKE) --no-print-directory python-test
@@ -253,7 +286,7 @@ wrcost: $(BUILD)/kvw-wrcost
 FUZZ_CC     ?= clang
 FUZZ_DIR    := $(BUILD)/fuzz
 FUZZ_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-FUZZ_CFLAGS := $(CFLAGS) -O1 -g
+FUZZ_CFLAGS  = $(CFLAGS) -O1 -g
 FUZZ_NAMES  := wire prefill decode bootstrap
 FUZZ_BINS   := $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
 FUZZ_OBJS   := $(LIB_SRCS:%.c=$(FUZZ_DIR)/obj/%.o)
@@ -327,18 +360,38 @@ fuzz-short: fuzz-build
 	        $(FUZZ_DIR)/short/$$h short $$n; done
 
 # The library, its header and pkg-config file, the operator tools and the
-# license; nothing from tests/ or bench/.
+# license; nothing from tests/ or bench/. PREFIX, LIBDIR (and the other
+# *DIR above) and DESTDIR as in the GNU conventions; `make uninstall` with
+# the same ones removes exactly these files.
+INSTALLED_LIBS := $(notdir $(STATIC) $(SHARED)) libkvwire.so.$(SONAME_MAJOR) libkvwire.so
+INSTALLED_BINS := $(notdir $(TOOLS) $(TOOL_SCRIPTS))
 install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
-	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
-	install -m 644 include/kvwire.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libkvwire.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvwire.so.$(SONAME_MAJOR)
-	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvwire.so
-	$(call write_pc,$(PREFIX),$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvwire.pc)
-	install -m 755 $(TOOLS) $(TOOL_SCRIPTS) $(DESTDIR)$(PREFIX)/bin/
-	install -d $(DESTDIR)$(PREFIX)/share/doc/kvwire
-	install -m 644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/kvwire/
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR)
+	install -m 644 include/kvwire.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvwire.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvwire.so.$(SONAME_MAJOR)
+	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(LIBDIR)/libkvwire.so
+	$(call write_pc,$(DESTDIR)$(PKGCONFIGDIR)/kvwire.pc)
+	install -m 755 $(TOOLS) $(TOOL_SCRIPTS) $(DESTDIR)$(BINDIR)/
+	install -d $(DESTDIR)$(DOCDIR)
+	install -m 644 LICENSE $(DESTDIR)$(DOCDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/kvwire.h
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,$(INSTALLED_LIBS))
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/kvwire.pc
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALLED_BINS))
+	rm -f $(DESTDIR)$(DOCDIR)/LICENSE
+	rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null || true
+
+# Host only: a build with the user's CFLAGS/LDFLAGS, install into a staging
+# directory (PREFIX, DESTDIR, a multiarch LIBDIR), the file list, a program
+# built against the installed kvwire.pc, uninstall leaving nothing; then the
+# Python package installed offline into a fresh venv (tests/install/).
+install-check:
+	tests/install/install_test.sh
+	tests/install/venv_test.sh $(BUILD)
 
 format:
 	clang-format -i include/*.h src/*/*.c src/*/*.h tools/*.c bench/*.c tests/*/*.c tests/*/*.h

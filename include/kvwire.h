@@ -108,7 +108,7 @@ extern "C" {
  * incompatible change; MINOR with additions; PATCH with fixes. The Makefile
  * reads these three lines: keep them in this order and form. */
 #define KVW_VERSION_MAJOR 1
-#define KVW_VERSION_MINOR 4
+#define KVW_VERSION_MINOR 5
 #define KVW_VERSION_PATCH 0
 /* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define KVW_VERSION (KVW_VERSION_MAJOR * 10000 + KVW_VERSION_MINOR * 100 + KVW_VERSION_PATCH)
@@ -400,9 +400,14 @@ typedef struct kvw_config {
 } kvw_config_t;
 
 /* Fill defaults, then apply KVW_* environment overrides, and set
- * struct_size. Returns KVW_ERR_INVALID (and logs which variable) if a
- * variable does not parse or is out of range (or, for text, is too long);
- * cfg then holds the defaults for that field. The cluster key is only
+ * struct_size. Numbers are decimal, or hexadecimal after 0x. Returns
+ * KVW_ERR_INVALID (and logs which variable, once) if a variable does not
+ * parse or is out of range (or, for text, is too long), if KVW_LOG_LEVEL
+ * names no level, or if the variables set disagree with each other
+ * (kvw_config_validate's relations); cfg then holds the defaults for a
+ * field that did not parse. The first call in a process also warns once
+ * about each unknown KVW_* variable, naming the nearest known one
+ * (docs/configuration.md). The cluster key is only
  * checked when an engine or bootstrap service is created with it
  * (KVW_ERR_INVALID, logged). Thread-safe (it only reads the environment).
  * kvw_config_init() is kvw_config_init_size() with the caller's sizeof: the
@@ -418,6 +423,12 @@ static inline kvw_status_t kvw_config_init(kvw_config_t *cfg)
  * cfg's struct_size does not cover with their defaults). A bad struct_size
  * is logged and prints nothing. Only reads cfg. */
 KVW_API void kvw_config_print(const kvw_config_t *cfg, FILE *out);
+/* The checks kvw_engine_create makes on a config, without creating one:
+ * every field in its range and the relations between them (chain_max and
+ * signal_every at most sq_depth / 2, heartbeat_ms below peer_timeout_ms,
+ * not both cluster_key and cluster_key_file, a known gpu_path). KVW_OK, or
+ * KVW_ERR_INVALID with the reason logged. Only reads cfg. Since 1.5. */
+KVW_API kvw_status_t kvw_config_validate(const kvw_config_t *cfg);
 
 /* ---------------------------------------------------------------- engine */
 

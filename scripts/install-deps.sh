@@ -27,6 +27,9 @@ BUILD_PKGS=(
     # the Python binding's tests (make python-test, python_scenarios.sh;
     # hypothesis: the property tests of its constructors)
     python3 python3-pytest python3-numpy python3-hypothesis
+    # the documented install of the Python package, tested from a fresh
+    # venv with no package index (tests/install/venv_test.sh)
+    python3-venv python3-pip python3-setuptools
     # the sglang backend's tests run sglang's own connection code (the
     # pinned reference snapshot): torch (CPU), ZeroMQ, requests, aiohttp
     python3-torch python3-zmq python3-requests python3-aiohttp

@@ -37,6 +37,7 @@ from __future__ import annotations
 # the whole API.
 from . import _lib
 from ._config import Config
+from ._version import __version__
 from ._core import (
     NO_AUX,
     ClosedError,
@@ -75,4 +76,5 @@ __all__ = [
     "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupHeads", "GroupKind",
     "LogLevel", "NO_AUX", "Poll", "PrefillRank", "RanksReceiver", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
     "as_indices", "features", "library_path", "set_log_handler", "version", "version_info",
+    "__version__",
 ]

@@ -302,6 +302,7 @@ REQUIRED = {
 }
 # Newer calls; each may be missing from an older libkvwire.
 OPTIONAL = {
+    "kvw_config_validate": (c_int, [POINTER(kvw_config_t)]),
     "kvw_receiver_init_indices": (c_int, [c_void_p, POINTER(kvw_indices_t)]),
     "kvw_sender_send_part": (c_int, [c_void_p, POINTER(kvw_part_t)]),
     "kvw_sender_send_state": (c_int, [c_void_p, _u64p, c_size_t]),

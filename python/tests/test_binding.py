@@ -208,7 +208,7 @@ def test_package_version_is_the_library_version():
     if not os.path.exists(pyproject):
         pytest.skip("outside the source tree")
     line = next(l for l in open(pyproject) if l.startswith("version = "))
-    assert line.split('"')[1] == kvwire.version()
+    assert line.split('"')[1] == kvwire.version() == kvwire.__version__
     assert kvwire.version_info()[0] == _lib.ABI_MAJOR
     assert _lib.SONAME == "libkvwire.so.%d" % _lib.ABI_MAJOR
 

@@ -7,9 +7,11 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef enum { FIELD_U8, FIELD_U32, FIELD_I32, FIELD_STR, FIELD_SECRET } field_kind_t;
 
@@ -104,7 +106,7 @@ static kvw_status_t text_set(kvw_config_t *cfg, const config_field_t *f, const c
 {
     size_t n = strlen(text);
     if (n >= (size_t)f->max) {
-        KVW_ERROR("config: %s is %zu characters, at most %" PRId64 " fit; keeping \"\"", env, n,
+        KVW_ERROR("config: %s refused: %zu characters, at most %" PRId64 " fit", env, n,
                   f->max - 1);
         return KVW_ERR_INVALID;
     }
@@ -137,10 +139,58 @@ static void upcase_env(const config_field_t *f, char *buf, size_t size)
     buf[i] = '\0';
 }
 
-/* This library's whole config: defaults, then the environment. */
+/* The numbers an override may be written as: decimal, or hexadecimal after
+ * 0x (the docs give some ranges in hex, e.g. KVW_FLOW_LABEL's -1..0xfffff),
+ * with a '-' only where the range has negative values. Nothing else: no
+ * sign on a positive, no spaces, no octal, no suffix. */
+static bool parse_number(const char *text, const config_field_t *f, int64_t *out)
+{
+    const char *s = text;
+    bool negative = *s == '-' && f->min < 0;
+    if (negative)
+        s++;
+    int base = 10;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        s += 2;
+    }
+    if (!*s || !strchr(base == 16 ? "0123456789abcdefABCDEF" : "0123456789", *s))
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long magnitude = strtoull(s, &end, base);
+    if (errno || *end || magnitude > (unsigned long long)INT64_MAX)
+        return false;
+    *out = negative ? -(int64_t)magnitude : (int64_t)magnitude;
+    return true;
+}
+
+/* One field's override, or KVW_ERR_INVALID (logged once, naming the
+ * variable, what it holds and what it accepts; the field keeps its default). */
+static kvw_status_t field_override(kvw_config_t *cfg, const config_field_t *f, const char *env,
+                                   const char *text)
+{
+    if (is_text(f))
+        return text_set(cfg, f, env, text);
+    int64_t v;
+    if (!parse_number(text, f, &v) || v < f->min || v > f->max) {
+        KVW_ERROR("config: %s='%s' refused: not an integer in [%" PRId64 ", %" PRId64
+                  "] (decimal, or hex after 0x)",
+                  env, text, f->min, f->max);
+        return KVW_ERR_INVALID;
+    }
+    field_set(cfg, f, v);
+    return KVW_OK;
+}
+
+/* This library's whole config: defaults, then the environment. A value
+ * that does not parse, or environment values that disagree with each other
+ * (chain_max over sq_depth / 2, ...), make it KVW_ERR_INVALID here, where
+ * the variables are still known, not later at engine creation. */
 static kvw_status_t config_fill(kvw_config_t *cfg)
 {
     kvw_status_t status = KVW_OK;
+    bool overridden = false;
     memset(cfg, 0, sizeof(*cfg));
     cfg->struct_size = sizeof(*cfg);
     for (size_t i = 0; i < NUM_FIELDS; i++) {
@@ -151,24 +201,36 @@ static kvw_status_t config_fill(kvw_config_t *cfg)
         const char *text = getenv(env);
         if (!text || !*text)
             continue;
-        if (is_text(f)) {
-            if (text_set(cfg, f, env, text))
-                status = KVW_ERR_INVALID;
-            continue;
-        }
-        char *end;
-        errno = 0;
-        long long v = strtoll(text, &end, 10);
-        if (errno || *end || v < f->min || v > f->max) {
-            KVW_ERROR("config: %s='%s' is not an integer in [%" PRId64 ", %" PRId64
-                      "]; keeping %" PRId64,
-                      env, text, f->min, f->max, f->def);
+        if (field_override(cfg, f, env, text))
             status = KVW_ERR_INVALID;
-            continue;
-        }
-        field_set(cfg, f, v);
+        overridden = true;
     }
+    const char *level = getenv("KVW_LOG_LEVEL");
+    if (level && *level && kvw__config_log_level(level) < 0) {
+        KVW_ERROR("config: KVW_LOG_LEVEL='%s' refused: not one of error, warn (warning), info, "
+                  "debug (trace, verbose)",
+                  level);
+        status = KVW_ERR_INVALID;
+    }
+    if (status == KVW_OK && overridden)
+        status = kvw__config_validate(cfg); /* logged, naming the fields */
     return status;
+}
+
+int kvw__config_log_level(const char *name)
+{
+    static const struct {
+        const char *name;
+        kvw_log_level_t level;
+    } names[] = {
+        {"error", KVW_LOG_ERROR},   {"warn", KVW_LOG_WARN},   {"warning", KVW_LOG_WARN},
+        {"info", KVW_LOG_INFO},     {"debug", KVW_LOG_DEBUG}, {"trace", KVW_LOG_DEBUG},
+        {"verbose", KVW_LOG_DEBUG},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcasecmp(name, names[i].name) == 0)
+            return (int)names[i].level;
+    return -1;
 }
 
 kvw_status_t kvw_config_init_size(kvw_config_t *cfg, size_t size)
@@ -178,6 +240,7 @@ kvw_status_t kvw_config_init_size(kvw_config_t *cfg, size_t size)
                   cfg ? "size too small to hold struct_size" : "NULL config");
         return KVW_ERR_INVALID;
     }
+    kvw__config_warn_unknown_env_once();
     kvw_config_t full;
     kvw_status_t status = config_fill(&full);
     /* A caller built against an older header gets the fields it knows; one
@@ -312,4 +375,189 @@ int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME])
         s += len;
     }
     return n;
+}
+
+/* ------------------------------------------------ the KVW_* environment */
+
+/* The variables the library reads itself, outside kvw_config_t
+ * (scripts/check-config-doc.sh checks this list against the getenv() calls
+ * in src/ and the doc's table). */
+static const char *const library_vars[] = {
+    "KVW_LOG_LEVEL",
+    "KVW_SYSFS_ROOT",
+};
+
+/* Prefixes (and whole names) of the variables the test bed, the tests and
+ * the benchmarks read: never the library's, never warned about
+ * (docs/configuration.md; check-config-doc.sh checks every KVW_* variable
+ * that tests/, bench/, tools/ and scripts/ use is one of these or the
+ * library's). */
+static const char *const test_prefixes[] = {
+    "KVW_TB_",    "KVW_TESTBED_",        "KVW_TEST_",   "KVW_TSAN_",     "KVW_CHAOS_",
+    "KVW_SOAK_",  "KVW_BENCH_",          "KVW_STREAM_", "KVW_STORM_",    "KVW_ROOMS",
+    "KVW_FUZZ_",  "KVW_MUTANT_",         "KVW_FLAP_",   "KVW_GPUCHECK_", "KVW_WRCOST_",
+    "KVW_IDLE_S", "KVW_STAGING_TIMEOUT",
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Optimal string alignment distance (Levenshtein plus adjacent swaps, so
+ * KVW_SQ_DEPHT is one edit from KVW_SQ_DEPTH), as UCX suggests names. */
+static size_t edit_distance(const char *a, size_t na, const char *b)
+{
+    enum { MAX = 64 };
+    size_t nb = strlen(b);
+    if (na >= MAX || nb >= MAX)
+        return MAX;
+    size_t d[MAX][MAX];
+    for (size_t i = 0; i <= na; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= nb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            size_t cost = a[i - 1] != b[j - 1];
+            size_t best = d[i - 1][j - 1] + cost;
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[na][nb];
+}
+
+static bool is_library_var(const char *name, size_t len)
+{
+    char env[64];
+    for (size_t i = 0; i < NUM_FIELDS; i++) {
+        upcase_env(&fields[i], env, sizeof(env));
+        if (strlen(env) == len && !memcmp(env, name, len))
+            return true;
+    }
+    for (size_t i = 0; i < COUNT(library_vars); i++)
+        if (strlen(library_vars[i]) == len && !memcmp(library_vars[i], name, len))
+            return true;
+    return false;
+}
+
+static bool is_test_var(const char *name, size_t len)
+{
+    for (size_t i = 0; i < COUNT(test_prefixes); i++) {
+        size_t n = strlen(test_prefixes[i]);
+        if (n <= len && !memcmp(test_prefixes[i], name, n))
+            return true;
+    }
+    return false;
+}
+
+/* The library variable nearest to name, or NULL when none is near enough
+ * to be what was meant. */
+static const char *nearest_var(const char *name, size_t len, char *buf, size_t size)
+{
+    size_t best = (size_t)-1;
+    const char *found = NULL;
+    char env[64];
+    for (size_t i = 0; i < NUM_FIELDS + COUNT(library_vars); i++) {
+        const char *cand = env;
+        if (i < NUM_FIELDS)
+            upcase_env(&fields[i], env, sizeof(env));
+        else
+            cand = library_vars[i - NUM_FIELDS];
+        size_t d = edit_distance(name, len, cand);
+        if (d < best) {
+            best = d;
+            snprintf(buf, size, "%s", cand);
+            found = buf;
+        }
+    }
+    /* Within a third of the name after KVW_, and at least 2 edits. */
+    size_t allowed = len > 4 ? (len - 4) / 3 : 0;
+    return best <= (allowed > 2 ? allowed : 2) ? found : NULL;
+}
+
+int kvw__config_warn_unknown_env(char *const *envp)
+{
+    int unknown = 0;
+    for (; envp && *envp; envp++) {
+        const char *name = *envp;
+        size_t len = strcspn(name, "=");
+        if (len < 4 || memcmp(name, "KVW_", 4) != 0 || is_library_var(name, len) ||
+            is_test_var(name, len))
+            continue;
+        char near[64];
+        if (nearest_var(name, len, near, sizeof(near)))
+            KVW_WARN("config: unknown variable %.*s ignored (did you mean %s?)", (int)len, name,
+                     near);
+        else
+            KVW_WARN("config: unknown variable %.*s ignored (not a kvwire variable; "
+                     "docs/configuration.md lists them)",
+                     (int)len, name);
+        unknown++;
+    }
+    return unknown;
+}
+
+extern char **environ;
+
+static void warn_unknown_environ(void)
+{
+    (void)kvw__config_warn_unknown_env(environ);
+}
+
+void kvw__config_warn_unknown_env_once(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, warn_unknown_environ);
+}
+
+/* Appends "NAME=value" for one set variable; false once buf is full. */
+static bool summary_add(char *buf, size_t size, size_t *used, const char *name, const char *value)
+{
+    int n = snprintf(buf + *used, size - *used, "%s%s=%s", *used ? " " : "", name, value);
+    if (n < 0 || (size_t)n >= size - *used) {
+        buf[*used] = '\0';
+        return false;
+    }
+    *used += (size_t)n;
+    return true;
+}
+
+void kvw__config_env_summary(char *buf, size_t size)
+{
+    size_t used = 0;
+    bool full = false;
+    char env[64];
+    buf[0] = '\0';
+    for (size_t i = 0; !full && i < NUM_FIELDS + COUNT(library_vars); i++) {
+        const char *name = env;
+        bool secret = false;
+        if (i < NUM_FIELDS) {
+            upcase_env(&fields[i], env, sizeof(env));
+            secret = fields[i].kind == FIELD_SECRET;
+        } else {
+            name = library_vars[i - NUM_FIELDS];
+        }
+        const char *value = getenv(name);
+        if (value && *value)
+            full = !summary_add(buf, size, &used, name, secret ? "(set, not shown)" : value);
+    }
+    if (full && used + 5 < size)
+        memcpy(buf + used, " ...", 5);
+    else if (!used)
+        snprintf(buf, size, "none");
+}
+
+kvw_status_t kvw_config_validate(const kvw_config_t *cfg)
+{
+    if (!cfg) {
+        KVW_ERROR("kvw_config_validate: NULL config");
+        return KVW_ERR_INVALID;
+    }
+    kvw_config_t full;
+    kvw_status_t st = kvw__config_read(cfg, &full);
+    return st ? st : kvw__config_validate(&full);
 }

@@ -26,4 +26,20 @@ int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME]);
 #define KVW_CONFIG_DEVICES_NEAR "near"
 bool kvw__config_devices_near(const char *list);
 
+/* KVW_LOG_LEVEL's names: error, warn (warning), info, debug (trace,
+ * verbose), any case. The kvw_log_level_t, or -1 for any other text. */
+int kvw__config_log_level(const char *name);
+
+/* Warns once per variable about each KVW_* name in envp that is neither the
+ * library's nor the tests' (docs/configuration.md), naming the nearest
+ * known one; the count warned. The _once form does it for the process's
+ * environment the first time it is called (kvw_config_init, engine and
+ * bootstrap creation). */
+int kvw__config_warn_unknown_env(char *const *envp);
+void kvw__config_warn_unknown_env_once(void);
+
+/* "KVW_SQ_DEPTH=1024 KVW_LOG_LEVEL=info" for the library's variables set
+ * in the environment (the cluster key not shown), "none" if none. */
+void kvw__config_env_summary(char *buf, size_t size);
+
 #endif

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "common/log.h"
+#include "common/config.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -13,15 +14,13 @@ static kvw_log_fn log_fn;
 static void *log_arg;
 static _Atomic int log_max_level = -1; /* -1: not yet read from the environment */
 
+/* A name it does not know is warn here; kvw_config_init refuses it with
+ * the message (config.c), so an unknown level is said once, not per line. */
 static int level_from_env(void)
 {
-    static const char *const names[] = {"error", "warn", "info", "debug"};
     const char *env = getenv("KVW_LOG_LEVEL");
-    if (env)
-        for (int i = 0; i < 4; i++)
-            if (strcasecmp(env, names[i]) == 0)
-                return i;
-    return KVW_LOG_WARN;
+    int level = env ? kvw__config_log_level(env) : -1;
+    return level < 0 ? KVW_LOG_WARN : level;
 }
 
 int kvw__log_enabled(kvw_log_level_t level)

@@ -2,6 +2,7 @@
 /* Size-prefixed public structs: what an older or newer caller's struct
  * means to this library. */
 #include "common/sized.h"
+#include "common/config.h"
 #include "common/log.h"
 
 #include <string.h>
@@ -34,16 +35,21 @@ kvw_status_t kvw__sized_read(const char *what, void *dst, size_t known, size_t m
 
 kvw_status_t kvw__config_read(const kvw_config_t *cfg, kvw_config_t *out)
 {
+    kvw__config_warn_unknown_env_once();
     if (!cfg)
         return kvw_config_init(out); /* logged */
     size_t size;
     memcpy(&size, cfg, sizeof(size));
     kvw_config_t defaults;
-    if (size < sizeof(defaults))
-        (void)kvw_config_init(
-            &defaults); /* a bad variable was logged, its field keeps the default */
-    else
-        memset(&defaults, 0, sizeof(defaults));
+    memset(&defaults, 0, sizeof(defaults));
+    /* An older caller's struct: the fields it lacks come from the
+     * environment, and a bad variable there is refused (logged), not
+     * replaced by its default. */
+    if (size < sizeof(defaults) && size >= KVW__CONFIG_MIN_SIZE) {
+        kvw_status_t st = kvw_config_init(&defaults);
+        if (st)
+            return st;
+    }
     kvw_status_t st =
         kvw__sized_read("config", &defaults, sizeof(defaults), KVW__CONFIG_MIN_SIZE, cfg);
     if (st == KVW_OK)

@@ -411,11 +411,28 @@ static kvw_status_t start_threads(kvw_engine_t *e)
     return KVW_OK;
 }
 
+/* Once per engine, so a log says which library ran with which settings:
+ * the version and the KVW_* variables that kvw_config_init applied. */
+static void log_version_and_overrides(const kvw_engine_params_t *p)
+{
+    if (!kvw__log_enabled(KVW_LOG_INFO))
+        return;
+    char vars[768];
+    kvw__config_env_summary(vars, sizeof(vars));
+    KVW_INFO("kvwire %s, %s engine rank %u: KVW_* overrides %s: %s", kvw_version_string(),
+             p->role == KVW_ROLE_PREFILL ? "prefill" : "decode", p->engine_rank,
+             p->config ? "in the environment (applied if the caller's config came from "
+                         "kvw_config_init)"
+                       : "applied",
+             vars);
+}
+
 static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
 {
     kvw_status_t st = kvw__config_read(p->config, &e->cfg);
     if (st || (st = kvw__config_validate(&e->cfg)))
         return st;
+    log_version_and_overrides(p);
     e->role = p->role;
     e->ops = e->role == KVW_ROLE_PREFILL ? &kvw__prefill_ops : &kvw__decode_ops;
     e->rank = p->engine_rank;

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/sized.h"
 #include "kvwire.h"
+#include "support/fake_nic.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -248,7 +249,14 @@ static void test_env_bad_values(void **state)
         {"KVW_HOP_LIMIT", "256"},
         {"KVW_FLOW_LABEL", "1048576"}, /* 2^20: more than the GRH's 20 bits */
         {"KVW_FLOW_LABEL", "-2"},
-        {"KVW_FLOW_LABEL", "0x12345"},
+        {"KVW_FLOW_LABEL", "0x100000"}, /* hex, as the docs write it, still checked */
+        {"KVW_FLOW_LABEL", "0x"},
+        {"KVW_FLOW_LABEL", "0x-1"},
+        {"KVW_FLOW_LABEL", "1e3"},
+        {"KVW_SQ_DEPTH", "+1024"},
+        {"KVW_SQ_DEPTH", " 1024"},
+        {"KVW_SQ_DEPTH", "-0x10"}, /* no sign where the range has no negatives */
+        {"KVW_SQ_DEPTH", "0b100"},
         {"KVW_IB_USE_GRH", "2"},
         {"KVW_IB_USE_GRH", "-2"},
         {"KVW_IB_USE_GRH", "yes"},
@@ -275,10 +283,11 @@ static void test_env_bad_values(void **state)
         else
             c.heartbeat_ms = 500;
         assert_defaults(&c);
-        /* The log names the variable. */
-        assert_true(log_count >= 1);
-        if (!strstr(log_buf, bad[i].env))
-            fail_msg("log for %s='%s' does not name it: %s", bad[i].env, bad[i].value, log_buf);
+        /* One message, naming the variable, refusing it (no "keeping"). */
+        if (log_count != 1 || !strstr(log_buf, bad[i].env) || !strstr(log_buf, "refused") ||
+            strstr(log_buf, "keeping"))
+            fail_msg("log for %s='%s' is not one refusal naming it: %s", bad[i].env, bad[i].value,
+                     log_buf);
     }
 }
 
@@ -591,6 +600,235 @@ static void test_sized_config(void **state)
     assert_string_equal(out, "");
 }
 
+/* Numbers as the docs write them: hex after 0x (KVW_FLOW_LABEL's range is
+ * -1..0xfffff), decimal with leading zeros still decimal. */
+static void test_env_hex(void **state)
+{
+    (void)state;
+    kvw_config_t c;
+    setenv("KVW_FLOW_LABEL", "0x10", 1);
+    setenv("KVW_SQ_DEPTH", "0X400", 1);
+    setenv("KVW_TRAFFIC_CLASS", "0x6a", 1);
+    setenv("KVW_RQ_DEPTH", "0100", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.flow_label, 0x10);
+    assert_int_equal(c.sq_depth, 1024);
+    assert_int_equal(c.traffic_class, 106);
+    assert_int_equal(c.rq_depth, 100); /* not octal */
+    setenv("KVW_FLOW_LABEL", "0xfffff", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.flow_label, 0xfffff);
+    setenv("KVW_FLOW_LABEL", "-0x1", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(c.flow_label, -1);
+    assert_int_equal(log_count, 0);
+}
+
+/* Variables that are each in range but disagree are refused by
+ * kvw_config_init, once, not later by the engine create. */
+static void test_env_relations(void **state)
+{
+    (void)state;
+    kvw_config_t c;
+    setenv("KVW_SQ_DEPTH", "16", 1); /* chain_max's default 64 is over 16 / 2 */
+    assert_int_equal(kvw_config_init(&c), KVW_ERR_INVALID);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "chain_max"));
+    assert_non_null(strstr(log_buf, "sq_depth"));
+    log_buf[0] = '\0';
+    log_count = 0;
+    setenv("KVW_CHAIN_MAX", "8", 1);
+    setenv("KVW_SIGNAL_EVERY", "8", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(log_count, 0);
+    setenv("KVW_HEARTBEAT_MS", "2000", 1); /* not below peer_timeout_ms */
+    assert_int_equal(kvw_config_init(&c), KVW_ERR_INVALID);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "heartbeat_ms"));
+
+    /* An older caller's struct takes the fields it lacks from the
+     * environment: a bad one there is refused, not replaced by a default. */
+    assert_int_equal(kvw_config_init(&c), KVW_ERR_INVALID); /* the variables above */
+    unsetenv("KVW_HEARTBEAT_MS");
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    c.struct_size = offsetof(kvw_config_t, heartbeat_ms);
+    setenv("KVW_PEER_TIMEOUT_MS", "soon", 1);
+    kvw_config_t got;
+    log_count = 0;
+    assert_int_equal(kvw__config_read(&c, &got), KVW_ERR_INVALID);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "KVW_PEER_TIMEOUT_MS='soon' refused"));
+}
+
+/* KVW_LOG_LEVEL: the names people use are levels; any other is refused. */
+static void test_log_level_names(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        int level;
+    } names[] = {
+        {"error", KVW_LOG_ERROR},
+        {"warn", KVW_LOG_WARN},
+        {"WARNING", KVW_LOG_WARN},
+        {"info", KVW_LOG_INFO},
+        {"Debug", KVW_LOG_DEBUG},
+        {"trace", KVW_LOG_DEBUG},
+        {"verbose", KVW_LOG_DEBUG},
+        {"loud", -1},
+        {"", -1},
+        {"3", -1},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        assert_int_equal(kvw__config_log_level(names[i].name), names[i].level);
+    kvw_config_t c;
+    setenv("KVW_LOG_LEVEL", "verbose", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(log_count, 0);
+    setenv("KVW_LOG_LEVEL", "loud", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_ERR_INVALID);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "KVW_LOG_LEVEL='loud' refused"));
+    unsetenv("KVW_LOG_LEVEL");
+}
+
+/* Unknown KVW_* names: one warning each, naming the nearest variable; the
+ * test bed's and tests' own prefixes and other programs' variables are
+ * left alone. */
+static void test_unknown_env_names(void **state)
+{
+    (void)state;
+    char *env[] = {
+        "KVW_SQ_DEPHT=1024",
+        "KVW_LOG_LEVL=info",
+        "KVW_BANANA=1",
+        "KVW_SQ_DEPTH=1024",
+        "KVW_LOG_LEVEL=warn",
+        "KVW_SYSFS_ROOT=/x",
+        "KVW_TB_IP0=10.0.0.1",
+        "KVW_TESTBED_MODE=vm",
+        "KVW_CHAOS_SCHEDULES=5",
+        "KVW_SOAK_CYCLES=1",
+        "PATH=/bin",
+        "KVWIRE_LIB=/x.so",
+        "KVW_FLOWLABEL=0x10",
+        NULL,
+    };
+    assert_int_equal(kvw__config_warn_unknown_env(env), 4);
+    assert_int_equal(log_count, 4);
+    assert_non_null(strstr(log_buf, "unknown variable KVW_SQ_DEPHT ignored (did you mean "
+                                    "KVW_SQ_DEPTH?)"));
+    assert_non_null(strstr(log_buf, "KVW_LOG_LEVL ignored (did you mean KVW_LOG_LEVEL?)"));
+    assert_non_null(strstr(log_buf, "KVW_FLOWLABEL ignored (did you mean KVW_FLOW_LABEL?)"));
+    assert_non_null(strstr(log_buf, "KVW_BANANA ignored (not a kvwire variable"));
+    assert_null(strstr(log_buf, "KVW_TB_"));
+    assert_null(strstr(log_buf, "KVWIRE_LIB"));
+}
+
+/* Once per process: the first kvw_config_init warns, later ones (and
+ * engine creation's config read) do not. Runs first (main's list). */
+static void test_unknown_env_once(void **state)
+{
+    (void)state;
+    kvw_config_t c, got;
+    setenv("KVW_SQ_DEPHT", "1024", 1);
+    assert_int_equal(kvw_config_init(&c), KVW_OK); /* a warning, not a refusal */
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(kvw__config_read(NULL, &got), KVW_OK);
+    assert_int_equal(log_count, 1);
+    assert_non_null(strstr(log_buf, "did you mean KVW_SQ_DEPTH?"));
+    unsetenv("KVW_SQ_DEPHT");
+}
+
+/* The engine's info line: the library's variables that are set. */
+static void test_env_summary(void **state)
+{
+    (void)state;
+    char buf[256];
+    kvw__config_env_summary(buf, sizeof(buf));
+    assert_string_equal(buf, "none");
+    setenv("KVW_SQ_DEPTH", "1024", 1);
+    setenv("KVW_CLUSTER_KEY", "secret-secret", 1);
+    setenv("KVW_LOG_LEVEL", "info", 1);
+    kvw__config_env_summary(buf, sizeof(buf));
+    assert_non_null(strstr(buf, "KVW_SQ_DEPTH=1024"));
+    assert_non_null(strstr(buf, "KVW_CLUSTER_KEY=(set, not shown)"));
+    assert_non_null(strstr(buf, "KVW_LOG_LEVEL=info"));
+    assert_null(strstr(buf, "secret-secret"));
+    /* Cut, not overrun, when the buffer is short. */
+    char small[24];
+    kvw__config_env_summary(small, sizeof(small));
+    assert_true(strlen(small) < sizeof(small));
+    unsetenv("KVW_CLUSTER_KEY");
+    unsetenv("KVW_LOG_LEVEL");
+}
+
+/* The public check is the engine's: ranges and relations. */
+static void test_public_validate(void **state)
+{
+    (void)state;
+    kvw_config_t c;
+    assert_int_equal(kvw_config_init(&c), KVW_OK);
+    assert_int_equal(kvw_config_validate(&c), KVW_OK);
+    c.sq_depth = 16;
+    assert_int_equal(kvw_config_validate(&c), KVW_ERR_INVALID);
+    assert_non_null(strstr(log_buf, "chain_max"));
+    c.chain_max = 8;
+    c.signal_every = 8;
+    assert_int_equal(kvw_config_validate(&c), KVW_OK);
+    c.flow_label = 0x100000;
+    assert_int_equal(kvw_config_validate(&c), KVW_ERR_INVALID);
+    assert_int_equal(kvw_config_validate(NULL), KVW_ERR_INVALID);
+}
+
+/* An engine from the environment (config NULL) on the fake NIC: one info
+ * line with the version and the overrides it applied; a bad variable is
+ * one error, from kvw_config_init, and the create fails with its status. */
+static kvw_status_t create_decode(kvw_engine_t **e)
+{
+    static uint8_t mem[2][4096];
+    kvw_region_t kv[2] = {{mem[0], sizeof(mem[0]), 256}, {mem[1], sizeof(mem[1]), 256}};
+    kvw_engine_params_t p;
+    kvw_engine_params_init(&p);
+    p.role = KVW_ROLE_DECODE;
+    p.device = "fake0";
+    p.local_ip = "127.0.0.1";
+    p.num_layers = 1;
+    p.kv_regions = kv;
+    return kvw_engine_create(&p, e);
+}
+
+static void test_engine_says_version_and_overrides(void **state)
+{
+    (void)state;
+    assert_int_equal(fake_nic_init(NULL), 0);
+    kvw__verbs_set_ops(&fake_nic_ops);
+    setenv("KVW_SQ_DEPTH", "0x400", 1);
+    setenv("KVW_LANDING_MIB", "0", 1);
+    kvw_engine_t *e = NULL;
+    assert_int_equal(create_decode(&e), KVW_OK);
+    kvw_engine_destroy(e);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "kvwire %s, decode engine rank 0: KVW_* overrides applied: KVW_SQ_DEPTH=0x400 "
+             "KVW_LANDING_MIB=0\n",
+             kvw_version_string());
+    if (!strstr(log_buf, want))
+        fail_msg("no line \"%s\" in:\n%s", want, log_buf);
+
+    log_buf[0] = '\0';
+    log_count = 0;
+    kvw_set_log_handler(capture_log, NULL, KVW_LOG_ERROR);
+    setenv("KVW_SQ_DEPTH", "lots", 1);
+    e = NULL;
+    assert_int_equal(create_decode(&e), KVW_ERR_INVALID);
+    assert_null(e);
+    if (log_count != 1 || !strstr(log_buf, "KVW_SQ_DEPTH='lots' refused"))
+        fail_msg("not one refusal: %s", log_buf);
+    kvw__verbs_set_ops(NULL);
+    fake_nic_fini();
+}
+
 /* The runtime version is the header's, as a number and as text. */
 static void test_version(void **state)
 {
@@ -607,6 +845,7 @@ static void test_version(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_unknown_env_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_env_overrides, setup, teardown),
         cmocka_unit_test_setup_teardown(test_env_bad_values, setup, teardown),
@@ -617,6 +856,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_poll_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sized_config, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_hex, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_relations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_level_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_env_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_summary, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_public_validate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_says_version_and_overrides, setup, teardown),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }
