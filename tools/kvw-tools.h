@@ -51,7 +51,7 @@ static inline __attribute__((noreturn)) void kvw_tool_bad_option(void)
 }
 
 /* --version: the version of the library the tool runs on. */
-static inline void kvw_tool_version(void)
+static inline __attribute__((noreturn)) void kvw_tool_version(void)
 {
     printf("%s (kvwire) %s\n", kvw_tool_name, kvw_version_string());
     exit(0);
@@ -91,8 +91,8 @@ static inline int kvw_parse_u64(const char *s, uint64_t min, uint64_t max, uint6
     }
     if (p == digits || *p) {
         *why = base == 16 ? "not a hex number (0x, then hex digits only)"
-                          : "not a number (decimal digits, or 0x and hex digits; no sign, "
-                            "suffix or exponent)";
+                          : "not a number (decimal, or hex after 0x; no sign, suffix or "
+                            "exponent)";
         return -1;
     }
     if (overflow || v < min || v > max) {
@@ -109,10 +109,12 @@ static inline uint64_t kvw_tool_u64(const char *opt, const char *s, uint64_t min
 {
     uint64_t v;
     const char *why;
-    if (kvw_parse_u64(s, min, max, &v, &why))
-        kvw_tool_usage_error("invalid %s '%s': %s (%llu to %llu)", opt, s, why,
-                             (unsigned long long)min, (unsigned long long)max);
-    return v;
+    if (kvw_parse_u64(s, min, max, &v, &why) == 0)
+        return v;
+    if (strcmp(why, "out of range"))
+        kvw_tool_usage_error("invalid %s '%s': %s", opt, s, why);
+    kvw_tool_usage_error("invalid %s '%s': out of range (%llu to %llu)", opt, s,
+                         (unsigned long long)min, (unsigned long long)max);
 }
 
 static inline uint32_t kvw_tool_u32(const char *opt, const char *s, uint32_t min, uint32_t max)
