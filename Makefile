@@ -44,11 +44,14 @@ TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_n
               parked_abort liveness device_events producer_event heads_engine rails verify)
 
 # Tools by audience. tools/: the operator tools, which make install
-# installs (the programs, and the script kvw-rxe). tests/tools/: the test
-# drivers and the test bed (kvw-xfer, kvw-gpucheck, gpu-check, demo.sh,
+# installs with their man pages (the programs, kvw-xfer the two-host
+# transfer among them, and the script kvw-rxe). tests/tools/: the test
+# drivers and the test bed (kvw-gpucheck, gpu-check, demo.sh,
 # kvw-testbed); bench/: the benchmark harnesses (bench.sh, kvw-wrcost,
 # kvw-rawlat, kvw-heads). Those two are built into $(BUILD) like the
-# operator tools but run from the tree only. tools/kvw-tools.h is shared by all three.
+# operator tools but run from the tree only. tools/kvw-tools.h is shared
+# by all three: the command-line conventions (docs/tools.md) and the
+# deterministic KV contents.
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 TOOL_SCRIPTS := tools/kvw-rxe
 TEST_TOOLS := $(patsubst tests/tools/%.c,$(BUILD)/%,$(wildcard tests/tools/*.c))
@@ -68,7 +71,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check doc-check unit tools-check man abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -154,6 +157,7 @@ $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 check: deps all
 	@$(MAKE) --no-print-directory doc-check
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory tools-check
 	@$(MAKE) --no-print-directory gpu-check
 	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory fuzz-short
@@ -326,9 +330,41 @@ fuzz-short: fuzz-build
 	    tests/fuzz/run-fuzz.sh $(FUZZ_DIR)/fuzz_$$h $(FUZZ_DIR)/seeds/$$h \
 	        $(FUZZ_DIR)/short/$$h short $$n; done
 
-# The library, its header and pkg-config file, the operator tools and the
-# license; nothing from tests/ or bench/.
-install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
+# Man pages for the installed tools, generated from their --help and
+# --version by help2man (Debian package help2man). Reproducible: help2man
+# dates a page by SOURCE_DATE_EPOCH, here the last commit's time (outside
+# git, the header's modification time).
+MAN_TOOLS := $(notdir $(TOOLS)) kvw-rxe
+MANS      := $(MAN_TOOLS:%=$(BUILD)/man/%.1)
+MAN_EPOCH := $(or $(shell git log -1 --format=%ct 2>/dev/null),$(shell stat -c %Y include/kvwire.h))
+HELP2MAN  ?= help2man
+man_name_kvwire-info   := what kvwire finds on this node, and a self-test before the first transfer
+man_name_kvw-bootstrap := the kvwire bootstrap service, standalone
+man_name_kvw-keygen    := write a kvwire cluster key
+man_name_kvwire-bench  := KV-cache transfer throughput and latency, on one host or two
+man_name_kvw-xfer      := one side of a verified KV-cache transfer between two hosts
+man_name_kvw-rxe       := soft-RoCE (rdma_rxe) on a network interface, for kvwire
+
+man: $(MANS)
+
+$(BUILD)/man/%.1: $(BUILD)/%
+	@mkdir -p $(dir $@)
+	SOURCE_DATE_EPOCH=$(MAN_EPOCH) $(HELP2MAN) --no-info --section 1 --source kvwire \
+	    --name '$(man_name_$*)' --output $@ $<
+
+$(BUILD)/man/kvw-rxe.1: tools/kvw-rxe include/kvwire.h
+	@mkdir -p $(dir $@)
+	SOURCE_DATE_EPOCH=$(MAN_EPOCH) $(HELP2MAN) --no-info --section 1 --source kvwire \
+	    --name '$(man_name_kvw-rxe)' --output $@ tools/kvw-rxe
+
+# Host only: every tool's command line (tests/tools/tool_args.sh: each bad
+# input of issue 31, --help, --version, exit codes) and its man page.
+tools-check: $(TOOLS) $(BENCH_TOOLS) $(MANS)
+	tests/tools/tool_args.sh $(BUILD)
+
+# The library, its header and pkg-config file, the operator tools, their
+# man pages and the license; nothing from tests/ or bench/.
+install: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(MANS)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/kvwire.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
@@ -337,6 +373,8 @@ install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvwire.so
 	$(call write_pc,$(PREFIX),$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvwire.pc)
 	install -m 755 $(TOOLS) $(TOOL_SCRIPTS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 644 $(MANS) $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -d $(DESTDIR)$(PREFIX)/share/doc/kvwire
 	install -m 644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/kvwire/
 

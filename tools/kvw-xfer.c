@@ -1474,7 +1474,7 @@ static __attribute__((noreturn)) void usage(void)
 {
     printf(
             "Usage: kvw-xfer prefill|decode --ip IP [--dev NAME] [--rank R] [OPTION]...\n"
-            "       kvw-xfer --help | --version\n"
+            "  or:  kvw-xfer --help | --version\n"
             "Move KV cache between two hosts (or processes) through kvwire's public API:\n"
             "one side runs prefill, the other decode, with the same layout and work options;\n"
             "decode checks every byte it receives. Numbers are decimal, or hex after 0x.\n"

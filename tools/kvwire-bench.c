@@ -783,8 +783,8 @@ static int run_decode(const opts_t *o, const link_t *l)
 static __attribute__((noreturn)) void usage(void)
 {
     printf("Usage: kvwire-bench --ip0 IP [--dev0 NAME] [--ip1 IP] [--dev1 NAME] [OPTION]...\n"
-           "       kvwire-bench --server --ip0 IP [--dev0 NAME] [--port PORT]\n"
-           "       kvwire-bench --client HOST[:PORT] --ip1 IP [--dev1 NAME] [OPTION]...\n"
+           "  or:  kvwire-bench --server --ip0 IP [--dev0 NAME] [--port PORT]\n"
+           "  or:  kvwire-bench --client HOST[:PORT] --ip1 IP [--dev1 NAME] [OPTION]...\n"
            "Throughput, message rate and latency of KV-cache transfers through kvwire's\n"
            "public API, every byte verified. One host: prefill (dev0/ip0) and decode\n"
            "(dev1/ip1) run in two processes. Two hosts, as ib_write_bw: the server runs\n"
@@ -827,7 +827,7 @@ static const num_opt_t num_opts[] = {
     NUM('c', "contig", contig, 1, 1u << 20),
     NUM('L', "layers", layers, 1, 65535),
     NUM('H', "kv-heads", kv_heads, 1, 65536),
-    NUM('h', "head-dim", head_dim, 1, 65536),
+    NUM('k', "head-dim", head_dim, 1, 65536),
     NUM('b', "dtype-bytes", dtype, 1, 16),
     NUM('T', "page-tokens", page_tokens, 1, 1u << 20),
     NUM('S', "item", item, 0, 1u << 30),
@@ -925,22 +925,21 @@ static void parse(int argc, char **argv, opts_t *o)
                                        {"dev1", 1, 0, 'D'},        {"ip1", 1, 0, 'I'},
                                        {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
                                        {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},
-                                       {"head-dim", 1, 0, 'h'},    {"dtype-bytes", 1, 0, 'b'},
+                                       {"head-dim", 1, 0, 'k'},    {"dtype-bytes", 1, 0, 'b'},
                                        {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
                                        {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},
                                        {"warmup", 1, 0, 'W'},      {"inflight", 1, 0, 'f'},
                                        {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
                                        {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
                                        {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
-                                       {"help", 0, 0, '?' + 256},  {"layer-ms", 1, 0, 'Y'},
+                                       {"help", 0, 0, 'h'},  {"layer-ms", 1, 0, 'Y'},
                                        {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},
                                        {"landing-mib", 1, 0, 'G'}, {"server", 0, 0, 'R'},
                                        {"client", 1, 0, 'C'},      {"port", 1, 0, 'O'},
                                        {"version", 0, 0, 'V'},     {0, 0, 0, 0}};
     int c;
     bool port_set = false;
-    /* -h is --head-dim's letter inside the table only: no short options. */
-    while ((c = getopt_long(argc, argv, "V", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
         const num_opt_t *n = num_opt(c);
         if (n && c == 'v' && !strcmp(optarg, "all"))
             o->verify = UINT64_MAX;
@@ -969,7 +968,7 @@ static void parse(int argc, char **argv, opts_t *o)
         else if (c == 'O') {
             o->port = (uint16_t)kvw_tool_u64("--port", optarg, 1, 65535);
             port_set = true;
-        } else if (c == '?' + 256)
+        } else if (c == 'h')
             usage();
         else if (c == 'V')
             kvw_tool_version();

@@ -991,7 +991,7 @@ static int run_check(const report_t *r, const char *only)
 static void usage(void)
 {
     printf("Usage: kvwire-info [--json] [--ip IPV4]\n"
-           "       kvwire-info --check [--dev NAME] [--ip IPV4]\n"
+           "  or:  kvwire-info --check [--dev NAME] [--ip IPV4]\n"
            "What kvwire would find on this node: RDMA devices, ports and GIDs, the memlock\n"
            "limit, and the path GPU memory would take (dma-buf, nvidia_peermem, staging),\n"
            "each 'no' with its fix; the GPU x NIC PCIe distances and the NIC an engine\n"
@@ -1004,7 +1004,7 @@ static void usage(void)
            "                 RDMA write between two QPs compared byte for byte; for the node,\n"
            "                 the memlock limit and each GPU's memory path. One line per\n"
            "                 check: [ OK ], [WARN] or [FAIL] with the reason\n"
-           "  --dev NAME     --check only this device\n"
+           "  --dev NAME     check only this device (with --check)\n"
            "  --ip IPV4      the GID kvwire picks for an engine on this local IP\n"
            "  --json         one JSON object instead of text (not with --check)\n"
            "  -h, --help     this help\n"
