@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvwire.check (python3 -m kvwire.check): the self-test from Python, on a
+node with no RDMA device (libibverbs given an empty provider directory), so
+it holds on any host: the verdict, its reason and the exit status. On rxe it
+passes: python/tests/guest/test_check_on_rxe.py."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvwire import check
+
+
+def _tool():
+    lib = os.environ.get("KVWIRE_LIB")
+    built = os.path.join(os.path.dirname(lib), "kvwire-info") if lib else ""
+    return built if os.access(built, os.X_OK) else check.find_tool()
+
+
+@pytest.fixture
+def no_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("IBV_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("KVWIRE_INFO", _tool())
+
+
+def test_no_device_fails_with_reason(no_device):
+    r = check.check()
+    assert r.returncode == 1 and not r.ok
+    fails = r.failures()
+    assert fails and fails[0].where == "RDMA devices"
+    assert fails[0].text.startswith("none found")
+    assert "kvw-rxe up IFACE" in fails[0].text  # the fix
+    assert any(v.where == "this node" and v.text.startswith("memlock limit") for v in r.verdicts)
+    assert r.output.rstrip().endswith("warnings)") or r.output.rstrip().endswith("warning)")
+
+
+def test_named_device_missing(no_device):
+    r = check.check(device="rxe_nosuch")
+    assert r.returncode == 1
+    assert [v.text for v in r.failures()] == ["no RDMA device named rxe_nosuch"]
+
+
+def test_module_entry_point(no_device):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-m", "kvwire.check"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, check=False)
+    assert p.returncode == 1
+    assert "  [FAIL] none found" in p.stdout
+    assert "kvwire-info --check: FAILED" in p.stdout
+
+
+def test_bad_ip_is_refused(no_device):
+    r = check.check(ip="banana")
+    assert r.returncode == 1
+    assert "invalid --ip 'banana': not an IPv4 address" in r.output
