@@ -152,10 +152,10 @@ int main(int argc, char **argv)
 {
     kvw_tool_name = "kvw-heads";
     uint32_t tokens = 4096, layers = 32, max_sge = 30, contig = 0;
-    static const struct option lo[] = {{"tokens", 1, 0, 't'}, {"layers", 1, 0, 'L'},
-                                       {"max-sge", 1, 0, 's'}, {"contig", 1, 0, 'c'},
-                                       {"help", 0, 0, 'h'},    {"version", 0, 0, 'V'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"tokens", 1, 0, 't'}, {"layers", 1, 0, 'L'}, {"max-sge", 1, 0, 's'},
+        {"contig", 1, 0, 'c'}, {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'},
+        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
         if (c == 't')

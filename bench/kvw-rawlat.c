@@ -215,11 +215,10 @@ static __attribute__((noreturn)) void usage(void)
 static void parse(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){.gid_index = 1, .writes = 2, .idle_us = 1000, .iters = 201, .size = 8};
-    static const struct option lo[] = {{"dev", 1, 0, 'd'},    {"gid-index", 1, 0, 'g'},
-                                       {"writes", 1, 0, 'w'}, {"idle-us", 1, 0, 'i'},
-                                       {"iters", 1, 0, 'n'},  {"size", 1, 0, 's'},
-                                       {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"dev", 1, 0, 'd'},     {"gid-index", 1, 0, 'g'}, {"writes", 1, 0, 'w'},
+        {"idle-us", 1, 0, 'i'}, {"iters", 1, 0, 'n'},     {"size", 1, 0, 's'},
+        {"help", 0, 0, 'h'},    {"version", 0, 0, 'V'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
         if (c == 'd')

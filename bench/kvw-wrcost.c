@@ -502,10 +502,10 @@ int main(int argc, char **argv)
         .pages = 1000, .layers = 32, .contig = 4, .target = 45, .reps = 7, .valgrind = "valgrind"};
     int mode = 0; /* 0 callgrind, 1 --run, 2 --rate */
     static const struct option lo[] = {
-        {"run", 0, 0, 'r'},          {"rate", 0, 0, 'R'},     {"pages", 1, 0, 'p'},
-        {"layers", 1, 0, 'L'},       {"contig", 1, 0, 'c'},   {"requests", 1, 0, 'n'},
-        {"reps", 1, 0, 'e'},         {"max-wr-insns", 1, 0, 'm'}, {"valgrind", 1, 0, 'g'},
-        {"help", 0, 0, 'h'},         {"version", 0, 0, 'V'},  {0, 0, 0, 0}};
+        {"run", 0, 0, 'r'},    {"rate", 0, 0, 'R'},         {"pages", 1, 0, 'p'},
+        {"layers", 1, 0, 'L'}, {"contig", 1, 0, 'c'},       {"requests", 1, 0, 'n'},
+        {"reps", 1, 0, 'e'},   {"max-wr-insns", 1, 0, 'm'}, {"valgrind", 1, 0, 'g'},
+        {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'},      {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
         if (c == 'r' || c == 'R')

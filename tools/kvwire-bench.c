@@ -822,7 +822,10 @@ typedef struct num_opt {
     uint64_t min, max;
 } num_opt_t;
 
-#define NUM(code, name, field, min, max) {code, "--" name, offsetof(opts_t, field), min, max}
+#define NUM(code, name, field, min, max)                                                           \
+    {                                                                                              \
+        code, "--" name, offsetof(opts_t, field), min, max                                         \
+    }
 static const num_opt_t num_opts[] = {
     NUM('c', "contig", contig, 1, 1u << 20),
     NUM('L', "layers", layers, 1, 65535),
@@ -932,7 +935,7 @@ static void parse(int argc, char **argv, opts_t *o)
                                        {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
                                        {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
                                        {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
-                                       {"help", 0, 0, 'h'},  {"layer-ms", 1, 0, 'Y'},
+                                       {"help", 0, 0, 'h'},        {"layer-ms", 1, 0, 'Y'},
                                        {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},
                                        {"landing-mib", 1, 0, 'G'}, {"server", 0, 0, 'R'},
                                        {"client", 1, 0, 'C'},      {"port", 1, 0, 'O'},
@@ -1038,8 +1041,8 @@ static const char *wire_unpack(const void *msg, int len, opts_t *o, char *buf, s
         uint64_t v = w.nums[i];
         bool unset = v == UINT64_MAX && (n->code == 'v' || n->code == 'G');
         if (!unset && (v < n->min || v > n->max)) {
-            snprintf(buf, size, "%s %" PRIu64 " out of range (%" PRIu64 " to %" PRIu64 ")",
-                     n->name, v, n->min, n->max);
+            snprintf(buf, size, "%s %" PRIu64 " out of range (%" PRIu64 " to %" PRIu64 ")", n->name,
+                     v, n->min, n->max);
             return buf;
         }
         *num_field(o, n) = v;

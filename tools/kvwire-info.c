@@ -690,7 +690,8 @@ typedef struct {
 
 enum { CHECK_OK, CHECK_WARN, CHECK_FAIL };
 
-static void say(verdict_t *v, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(verdict_t *v, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* One line of the check: "  [ OK ] ...", "  [WARN] ..." or "  [FAIL] ...". */
 static void say(verdict_t *v, int level, const char *fmt, ...)
@@ -853,8 +854,8 @@ static const char *loopback(kvw_dev_t *dev, const kvw_config_t *cfg, char *buf, 
     if (!why && memcmp(mem, mem + LOOPBACK_BYTES, LOOPBACK_BYTES))
         why = "the write completed but the bytes differ";
     if (!why)
-        snprintf(buf, size, "64 KiB written from QP 0x%x to QP 0x%x on GID %d, bytes match",
-                 ia.qpn, ib.qpn, dev->gid_index);
+        snprintf(buf, size, "64 KiB written from QP 0x%x to QP 0x%x on GID %d, bytes match", ia.qpn,
+                 ib.qpn, dev->gid_index);
 out:
     if (src)
         ibv_dereg_mr(src);
@@ -925,8 +926,10 @@ static void check_memlock(verdict_t *v, const report_t *r, const kvw_config_t *c
     if (r->memlock.rlim_cur == RLIM_INFINITY)
         say(v, CHECK_OK, "memlock limit: unlimited");
     else if (has_ipc_lock())
-        say(v, CHECK_OK, "memlock limit: %llu bytes, but this process has CAP_IPC_LOCK: it does "
-                         "not apply", cur);
+        say(v, CHECK_OK,
+            "memlock limit: %llu bytes, but this process has CAP_IPC_LOCK: it does "
+            "not apply",
+            cur);
     else if (cur < need)
         say(v, CHECK_FAIL,
             "memlock limit: %llu bytes, below the %llu an engine pins for its landing buffer "
@@ -976,15 +979,16 @@ static int run_check(const report_t *r, const char *only)
         if (only)
             say(&v, CHECK_FAIL, "no RDMA device named %s", only);
         else
-            say(&v, CHECK_FAIL, "none found%s%s: load the NIC's driver (e.g. 'modprobe mlx5_ib'), "
-                                "or soft-RoCE: kvw-rxe up IFACE",
+            say(&v, CHECK_FAIL,
+                "none found%s%s: load the NIC's driver (e.g. 'modprobe mlx5_ib'), "
+                "or soft-RoCE: kvw-rxe up IFACE",
                 r->nic_error[0] ? " - " : "", r->nic_error);
     }
     printf("this node:\n");
     check_memlock(&v, r, &cfg);
     check_gpus(&v, r);
-    printf("kvwire-info --check: %s (%d failed, %d warning%s)\n",
-           v.failed ? "FAILED" : "ok", v.failed, v.warned, v.warned == 1 ? "" : "s");
+    printf("kvwire-info --check: %s (%d failed, %d warning%s)\n", v.failed ? "FAILED" : "ok",
+           v.failed, v.warned, v.warned == 1 ? "" : "s");
     return v.failed ? 1 : 0;
 }
 
@@ -1019,9 +1023,12 @@ int main(int argc, char **argv)
 {
     kvw_tool_name = "kvwire-info";
     static const struct option opts[] = {
-        {"json", no_argument, NULL, 'j'},     {"ip", required_argument, NULL, 'i'},
-        {"check", no_argument, NULL, 'c'},    {"dev", required_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},     {"version", no_argument, NULL, 'V'},
+        {"json", no_argument, NULL, 'j'},
+        {"ip", required_argument, NULL, 'i'},
+        {"check", no_argument, NULL, 'c'},
+        {"dev", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     static report_t r;

@@ -58,8 +58,8 @@ static void test_hex(void **state)
 static void test_not_numbers(void **state)
 {
     (void)state;
-    const char *bad[] = {"", "10x", "1e3", "-1", "+1", " 5", "5 ", "1.5", "abc", "1,000", "0b1",
-                         "--5"};
+    const char *bad[] = {"",   "10x", "1e3", "-1",    "+1",  " 5",
+                         "5 ", "1.5", "abc", "1,000", "0b1", "--5"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         assert_non_null(strstr(refused(bad[i], 0, UINT64_MAX), "not a"));
 }
@@ -95,8 +95,8 @@ static void test_ipv4_port(void **state)
         assert_int_equal(kvw_parse_ipv4_port(bad_port[i], host, sizeof(host), &port, &why), -1);
         assert_string_equal(why, "the port is not a number from 0 to 65535");
     }
-    const char *bad_ip[] = {"banana", "banana:5", "1.2.3:5", "256.0.0.1", "", ":5",
-                            "1.2.3.4.5.6.7.8.9.10.11.12:5"};
+    const char *bad_ip[] = {
+        "banana", "banana:5", "1.2.3:5", "256.0.0.1", "", ":5", "1.2.3.4.5.6.7.8.9.10.11.12:5"};
     for (size_t i = 0; i < sizeof(bad_ip) / sizeof(bad_ip[0]); i++) {
         assert_int_equal(kvw_parse_ipv4_port(bad_ip[i], host, sizeof(host), &port, &why), -1);
         assert_string_equal(why, "not an IPv4 address (a.b.c.d)");
@@ -106,7 +106,7 @@ static void test_ipv4_port(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decimal),   cmocka_unit_test(test_hex),
+        cmocka_unit_test(test_decimal),     cmocka_unit_test(test_hex),
         cmocka_unit_test(test_not_numbers), cmocka_unit_test(test_range),
         cmocka_unit_test(test_ipv4_port),
     };
