@@ -887,7 +887,8 @@ static void check_nic(verdict_t *v, const report_t *r, const nic_t *n, const kvw
     say(v, CHECK_OK, "port %d: ACTIVE, %s", p->num, link_name(p->attr.link_layer));
     kvw_dev_t *dev;
     if (kvw__dev_open(n->name, r->ip, cfg->ib_port, cfg->gid_index, &dev)) {
-        say(v, CHECK_FAIL, "an engine cannot open it: %s", p->why);
+        say(v, CHECK_FAIL, "an engine cannot open it (the library said why, above): %s",
+            p->pick < 0 ? p->why : "see that message");
         return;
     }
     check_gid(v, r, p, dev, cfg);
