@@ -145,6 +145,47 @@ if command -v setpriv >/dev/null 2>&1; then
     fi
 fi
 
+# kvwire-bench --server checks a client's workload as a command line: a
+# message that is not a kvwire-bench client's, or a number out of its range,
+# is answered "ERR why" and the server exits 1, before any RDMA is touched
+# (so this runs on 127.0.0.1). python3-zmq plays the client.
+py=${PYTHON:-/usr/bin/python3}
+if "$py" -c 'import zmq' 2>/dev/null; then
+    for case in garbage layers0; do
+        port=$((18600 + $$ % 1000))
+        "$build/kvwire-bench" --server --ip0 127.0.0.1 --port $port >"$out" 2>"$err" &
+        spid=$!
+        reply=$("$py" - "$port" "$case" <<'PY'
+import struct, sys, zmq
+port, case = int(sys.argv[1]), sys.argv[2]
+s = zmq.Context().socket(zmq.REQ)
+s.setsockopt(zmq.RCVTIMEO, 10000)
+s.setsockopt(zmq.LINGER, 0)
+s.connect(f"tcp://127.0.0.1:{port}")
+if case == "garbage":
+    msg = b"hello"
+else:  # wire_opts_t: magic[16], fragmented, nums[32] in num_opts' order
+    nums = [4, 0] + [1] * 30  # --contig 4, --layers 0
+    msg = b"kvwire-bench/1".ljust(16, b"\0") + struct.pack("<Q32Q", 0, *nums)
+s.send(msg)
+print(s.recv().rstrip(b"\0").decode())
+PY
+)
+        wait $spid
+        rc=$?
+        case $case in
+        garbage) want="not a kvwire-bench client (or another version)" ;;
+        layers0) want="--layers 0 out of range (1 to 65535)" ;;
+        esac
+        if [ $rc -ne 1 ] || [ "$reply" != "ERR $want" ] ||
+            ! grep -qF "kvwire-bench server: refused the client: $want" "$err"; then
+            bad "kvwire-bench --server, client sending $case: want 'ERR $want' and exit 1 (got '$reply', exit $rc)"
+        else
+            echo "[       OK ] kvwire-bench --server refuses a client sending $case: $reply"
+        fi
+    done
+fi
+
 # A man page for every installed tool (make man, help2man), with its
 # name, synopsis and the version.
 for name in kvwire-info kvw-bootstrap kvw-keygen kvwire-bench kvw-xfer kvw-rxe; do
