@@ -14,6 +14,7 @@ LIBDIR    ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 BINDIR    ?= $(PREFIX)/bin
 DOCDIR    ?= $(PREFIX)/share/doc/kvwire
+MAN1DIR   ?= $(PREFIX)/share/man/man1
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 BUILD     ?= build
 CC        ?= cc
@@ -70,11 +71,14 @@ TSAN_TESTS := $(patsubst %,$(BUILD)/tsan/test_%,engine chaos soak layouts fake_n
               parked_abort liveness device_events producer_event heads_engine rails verify)
 
 # Tools by audience. tools/: the operator tools, which make install
-# installs (the programs, and the script kvw-rxe). tests/tools/: the test
-# drivers and the test bed (kvw-xfer, kvw-gpucheck, gpu-check, demo.sh,
+# installs with their man pages (the programs, kvw-xfer the two-host
+# transfer among them, and the script kvw-rxe). tests/tools/: the test
+# drivers and the test bed (kvw-gpucheck, gpu-check, demo.sh,
 # kvw-testbed); bench/: the benchmark harnesses (bench.sh, kvw-wrcost,
 # kvw-rawlat, kvw-heads). Those two are built into $(BUILD) like the
-# operator tools but run from the tree only. tools/kvw-tools.h is shared by all three.
+# operator tools but run from the tree only. tools/kvw-tools.h is shared
+# by all three: the command-line conventions (docs/tools.md) and the
+# deterministic KV contents.
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 TOOL_SCRIPTS := tools/kvw-rxe
 TEST_TOOLS := $(patsubst tests/tools/%.c,$(BUILD)/%,$(wildcard tests/tools/*.c))
@@ -94,7 +98,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
+.PHONY: all deps check doc-check unit tools-check man abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -187,6 +191,7 @@ check: deps all
 	@$(MAKE) --no-print-directory doc-check
 	@$(MAKE) --no-print-directory install-check
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory tools-check
 	@$(MAKE) --no-print-directory gpu-check
 	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory fuzz-short
@@ -359,13 +364,45 @@ fuzz-short: fuzz-build
 	    tests/fuzz/run-fuzz.sh $(FUZZ_DIR)/fuzz_$$h $(FUZZ_DIR)/seeds/$$h \
 	        $(FUZZ_DIR)/short/$$h short $$n; done
 
-# The library, its header and pkg-config file, the operator tools and the
-# license; nothing from tests/ or bench/. PREFIX, LIBDIR (and the other
+# Man pages for the installed tools, generated from their --help and
+# --version by help2man (Debian package help2man). Reproducible: help2man
+# dates a page by SOURCE_DATE_EPOCH, here the last commit's time (outside
+# git, the header's modification time).
+MAN_TOOLS := $(notdir $(TOOLS)) kvw-rxe
+MANS      := $(MAN_TOOLS:%=$(BUILD)/man/%.1)
+MAN_EPOCH := $(or $(shell git log -1 --format=%ct 2>/dev/null),$(shell stat -c %Y include/kvwire.h))
+HELP2MAN  ?= help2man
+man_name_kvwire-info   := what kvwire finds on this node, and a self-test before the first transfer
+man_name_kvw-bootstrap := the kvwire bootstrap service, standalone
+man_name_kvw-keygen    := write a kvwire cluster key
+man_name_kvwire-bench  := KV-cache transfer throughput and latency, on one host or two
+man_name_kvw-xfer      := one side of a verified KV-cache transfer between two hosts
+man_name_kvw-rxe       := soft-RoCE (rdma_rxe) on a network interface, for kvwire
+
+man: $(MANS)
+
+$(BUILD)/man/%.1: $(BUILD)/%
+	@mkdir -p $(dir $@)
+	SOURCE_DATE_EPOCH=$(MAN_EPOCH) $(HELP2MAN) --no-info --section 1 --source kvwire \
+	    --name '$(man_name_$*)' --output $@ $<
+
+$(BUILD)/man/kvw-rxe.1: tools/kvw-rxe include/kvwire.h
+	@mkdir -p $(dir $@)
+	SOURCE_DATE_EPOCH=$(MAN_EPOCH) $(HELP2MAN) --no-info --section 1 --source kvwire \
+	    --name '$(man_name_kvw-rxe)' --output $@ tools/kvw-rxe
+
+# Host only: every tool's command line (tests/tools/tool_args.sh: each bad
+# input of issue 31, --help, --version, exit codes) and its man page.
+tools-check: $(TOOLS) $(BENCH_TOOLS) $(MANS)
+	tests/tools/tool_args.sh $(BUILD)
+
+# The library, its header and pkg-config file, the operator tools, their
+# man pages and the license; nothing from tests/ or bench/. PREFIX, LIBDIR (and the other
 # *DIR above) and DESTDIR as in the GNU conventions; `make uninstall` with
 # the same ones removes exactly these files.
 INSTALLED_LIBS := $(notdir $(STATIC) $(SHARED)) libkvwire.so.$(SONAME_MAJOR) libkvwire.so
 INSTALLED_BINS := $(notdir $(TOOLS) $(TOOL_SCRIPTS))
-install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
+install: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(MANS)
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR)
 	install -m 644 include/kvwire.h $(DESTDIR)$(INCLUDEDIR)/
 	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
@@ -374,6 +411,8 @@ install: $(STATIC) $(SHARED) $(PC) $(TOOLS)
 	ln -sf libkvwire.so.$(SONAME_MAJOR) $(DESTDIR)$(LIBDIR)/libkvwire.so
 	$(call write_pc,$(DESTDIR)$(PKGCONFIGDIR)/kvwire.pc)
 	install -m 755 $(TOOLS) $(TOOL_SCRIPTS) $(DESTDIR)$(BINDIR)/
+	install -d $(DESTDIR)$(MAN1DIR)
+	install -m 644 $(MANS) $(DESTDIR)$(MAN1DIR)/
 	install -d $(DESTDIR)$(DOCDIR)
 	install -m 644 LICENSE $(DESTDIR)$(DOCDIR)/
 
@@ -382,6 +421,7 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,$(INSTALLED_LIBS))
 	rm -f $(DESTDIR)$(PKGCONFIGDIR)/kvwire.pc
 	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALLED_BINS))
+	rm -f $(addprefix $(DESTDIR)$(MAN1DIR)/,$(notdir $(MANS)))
 	rm -f $(DESTDIR)$(DOCDIR)/LICENSE
 	rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null || true
 

@@ -17,7 +17,10 @@
  *       decode's pages are always contiguous runs of C too). */
 #include "plan/heads.h"
 
+#include "kvw-tools.h"
+
 #include <inttypes.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,29 +132,49 @@ static double copy2d_gbs(uint64_t slice, uint64_t pitch, uint64_t bytes)
     return best;
 }
 
+static __attribute__((noreturn)) void usage(void)
+{
+    printf("Usage: kvw-heads [--tokens N] [--layers L] [--max-sge S] [--contig C]\n"
+           "Head slicing's write plans on a Llama-like layout, host only: WRs and SGEs per\n"
+           "request for each prefill:decode TP ratio, against equal TP and a write per\n"
+           "token row, and the planner's cost per WR. Numbers are decimal, or hex after 0x.\n"
+           "  --tokens N     tokens a request (4096)\n"
+           "  --layers L     layers (32)\n"
+           "  --max-sge S    scatter/gather entries a WR may carry (30)\n"
+           "  --contig C     pages in runs of C (0: contiguous)\n"
+           "  -h, --help     this help\n"
+           "  -V, --version  the kvwire version\n"
+           "Exit status: 0 every plan checked; 1 a plan was wrong, or a bad command line.\n");
+    exit(0);
+}
+
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvw-heads";
     uint32_t tokens = 4096, layers = 32, max_sge = 30, contig = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        uint32_t v = (uint32_t)strtoul(argv[i + 1], NULL, 0);
-        if (!strcmp(argv[i], "--tokens"))
-            tokens = v;
-        else if (!strcmp(argv[i], "--layers"))
-            layers = v;
-        else if (!strcmp(argv[i], "--max-sge"))
-            max_sge = v;
-        else if (!strcmp(argv[i], "--contig"))
-            contig = v;
-        else {
-            fprintf(stderr, "usage: kvw-heads [--tokens N] [--layers L] [--max-sge S] "
-                            "[--contig C]\n");
-            return 2;
-        }
+    static const struct option lo[] = {
+        {"tokens", 1, 0, 't'}, {"layers", 1, 0, 'L'}, {"max-sge", 1, 0, 's'},
+        {"contig", 1, 0, 'c'}, {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'},
+        {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
+        if (c == 't')
+            tokens = kvw_tool_u32("--tokens", optarg, 1, 1u << 20);
+        else if (c == 'L')
+            layers = kvw_tool_u32("--layers", optarg, 1, 65535);
+        else if (c == 's')
+            max_sge = kvw_tool_u32("--max-sge", optarg, 1, 65535);
+        else if (c == 'c')
+            contig = kvw_tool_u32("--contig", optarg, 0, 1u << 20);
+        else if (c == 'h')
+            usage();
+        else if (c == 'V')
+            kvw_tool_version();
+        else
+            kvw_tool_bad_option();
     }
-    if (argc % 2 == 0 || !tokens || !layers || !max_sge) {
-        fprintf(stderr, "kvw-heads: bad arguments\n");
-        return 2;
-    }
+    if (optind != argc)
+        kvw_tool_usage_error("unexpected argument '%s'", argv[optind]);
     printf("Llama-like layout: %u KV heads x %u bytes, K and V, %u layers, %u tokens a request, "
            "max_sge %u, pages %s\n",
            HEADS, HEAD_BYTES, layers, tokens, max_sge, contig ? "in runs" : "contiguous");

@@ -17,6 +17,8 @@
  * loop. Prints the median and the 10th and 90th percentiles, and, since rxe
  * runs the whole transfer inside the call, the median time spent in
  * ibv_post_send itself. Exit status 0 on success, 1 on any verbs failure. */
+#include "kvw-tools.h"
+
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <infiniband/verbs.h>
@@ -190,55 +192,61 @@ static int one_request(const opts_t *o, rig_t *g, uint32_t seq, double *total_us
     return failed || await_completion(g->send_cq, "send");
 }
 
-static void usage(void)
+static __attribute__((noreturn)) void usage(void)
 {
-    fprintf(stderr,
-            "usage: kvw-rawlat [--dev NAME] [--gid-index N] [--writes N (1-%d)] "
-            "[--idle-us US] [--iters N] [--size BYTES (1-4096)]\n",
-            MAX_WRITES);
-    exit(2);
+    printf("Usage: kvw-rawlat [--dev NAME] [--gid-index N] [--writes N] [--idle-us US]\n"
+           "                  [--iters N] [--size BYTES]\n"
+           "Raw verbs latency on one device, without kvwire: a burst of RDMA writes with\n"
+           "immediate between two QPs after an idle gap, the yardstick for kvwire's own\n"
+           "latency. Numbers are decimal, or hex after 0x.\n"
+           "  --dev NAME       the device (the first one)\n"
+           "  --gid-index N    the GID (1)\n"
+           "  --writes N       writes a burst, 1 to %d (2)\n"
+           "  --idle-us US     the gap before each burst (1000)\n"
+           "  --iters N        bursts (201)\n"
+           "  --size BYTES     bytes a write, 1 to 4096 (8)\n"
+           "  -h, --help       this help\n"
+           "  -V, --version    the kvwire version\n"
+           "Exit status: 0 measured; 1 a verbs step failed, or a bad command line.\n",
+           MAX_WRITES);
+    exit(0);
 }
 
 static void parse(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){.gid_index = 1, .writes = 2, .idle_us = 1000, .iters = 201, .size = 8};
-    static const struct option lo[] = {{"dev", 1, 0, 'd'},    {"gid-index", 1, 0, 'g'},
-                                       {"writes", 1, 0, 'w'}, {"idle-us", 1, 0, 'i'},
-                                       {"iters", 1, 0, 'n'},  {"size", 1, 0, 's'},
-                                       {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"dev", 1, 0, 'd'},     {"gid-index", 1, 0, 'g'}, {"writes", 1, 0, 'w'},
+        {"idle-us", 1, 0, 'i'}, {"iters", 1, 0, 'n'},     {"size", 1, 0, 's'},
+        {"help", 0, 0, 'h'},    {"version", 0, 0, 'V'},   {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        long v = optarg ? strtol(optarg, NULL, 10) : 0;
-        switch (c) {
-        case 'd':
+    while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
+        if (c == 'd')
             o->dev = optarg;
-            break;
-        case 'g':
-            o->gid_index = (int)v;
-            break;
-        case 'w':
-            o->writes = (int)v;
-            break;
-        case 'i':
-            o->idle_us = (int)v;
-            break;
-        case 'n':
-            o->iters = (int)v;
-            break;
-        case 's':
-            o->size = (uint32_t)v;
-            break;
-        default:
+        else if (c == 'g')
+            o->gid_index = (int)kvw_tool_u32("--gid-index", optarg, 0, 255);
+        else if (c == 'w')
+            o->writes = (int)kvw_tool_u32("--writes", optarg, 1, MAX_WRITES);
+        else if (c == 'i')
+            o->idle_us = (int)kvw_tool_u32("--idle-us", optarg, 0, 10000000);
+        else if (c == 'n')
+            o->iters = (int)kvw_tool_u32("--iters", optarg, 1, 10000000);
+        else if (c == 's')
+            o->size = kvw_tool_u32("--size", optarg, 1, 4096);
+        else if (c == 'h')
             usage();
-        }
+        else if (c == 'V')
+            kvw_tool_version();
+        else
+            kvw_tool_bad_option();
     }
-    if (o->writes < 1 || o->writes > MAX_WRITES || o->iters < 1 || o->idle_us < 0 || !o->size ||
-        o->size > 4096 || o->gid_index < 0)
-        usage();
+    if (optind != argc)
+        kvw_tool_usage_error("unexpected argument '%s'", argv[optind]);
 }
 
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvw-rawlat";
     opts_t o;
     parse(argc, argv, &o);
     rig_t g = {0};

@@ -19,6 +19,8 @@
  *                  [--pages P (16)] [--item BYTES (16384)] [--timeout-ms MS (120000)] */
 #include "kvwire.h"
 
+#include "kvw-tools.h"
+
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -88,10 +90,22 @@ static int engine(const opts_t *o, kvw_role_t role, const char *dev, const char 
     return st ? -1 : 0;
 }
 
-static void usage(void)
+static __attribute__((noreturn)) void usage(void)
 {
-    fprintf(stderr, "usage: kvw-storm --dev0 D --ip0 IP --dev1 D --ip1 IP [--engines N] "
-                    "[--pages P] [--item BYTES] [--timeout-ms MS]\n");
+    printf("Usage: kvw-storm --dev0 D --ip0 IP --dev1 D --ip1 IP [--engines N] [--pages P]\n"
+           "                 [--item BYTES] [--timeout-ms MS]\n"
+           "A handshake storm on real RDMA: one prefill engine (dev0/ip0) and N decode\n"
+           "engines (dev1/ip1) in one process, every decode engine's request at once.\n"
+           "Numbers are decimal, or hex after 0x.\n"
+           "  --engines N       decode engines (64)\n"
+           "  --pages P         pages a request, in each of 2 regions (16)\n"
+           "  --item BYTES      bytes a page, a multiple of 8 (16384)\n"
+           "  --timeout-ms MS   how long the storm may take (120000)\n"
+           "  -h, --help        this help\n"
+           "  -V, --version     the kvwire version\n"
+           "Exit status: 0 every request succeeded with every byte right; 1 otherwise, or\n"
+           "a bad command line.\n");
+    exit(0);
 }
 
 static int parse(int argc, char **argv, opts_t *o)
@@ -105,42 +119,52 @@ static int parse(int argc, char **argv, opts_t *o)
         {"pages", required_argument, NULL, 'p'},
         {"item", required_argument, NULL, 'i'},
         {"timeout-ms", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     *o = (opts_t){.engines = 64, .pages = 16, .item = 16384, .timeout_ms = 120000};
     int c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
         switch (c) {
         case 'a':
             o->dev0 = optarg;
             break;
         case 'b':
-            o->ip0 = optarg;
+            o->ip0 = kvw_tool_ipv4("--ip0", optarg);
             break;
         case 'c':
             o->dev1 = optarg;
             break;
         case 'd':
-            o->ip1 = optarg;
+            o->ip1 = kvw_tool_ipv4("--ip1", optarg);
             break;
         case 'n':
-            o->engines = (unsigned)strtoul(optarg, NULL, 10);
+            o->engines = kvw_tool_u32("--engines", optarg, 1, 4096);
             break;
         case 'p':
-            o->pages = (unsigned)strtoul(optarg, NULL, 10);
+            o->pages = kvw_tool_u32("--pages", optarg, 1, 1u << 20);
             break;
         case 'i':
-            o->item = strtoul(optarg, NULL, 10);
+            o->item = kvw_tool_u64("--item", optarg, 8, 1u << 30);
             break;
         case 't':
-            o->timeout_ms = (unsigned)strtoul(optarg, NULL, 10);
+            o->timeout_ms = kvw_tool_u32("--timeout-ms", optarg, 1, 3600000);
             break;
+        case 'h':
+            usage();
+        case 'V':
+            kvw_tool_version();
         default:
-            return -1;
+            kvw_tool_bad_option();
         }
     }
-    if (!o->dev0 || !o->ip0 || !o->dev1 || !o->ip1 || !o->engines || !o->pages || !o->item)
-        return -1;
+    if (optind != argc)
+        kvw_tool_usage_error("unexpected argument '%s'", argv[optind]);
+    if (!o->dev0 || !o->ip0 || !o->dev1 || !o->ip1)
+        kvw_tool_usage_error("--dev0, --ip0, --dev1 and --ip1 are required");
+    if (o->item % 8)
+        kvw_tool_usage_error("invalid --item '%lu': not a multiple of 8", (unsigned long)o->item);
     return 0;
 }
 
@@ -211,11 +235,9 @@ static void report(const opts_t *o, conn_t *c, uint64_t t0)
 
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvw-storm";
     opts_t o;
-    if (parse(argc, argv, &o)) {
-        usage();
-        return 2;
-    }
+    parse(argc, argv, &o);
     kvw_config_t cfg;
     kvw_config_init(&cfg);
     if (cfg.max_peers < o.engines + 4)

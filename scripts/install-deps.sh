@@ -24,6 +24,8 @@ BUILD_PKGS=(
     libibverbs-dev librdmacm-dev libzmq3-dev libcmocka-dev
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     valgrind
+    # the tools' man pages (make install, make check's tools-check)
+    help2man
     # the Python binding's tests (make python-test, python_scenarios.sh;
     # hypothesis: the property tests of its constructors)
     python3 python3-pytest python3-numpy python3-hypothesis

@@ -7,36 +7,54 @@
 #include "kvwire.h"
 
 #include "ctrl/zsock.h"
+#include "kvw-tools.h"
+
+#include <getopt.h>
 
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
-static int usage(const char *argv0)
+static void usage(void)
 {
-    fprintf(stderr,
-            "usage: %s [--force] FILE\n"
-            "  writes a new kvwire cluster key to FILE (mode 0600); --force replaces an\n"
-            "  existing one (every engine and bootstrap service must then get the new key)\n",
-            argv0);
-    return 2;
+    printf("Usage: kvw-keygen [--force] FILE\n"
+           "Write a new kvwire cluster key (a ZeroMQ CURVE secret key, Z85) to FILE,\n"
+           "created with mode 0600, for kvwire's authenticated, encrypted control plane.\n"
+           "\n"
+           "Options:\n"
+           "  --force        replace an existing FILE (every engine and bootstrap service\n"
+           "                 must then get the new key)\n"
+           "  -h, --help     this help\n"
+           "  -V, --version  the kvwire version\n"
+           "\n"
+           "Exit status: 0 written; 1 a bad command line, FILE exists (without --force),\n"
+           "cannot be written, or libzmq has no CURVE support.\n");
+    exit(0);
 }
 
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvw-keygen";
+    static const struct option opts[] = {{"force", no_argument, NULL, 'f'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"version", no_argument, NULL, 'V'},
+                                         {NULL, 0, NULL, 0}};
     bool force = false;
-    const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--force") == 0)
+    int c;
+    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+        if (c == 'f')
             force = true;
-        else if (argv[i][0] == '-' || path)
-            return usage(argv[0]);
+        else if (c == 'h')
+            usage();
+        else if (c == 'V')
+            kvw_tool_version();
         else
-            path = argv[i];
+            kvw_tool_bad_option();
     }
-    if (!path)
-        return usage(argv[0]);
+    if (optind != argc - 1)
+        kvw_tool_usage_error(optind == argc ? "missing FILE" : "one FILE only");
+    const char *path = argv[optind];
     if (!zmq_has("curve")) {
         fprintf(stderr, "kvw-keygen: this libzmq has no CURVE support (built without "
                         "libsodium); the control plane cannot be secured here\n");

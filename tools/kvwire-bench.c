@@ -63,6 +63,8 @@
 #include "kvwire.h"
 #include "kvw-tools.h"
 
+#include <stddef.h>
+
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -83,6 +85,12 @@
 typedef struct opts {
     const char *dev0, *ip0, *dev1, *ip1;
     bool fragmented, json, quiet;
+    /* Two hosts: --server (prefill, waits on ip0:port) or --client (decode,
+     * connects to the server's host:port). */
+    bool server;
+    const char *client; /* the server's IP[:PORT] */
+    char server_ip[INET_ADDRSTRLEN];
+    uint16_t port;
     uint64_t layers, kv_heads, head_dim, dtype, page_tokens, item, tokens, contig;
     uint64_t decode_tp, src_item; /* head slicing: decode's share; prefill's item */
     uint64_t prefill_tp;          /* prefill engines (ranks), each kv_heads / prefill_tp heads */
@@ -329,7 +337,74 @@ static void counters_sum(kvw_engine_t *const *e, uint64_t n, kvw_counters_t *out
     }
 }
 
-static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
+/* ---------------------------------------------------------------- link */
+
+/* How the two sides talk outside kvwire: pipes to a forked prefill on one
+ * host, or a ZeroMQ REQ (decode, --client) / REP (prefill, --server)
+ * pair between two hosts, as ib_write_bw's server and client exchange
+ * over TCP. Prefill publishes its bootstrap address (or why it could not
+ * start), then, once decode said it is done, its result. */
+typedef struct link {
+    int addr_fd, result_fd, done_fd; /* pipes; -1 between hosts */
+    pid_t child;                     /* the forked prefill, or -1 */
+    void *zctx, *zsock;              /* between hosts */
+} link_t;
+
+#define DEFAULT_PORT 18520 /* beside perftest's 18515 */
+#define LINK_MAGIC "kvwire-bench/1"
+#define LINK_WAIT_MS (120 * 1000) /* the client waits this long for each answer */
+
+/* The workload a client sends its server: the options both sides must
+ * agree on. Checked on arrival like a command line (num_opts, derive). */
+typedef struct wire_opts {
+    char magic[16];
+    uint64_t fragmented;
+    uint64_t nums[32];
+} wire_opts_t;
+
+static void link_send(const link_t *l, const void *buf, size_t len)
+{
+    if (zmq_send(l->zsock, buf, len, 0) < 0) {
+        fprintf(stderr, "kvwire-bench: sending to the client: %s\n", zmq_strerror(zmq_errno()));
+        exit(1);
+    }
+}
+
+/* Prefill: "OK ADDR" (its bootstrap service), or "ERR WHY". */
+static void link_publish(const link_t *l, const char *addr)
+{
+    if (l->zsock) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "OK %s", addr);
+        link_send(l, msg, strlen(msg) + 1);
+        return;
+    }
+    if (write(l->addr_fd, addr, strlen(addr) + 1) < 0)
+        exit(1);
+    close(l->addr_fd);
+}
+
+/* Prefill: hand over the result once decode is done, then return (the
+ * engines may go). */
+static void link_finish(const link_t *l, prefill_result_t *res)
+{
+    char b;
+    if (l->zsock) {
+        char done[8];
+        if (zmq_recv(l->zsock, done, sizeof(done), 0) < 0)
+            res->rc = 1;
+        link_send(l, res, sizeof(*res));
+        return;
+    }
+    if (write(l->result_fd, res, sizeof(*res)) != (ssize_t)sizeof(*res))
+        res->rc = 1;
+    close(l->result_fd);
+    /* Keep the engines up until decode has seen every request land. */
+    while (read(l->done_fd, &b, 1) < 0 && errno == EINTR)
+        ;
+}
+
+static int run_prefill(const opts_t *o, const link_t *l)
 {
     prefill_result_t res = {0};
     uint64_t np = o->prefill_tp;
@@ -348,11 +423,7 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
         alloc_memory(o, &m[k], true, k);
         e[k] = make_engine(o, &m[k], true, kvw_bootstrap_addr(bs), k);
     }
-    char addr[128];
-    snprintf(addr, sizeof(addr), "%s", kvw_bootstrap_addr(bs));
-    if (write(addr_fd, addr, strlen(addr) + 1) < 0)
-        exit(1);
-    close(addr_fd);
+    link_publish(l, kvw_bootstrap_addr(bs));
 
     /* Request k's sender on rank j: s[k * np + j]. */
     kvw_sender_t **s = calloc(o->total * np, sizeof(*s));
@@ -416,13 +487,7 @@ static int run_prefill(const opts_t *o, int addr_fd, int result_fd, int done_fd)
     for (uint64_t k = 0; k < o->total * np; k++)
         kvw_sender_destroy(s[k]);
     free(s);
-    if (write(result_fd, &res, sizeof(res)) != (ssize_t)sizeof(res))
-        res.rc = 1;
-    close(result_fd);
-    /* Keep the engines up until decode has seen every request land. */
-    char b;
-    while (read(done_fd, &b, 1) < 0 && errno == EINTR)
-        ;
+    link_finish(l, &res);
     for (uint64_t k = 0; k < np; k++) {
         kvw_engine_destroy(e[k]);
         free_memory(&m[k]);
@@ -542,25 +607,76 @@ static void run_phase(const opts_t *o, kvw_engine_t *e, const char *bootstrap, c
     free(sl);
 }
 
-static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, int done_fd)
+/* Decode: prefill's bootstrap address into buf; -1 (said why) if none. */
+static int link_address(const link_t *l, char *buf, size_t size)
 {
-    char bootstrap[128] = "";
     ssize_t got = 0;
-    while (got < (ssize_t)sizeof(bootstrap) - 1) {
-        ssize_t n = read(addr_fd, bootstrap + got, sizeof(bootstrap) - 1 - (size_t)got);
+    if (l->zsock) {
+        int n = zmq_recv(l->zsock, buf, size - 1, 0);
+        if (n < 0) {
+            fprintf(stderr, "kvwire-bench: no answer from the server: %s\n",
+                    zmq_strerror(zmq_errno()));
+            return -1;
+        }
+        buf[(size_t)n < size - 1 ? (size_t)n : size - 1] = '\0';
+        if (strncmp(buf, "OK ", 3) != 0) {
+            fprintf(stderr, "kvwire-bench: the server refused: %.*s\n", 200,
+                    strncmp(buf, "ERR ", 4) ? "(a malformed answer)" : buf + 4);
+            return -1;
+        }
+        memmove(buf, buf + 3, strlen(buf + 3) + 1);
+        return 0;
+    }
+    while (got < (ssize_t)size - 1) {
+        ssize_t n = read(l->addr_fd, buf + got, size - 1 - (size_t)got);
         if (n <= 0)
             break;
         got += n;
-        if (memchr(bootstrap, '\0', (size_t)got))
+        if (memchr(buf, '\0', (size_t)got))
             break;
     }
-    close(addr_fd);
-    if (!got || !bootstrap[0]) {
+    buf[got] = '\0';
+    close(l->addr_fd);
+    if (!got || !buf[0]) {
         fprintf(stderr, "kvwire-bench: the prefill process failed before publishing its "
                         "bootstrap address\n");
-        waitpid(child, NULL, 0);
-        return 1;
+        waitpid(l->child, NULL, 0);
+        return -1;
     }
+    return 0;
+}
+
+/* Decode, done: tell prefill and take its result (rc 1 if none came). */
+static void link_result(const link_t *l, prefill_result_t *pr)
+{
+    *pr = (prefill_result_t){.rc = 1};
+    prefill_result_t got;
+    ssize_t n;
+    int status = 0;
+    if (l->zsock) {
+        n = zmq_send(l->zsock, "done", 5, 0) < 0 ? -1 : zmq_recv(l->zsock, &got, sizeof(got), 0);
+    } else {
+        n = read(l->result_fd, &got, sizeof(got));
+        close(l->result_fd);
+        close(l->done_fd); /* prefill may tear down now */
+        waitpid(l->child, &status, 0);
+    }
+    if (n != (ssize_t)sizeof(got)) {
+        fprintf(stderr, "kvwire-bench: no result from the prefill %s\n",
+                l->zsock ? "server" : "process");
+        return;
+    }
+    got.why[sizeof(got.why) - 1] = '\0'; /* from the network: a string, whatever came */
+    *pr = got;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) || pr->rc != 0)
+        pr->rc = 1;
+}
+
+static int run_decode(const opts_t *o, const link_t *l)
+{
+    char bootstrap[128] = "";
+    if (link_address(l, bootstrap, sizeof(bootstrap)))
+        return 1;
     memory_t m;
     alloc_memory(o, &m, false, 0);
     kvw_engine_t *e = make_engine(o, &m, false, NULL, 0);
@@ -583,18 +699,8 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
             free_req(&rp);
         }
 
-    prefill_result_t pr = {.rc = 1};
-    ssize_t n = read(result_fd, &pr, sizeof(pr));
-    close(result_fd);
-    close(done_fd); /* prefill may tear down now */
-    int status = 0;
-    waitpid(child, &status, 0);
-    if (n != (ssize_t)sizeof(pr)) {
-        fprintf(stderr, "kvwire-bench: no result from the prefill process\n");
-        pr.rc = 1;
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status))
-        pr.rc = 1;
+    prefill_result_t pr;
+    link_result(l, &pr);
 
     /* Expected WRs of every request, warmup included (max message well
      * above these sizes: no splits). */
@@ -674,25 +780,90 @@ static int run_decode(const opts_t *o, pid_t child, int addr_fd, int result_fd, 
 
 /* ---------------------------------------------------------------- main */
 
-static void usage(void)
+static __attribute__((noreturn)) void usage(void)
 {
-    fprintf(stderr,
-            "usage: kvwire-bench --ip0 IP [--dev0 NAME] [--ip1 IP] [--dev1 NAME]\n"
-            "  workload: --workload contiguous|fragmented (contiguous) --contig C (4)\n"
-            "  model:    --layers L (32) --kv-heads H (8) --head-dim D (128) --dtype-bytes B (2)\n"
-            "            --page-tokens T (1) | --item BYTES;  --tokens N per request (1024)\n"
-            "  run:      --requests N (16) --warmup N (2) --inflight N (4) --seed S (1)\n"
-            "            --verify N|all (all) --poll-us US (50; 0 = yield) --max-pool-mb MB (512)\n"
-            "  output:   --json (one JSON line) --quiet (no table, no progress)\n"
-            "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer)\n"
-            "  head slicing: --decode-tp D (1): prefill TP 1, decode rank 0 of TP D\n"
-            "                --prefill-tp P (1): P prefill ranks, decode TP 1 takes from all\n"
-            "                --landing-mib MB (library default 64): decode's landing buffer;\n"
-            "                0: a write per token row instead of landing and a 2D copy\n");
-    exit(2);
+    printf("Usage: kvwire-bench --ip0 IP [--dev0 NAME] [--ip1 IP] [--dev1 NAME] [OPTION]...\n"
+           "  or:  kvwire-bench --server --ip0 IP [--dev0 NAME] [--port PORT]\n"
+           "  or:  kvwire-bench --client HOST[:PORT] --ip1 IP [--dev1 NAME] [OPTION]...\n"
+           "Throughput, message rate and latency of KV-cache transfers through kvwire's\n"
+           "public API, every byte verified. One host: prefill (dev0/ip0) and decode\n"
+           "(dev1/ip1) run in two processes. Two hosts, as ib_write_bw: the server runs\n"
+           "prefill and waits on ip0:PORT; the client runs decode with the workload\n"
+           "options, which it sends to the server, and prints the report; the server\n"
+           "exits after one run. Numbers are decimal, or hex after 0x.\n"
+           "\n"
+           "  two hosts: --server | --client HOST[:PORT]; --port PORT (%u)\n"
+           "  workload: --workload contiguous|fragmented (contiguous) --contig C (4)\n"
+           "  model:    --layers L (32) --kv-heads H (8) --head-dim D (128) --dtype-bytes B (2)\n"
+           "            --page-tokens T (1) | --item BYTES;  --tokens N per request (1024)\n"
+           "  run:      --requests N (16) --warmup N (2) --inflight N (4) --seed S (1)\n"
+           "            --verify N|all (all) --poll-us US (50; 0 = yield) --max-pool-mb MB (512)\n"
+           "  output:   --json (one JSON line) --quiet (no table, no progress)\n"
+           "  layer-wise streaming vs send at end: --layer-ms MS (compute per layer; one host)\n"
+           "  head slicing: --decode-tp D (1): prefill TP 1, decode rank 0 of TP D\n"
+           "                --prefill-tp P (1): P prefill ranks, decode TP 1 takes from all\n"
+           "                --landing-mib MB (library default 64): decode's landing buffer;\n"
+           "                0: a write per token row instead of landing and a 2D copy\n"
+           "  -h, --help     this help\n"
+           "  -V, --version  the kvwire version\n"
+           "\n"
+           "Exit status: 0 every request succeeded with every byte right and the WRs\n"
+           "planned; 1 otherwise, or a bad command line.\n",
+           (unsigned)DEFAULT_PORT);
+    exit(0);
 }
 
-static void parse(int argc, char **argv, opts_t *o)
+/* The numeric options: their getopt code, where they go and their range.
+ * A client's workload is checked against the same table on the server. */
+typedef struct num_opt {
+    int code;
+    const char *name;
+    size_t off;
+    uint64_t min, max;
+} num_opt_t;
+
+#define NUM(code, name, field, min, max)                                                           \
+    {                                                                                              \
+        code, "--" name, offsetof(opts_t, field), min, max                                         \
+    }
+static const num_opt_t num_opts[] = {
+    NUM('c', "contig", contig, 1, 1u << 20),
+    NUM('L', "layers", layers, 1, 65535),
+    NUM('H', "kv-heads", kv_heads, 1, 65536),
+    NUM('k', "head-dim", head_dim, 1, 65536),
+    NUM('b', "dtype-bytes", dtype, 1, 16),
+    NUM('T', "page-tokens", page_tokens, 1, 1u << 20),
+    NUM('S', "item", item, 0, 1u << 30),
+    NUM('t', "tokens", tokens, 1, 1u << 24),
+    NUM('n', "requests", requests, 1, 10000000),
+    NUM('W', "warmup", warmup, 0, 1000000),
+    NUM('f', "inflight", inflight, 1, 65536),
+    NUM('s', "seed", seed, 0, UINT64_MAX),
+    NUM('v', "verify", verify, 0, UINT64_MAX), /* or "all" */
+    NUM('p', "poll-us", poll_us, 0, 1000000),
+    NUM('M', "max-pool-mb", max_pool_mb, 1, 1u << 20),
+    NUM('Y', "layer-ms", layer_ms, 0, 60000),
+    NUM('X', "decode-tp", decode_tp, 1, 64),
+    NUM('P', "prefill-tp", prefill_tp, 1, KVW_MAX_PREFILL_RANKS),
+    NUM('G', "landing-mib", landing_mib, 0, 1u << 20), /* UINT64_MAX: unset */
+};
+#define NUM_OPTS (sizeof(num_opts) / sizeof(num_opts[0]))
+_Static_assert(NUM_OPTS <= 32, "wire_opts_t.nums holds 32");
+
+static uint64_t *num_field(opts_t *o, const num_opt_t *n)
+{
+    return (uint64_t *)(void *)((char *)o + n->off);
+}
+
+static const num_opt_t *num_opt(int code)
+{
+    for (size_t i = 0; i < NUM_OPTS; i++)
+        if (num_opts[i].code == code)
+            return &num_opts[i];
+    return NULL;
+}
+
+static void defaults(opts_t *o)
 {
     *o = (opts_t){.layers = 32,
                   .kv_heads = 8,
@@ -710,134 +881,26 @@ static void parse(int argc, char **argv, opts_t *o)
                   .prefill_tp = 1,
                   .poll_us = 50,
                   .max_pool_mb = 512,
-                  .landing_mib = UINT64_MAX};
-    static const struct option lo[] = {{"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},
-                                       {"dev1", 1, 0, 'D'},        {"ip1", 1, 0, 'I'},
-                                       {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
-                                       {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},
-                                       {"head-dim", 1, 0, 'h'},    {"dtype-bytes", 1, 0, 'b'},
-                                       {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
-                                       {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},
-                                       {"warmup", 1, 0, 'W'},      {"inflight", 1, 0, 'f'},
-                                       {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
-                                       {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
-                                       {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
-                                       {"help", 0, 0, '?'},        {"layer-ms", 1, 0, 'Y'},
-                                       {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},
-                                       {"landing-mib", 1, 0, 'G'}, {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        uint64_t v = optarg ? strtoull(optarg, NULL, 0) : 0;
-        switch (c) {
-        case 'd':
-            o->dev0 = optarg;
-            break;
-        case 'i':
-            o->ip0 = optarg;
-            break;
-        case 'D':
-            o->dev1 = optarg;
-            break;
-        case 'I':
-            o->ip1 = optarg;
-            break;
-        case 'w':
-            if (strcmp(optarg, "fragmented") == 0)
-                o->fragmented = true;
-            else if (strcmp(optarg, "contiguous") != 0)
-                usage();
-            break;
-        case 'c':
-            o->contig = v;
-            break;
-        case 'L':
-            o->layers = v;
-            break;
-        case 'H':
-            o->kv_heads = v;
-            break;
-        case 'h':
-            o->head_dim = v;
-            break;
-        case 'b':
-            o->dtype = v;
-            break;
-        case 'T':
-            o->page_tokens = v;
-            break;
-        case 'S':
-            o->item = v;
-            break;
-        case 't':
-            o->tokens = v;
-            break;
-        case 'n':
-            o->requests = v;
-            break;
-        case 'W':
-            o->warmup = v;
-            break;
-        case 'f':
-            o->inflight = v;
-            break;
-        case 's':
-            o->seed = v;
-            break;
-        case 'v':
-            o->verify = strcmp(optarg, "all") == 0 ? UINT64_MAX : v;
-            break;
-        case 'p':
-            o->poll_us = v;
-            break;
-        case 'M':
-            o->max_pool_mb = v;
-            break;
-        case 'j':
-            o->json = true;
-            break;
-        case 'q':
-            o->quiet = true;
-            break;
-        case 'Y':
-            o->layer_ms = v;
-            break;
-        case 'X':
-            o->decode_tp = v;
-            break;
-        case 'P':
-            o->prefill_tp = v;
-            break;
-        case 'G':
-            o->landing_mib = v;
-            break;
-        default:
-            usage();
-        }
-    }
-    if (optind != argc || !o->ip0 || !o->layers || !o->page_tokens || !o->tokens || !o->requests ||
-        !o->inflight || !o->contig)
-        usage();
-    if (!o->ip1)
-        o->ip1 = o->ip0;
-    if (!o->dev1)
-        o->dev1 = o->dev0;
-    if (!o->decode_tp || o->kv_heads % o->decode_tp || (o->decode_tp > 1 && o->item)) {
-        fprintf(stderr, "kvwire-bench: --decode-tp must divide --kv-heads (and needs no --item)\n");
-        exit(2);
-    }
-    if (!o->prefill_tp || o->prefill_tp > KVW_MAX_PREFILL_RANKS || o->kv_heads % o->prefill_tp ||
-        (o->prefill_tp > 1 && (o->decode_tp > 1 || o->item || o->layer_ms))) {
-        fprintf(stderr, "kvwire-bench: --prefill-tp must divide --kv-heads (and needs "
-                        "--decode-tp 1, no --item, no --layer-ms)\n");
-        exit(2);
-    }
+                  .landing_mib = UINT64_MAX,
+                  .port = DEFAULT_PORT};
+}
+
+/* The options together, and what follows from them; NULL or what is wrong. */
+static const char *derive(opts_t *o, char *buf, size_t size)
+{
+    if (o->decode_tp > 1 && (o->kv_heads % o->decode_tp || o->item))
+        return "--decode-tp must divide --kv-heads (and needs no --item)";
+    if (o->prefill_tp > 1 &&
+        (o->kv_heads % o->prefill_tp || o->decode_tp > 1 || o->item || o->layer_ms))
+        return "--prefill-tp must divide --kv-heads (and needs --decode-tp 1, no --item, no "
+               "--layer-ms)";
     if (!o->item)
         o->item = o->kv_heads / o->decode_tp * o->head_dim * o->dtype * o->page_tokens;
     o->src_item = o->item * o->decode_tp / o->prefill_tp;
-    if (!o->item || o->item % 8) {
-        fprintf(stderr, "kvwire-bench: item size %" PRIu64 " must be a positive multiple of 8\n",
-                o->item);
-        exit(2);
+    if (!o->item || o->item % 8 || o->item > (1u << 30)) {
+        snprintf(buf, size, "item size %" PRIu64 " must be a positive multiple of 8, at most 1 GiB",
+                 o->item);
+        return buf;
     }
     o->pages = (o->tokens + o->page_tokens - 1) / o->page_tokens;
     o->total = o->requests + o->warmup;
@@ -851,12 +914,208 @@ static void parse(int argc, char **argv, opts_t *o)
     if (per_window_mb *
             (double)(o->dst_windows > o->src_windows ? o->dst_windows : o->src_windows) >
         (double)o->max_pool_mb * 2) {
-        fprintf(stderr,
-                "kvwire-bench: %.0f MB per request x %" PRIu64 " in flight exceeds "
-                "--max-pool-mb\n",
-                per_window_mb, o->inflight);
-        exit(2);
+        snprintf(buf, size, "%.0f MB per request x %" PRIu64 " in flight exceeds --max-pool-mb",
+                 per_window_mb, o->inflight);
+        return buf;
     }
+    return NULL;
+}
+
+static void parse(int argc, char **argv, opts_t *o)
+{
+    defaults(o);
+    static const struct option lo[] = {{"dev0", 1, 0, 'd'},        {"ip0", 1, 0, 'i'},
+                                       {"dev1", 1, 0, 'D'},        {"ip1", 1, 0, 'I'},
+                                       {"workload", 1, 0, 'w'},    {"contig", 1, 0, 'c'},
+                                       {"layers", 1, 0, 'L'},      {"kv-heads", 1, 0, 'H'},
+                                       {"head-dim", 1, 0, 'k'},    {"dtype-bytes", 1, 0, 'b'},
+                                       {"page-tokens", 1, 0, 'T'}, {"item", 1, 0, 'S'},
+                                       {"tokens", 1, 0, 't'},      {"requests", 1, 0, 'n'},
+                                       {"warmup", 1, 0, 'W'},      {"inflight", 1, 0, 'f'},
+                                       {"seed", 1, 0, 's'},        {"verify", 1, 0, 'v'},
+                                       {"poll-us", 1, 0, 'p'},     {"max-pool-mb", 1, 0, 'M'},
+                                       {"json", 0, 0, 'j'},        {"quiet", 0, 0, 'q'},
+                                       {"help", 0, 0, 'h'},        {"layer-ms", 1, 0, 'Y'},
+                                       {"decode-tp", 1, 0, 'X'},   {"prefill-tp", 1, 0, 'P'},
+                                       {"landing-mib", 1, 0, 'G'}, {"server", 0, 0, 'R'},
+                                       {"client", 1, 0, 'C'},      {"port", 1, 0, 'O'},
+                                       {"version", 0, 0, 'V'},     {0, 0, 0, 0}};
+    int c;
+    bool port_set = false;
+    while ((c = getopt_long(argc, argv, "hV", lo, NULL)) != -1) {
+        const num_opt_t *n = num_opt(c);
+        if (n && c == 'v' && !strcmp(optarg, "all"))
+            o->verify = UINT64_MAX;
+        else if (n)
+            *num_field(o, n) = kvw_tool_u64(n->name, optarg, n->min, n->max);
+        else if (c == 'd')
+            o->dev0 = optarg;
+        else if (c == 'i')
+            o->ip0 = kvw_tool_ipv4("--ip0", optarg);
+        else if (c == 'D')
+            o->dev1 = optarg;
+        else if (c == 'I')
+            o->ip1 = kvw_tool_ipv4("--ip1", optarg);
+        else if (c == 'w' && (!strcmp(optarg, "fragmented") || !strcmp(optarg, "contiguous")))
+            o->fragmented = strcmp(optarg, "fragmented") == 0;
+        else if (c == 'w')
+            kvw_tool_usage_error("invalid --workload '%s': contiguous or fragmented", optarg);
+        else if (c == 'j')
+            o->json = true;
+        else if (c == 'q')
+            o->quiet = true;
+        else if (c == 'R')
+            o->server = true;
+        else if (c == 'C')
+            o->client = optarg;
+        else if (c == 'O') {
+            o->port = (uint16_t)kvw_tool_u64("--port", optarg, 1, 65535);
+            port_set = true;
+        } else if (c == 'h')
+            usage();
+        else if (c == 'V')
+            kvw_tool_version();
+        else
+            kvw_tool_bad_option();
+    }
+    if (optind != argc)
+        kvw_tool_usage_error("unexpected argument '%s'", argv[optind]);
+    if (o->server && o->client)
+        kvw_tool_usage_error("--server or --client, not both");
+    if (o->client) {
+        uint16_t port = 0;
+        const char *why;
+        if (kvw_parse_ipv4_port(o->client, o->server_ip, sizeof(o->server_ip), &port, &why))
+            kvw_tool_usage_error("invalid --client '%s': %s", o->client, why);
+        if (!port && strchr(o->client, ':'))
+            kvw_tool_usage_error("invalid --client '%s': the port must be 1 to 65535", o->client);
+        if (port && port_set && port != o->port)
+            kvw_tool_usage_error("--client's port and --port differ");
+        if (port)
+            o->port = port;
+        if (!o->ip1)
+            kvw_tool_usage_error("--client needs --ip1, decode's address on this host");
+        o->ip0 = o->server_ip; /* for the report */
+    } else if (!o->ip0) {
+        kvw_tool_usage_error("--ip0 is required");
+    }
+    if ((o->server || o->client) && o->layer_ms)
+        kvw_tool_usage_error("--layer-ms runs both engines in one process: not with --%s",
+                             o->server ? "server" : "client");
+    if (!o->ip1)
+        o->ip1 = o->ip0;
+    if (!o->dev1 && !o->client)
+        o->dev1 = o->dev0;
+    char buf[160];
+    const char *problem = derive(o, buf, sizeof(buf));
+    if (problem)
+        kvw_tool_usage_error("%s", problem);
+}
+
+/* ---------------------------------------------------- two hosts (link) */
+
+/* The client's workload, for the wire. */
+static void wire_pack(const opts_t *o, wire_opts_t *w)
+{
+    memset(w, 0, sizeof(*w));
+    memcpy(w->magic, LINK_MAGIC, sizeof(LINK_MAGIC));
+    w->fragmented = o->fragmented;
+    for (size_t i = 0; i < NUM_OPTS; i++)
+        w->nums[i] = *num_field((opts_t *)o, &num_opts[i]);
+}
+
+/* The server's opts from a client's message (len bytes): every field
+ * checked as its option would be; NULL, or what is wrong. The derived
+ * fields follow from them (derive), as on the client. */
+static const char *wire_unpack(const void *msg, int len, opts_t *o, char *buf, size_t size)
+{
+    wire_opts_t w;
+    if (len != (int)sizeof(w))
+        return "not a kvwire-bench client (or another version)";
+    memcpy(&w, msg, sizeof(w));
+    if (memcmp(w.magic, LINK_MAGIC, sizeof(LINK_MAGIC)) || w.fragmented > 1)
+        return "not a kvwire-bench client (or another version)";
+    o->fragmented = w.fragmented;
+    for (size_t i = 0; i < NUM_OPTS; i++) {
+        const num_opt_t *n = &num_opts[i];
+        uint64_t v = w.nums[i];
+        bool unset = v == UINT64_MAX && (n->code == 'v' || n->code == 'G');
+        if (!unset && (v < n->min || v > n->max)) {
+            snprintf(buf, size, "%s %" PRIu64 " out of range (%" PRIu64 " to %" PRIu64 ")", n->name,
+                     v, n->min, n->max);
+            return buf;
+        }
+        *num_field(o, n) = v;
+    }
+    if (o->layer_ms)
+        return "--layer-ms runs in one process";
+    /* The landing buffer is decode's: the server's engines do not use it. */
+    return derive(o, buf, size);
+}
+
+static void link_close(link_t *l)
+{
+    int linger = 1000;
+    zmq_setsockopt(l->zsock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_close(l->zsock);
+    zmq_ctx_term(l->zctx);
+}
+
+/* --server: wait for one client on ip0:port, run prefill with its
+ * workload, exit. */
+static int run_server(opts_t *o)
+{
+    link_t l = {-1, -1, -1, -1, zmq_ctx_new(), NULL};
+    l.zsock = zmq_socket(l.zctx, ZMQ_REP);
+    char ep[96];
+    snprintf(ep, sizeof(ep), "tcp://%s:%u", o->ip0, (unsigned)o->port);
+    if (zmq_bind(l.zsock, ep)) {
+        fprintf(stderr, "kvwire-bench: cannot listen on %s: %s\n", ep, zmq_strerror(zmq_errno()));
+        return 1;
+    }
+    printf("kvwire-bench server: waiting for a client on %s:%u\n", o->ip0, (unsigned)o->port);
+    char msg[sizeof(wire_opts_t) + 1], buf[160];
+    int len = zmq_recv(l.zsock, msg, sizeof(msg), 0);
+    const char *problem = len < 0 ? "receive failed" : wire_unpack(msg, len, o, buf, sizeof(buf));
+    if (problem) {
+        char err[200];
+        snprintf(err, sizeof(err), "ERR %s", problem);
+        if (len >= 0)
+            link_send(&l, err, strlen(err) + 1);
+        fprintf(stderr, "kvwire-bench server: refused the client: %s\n", problem);
+        link_close(&l);
+        return 1;
+    }
+    printf("kvwire-bench server: a client: %s, %" PRIu64 " layers x K/V x %" PRIu64
+           " pages x %" PRIu64 " B items, %" PRIu64 " requests (+%" PRIu64 " warmup)\n",
+           o->fragmented ? "fragmented" : "contiguous", o->layers, o->pages, o->src_item,
+           o->requests, o->warmup);
+    int rc = run_prefill(o, &l);
+    link_close(&l);
+    printf("kvwire-bench server: %s\n", rc ? "FAILED (the client's report says why)" : "done");
+    return rc;
+}
+
+/* --client: send the workload to the server, run decode, report. */
+static int run_client(const opts_t *o)
+{
+    link_t l = {-1, -1, -1, -1, zmq_ctx_new(), NULL};
+    l.zsock = zmq_socket(l.zctx, ZMQ_REQ);
+    int wait_ms = LINK_WAIT_MS;
+    zmq_setsockopt(l.zsock, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
+    char ep[96];
+    snprintf(ep, sizeof(ep), "tcp://%s:%u", o->server_ip, (unsigned)o->port);
+    wire_opts_t w;
+    wire_pack(o, &w);
+    if (zmq_connect(l.zsock, ep) || zmq_send(l.zsock, &w, sizeof(w), 0) < 0) {
+        fprintf(stderr, "kvwire-bench: cannot reach the server at %s: %s\n", ep,
+                zmq_strerror(zmq_errno()));
+        link_close(&l);
+        return 1;
+    }
+    int rc = run_decode(o, &l);
+    link_close(&l);
+    return rc;
 }
 
 /* ------------------------------------------------------ layer-wise mode */
@@ -1122,9 +1381,14 @@ static int run_layerwise(const opts_t *o)
 
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvwire-bench";
     opts_t o;
     parse(argc, argv, &o);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (o.server)
+        return run_server(&o);
+    if (o.client)
+        return run_client(&o);
     if (o.layer_ms)
         return run_layerwise(&o);
     int addr_pipe[2], result_pipe[2], done_pipe[2];
@@ -1142,10 +1406,12 @@ int main(int argc, char **argv)
         close(addr_pipe[0]);
         close(result_pipe[0]);
         close(done_pipe[1]);
-        _exit(run_prefill(&o, addr_pipe[1], result_pipe[1], done_pipe[0]));
+        link_t l = {addr_pipe[1], result_pipe[1], done_pipe[0], -1, NULL, NULL};
+        _exit(run_prefill(&o, &l));
     }
     close(addr_pipe[1]);
     close(result_pipe[1]);
     close(done_pipe[0]);
-    return run_decode(&o, pid, addr_pipe[0], result_pipe[0], done_pipe[1]);
+    link_t l = {addr_pipe[0], result_pipe[0], done_pipe[1], pid, NULL, NULL};
+    return run_decode(&o, &l);
 }

@@ -6,12 +6,25 @@
  * Each "no" names its fix. And the PCIe topology: the GPU x NIC distance
  * matrix and, per GPU, the device an engine naming none would open and
  * the devices KVW_DEVICES=near would give it, with the reasons
- * (verbs/topo.h). Text, or JSON with --json. Exits 0 whatever it
- * finds (2 for bad arguments): it reports, it does not judge. */
+ * (verbs/topo.h). Text, or JSON with --json. It reports, it does not
+ * judge: exit 0 whatever it finds, except that no RDMA device at all
+ * exits 1 (as ibv_devinfo does).
+ *
+ * --check judges: the self-test an operator runs before the first
+ * transfer. Per device (or --dev NAME), on the engine's port (KVW_IB_PORT):
+ * the port is ACTIVE; the GID kvwire uses, opened with the library's own
+ * kvw__dev_open (so what it says is what an engine does) and why (RoCE v2
+ * on an IPv4 address, not a link-local or v1 entry); the MTU; a loopback
+ * RDMA write between two of the library's QPs on that GID, compared byte
+ * for byte. For the node: the memlock limit against what an engine pins
+ * itself, and per GPU the path its memory would take (dma-buf,
+ * nvidia_peermem, staging). Exit 1 if anything will fail. */
 #include "common/config.h"
 #include "mem/mem.h"
 #include "verbs/device.h"
+#include "verbs/qp.h"
 #include "verbs/topo.h"
+#include "kvw-tools.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -22,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #define MAX_GIDS 64
 #define MAX_PORTS 4
@@ -668,54 +682,397 @@ static void print_json(const report_t *r)
     printf("}\n");
 }
 
-static void usage(FILE *out)
+/* ---- --check ----------------------------------------------------------------------- */
+
+typedef struct {
+    int failed, warned;
+} verdict_t;
+
+enum { CHECK_OK, CHECK_WARN, CHECK_FAIL };
+
+static void say(verdict_t *v, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* One line of the check: "  [ OK ] ...", "  [WARN] ..." or "  [FAIL] ...". */
+static void say(verdict_t *v, int level, const char *fmt, ...)
 {
-    fprintf(out, "usage: kvwire-info [--json] [--ip IPV4]\n"
-                 "  RDMA devices, ports and GIDs, the memlock limit, and the path GPU memory\n"
-                 "  would take (dma-buf, nvidia_peermem, staging), each 'no' with its fix;\n"
-                 "  the GPU x NIC PCIe distances and the NIC an engine naming no device\n"
-                 "  opens for each GPU, and those KVW_DEVICES=near would give it\n"
-                 "  (KVW_SYSFS_ROOT: read a fake sysfs tree instead).\n"
-                 "  --ip   show the GID kvwire picks for an engine on this local IP\n"
-                 "  --json one JSON object instead of text\n");
+    static const char *const tag[] = {"[ OK ]", "[WARN]", "[FAIL]"};
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  %s ", tag[level]);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    v->failed += level == CHECK_FAIL;
+    v->warned += level == CHECK_WARN;
+}
+
+static const port_t *nic_port(const nic_t *n, int num)
+{
+    for (int p = 0; p < n->nports; p++)
+        if (n->ports[p].num == num)
+            return &n->ports[p];
+    return NULL;
+}
+
+static const gid_t_ *port_gid(const port_t *p, int index)
+{
+    for (int i = 0; i < p->ngids; i++)
+        if (p->gids[i].index == index)
+            return &p->gids[i];
+    return NULL;
+}
+
+/* The entries kvwire passes over before its pick, and why: the automatic
+ * choice others get wrong (GID 0 is link-local, RoCE v1 is not routed). */
+static void skipped_gids(const port_t *p, int pick, char *out, size_t size)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < p->ngids && p->gids[i].index < pick; i++) {
+        const gid_t_ *g = &p->gids[i];
+        const char *why = strcmp(g->type, "RoCEv2")             ? "RoCE v1"
+                          : !strncmp(g->addr, "fe80:", 5)       ? "link-local"
+                          : strncmp(g->addr, "::ffff:", 7) != 0 ? "IPv6, not IPv4-mapped"
+                                                                : "another IPv4 address";
+        int n = snprintf(out + len, size - len, "%sGID %d (%s)", len ? ", " : "; passed over ",
+                         g->index, why);
+        if (n < 0 || (size_t)n >= size - len)
+            break;
+        len += (size_t)n;
+    }
+}
+
+/* The GID an engine uses: the library's own choice (kvw__dev_open). */
+static void check_gid(verdict_t *v, const report_t *r, const port_t *p, const kvw_dev_t *dev,
+                      const kvw_config_t *cfg)
+{
+    const gid_t_ *g = port_gid(p, dev->gid_index);
+    const char *addr = g ? g->addr : "?", *type = g ? g->type : "?";
+    const char *netdev = g && g->netdev[0] ? g->netdev : "no netdev";
+    if (cfg->gid_index >= 0) {
+        say(v, CHECK_WARN, "GID index %d (%s, %s on %s): forced by KVW_GID_INDEX, not chosen",
+            dev->gid_index, addr, type, netdev);
+        return;
+    }
+    if (p->attr.link_layer == IBV_LINK_LAYER_INFINIBAND) {
+        say(v, CHECK_OK, "GID index 0 (%s): InfiniBand", addr);
+        return;
+    }
+    char skipped[256], ip[48] = "";
+    skipped_gids(p, dev->gid_index, skipped, sizeof(skipped));
+    if (r->ip)
+        snprintf(ip, sizeof(ip), " (--ip %s)", r->ip);
+    say(v, CHECK_OK, "GID index %d (%s, %s on %s): RoCE v2 on the interface's IPv4 address%s%s",
+        dev->gid_index, addr, type, netdev, ip, skipped);
+}
+
+static void check_mtu(verdict_t *v, const port_t *p)
+{
+    int active = mtu_bytes(p->attr.active_mtu), max = mtu_bytes(p->attr.max_mtu);
+    if (active < 1024)
+        say(v, CHECK_WARN,
+            "MTU %d (port max %d): small; raise the netdev's MTU (RoCE takes the largest IB "
+            "MTU below it)",
+            active, max);
+    else
+        say(v, CHECK_OK, "MTU %d (port max %d)", active, max);
+}
+
+#define LOOPBACK_BYTES (64u * 1024)
+#define LOOPBACK_WAIT_S 20 /* rxe in a TCG guest is slow */
+
+/* Wait for the write's completion on qp's CQ; 0 on success, else why. */
+static const char *wait_write(kvw_qp_t *qp)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct ibv_wc wc;
+        int n = ibv_poll_cq(qp->cq, 1, &wc);
+        if (n < 0)
+            return "ibv_poll_cq failed";
+        if (n == 1)
+            return wc.status == IBV_WC_SUCCESS ? NULL : ibv_wc_status_str(wc.status);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > LOOPBACK_WAIT_S)
+            return "no completion within 20 s";
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* Post one RDMA write of src into dst through a (to b) and wait for it. */
+static const char *write_once(kvw_qp_t *a, struct ibv_mr *src, struct ibv_mr *dst)
+{
+    struct ibv_sge sge = {(uintptr_t)src->addr, LOOPBACK_BYTES, src->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .wr.rdma = {(uintptr_t)dst->addr, dst->rkey}};
+    struct ibv_send_wr *bad;
+    if (ibv_post_send(a->qp, &wr, &bad))
+        return "ibv_post_send failed";
+    return wait_write(a);
+}
+
+/* Two of the library's RC QPs on dev, connected to each other with the
+ * engine's fabric settings (kvw__qp_connect: the GID, address vector and
+ * MTU a transfer uses); one write from a to b's memory, compared. */
+static const char *loopback(kvw_dev_t *dev, const kvw_config_t *cfg, char *buf, size_t size)
+{
+    kvw_qp_t *a = NULL, *b = NULL;
+    struct ibv_mr *src = NULL, *dst = NULL;
+    uint8_t *mem = calloc(2, LOOPBACK_BYTES);
+    const char *why = NULL;
+    kvw_qp_info_t ia, ib;
+    if (!mem)
+        return "out of memory";
+    for (uint32_t i = 0; i < LOOPBACK_BYTES; i++)
+        mem[i] = (uint8_t)(mix(i) | 1); /* never 0: the destination starts zeroed */
+    if (kvw__qp_create(dev, NULL, NULL, 16, 16, false, &a) ||
+        kvw__qp_create(dev, NULL, NULL, 16, 16, true, &b)) {
+        why = "cannot create QPs (see the library's message above)";
+        goto out;
+    }
+    kvw__qp_local_info(a, &ia);
+    kvw__qp_local_info(b, &ib);
+    if (kvw__qp_connect(a, &ib, cfg) || kvw__qp_connect(b, &ia, cfg)) {
+        why = "cannot connect the QPs (see the library's message above)";
+        goto out;
+    }
+    src = ibv_reg_mr(dev->pd, mem, LOOPBACK_BYTES, IBV_ACCESS_LOCAL_WRITE);
+    dst = ibv_reg_mr(dev->pd, mem + LOOPBACK_BYTES, LOOPBACK_BYTES,
+                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!src || !dst) {
+        snprintf(buf, size, "ibv_reg_mr of 64 KiB: %s (the memlock limit?)", strerror(errno));
+        why = buf;
+        goto out;
+    }
+    why = write_once(a, src, dst);
+    if (!why && memcmp(mem, mem + LOOPBACK_BYTES, LOOPBACK_BYTES))
+        why = "the write completed but the bytes differ";
+    if (!why)
+        snprintf(buf, size, "64 KiB written from QP 0x%x to QP 0x%x on GID %d, bytes match", ia.qpn,
+                 ib.qpn, dev->gid_index);
+out:
+    if (src)
+        ibv_dereg_mr(src);
+    if (dst)
+        ibv_dereg_mr(dst);
+    kvw__qp_destroy(a);
+    kvw__qp_destroy(b);
+    free(mem);
+    return why;
+}
+
+static void check_nic(verdict_t *v, const report_t *r, const nic_t *n, const kvw_config_t *cfg)
+{
+    printf("%s:\n", n->name);
+    if (n->error[0]) {
+        say(v, CHECK_FAIL, "%s", n->error);
+        return;
+    }
+    const port_t *p = nic_port(n, cfg->ib_port);
+    if (!p) {
+        say(v, CHECK_FAIL, "no port %d (KVW_IB_PORT)", cfg->ib_port);
+        return;
+    }
+    if (p->attr.state != IBV_PORT_ACTIVE) {
+        say(v, CHECK_FAIL, "port %d: %s, not ACTIVE: bring its link/netdev up", p->num,
+            ibv_port_state_str(p->attr.state));
+        return;
+    }
+    say(v, CHECK_OK, "port %d: ACTIVE, %s", p->num, link_name(p->attr.link_layer));
+    kvw_dev_t *dev;
+    if (kvw__dev_open(n->name, r->ip, cfg->ib_port, cfg->gid_index, &dev)) {
+        say(v, CHECK_FAIL, "an engine cannot open it (the library said why, above): %s",
+            p->pick < 0 ? p->why : "see that message");
+        return;
+    }
+    check_gid(v, r, p, dev, cfg);
+    check_mtu(v, p);
+    char buf[160];
+    const char *why = loopback(dev, cfg, buf, sizeof(buf));
+    if (why)
+        say(v, CHECK_FAIL, "loopback RDMA write: %s", why);
+    else
+        say(v, CHECK_OK, "loopback RDMA write: %s", buf);
+    kvw__dev_close(dev);
+}
+
+/* Does this process hold CAP_IPC_LOCK (then the memlock limit does not
+ * apply to its registrations)? From /proc/self/status's CapEff. */
+static bool has_ipc_lock(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long caps = 0;
+    bool found = false;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "CapEff: %llx", &caps) == 1)
+            found = true;
+    if (f)
+        fclose(f);
+    return found && (caps >> 14 & 1); /* CAP_IPC_LOCK is 14 */
+}
+
+/* An engine pins its landing buffer (KVW_LANDING_MIB) itself; the KV
+ * regions an application registers come on top. */
+static void check_memlock(verdict_t *v, const report_t *r, const kvw_config_t *cfg)
+{
+    unsigned long long need = (unsigned long long)cfg->landing_mib << 20;
+    unsigned long long cur = r->memlock.rlim_cur;
+    if (r->memlock.rlim_cur == RLIM_INFINITY)
+        say(v, CHECK_OK, "memlock limit: unlimited");
+    else if (has_ipc_lock())
+        say(v, CHECK_OK,
+            "memlock limit: %llu bytes, but this process has CAP_IPC_LOCK: it does "
+            "not apply",
+            cur);
+    else if (cur < need)
+        say(v, CHECK_FAIL,
+            "memlock limit: %llu bytes, below the %llu an engine pins for its landing buffer "
+            "(KVW_LANDING_MIB) before any KV region: fix with 'ulimit -l unlimited' or memlock "
+            "in /etc/security/limits.conf",
+            cur, need);
+    else
+        say(v, CHECK_WARN,
+            "memlock limit: %llu bytes: host KV regions beyond it (less the %llu-byte landing "
+            "buffer) fail to register; 'ulimit -l unlimited' lifts it",
+            cur, need);
+}
+
+static void check_gpus(verdict_t *v, const report_t *r)
+{
+    if (!r->ngpus) {
+        say(v, CHECK_OK, "GPU memory: none here (%s): host memory only", r->cuda_why);
+        return;
+    }
+    for (int i = 0; i < r->ngpus; i++) {
+        const gpu_t *g = &r->gpus[i];
+        say(v, g->path == KVW_MEM_PATH_STAGING ? CHECK_WARN : CHECK_OK,
+            "GPU %d (%s): dma-buf %s, nvidia_peermem %s: a cudaMalloc region takes %s (%s)", i,
+            g->info.pci, tri(g->info.dmabuf), r->peermem ? "loaded" : "not loaded",
+            kvw__mem_path_name(g->path), g->reason);
+    }
+}
+
+/* The self-test; returns the exit status. */
+static int run_check(const report_t *r, const char *only)
+{
+    kvw_config_t cfg;
+    if (kvw_config_init(&cfg)) {
+        printf("kvwire-info --check: the KVW_* environment is invalid (see above)\n");
+        return 1;
+    }
+    verdict_t v = {0, 0};
+    int checked = 0;
+    for (int i = 0; i < r->nnics; i++) {
+        if (only && strcmp(only, r->nics[i].name))
+            continue;
+        check_nic(&v, r, &r->nics[i], &cfg);
+        checked++;
+    }
+    if (!checked) {
+        printf("RDMA devices:\n");
+        if (only)
+            say(&v, CHECK_FAIL, "no RDMA device named %s", only);
+        else
+            say(&v, CHECK_FAIL,
+                "none found%s%s: load the NIC's driver (e.g. 'modprobe mlx5_ib'), "
+                "or soft-RoCE: kvw-rxe up IFACE",
+                r->nic_error[0] ? " - " : "", r->nic_error);
+    }
+    printf("this node:\n");
+    check_memlock(&v, r, &cfg);
+    check_gpus(&v, r);
+    printf("kvwire-info --check: %s (%d failed, %d warning%s)\n", v.failed ? "FAILED" : "ok",
+           v.failed, v.warned, v.warned == 1 ? "" : "s");
+    return v.failed ? 1 : 0;
+}
+
+static void usage(void)
+{
+    printf("Usage: kvwire-info [--json] [--ip IPV4]\n"
+           "  or:  kvwire-info --check [--dev NAME] [--ip IPV4]\n"
+           "What kvwire would find on this node: RDMA devices, ports and GIDs, the memlock\n"
+           "limit, and the path GPU memory would take (dma-buf, nvidia_peermem, staging),\n"
+           "each 'no' with its fix; the GPU x NIC PCIe distances and the NIC an engine\n"
+           "naming no device opens for each GPU, and those KVW_DEVICES=near would give it\n"
+           "(KVW_SYSFS_ROOT: read a fake sysfs tree instead).\n"
+           "\n"
+           "Options:\n"
+           "  --check        the self-test before the first transfer: per device, the port\n"
+           "                 is ACTIVE, the GID kvwire uses and why, the MTU, and a loopback\n"
+           "                 RDMA write between two QPs compared byte for byte; for the node,\n"
+           "                 the memlock limit and each GPU's memory path. One line per\n"
+           "                 check: [ OK ], [WARN] or [FAIL] with the reason\n"
+           "  --dev NAME     check only this device (with --check)\n"
+           "  --ip IPV4      the GID kvwire picks for an engine on this local IP\n"
+           "  --json         one JSON object instead of text (not with --check)\n"
+           "  -h, --help     this help\n"
+           "  -V, --version  the kvwire version\n"
+           "\n"
+           "Exit status: 0 done (--check: every check passed or warned); 1 no RDMA device,\n"
+           "a bad command line, or (--check) a check failed.\n");
+    exit(0);
 }
 
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvwire-info";
     static const struct option opts[] = {
         {"json", no_argument, NULL, 'j'},
         {"ip", required_argument, NULL, 'i'},
+        {"check", no_argument, NULL, 'c'},
+        {"dev", required_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     static report_t r;
-    bool json = false;
+    bool json = false, check = false;
+    const char *only = NULL;
     int c;
-    while ((c = getopt_long(argc, argv, "ji:h", opts, NULL)) != -1) {
-        if (c == 'j') {
+    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+        if (c == 'j')
             json = true;
-        } else if (c == 'i') {
-            r.ip = optarg;
-        } else if (c == 'h') {
-            usage(stdout);
-            return 0;
-        } else {
-            usage(stderr);
-            return 2;
-        }
+        else if (c == 'i')
+            r.ip = kvw_tool_ipv4("--ip", optarg);
+        else if (c == 'c')
+            check = true;
+        else if (c == 'd')
+            only = optarg;
+        else if (c == 'h')
+            usage();
+        else if (c == 'V')
+            kvw_tool_version();
+        else
+            kvw_tool_bad_option();
     }
-    if (optind < argc) {
-        usage(stderr);
-        return 2;
-    }
+    if (optind < argc)
+        kvw_tool_usage_error("unexpected argument '%s'", argv[optind]);
+    if (check && json)
+        kvw_tool_usage_error("--check prints text; --json is for the report");
+    if (only && !check)
+        kvw_tool_usage_error("--dev goes with --check");
     read_nics(&r);
     getrlimit(RLIMIT_MEMLOCK, &r.memlock);
     read_gpus(&r);
+    if (check)
+        return run_check(&r, only);
     read_topology(&r);
     read_rails(&r);
     if (json)
         print_json(&r);
     else
         print_text(&r);
+    if (!r.nnics) {
+        fprintf(stderr, "kvwire-info: no RDMA device found%s%s\n", r.nic_error[0] ? ": " : "",
+                r.nic_error);
+        return 1;
+    }
     return 0;
 }

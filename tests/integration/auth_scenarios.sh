@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # Control-plane authentication on real rxe: a cluster key from kvw-keygen,
-# given to separate prefill and decode processes (tests/tools/kvw-xfer) through
+# given to separate prefill and decode processes (tools/kvw-xfer) through
 # KVW_CLUSTER_KEY_FILE. With the key on both sides every byte verifies;
 # decode without it, or with another key, and a prefill without it at a
 # keyed standalone bootstrap service, fail with a clear error and nothing

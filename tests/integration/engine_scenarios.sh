@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # Transfer-engine integration scenarios on real rxe: separate prefill and
-# decode processes (tests/tools/kvw-xfer), every byte checked by decode, WRs posted
+# decode processes (tools/kvw-xfer), every byte checked by decode, WRs posted
 # checked against the plan by prefill. Runs inside the test bed.
 # Usage: engine_scenarios.sh BUILD_DIR
 set -u

@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # Failure scenarios on real rxe, separate prefill and decode processes
-# (tests/tools/kvw-xfer in fault mode): a peer killed with SIGKILL mid-transfer,
+# (tools/kvw-xfer in fault mode): a peer killed with SIGKILL mid-transfer,
 # a killed prefill restarted under the same rank serving the same decode
 # engine again, aborts on either side (decode watching that nothing lands
 # after Failed), and requests on a connection that survive another

@@ -3,7 +3,7 @@
 # A rail whose link goes down mid-transfer and comes back, on real rxe
 # (kvw-testbed --devices 4: two veth pairs). Prefill runs on rxe0+rxe2,
 # decode on rxe1+rxe3 (KVW_DEVICES), separate processes
-# (tests/tools/kvw-xfer), so rail 0 is the pair rxe0/rxe1 and rail 1 the
+# (tools/kvw-xfer), so rail 0 is the pair rxe0/rxe1 and rail 1 the
 # pair rxe2/rxe3, each on its own veth pair. Once prefill's writes are on
 # the wire, tests/tools/kvw-tb-link takes rail 1's veth (KVW_TB_NETDEV2)
 # down for FLAP_S seconds and brings it back, while requests keep coming.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # Rails on real rxe: one prefill and one decode engine, each on both of the
-# test bed's devices (KVW_DEVICES), separate processes (tests/tools/kvw-xfer).
+# test bed's devices (KVW_DEVICES), separate processes (tools/kvw-xfer).
 # Prefill's rail 0 (rxe0) pairs with decode's rail 0 (rxe1) and its rail 1
 # (rxe1) with decode's rail 1 (rxe0), so both rails cross the veth pair.
 # Decode checks every byte; prefill checks the WRs against the plan and

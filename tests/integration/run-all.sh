@@ -19,6 +19,7 @@ done
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/auth_scenarios.sh ] && { tests/integration/auth_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/soak_scenarios.sh ] && { tests/integration/soak_scenarios.sh "$build" || failed=$((failed + 1)); }
+[ -x tests/integration/tools_scenarios.sh ] && { tests/integration/tools_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/testbed_scenarios.sh ] && { tests/integration/testbed_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/python_scenarios.sh ] && { tests/integration/python_scenarios.sh "$build" || failed=$((failed + 1)); }
 echo "integration: $failed failed"

@@ -205,7 +205,7 @@ expect_fail() {
 expect_fail 3 "no IPv4 address" "$rxe" up kvwt1
 expect_fail 3 "no interface 'kvwt9'" "$rxe" up kvwt9
 expect_fail 3 "not root" setpriv --reuid=65534 --regid=65534 --clear-groups "$rxe" up kvwt0
-expect_fail 2 "unknown command" "$rxe" frob
+expect_fail 1 "unknown command" "$rxe" frob
 out=$("$rxe" up kvwt0 2>"$work/up.err")
 st=$?
 sed 's/^/    | /' "$work/up.err"

@@ -1470,58 +1470,65 @@ static int run_cycles(const opts_t *o)
 
 /* ---------------------------------------------------------------- main */
 
-static void usage(void)
+static __attribute__((noreturn)) void usage(void)
 {
-    fprintf(stderr,
-            "usage: kvw-xfer prefill|decode --ip IP [--dev NAME] [--rank R]\n"
-            "  prefill: --bootstrap ADDR | --embed-bootstrap FILE   [--idle-check SECONDS]\n"
-            "  decode:  --bootstrap ADDR | --bootstrap-file FILE    [--decoder-index D]\n"
-            "  layout:  --layers L (32) --item BYTES (2048) --pool PAGES (256)\n"
-            "           --aux-item BYTES (0: none) --aux-items N (16)\n"
-            "  work:    --requests N (8) --pages N (32) --inflight N (4) --decoders D (1)\n"
-            "           --contig C (4) --dst-contig C (3) --seed S (1) [--json] [--quiet]\n"
-            "  faults (rooms by number: decoder index * 1000000 + request index; LIST is\n"
-            "  \"all\" or rooms and ranges, e.g. 1,4-6; give both sides the same options):\n"
-            "    --abort-room K [--abort-side prefill|decode (decode)] [--abort-after-ms T (100)]\n"
-            "        [--abort-sync FILE]: that side aborts room K T ms after it got under way,\n"
-            "        if it has not ended. Decode: its first bytes landed. Prefill: it turned\n"
-            "        Transferring, or with --abort-sync (same host), decode wrote FILE on\n"
-            "        seeing its first bytes land (prefill may serve other rooms first)\n"
-            "    --hold-rest FILE: prefill sends room K's first half of pages, the rest once\n"
-            "        the room was aborted: by decode, which writes FILE then (same host), or\n"
-            "        with --abort-side prefill by prefill itself (FILE unused)\n"
-            "    --bad-room K [--bad-side prefill|decode (decode)]\n"
-            "        that side hands room K an out-of-range page (receiver_init / sender_send)\n"
-            "    --expect-failed LIST   these rooms must end Failed, all others Success\n"
-            "    --may-fail LIST        these rooms may end either way (a peer gets killed)\n"
-            "    --canary-ms MS         decode: pool filled with a canary; the pages of every\n"
-            "                           room that ends Failed must not change for MS ms after\n"
-            "    --ready-file F         write F once data is moving (prefill: WRs posted;\n"
-            "                           decode: bytes of a request landed)\n"
-            "    --hold-start F         decode: write F.up once the engine exists, then wait\n"
-            "                           (up to 60 s) for F before the first request, which\n"
-            "                           makes the connection (a fault set up in between)\n"
-            "    --deadline-s S         S s after start, list the rooms not ended and exit 3\n"
-            "                           (S + 10 s at the latest, whatever hangs)\n"
-            "    --keep-going           decode: a failed room does not stop the run: the next\n"
-            "                           waves are started on the same engine (a restarted\n"
-            "                           prefill serves them); Success lines end [at W ms]\n"
-            "    --first-room K         prefill: serve request indexes K..K+N-1 of each\n"
-            "                           decoder (a restarted prefill serving decode's later\n"
-            "                           waves); not a fault by itself\n"
-            "  soak (decode): --cycles N [--kill-every K (0)] [--sync-file F --sync-at LIST]\n"
-            "        N cycles, each a new engine that runs room k (k = 0..N-1; prefill serves\n"
-            "        --requests N), verifies it and is destroyed; every K-th cycle a forked\n"
-            "        decode process is killed with SIGKILL once its room's first bytes landed\n"
-            "        (give prefill --may-fail for those rooms). After the cycle counts in\n"
-            "        LIST, write F.COUNT and wait for F.COUNT.ack (the script measures)\n"
-            "  idle (both): --idle-s S  after the transfers stay connected S s, then print\n"
-            "        each thread's CPU %% of a core and wake-ups/s over the window; fails\n"
-            "        above 25 wake-ups/s\n"
-            "  Any fault option switches to fault mode: failed rooms are printed as\n"
-            "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
-            "  the exit status says whether every room ended as expected.\n");
-    exit(2);
+    printf("Usage: kvw-xfer prefill|decode --ip IP [--dev NAME] [--rank R] [OPTION]...\n"
+           "  or:  kvw-xfer --help | --version\n"
+           "Move KV cache between two hosts (or processes) through kvwire's public API:\n"
+           "one side runs prefill, the other decode, with the same layout and work options;\n"
+           "decode checks every byte it receives. Numbers are decimal, or hex after 0x.\n"
+           "  prefill: --bootstrap ADDR | --embed-bootstrap FILE   [--idle-check SECONDS]\n"
+           "  decode:  --bootstrap ADDR | --bootstrap-file FILE    [--decoder-index D]\n"
+           "  layout:  --layers L (32) --item BYTES (2048) --pool PAGES (256)\n"
+           "           --aux-item BYTES (0: none) --aux-items N (16)\n"
+           "  work:    --requests N (8) --pages N (32) --inflight N (4) --decoders D (1)\n"
+           "           --contig C (4) --dst-contig C (3) --seed S (1) [--json] [--quiet]\n"
+           "  faults (rooms by number: decoder index * 1000000 + request index; LIST is\n"
+           "  \"all\" or rooms and ranges, e.g. 1,4-6; give both sides the same options):\n"
+           "    --abort-room K [--abort-side prefill|decode (decode)] [--abort-after-ms T (100)]\n"
+           "        [--abort-sync FILE]: that side aborts room K T ms after it got under way,\n"
+           "        if it has not ended. Decode: its first bytes landed. Prefill: it turned\n"
+           "        Transferring, or with --abort-sync (same host), decode wrote FILE on\n"
+           "        seeing its first bytes land (prefill may serve other rooms first)\n"
+           "    --hold-rest FILE: prefill sends room K's first half of pages, the rest once\n"
+           "        the room was aborted: by decode, which writes FILE then (same host), or\n"
+           "        with --abort-side prefill by prefill itself (FILE unused)\n"
+           "    --bad-room K [--bad-side prefill|decode (decode)]\n"
+           "        that side hands room K an out-of-range page (receiver_init / sender_send)\n"
+           "    --expect-failed LIST   these rooms must end Failed, all others Success\n"
+           "    --may-fail LIST        these rooms may end either way (a peer gets killed)\n"
+           "    --canary-ms MS         decode: pool filled with a canary; the pages of every\n"
+           "                           room that ends Failed must not change for MS ms after\n"
+           "    --ready-file F         write F once data is moving (prefill: WRs posted;\n"
+           "                           decode: bytes of a request landed)\n"
+           "    --hold-start F         decode: write F.up once the engine exists, then wait\n"
+           "                           (up to 60 s) for F before the first request, which\n"
+           "                           makes the connection (a fault set up in between)\n"
+           "    --deadline-s S         S s after start, list the rooms not ended and exit 3\n"
+           "                           (S + 10 s at the latest, whatever hangs)\n"
+           "    --keep-going           decode: a failed room does not stop the run: the next\n"
+           "                           waves are started on the same engine (a restarted\n"
+           "                           prefill serves them); Success lines end [at W ms]\n"
+           "    --first-room K         prefill: serve request indexes K..K+N-1 of each\n"
+           "                           decoder (a restarted prefill serving decode's later\n"
+           "                           waves); not a fault by itself\n"
+           "  soak (decode): --cycles N [--kill-every K (0)] [--sync-file F --sync-at LIST]\n"
+           "        N cycles, each a new engine that runs room k (k = 0..N-1; prefill serves\n"
+           "        --requests N), verifies it and is destroyed; every K-th cycle a forked\n"
+           "        decode process is killed with SIGKILL once its room's first bytes landed\n"
+           "        (give prefill --may-fail for those rooms). After the cycle counts in\n"
+           "        LIST, write F.COUNT and wait for F.COUNT.ack (the script measures)\n"
+           "  idle (both): --idle-s S  after the transfers stay connected S s, then print\n"
+           "        each thread's CPU %% of a core and wake-ups/s over the window; fails\n"
+           "        above 25 wake-ups/s\n"
+           "  Any fault option switches to fault mode: failed rooms are printed as\n"
+           "  \"room K: FAILED after MS ms: STATUS: reason [since WHAT, at WALLCLOCK ms]\" and\n"
+           "  the exit status says whether every room ended as expected.\n"
+           "\n"
+           "Exit status: 0 every room ended as expected and every byte matched; 1 a bad\n"
+           "command line, or a transfer failed or delivered wrong bytes; 3 --deadline-s\n"
+           "passed with rooms not ended.\n");
+    exit(0);
 }
 
 static side_t parse_side(const char *s)
@@ -1529,15 +1536,15 @@ static side_t parse_side(const char *s)
     if (strcmp(s, "prefill") == 0)
         return SIDE_PREFILL;
     if (strcmp(s, "decode") != 0)
-        usage();
+        kvw_tool_usage_error("invalid side '%s': prefill or decode", s);
     return SIDE_DECODE;
 }
 
 static const char *parse_list(const char *s)
 {
     if (!list_valid(s)) {
-        fprintf(stderr, "kvw-xfer: bad room list '%s' (want \"all\" or e.g. 1,4-6)\n", s);
-        exit(2);
+        kvw_tool_usage_error("invalid room list '%s': \"all\", or rooms and ranges such as 1,4-6",
+                             s);
     }
     return s;
 }
@@ -1568,25 +1575,24 @@ enum { /* long options without a short letter */
 /* The fault options; false if c is not one of them. */
 static bool parse_fault_opt(int c, const char *arg, faults_t *f)
 {
-    unsigned long long v = arg ? strtoull(arg, NULL, 0) : 0;
     switch (c) {
     case OPT_ABORT_ROOM:
-        f->abort_room = (int64_t)v;
+        f->abort_room = (int64_t)kvw_tool_u64("--abort-room", arg, 0, INT64_MAX);
         break;
     case OPT_ABORT_SIDE:
         f->abort_side = parse_side(arg);
         break;
     case OPT_ABORT_AFTER:
-        f->abort_after_ms = (uint32_t)v;
+        f->abort_after_ms = kvw_tool_u32("--abort-after-ms", arg, 0, UINT32_MAX);
         break;
     case OPT_BAD_ROOM:
-        f->bad_room = (int64_t)v;
+        f->bad_room = (int64_t)kvw_tool_u64("--bad-room", arg, 0, INT64_MAX);
         break;
     case OPT_BAD_SIDE:
         f->bad_side = parse_side(arg);
         break;
     case OPT_CANARY:
-        f->canary_ms = (uint32_t)v;
+        f->canary_ms = kvw_tool_u32("--canary-ms", arg, 0, UINT32_MAX);
         break;
     case OPT_EXPECT_FAILED:
         f->expect_failed = parse_list(arg);
@@ -1598,7 +1604,7 @@ static bool parse_fault_opt(int c, const char *arg, faults_t *f)
         f->ready_file = arg;
         break;
     case OPT_DEADLINE:
-        f->deadline_s = (uint32_t)v;
+        f->deadline_s = kvw_tool_u32("--deadline-s", arg, 0, 86400);
         break;
     case OPT_ABORT_SYNC:
         f->abort_sync = arg;
@@ -1630,6 +1636,29 @@ static bool soak_opts_ok(opts_t *o)
            o->f.abort_room < 0 && o->f.bad_room < 0 && (!o->sync_file == !o->sync_at);
 }
 
+/* What is wrong with a parsed command line as a whole, or NULL. */
+static const char *opts_problem(opts_t *o)
+{
+    if (!o->ip)
+        return "--ip is required";
+    if (!o->bootstrap && !(o->prefill ? o->embed_file : o->bootstrap_file))
+        return o->prefill ? "--bootstrap ADDR or --embed-bootstrap FILE is required"
+                          : "--bootstrap ADDR or --bootstrap-file FILE is required";
+    if (o->item % 8 || o->aux_item % 8)
+        return "--item and --aux-item must be multiples of 8";
+    if (o->f.keep_going && o->prefill)
+        return "--keep-going is decode's";
+    if (o->first_room && !o->prefill)
+        return "--first-room is prefill's";
+    if (o->first_room + (uint64_t)o->requests > 1000000)
+        return "--first-room + --requests must stay below 1000000";
+    if (!soak_opts_ok(o))
+        return "--cycles is decode's, without --idle-s, --keep-going, --abort-room or "
+               "--bad-room; --kill-every, --sync-file and --sync-at need it, and --sync-file "
+               "and --sync-at go together";
+    return NULL;
+}
+
 static void parse(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){.layers = 32,
@@ -1644,11 +1673,15 @@ static void parse(int argc, char **argv, opts_t *o)
                   .dst_contig = 3,
                   .seed = 1,
                   .f = {.abort_room = -1, .bad_room = -1, .abort_after_ms = 100}};
-    if (argc < 2)
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
         usage();
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")))
+        kvw_tool_version();
+    if (argc < 2)
+        kvw_tool_usage_error("missing the side: prefill or decode");
     o->prefill = strcmp(argv[1], "prefill") == 0;
     if (!o->prefill && strcmp(argv[1], "decode") != 0)
-        usage();
+        kvw_tool_usage_error("invalid side '%s': prefill or decode", argv[1]);
     static const struct option longopts[] = {{"dev", 1, 0, 'd'},
                                              {"ip", 1, 0, 'i'},
                                              {"bootstrap", 1, 0, 'b'},
@@ -1691,11 +1724,12 @@ static void parse(int argc, char **argv, opts_t *o)
                                              {"kill-every", 1, 0, OPT_KILL_EVERY},
                                              {"sync-file", 1, 0, OPT_SYNC_FILE},
                                              {"sync-at", 1, 0, OPT_SYNC_AT},
+                                             {"help", 0, 0, 'h'},
+                                             {"version", 0, 0, 'V'},
                                              {0, 0, 0, 0}};
     int c;
     optind = 2;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        unsigned long long v = optarg ? strtoull(optarg, NULL, 0) : 0;
+    while ((c = getopt_long(argc, argv, "hV", longopts, NULL)) != -1) {
         if (parse_fault_opt(c, optarg, &o->f))
             continue;
         switch (c) {
@@ -1703,7 +1737,7 @@ static void parse(int argc, char **argv, opts_t *o)
             o->dev = optarg;
             break;
         case 'i':
-            o->ip = optarg;
+            o->ip = kvw_tool_ipv4("--ip", optarg);
             break;
         case 'b':
             o->bootstrap = optarg;
@@ -1715,49 +1749,49 @@ static void parse(int argc, char **argv, opts_t *o)
             o->embed_file = optarg;
             break;
         case 'r':
-            o->rank = (uint32_t)v;
+            o->rank = kvw_tool_u32("--rank", optarg, 0, KVW_MAX_PREFILL_RANKS - 1);
             break;
         case 'L':
-            o->layers = (uint32_t)v;
+            o->layers = kvw_tool_u32("--layers", optarg, 1, 65535);
             break;
         case 'I':
-            o->item = v;
+            o->item = kvw_tool_u64("--item", optarg, 8, 1u << 30);
             break;
         case 'P':
-            o->pool = v;
+            o->pool = kvw_tool_u64("--pool", optarg, 1, UINT32_MAX);
             break;
         case 'a':
-            o->aux_item = v;
+            o->aux_item = kvw_tool_u64("--aux-item", optarg, 0, 1u << 30);
             break;
         case 'A':
-            o->aux_items = v;
+            o->aux_items = kvw_tool_u64("--aux-items", optarg, 1, UINT32_MAX);
             break;
         case 'n':
-            o->requests = (uint32_t)v;
+            o->requests = kvw_tool_u32("--requests", optarg, 1, 1000000);
             break;
         case 'p':
-            o->pages = (uint32_t)v;
+            o->pages = kvw_tool_u32("--pages", optarg, 1, UINT32_MAX);
             break;
         case 'f':
-            o->inflight = (uint32_t)v;
+            o->inflight = kvw_tool_u32("--inflight", optarg, 1, 65536);
             break;
         case 'D':
-            o->decoders = (uint32_t)v;
+            o->decoders = kvw_tool_u32("--decoders", optarg, 1, 4096);
             break;
         case 'x':
-            o->decoder_index = (uint32_t)v;
+            o->decoder_index = kvw_tool_u32("--decoder-index", optarg, 0, 4095);
             break;
         case 'c':
-            o->contig = v;
+            o->contig = kvw_tool_u64("--contig", optarg, 1, UINT32_MAX);
             break;
         case 'C':
-            o->dst_contig = v;
+            o->dst_contig = kvw_tool_u64("--dst-contig", optarg, 1, UINT32_MAX);
             break;
         case 's':
-            o->seed = v;
+            o->seed = kvw_tool_u64("--seed", optarg, 0, UINT64_MAX);
             break;
         case 'z':
-            o->idle_check_s = (uint32_t)v;
+            o->idle_check_s = kvw_tool_u32("--idle-check", optarg, 0, 86400);
             break;
         case 'j':
             o->json = true;
@@ -1766,16 +1800,16 @@ static void parse(int argc, char **argv, opts_t *o)
             o->quiet = true;
             break;
         case OPT_FIRST_ROOM:
-            o->first_room = (uint32_t)v;
+            o->first_room = kvw_tool_u32("--first-room", optarg, 0, 999999);
             break;
         case OPT_IDLE_S:
-            o->idle_s = (uint32_t)v;
+            o->idle_s = kvw_tool_u32("--idle-s", optarg, 0, 86400);
             break;
         case OPT_CYCLES:
-            o->cycles = (uint32_t)v;
+            o->cycles = kvw_tool_u32("--cycles", optarg, 1, 1000000);
             break;
         case OPT_KILL_EVERY:
-            o->kill_every = (uint32_t)v;
+            o->kill_every = kvw_tool_u32("--kill-every", optarg, 0, 1000000);
             break;
         case OPT_SYNC_FILE:
             o->sync_file = optarg;
@@ -1783,17 +1817,19 @@ static void parse(int argc, char **argv, opts_t *o)
         case OPT_SYNC_AT:
             o->sync_at = parse_list(optarg);
             break;
-        default:
+        case 'h':
             usage();
+        case 'V':
+            kvw_tool_version();
+        default:
+            kvw_tool_bad_option();
         }
     }
-    bool have_bs = o->bootstrap || (o->prefill ? o->embed_file != NULL : o->bootstrap_file != NULL);
-    if (!o->ip || !have_bs || !o->layers || !o->item || o->item % 8 || !o->requests || !o->pages ||
-        !o->inflight || !o->contig || !o->dst_contig || o->aux_item % 8 ||
-        (o->aux_item && !o->aux_items) || (o->f.keep_going && o->prefill) ||
-        (o->first_room && (!o->prefill || o->first_room + (uint64_t)o->requests > 1000000)) ||
-        !soak_opts_ok(o))
-        usage();
+    if (optind != argc)
+        kvw_tool_usage_error("unexpected argument '%s'", argv[optind]);
+    const char *problem = opts_problem(o);
+    if (problem)
+        kvw_tool_usage_error("%s", problem);
     if (o->inflight > o->requests)
         o->inflight = o->requests;
     /* Destination windows of requests in flight together must fit apart. */
@@ -1801,16 +1837,15 @@ static void parse(int argc, char **argv, opts_t *o)
     uint64_t src_window = (o->pages + o->contig - 1) / o->contig * o->contig;
     if (dst_window * o->inflight > o->pool || src_window > o->pool ||
         (o->aux_item && o->inflight > o->aux_items)) {
-        fprintf(stderr,
-                "kvw-xfer: --pool %" PRIu64 " (and --aux-items) too small for "
-                "--inflight %u requests of --pages %u\n",
-                o->pool, o->inflight, o->pages);
-        exit(2);
+        kvw_tool_usage_error("--pool %" PRIu64 " (and --aux-items) too small for --inflight %u "
+                             "requests of --pages %u",
+                             o->pool, o->inflight, o->pages);
     }
 }
 
 int main(int argc, char **argv)
 {
+    kvw_tool_name = "kvw-xfer";
     t_start = now_s();
     opts_t o;
     parse(argc, argv, &o);
