@@ -1385,6 +1385,7 @@ static bool under_way(kvw_engine_t *e)
 void *kvw__poller_main(void *arg)
 {
     kvw_engine_t *e = arg;
+    kvw__log_set_engine(e->log_tag);
     uint64_t spin_ns = (uint64_t)e->cfg.poll_spin_us * 1000ull;
     uint64_t busy_ns = (uint64_t)e->cfg.poll_busy_us * 1000ull;
     uint64_t last_work = kvw__now_ns();
