@@ -51,6 +51,7 @@ from ._core import (
     features,
     library_path,
     log_to_python,
+    log_to_stderr,
     set_log_handler,
     version,
     version_info,
@@ -75,4 +76,5 @@ __all__ = [
     "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupHeads", "GroupKind",
     "LogLevel", "NO_AUX", "Poll", "PrefillRank", "RanksReceiver", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
     "as_indices", "features", "library_path", "set_log_handler", "version", "version_info",
+    "log_to_python", "log_to_stderr",
 ]

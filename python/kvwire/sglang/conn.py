@@ -82,13 +82,30 @@ _log_lock = threading.Lock()
 
 def _route_logs() -> None:
     """libkvwire's log lines go to the logging logger "kvwire" (once per
-    process), unless KVWIRE_SGLANG_LOG=stderr keeps the library's default."""
+    process; the binding's default), unless KVWIRE_SGLANG_LOG=stderr writes
+    them to stderr as the C library does."""
     global _log_routed
     with _log_lock:
-        if _log_routed or os.environ.get("KVWIRE_SGLANG_LOG", "").lower() == "stderr":
+        if _log_routed:
             return
-        kvwire.log_to_python(logging.getLogger("kvwire"))
+        if os.environ.get("KVWIRE_SGLANG_LOG", "").lower() == "stderr":
+            kvwire.log_to_stderr()
+        else:
+            kvwire.log_to_python(logging.getLogger("kvwire"))
         _log_routed = True
+
+
+def _export_metrics(engine: kvwire.Engine) -> None:
+    """sglang's --enable-metrics: the engine's metrics (kvwire_*) join
+    sglang's /metrics through prometheus_client (kvwire.metrics; in the
+    multiprocess mode sglang runs it in, a thread mirrors them into
+    PROMETHEUS_MULTIPROC_DIR, which sglang's HTTP server reads)."""
+    try:
+        import kvwire.metrics
+
+        kvwire.metrics.register(engine)
+    except ImportError as e:
+        logger.warning("kvwire: metrics not exported (%s): install python3-prometheus-client", e)
 
 
 def _rdma_ip(server_args: Any) -> str:
@@ -288,6 +305,8 @@ class KVWireKVManager(CommonKVManager):
         self._kvwire_args = (args, disaggregation_mode, bool(is_mla_backend))
         self._server_args_for_heads = server_args
         self.engine = self._make_engine()
+        if getattr(server_args, "enable_metrics", False):
+            _export_metrics(self.engine)
         try:
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         except BaseException:
