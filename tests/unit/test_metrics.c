@@ -219,6 +219,21 @@ static void test_metrics_buffer_protocol(void **state)
     free(buf);
 }
 
+/* Prefill restarts (its process exits; a new one takes rank 0): decode's
+ * next request connects again, a reconnect. */
+static void test_metrics_count_a_reconnect(void **state)
+{
+    (void)state;
+    uint64_t bytes = 0;
+    transfer(1, &bytes);
+    assert_int_equal(pair_restart_prefill(&pair), KVW_OK);
+    transfer(2, &bytes);
+    char *d = scrape(pair.decode);
+    assert_int_equal(value_of(d, "kvwire_reconnects_total", NULL), 1);
+    assert_int_equal(value_of(d, "kvwire_handshakes_total", "result=\"accepted\""), 2);
+    free(d);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -226,6 +241,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_metrics_count_what_happened, open_pair, close_pair),
         cmocka_unit_test_setup_teardown(test_metrics_buffer_protocol, open_pair, close_pair),
+        cmocka_unit_test_setup_teardown(test_metrics_count_a_reconnect, open_pair, close_pair),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
