@@ -590,6 +590,8 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
      * WaitingForInput on it, and whoever polls both sides must not then
      * see this one still waiting (the lock does not cover poll's read). */
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+    KVW_DEBUG("room %llu: Transferring: REQUEST to prefill rank %u (%u pages, token %u)",
+              (unsigned long long)r->room, r->rx.prefill_rank, m.u.request.num_pages, r->token);
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
         kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",
                       r->rx.prefill_rank);

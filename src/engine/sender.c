@@ -172,6 +172,7 @@ static void hand_to_poller_locked(kvw_req_t *r)
         atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
         r->tx.drained = false;
         atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+        KVW_DEBUG("room %llu: Transferring", (unsigned long long)r->room);
         /* A watchdog, not the limit: the transfer clock starts at the
          * first post (first_post_ns), which the control thread checks. */
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
@@ -464,8 +465,11 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
     r->tx.have_dst = true;
     if (!r->tx.inited)
         r->tx.num_pages = n;
-    if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING)
+    if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING) {
         atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
+        KVW_DEBUG("room %llu: WaitingForInput: decode's request (%u pages, token %u) from peer %u",
+                  (unsigned long long)r->room, n, r->token, peer->index);
+    }
     if (r->has_user)
         kvw__req_set_deadline_locked(r, 0); /* waiting for prefill's own compute has no limit */
     if (kvw__stager_on(r->engine))
