@@ -146,11 +146,15 @@ int kvw__log_wanted(kvw_log_level_t level, kvw_subsys_t subsys)
 
 /* ---------------------------------------------------------------- engine */
 
-static _Thread_local char thread_engine[48];
+/* A pointer, not a copy: setting it costs nothing on a caller's poller
+ * pass. The tag lives in its engine, which outlives the setting. */
+static _Thread_local const char *thread_engine;
 
-void kvw__log_set_engine(const char *tag)
+const char *kvw__log_set_engine(const char *tag)
 {
-    snprintf(thread_engine, sizeof(thread_engine), "%s", tag ? tag : "");
+    const char *before = thread_engine;
+    thread_engine = tag;
+    return before;
 }
 
 /* ------------------------------------------------------------------ file */
@@ -263,7 +267,7 @@ static char *format_line(kvw_log_level_t level, kvw_subsys_t subsys, const char 
     static const char *const tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
     char when[48];
     format_time(when, sizeof(when));
-    const char *engine = thread_engine;
+    const char *engine = thread_engine ? thread_engine : "";
     size_t size = strlen(when) + strlen(msg) + strlen(engine) + 96;
     char *line = malloc(size);
     if (line)
@@ -322,7 +326,7 @@ void kvw__log(kvw_log_level_t level, kvw_subsys_t subsys, const char *fmt, ...)
     if (log_record_fn) {
         kvw_log_record_t rec = {.level = level,
                                 .subsystem = subsys_names[subsys],
-                                .engine = thread_engine,
+                                .engine = thread_engine ? thread_engine : "",
                                 .msg = msg,
                                 .line = whole};
         log_record_fn(log_arg, &rec);

@@ -34,8 +34,9 @@ int kvw__log_wanted(kvw_log_level_t level, kvw_subsys_t subsys);
 /* The subsystem of a source file (its __FILE__). */
 kvw_subsys_t kvw__log_subsys_of(const char *file);
 /* The engine the calling thread's lines name ("prefill r0 <id>"), or
- * NULL for none. The text is copied (at most 47 characters). */
-void kvw__log_set_engine(const char *tag);
+ * NULL for none; returns the one named before (to restore it). Not
+ * copied: tag must stay valid until it is replaced. */
+const char *kvw__log_set_engine(const char *tag);
 /* Re-read KVW_LOG_LEVEL, KVW_LOG_SUBSYS and KVW_LOG_FILE (tests), closing a
  * log file opened before. */
 void kvw__log_reset(void);

@@ -1434,7 +1434,9 @@ void kvw__poller_help(kvw_engine_t *e)
     if (atomic_load(&e->poller_sleeping) && !atomic_load(&e->stop) &&
         pthread_mutex_trylock(&e->pass_lock) == 0) {
         bool more = false;
+        const char *caller_tag = kvw__log_set_engine(e->log_tag); /* the pass's lines */
         run_once(e, e->cfg.chain_max, &more);
+        kvw__log_set_engine(caller_tag);
         pthread_mutex_unlock(&e->pass_lock);
         atomic_fetch_add_explicit(&e->counters.caller_passes, 1, memory_order_relaxed);
         if (more) /* the rest is the poller's */
