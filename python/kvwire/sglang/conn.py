@@ -108,6 +108,16 @@ def _export_metrics(engine: kvwire.Engine) -> None:
         logger.warning("kvwire: metrics not exported (%s): install python3-prometheus-client", e)
 
 
+def _unexport_metrics(engine: kvwire.Engine) -> None:
+    """Before the engine closes: its last values written (multiprocess)."""
+    try:
+        import kvwire.metrics
+
+        kvwire.metrics.unregister(engine)
+    except ImportError:
+        pass
+
+
 def _rdma_ip(server_args: Any) -> str:
     """This host's address on the RDMA network: $KVWIRE_LOCAL_IP, else
     sglang's own choice (get_local_ip_auto(), which honours
@@ -305,7 +315,8 @@ class KVWireKVManager(CommonKVManager):
         self._kvwire_args = (args, disaggregation_mode, bool(is_mla_backend))
         self._server_args_for_heads = server_args
         self.engine = self._make_engine()
-        if getattr(server_args, "enable_metrics", False):
+        self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
+        if self._metrics_on:
             _export_metrics(self.engine)
         try:
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
@@ -470,9 +481,7 @@ class KVWireKVManager(CommonKVManager):
             raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported "
                                "(its endpoint is registered with the bootstrap server)")
         self._closer.drain()
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        self._close_engine()
 
     def register_buffer_to_engine(self) -> None:
         """Decode resuming (resume_memory_occupation): a new kvwire engine
@@ -481,12 +490,20 @@ class KVWireKVManager(CommonKVManager):
             raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported")
         if self.engine is None:
             self.engine = self._make_engine()
+            if self._metrics_on:
+                _export_metrics(self.engine)
 
     def close(self) -> None:
         self._closer.drain()
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        if self.engine is None:
+            return
+        if getattr(self, "_metrics_on", False):
+            _unexport_metrics(self.engine)
+        self.engine.close()
+        self.engine = None
 
     def where(self) -> str:
         return (f"{self.disaggregation_mode.value} attn tp rank {self.attn_tp_rank}/"
