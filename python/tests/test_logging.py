@@ -15,7 +15,8 @@ PY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run(code):
     env = dict(os.environ, KVW_CHAIN_MAX="x", PYTHONPATH=PY, PYTHONDONTWRITEBYTECODE="1")
-    env.pop("KVW_LOG_FILE", None)
+    for name in ("KVW_LOG_FILE", "KVW_LOG_LEVEL", "KVW_LOG_SUBSYS"):
+        env.pop(name, None)  # the defaults are what is tested
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60)
 
