@@ -182,8 +182,8 @@ typedef void (*kvw_log_fn)(void *arg, kvw_log_level_t level, const char *msg);
  * Lines (docs/operations.md, "Logs"): the default writes each as
  *   2026-01-31T12:34:56.789012Z kvwire[PID.TID] LEVEL SUBSYS ENGINE: message
  * (UTC, microseconds; ENGINE "prefill r0 <engine id>" on the engine's own
- * threads and during its creation, absent where no engine is known), whole
- * however long. SUBSYS is INIT, CTRL, DATA, RAIL, MEM or VERIFY;
+ * threads, during its creation and in the init and send calls of its
+ * requests, absent where no engine is known), whole however long. SUBSYS is INIT, CTRL, DATA, RAIL, MEM or VERIFY;
  * KVW_LOG_SUBSYS=INIT,CTRL (or ^DATA: all but) keeps info and debug lines
  * of those only (errors and warnings always pass). KVW_LOG_FILE=path (%h
  * the host name, %p the pid) appends every line to that file as well as

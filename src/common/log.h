@@ -3,8 +3,8 @@
  * system's own text; the library never prints directly.
  *
  * Each line says when (UTC), which process and thread, which engine (set
- * per thread with kvw__log_set_engine: the engine's own threads and its
- * creation) and which subsystem: the source file's, from the table in
+ * per thread with kvw__log_set_engine: the engine's own threads, its
+ * creation, the API calls of its requests) and which subsystem: the source file's, from the table in
  * log.c, so that the call sites need not say it (docs/operations.md). */
 #ifndef KVW_COMMON_LOG_H
 #define KVW_COMMON_LOG_H

@@ -218,8 +218,22 @@ static void test_engine_lines_name_the_engine(void **state)
     assert_int_equal(pair_wait_receiver(&pr, 5000), KVW_POLL_SUCCESS);
     assert_int_equal(pair_wait_sender(&pr, 5000), KVW_POLL_SUCCESS);
     pair_destroy_room(&pr);
+    /* A caller's call that fails names the engine too. */
+    kvw_receiver_t *bad = NULL;
+    uint64_t far = 1u << 20;
+    assert_int_equal(
+        kvw_receiver_create(pair.decode, kvw_bootstrap_addr(pair.bootstrap), 0, 8, &bad), KVW_OK);
+    assert_int_equal(kvw_receiver_init(bad, &far, 1, KVW_NO_AUX), KVW_ERR_OUT_OF_RANGE);
+    kvw_receiver_destroy(bad);
     pair_close(&pair);
     char *text = slurp(path);
+    const char *refused = strstr(text, "room 8: ");
+    assert_non_null(refused);
+    const char *line = refused;
+    while (line > text && line[-1] != '\n')
+        line--;
+    assert_non_null(strstr(line, " decode r"));
+    assert_true(strstr(line, " decode r") < refused);
     assert_non_null(strstr(text, "INFO INIT prefill r0 "));  /* creation */
     assert_non_null(strstr(text, "DEBUG CTRL prefill r0 ")); /* its control thread: HELLO */
     assert_non_null(strstr(text, "DEBUG CTRL decode r"));    /* HELLO sent */
