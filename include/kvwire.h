@@ -177,8 +177,40 @@ typedef void (*kvw_log_fn)(void *arg, kvw_log_level_t level, const char *msg);
 /* Install a process-wide log handler (NULL restores the default, which
  * writes to stderr) and the most verbose level delivered. Thread-safe, but
  * meant to be called once at start-up. The initial level is KVW_LOG_WARN,
- * or KVW_LOG_LEVEL=error|warn|info|debug from the environment. */
+ * or KVW_LOG_LEVEL=error|warn|info|debug from the environment.
+ *
+ * Lines (docs/operations.md, "Logs"): the default writes each as
+ *   2026-01-31T12:34:56.789012Z kvwire[PID.TID] LEVEL SUBSYS ENGINE: message
+ * (UTC, microseconds; ENGINE "prefill r0 <engine id>" on the engine's own
+ * threads, during its creation and in the init and send calls of its
+ * requests, absent where no engine is known), whole however long. SUBSYS is INIT, CTRL, DATA, RAIL, MEM or VERIFY;
+ * KVW_LOG_SUBSYS=INIT,CTRL (or ^DATA: all but) keeps info and debug lines
+ * of those only (errors and warnings always pass). KVW_LOG_FILE=path (%h
+ * the host name, %p the pid) appends every line to that file as well as
+ * handing it to a handler, and instead of stderr when there is none.
+ * A handler gets only the message (msg); one installed with
+ * kvw_set_log_record_handler() gets the record below. Installing either
+ * replaces the other. */
 KVW_API void kvw_set_log_handler(kvw_log_fn fn, void *arg, kvw_log_level_t max_level);
+
+/* One log line, for kvw_set_log_record_handler(). Every pointer is valid
+ * only during the call. Fields are only ever appended. Since 1.5. */
+typedef struct kvw_log_record {
+    kvw_log_level_t level;
+    const char *subsystem; /* "INIT", "CTRL", "DATA", "RAIL", "MEM" or "VERIFY" */
+    const char *engine;    /* "prefill r0 <16 hex digits>", "" where not known */
+    const char *msg;       /* the message alone, as kvw_log_fn gets it */
+    const char *line;      /* the whole line the default writes, without its newline */
+} kvw_log_record_t;
+
+/* Called as kvw_log_fn is: from any library thread, possibly concurrently,
+ * under the library's log lock; must not call back into kvwire. */
+typedef void (*kvw_log_record_fn)(void *arg, const kvw_log_record_t *record);
+
+/* kvw_set_log_handler() for a handler that takes the whole record (NULL
+ * restores the default). Since 1.5. */
+KVW_API void kvw_set_log_record_handler(kvw_log_record_fn fn, void *arg,
+                                        kvw_log_level_t max_level);
 
 /* ---------------------------------------------------------- sized structs
  *
@@ -653,6 +685,31 @@ typedef struct kvw_rail_health {
  * the count). Thread-safe; each count exact, not taken together. */
 KVW_API uint32_t kvw_engine_rail_health(const kvw_engine_t *engine, kvw_rail_health_t *health,
                                         uint32_t max);
+
+/* The engine's metrics in the OpenMetrics text format (what a Prometheus
+ * scrape reads; the library serves no HTTP: the caller's exporter does,
+ * e.g. the Python package's collector, kvwire.metrics). One complete
+ * exposition ending "# EOF\n", every family named kvwire_* and labelled
+ * role="prefill"|"decode" and rank="<engine rank>" (docs/operations.md,
+ * "Metrics", lists them): requests by outcome and failure cause, bytes by
+ * outcome, transfer and request latency histograms, writes and doorbells,
+ * per-rail bytes and health, replays, and the control plane (handshakes,
+ * refusals, reconnects, orphans, aborts and their confirmations).
+ *
+ * Writes at most len bytes into buf (the caller's), NUL-terminated, and
+ * the size the whole text needs, NUL included, into *needed_p. KVW_OK when
+ * it fit; KVW_ERR_LIMIT when len was too small (then *needed_p is still
+ * written, unlike other output parameters, and buf holds a cut text: call
+ * again with at least *needed_p bytes; buf NULL with len 0 asks just the
+ * size). KVW_ERR_INVALID for a NULL engine or needed_p, or a NULL buf with
+ * len > 0. Thread-safe, takes no lock and allocates nothing: each value is
+ * exact, but they are not taken atomically together (a scrape during a
+ * transfer may see a write counted posted and not yet completed). The
+ * needed size changes only with the library version and the number of
+ * rails, never with the values' magnitude beyond their digits: allow some
+ * slack (e.g. twice the size) when sizing a buffer once. Since 1.5. */
+KVW_API kvw_status_t kvw_engine_metrics_text(const kvw_engine_t *engine, char *buf, size_t len,
+                                             size_t *needed_p);
 
 /* -------------------------------------------------------------- requests */
 

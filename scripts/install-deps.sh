@@ -35,6 +35,9 @@ BUILD_PKGS=(
     # the sglang backend's tests run sglang's own connection code (the
     # pinned reference snapshot): torch (CPU), ZeroMQ, requests, aiohttp
     python3-torch python3-zmq python3-requests python3-aiohttp
+    # kvwire.metrics: the prometheus_client collector, and the tests that
+    # parse the library's OpenMetrics text with its parser
+    python3-prometheus-client
 )
 # Fuzzing (make fuzz, make fuzz-short in make check): clang and libFuzzer.
 # The runtime clang links with -fsanitize=fuzzer (libclang_rt.fuzzer) is

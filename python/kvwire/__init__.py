@@ -52,6 +52,7 @@ from ._core import (
     features,
     library_path,
     log_to_python,
+    log_to_stderr,
     set_log_handler,
     version,
     version_info,
@@ -76,5 +77,5 @@ __all__ = [
     "Bootstrap", "ClosedError", "Config", "Counters", "Engine", "Error", "Group", "GroupHeads", "GroupKind",
     "LogLevel", "NO_AUX", "Poll", "PrefillRank", "RanksReceiver", "Receiver", "Region", "ReqMetrics", "Role", "Sender", "Status",
     "as_indices", "features", "library_path", "set_log_handler", "version", "version_info",
-    "__version__",
+    "__version__", "log_to_python", "log_to_stderr",
 ]

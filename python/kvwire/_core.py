@@ -44,7 +44,8 @@ def features() -> Dict[str, bool]:
     receiver_ranks (Engine.receiver_ranks: decode over several prefill
     ranks, head slicing), sender_fanout, verify_digests (the caller's
     digests of a verified transfer: Sender.set_digest, Receiver.landed,
-    Receiver.verify). A
+    Receiver.verify), metrics_text (Engine.metrics_text and the
+    prometheus_client collector, kvwire.metrics). A
     missing one makes only the method that needs it
     raise Error(KVW_ERR_UNSUPPORTED)."""
     return {
@@ -59,6 +60,7 @@ def features() -> Dict[str, bool]:
         "sender_fanout": _L.has("kvw_sender_create_fanout"),
         "verify_digests": (_L.has("kvw_sender_set_digest") and _L.has("kvw_receiver_landed")
                            and _L.has("kvw_receiver_verify")),
+        "metrics_text": _L.has("kvw_engine_metrics_text"),
     }
 
 
@@ -154,30 +156,56 @@ def _unsupported(symbol: str, what: str) -> Error:
 #
 # One trampoline is installed for the life of the process. It remembers the
 # last ERROR logged on each thread, so a failed call can say why in its
-# exception, and hands every line to the user's handler or writes it to
-# stderr like the library's default. It runs on library threads too, under
-# the library's log lock: it never calls back into kvwire.
+# exception, and hands every line to one sink: the `logging` logger
+# "kvwire" (the default: a library's errors then reach the application
+# once, in the exception, unless it configures logging to show them too),
+# the user's handler, or stderr as the C library writes it. It runs on
+# library threads too, under the library's log lock: it never calls back
+# into kvwire. With a libkvwire that has kvw_set_log_record_handler (1.5)
+# it gets each line's subsystem and engine as well.
 
 _tls = threading.local()
 _TAGS = ("ERROR", "WARN", "INFO", "DEBUG")
 _user_handler: Optional[Callable[[int, str], None]] = None
+_SINK_LOGGING, _SINK_HANDLER, _SINK_STDERR = "logging", "handler", "stderr"
+_sink = _SINK_LOGGING
+_logger: Any = None
+_PY_LEVELS = {0: 40, 1: 30, 2: 20, 3: 10}  # logging.ERROR, WARNING, INFO, DEBUG
+
+
+def _deliver(level: int, msg: str, line: str, subsystem: str, engine: str) -> None:
+    if level == LogLevel.ERROR:
+        _tls.last_error = msg
+    h = _user_handler
+    if _sink == _SINK_HANDLER and h is not None:
+        h(level, msg)
+    elif _sink == _SINK_LOGGING and _logger is not None:
+        where = f"{subsystem} {engine}" if engine else subsystem
+        _logger.log(_PY_LEVELS.get(level, 20), "%s", f"{where}: {msg}" if where else msg,
+                    extra={"kvw_subsystem": subsystem, "kvw_engine": engine})
+    else:
+        os.write(2, f"{line}\n".encode())
 
 
 def _trampoline(_arg: Any, level: int, msg: Optional[bytes]) -> None:
     try:
         text = _s(msg)
-        if level == LogLevel.ERROR:
-            _tls.last_error = text
-        h = _user_handler
-        if h is not None:
-            h(level, text)
-        else:
-            os.write(2, f"kvwire {_TAGS[level] if 0 <= level < 4 else level}: {text}\n".encode())
+        tag = _TAGS[level] if 0 <= level < 4 else str(level)
+        _deliver(level, text, f"kvwire {tag}: {text}", "", "")
+    except BaseException:  # a callback must not raise into C
+        pass
+
+
+def _record_trampoline(_arg: Any, rec: Any) -> None:
+    try:
+        r = rec.contents
+        _deliver(r.level, _s(r.msg), _s(r.line), _s(r.subsystem), _s(r.engine))
     except BaseException:  # a callback must not raise into C
         pass
 
 
 _trampoline_c = _lib.LOG_FN(_trampoline)
+_record_trampoline_c = _lib.LOG_RECORD_FN(_record_trampoline)
 
 
 def _env_level() -> int:
@@ -188,27 +216,53 @@ def _env_level() -> int:
 _log_level = _env_level()
 
 
+def _install() -> None:
+    if _L.has("kvw_set_log_record_handler"):
+        _c.kvw_set_log_record_handler(_record_trampoline_c, None, _log_level)
+    else:
+        _c.kvw_set_log_handler(_trampoline_c, None, _log_level)
+
+
+def _set_sink(sink: str, handler: Optional[Callable[[int, str], None]], logger: Any,
+              level: Optional[int]) -> None:
+    global _sink, _user_handler, _logger, _log_level
+    _user_handler, _logger, _sink = handler, logger, sink
+    if level is not None:
+        _log_level = int(LogLevel(level))
+    _install()
+
+
 def set_log_handler(handler: Optional[Callable[[int, str], None]],
                     level: Optional[int] = None) -> None:
     """Route libkvwire's log lines to handler(level, message) (None: stderr,
-    the default), delivering levels up to `level` (None: keep the current,
-    initially KVW_LOG_LEVEL or WARN). The handler runs on library threads,
-    possibly concurrently, must be quick, and must not call kvwire; whatever
-    it raises is ignored. Process-wide; thread-safe."""
-    global _user_handler, _log_level
-    _user_handler = handler
-    if level is not None:
-        _log_level = int(LogLevel(level))
-    _c.kvw_set_log_handler(_trampoline_c, None, _log_level)
+    as the C library writes them; see log_to_stderr), delivering levels up
+    to `level` (None: keep the current, initially KVW_LOG_LEVEL or WARN).
+    The handler runs on library threads, possibly concurrently, must be
+    quick, and must not call kvwire; whatever it raises is ignored.
+    Process-wide; thread-safe. The default, at import, is log_to_python()."""
+    if handler is None:
+        _set_sink(_SINK_STDERR, None, None, level)
+    else:
+        _set_sink(_SINK_HANDLER, handler, None, level)
 
 
 def log_to_python(logger: Any = None, level: Optional[int] = None) -> None:
-    """set_log_handler() into the `logging` module (logger "kvwire" by default)."""
+    """Route libkvwire's log lines to the `logging` module (logger "kvwire"
+    by default), the default at import. Each record's message starts with
+    the line's subsystem and engine ("CTRL prefill r0 <id>: ..."), also
+    given as the record attributes kvw_subsystem and kvw_engine. The
+    "kvwire" logger has a NullHandler, so that nothing is printed unless
+    the application configures logging (errors reach it in the
+    exceptions anyway)."""
     import logging
 
-    lg = logger or logging.getLogger("kvwire")
-    to_py = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
-    set_log_handler(lambda lvl, msg: lg.log(to_py.get(lvl, logging.INFO), "%s", msg), level)
+    _set_sink(_SINK_LOGGING, None, logger or logging.getLogger("kvwire"), level)
+
+
+def log_to_stderr(level: Optional[int] = None) -> None:
+    """Write libkvwire's log lines to stderr as the C library does (time,
+    pid.tid, level, subsystem, engine, message): set_log_handler(None)."""
+    set_log_handler(None, level)
 
 
 def _restore_default_log() -> None:
@@ -217,7 +271,16 @@ def _restore_default_log() -> None:
     _c.kvw_set_log_handler(_lib.LOG_FN(), None, _log_level)
 
 
-set_log_handler(None)
+def _default_log() -> None:
+    import logging
+
+    lg = logging.getLogger("kvwire")
+    if not any(isinstance(h, logging.NullHandler) for h in lg.handlers):
+        lg.addHandler(logging.NullHandler())
+    log_to_python(lg)
+
+
+_default_log()
 atexit.register(_restore_default_log)
 
 

@@ -12,7 +12,7 @@ from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Se
 
 from . import _lib
 from ._config import Config, _cfg_ptr
-from ._core import (NO_AUX, ClosedError, Error, GroupKind, Poll, Role, _c, _call, _L, _s,
+from ._core import (NO_AUX, ClosedError, Error, GroupKind, Poll, Role, Status, _c, _call, _L, _s,
                     _unsupported)
 from ._indices import as_indices
 
@@ -518,6 +518,24 @@ class Engine(_Handle):
                              for name, _ in _lib.kvw_rail_health_t._fields_})
             rails.append(rail)
         return rails
+
+    def metrics_text(self) -> str:
+        """The engine's metrics in the OpenMetrics text format, one complete
+        exposition ending "# EOF" (kvw_engine_metrics_text; the families:
+        docs/operations.md, "Metrics"). kvwire.metrics.KvwireCollector
+        serves them to prometheus_client."""
+        fn = _L.optional.get("kvw_engine_metrics_text")
+        if fn is None:
+            raise _unsupported("kvw_engine_metrics_text", "an engine's metrics")
+        size = ctypes.c_size_t(16384)
+        while True:
+            buf = ctypes.create_string_buffer(size.value)
+            with self._lock:
+                st = fn(self._get(), buf, size, ctypes.byref(size))
+            if st == Status.OK:
+                return buf.value.decode()
+            if st != Status.ERR_LIMIT:
+                raise Error(st, "kvw_engine_metrics_text failed")
 
     # -- requests --------------------------------------------------------
     def _adopt(self, h: int, kind: str) -> _Cell:

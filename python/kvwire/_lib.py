@@ -225,6 +225,16 @@ class kvw_rail_health_t(Structure):
     ]
 
 
+class kvw_log_record_t(Structure):
+    _fields_ = [
+        ("level", c_int),
+        ("subsystem", c_char_p),
+        ("engine", c_char_p),
+        ("msg", c_char_p),
+        ("line", c_char_p),
+    ]
+
+
 class kvw_prefill_rank_t(Structure):
     _fields_ = [
         ("bootstrap_addr", c_char_p),
@@ -255,12 +265,14 @@ STRUCTS = {
     "kvw_part_t": kvw_part_t,
     "kvw_rail_t": kvw_rail_t,
     "kvw_rail_health_t": kvw_rail_health_t,
+    "kvw_log_record_t": kvw_log_record_t,
     "kvw_req_metrics_t": kvw_req_metrics_t,
     "kvw_prefill_rank_t": kvw_prefill_rank_t,
     "kvw_receiver_params_t": kvw_receiver_params_t,
 }
 
 LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+LOG_RECORD_FN = CFUNCTYPE(None, c_void_p, POINTER(kvw_log_record_t))
 NO_AUX = 0xFFFFFFFF
 
 # ------------------------------------------------------------ prototypes
@@ -328,6 +340,9 @@ OPTIONAL = {
     "kvw_sender_set_digest": (c_int, [c_void_p, c_uint64]),
     "kvw_receiver_landed": (c_int, [c_void_p]),
     "kvw_receiver_verify": (c_int, [c_void_p, c_uint64]),
+    # Metrics in the OpenMetrics text format; log records (1.5).
+    "kvw_engine_metrics_text": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "kvw_set_log_record_handler": (None, [LOG_RECORD_FN, c_void_p, c_int]),
 }
 # KVW_MAX_DECODE_RECEIVERS: the most decode receivers one fan-out sender serves.
 MAX_DECODE_RECEIVERS = 64

@@ -31,6 +31,9 @@ them to another request (release_kv_cache); the scenario then fills them
            poll (poll_and_all_reduce, a minimum) is Failed on this rank too
            while its own writes, delayed DELAY_MS, are on the wire; sglang
            then calls failure_exception() and frees the pages.
+  metrics  sglang runs with --enable-metrics (server_args.enable_metrics):
+           the request succeeds and both ranks' kvwire_* metrics are in
+           prometheus_client's registry, where sglang's /metrics reads.
 """
 import json
 import os
@@ -47,7 +50,7 @@ import numpy as np  # noqa: E402
 import sglang_ref  # noqa: E402
 
 SCENARIO = sys.argv[1]
-DELAY_MS = {"abort": 300, "timeout": 2500, "hang": 0, "other_rank": 300}[SCENARIO]
+DELAY_MS = {"abort": 300, "timeout": 2500, "hang": 0, "other_rank": 300, "metrics": 0}[SCENARIO]
 if SCENARIO == "timeout":
     os.environ["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] = "1"
 elif SCENARIO == "hang":
@@ -95,7 +98,23 @@ def manager(mode, dev, port, kv, aux):
     set_rank()
     sa = ServerArgs(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=port,
                     disaggregation_transfer_backend="kvwire", tp_size=1, dp_size=1)
+    sa.enable_metrics = SCENARIO == "metrics"  # sglang's --enable-metrics
     return Manager(a, mode, sa, True)  # MLA: one latent region per layer
+
+
+def scrape_requests():
+    """Each role's kvwire_requests_total{outcome="success"} in the default
+    registry's exposition, parsed with prometheus_client's parser."""
+    import prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = prometheus_client.generate_latest().decode()
+    found = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "kvwire_requests_total" and s.labels.get("outcome") == "success":
+                found[s.labels["role"]] = s.value
+    return found
 
 
 def wait(cond, secs, what):
@@ -150,6 +169,9 @@ def main():
             time.sleep(0.001)
         t_end = time.monotonic()
         out["poll"] = p
+        if SCENARIO == "metrics":
+            wait(lambda: s.poll() == KVPoll.Success, 20, "prefill Success")
+            out["kvwire_requests"] = scrape_requests()
         try:
             r.failure_exception()
         except Exception as e:

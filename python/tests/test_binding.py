@@ -16,7 +16,7 @@ def test_import_and_library():
     feats = kvwire.features()
     assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
                           "send_after", "state_lists", "receiver_ranks", "sender_fanout",
-                          "verify_digests"}
+                          "verify_digests", "metrics_text"}
     assert feats["state_lists"]
 
 

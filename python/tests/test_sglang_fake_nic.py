@@ -83,3 +83,13 @@ def test_failed_on_another_rank_waits_in_failure_exception():
     assert r["ms_to_end"] >= 200, r
     assert r["outstanding_at_end"] == 0, r
     assert r["reused_bytes_overwritten"] == 0, r
+
+
+def test_enable_metrics_registers_the_engines():
+    """sglang's --enable-metrics (server_args.enable_metrics): the backend
+    registers each rank's engine with prometheus_client (kvwire.metrics),
+    and after one transfer both roles count it."""
+    pytest.importorskip("prometheus_client")
+    r = run("metrics")
+    assert r["poll"] == 4, r  # Success
+    assert r["kvwire_requests"] == {"prefill": 1.0, "decode": 1.0}, r

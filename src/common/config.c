@@ -383,7 +383,9 @@ int kvw__config_devices(const char *list, char names[][KVW_CONFIG_DEVICE_NAME])
  * (scripts/check-config-doc.sh checks this list against the getenv() calls
  * in src/ and the doc's table). */
 static const char *const library_vars[] = {
+    "KVW_LOG_FILE",
     "KVW_LOG_LEVEL",
+    "KVW_LOG_SUBSYS",
     "KVW_SYSFS_ROOT",
 };
 

@@ -307,6 +307,7 @@ static bool grow_poll_set(poll_set_t *ps, int need)
 void *kvw__control_main(void *arg)
 {
     kvw_engine_t *e = arg;
+    kvw__log_set_engine(e->log_tag);
     poll_set_t ps = {0};
     uint64_t peers_due = 0;
     while (!atomic_load(&e->stop)) {

@@ -72,6 +72,7 @@ static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
 {
     if (!kvw__peer_transition(p, PEER_HELLO, PEER_LOOKUP))
         return;
+    atomic_fetch_add(&e->counters.reconnects, 1);
     KVW_INFO("prefill rank %u: %s; looking it up again at %s", p->rank, why, p->bootstrap_addr);
     close_monitor(p);
     zmq_close(p->sock);
@@ -111,8 +112,8 @@ static void send_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
     p->hello_retry_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.peer_timeout_ms);
     if (st)
         kvw__peer_kill(p, KVW_ERR_CONTROL, "cannot send handshake to %s", endpoint);
-    else
-        kvw__peer_transition(p, PEER_LOOKUP, PEER_HELLO);
+    else if (kvw__peer_transition(p, PEER_LOOKUP, PEER_HELLO))
+        KVW_DEBUG("HELLO sent to prefill rank %u at %s (%u QPs)", p->rank, endpoint, p->nlanes);
 }
 
 static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint)
@@ -204,6 +205,7 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     char why[KVW_WIRE_REASON_MAX] = "";
     kvw_status_t st = (kvw_status_t)m->status;
     if (st) {
+        atomic_fetch_add(&e->counters.handshakes_refused, 1);
         kvw__peer_kill(p, st, "prefill rank %u refused the handshake: %.100s", p->rank,
                        m->u.hello.reason[0] ? m->u.hello.reason : kvw_strerror(st));
         return;
@@ -235,6 +237,7 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     p->next_ping_ns = now + kvw__ms_ns(e->cfg.heartbeat_ms);
     if (!kvw__peer_transition(p, PEER_HELLO, PEER_CONNECTED))
         return; /* killed meanwhile: stays dead */
+    atomic_fetch_add(&e->counters.handshakes, 1);
     for (uint32_t i = 0; i < m->u.hello.num_qps; i++)
         if (out & 1u << i)
             kvw__rejoin_say_down(p, i); /* prefill fails it over before any write */
@@ -258,6 +261,10 @@ static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m
              r = r->next)
             ;
     if (r && r->peer == p && r->token == m->u.failed.token) {
+        KVW_DEBUG("room %llu: REQUEST_FAILED from prefill rank %u%s", (unsigned long long)r->room,
+                  p->rank, r->rx.aborting ? " (our abort confirmed)" : "");
+        atomic_fetch_add(
+            r->rx.aborting ? &e->counters.abort_confirms : &e->counters.requests_refused, 1);
         if (r->rx.aborting)
             kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
         else
@@ -519,6 +526,20 @@ static kvw_peer_t *find_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
     return NULL;
 }
 
+/* (lock) A connection to r's prefill rank that died and still holds its
+ * slot: a new one is a reconnect. */
+static bool had_peer_locked(kvw_engine_t *e, const kvw_req_t *r)
+{
+    uint32_t np = atomic_load(&e->num_peers);
+    for (uint32_t i = 0; i < np; i++) {
+        kvw_peer_t *p = kvw__peer_at(e, i);
+        if (p && p->rank == r->rx.prefill_rank && atomic_load(&p->killing) &&
+            strcmp(p->bootstrap_addr, r->rx.bootstrap_addr) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* (lock) Ask the control loop for a connection to r's prefill rank, made
  * after the lock is released (creating a QP is a verbs call). */
 static void want_peer_locked(kvw_engine_t *e, kvw_req_t *r)
@@ -569,6 +590,8 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
      * WaitingForInput on it, and whoever polls both sides must not then
      * see this one still waiting (the lock does not cover poll's read). */
     atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+    KVW_DEBUG("room %llu: Transferring: REQUEST to prefill rank %u (%u pages, token %u)",
+              (unsigned long long)r->room, r->rx.prefill_rank, m.u.request.num_pages, r->token);
     if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT)) {
         kvw__req_fail(r, KVW_ERR_CONTROL, "cannot send the request to prefill rank %u",
                       r->rx.prefill_rank);
@@ -585,9 +608,12 @@ static void send_abort_locked(kvw_req_t *r)
     const char *why = r->rx.aborting ? r->rx.abort_reason : r->fail_reason;
     kvw_status_t st = r->rx.aborting ? r->rx.abort_status : r->fail_status;
     kvw_msg_t m = kvw__failure_msg(KVW_MSG_ABORT, r->room, r->token, st, why);
-    if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT) == KVW_OK)
+    if (kvw__zsend(r->peer->sock, &m, ZMQ_DONTWAIT) == KVW_OK) {
         r->rx.abort_due = false;
-    else /* the socket's queue is full: try again shortly */
+        atomic_fetch_add(&r->engine->counters.aborts, 1);
+        KVW_DEBUG("room %llu: ABORT sent to prefill rank %u", (unsigned long long)r->room,
+                  r->peer->rank);
+    } else /* the socket's queue is full: try again shortly */
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(100));
 }
 
@@ -669,6 +695,8 @@ static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
     bool wanted =
         r->listed && !r->peer && (r->rx.abort_due || atomic_load(&r->state) != KVW_POLL_FAILED);
     kvw_peer_t *p = wanted ? find_peer_locked(e, r) : NULL;
+    if (wanted && !p && had_peer_locked(e, r))
+        atomic_fetch_add(&e->counters.reconnects, 1);
     if (p) { /* made for an earlier receiver of this round */
         kvw__req_attach_locked(r, p);
         kvw__req_touch_locked(r);

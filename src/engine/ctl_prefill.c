@@ -58,6 +58,7 @@ static kvw_peer_t *peer_by_identity(kvw_engine_t *e, const uint8_t *id, size_t l
 static void reject_hello(kvw_engine_t *e, const uint8_t *id, kvw_status_t st, const char *why)
 {
     KVW_ERROR("handshake from a decode engine rejected: %s", why);
+    atomic_fetch_add(&e->counters.handshakes_refused, 1);
     kvw_msg_t m = {.type = KVW_MSG_HELLO_ACK, .status = st};
     snprintf(m.u.hello.reason, sizeof(m.u.hello.reason), "%s", why);
     kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &m);
@@ -142,8 +143,12 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw_peer_t *old = peer_by_identity(e, id, KVW_IDENTITY_LEN, false);
     if (hello_resent(e, old, m))
         return;
-    if (old)
+    KVW_DEBUG("HELLO from decode engine %016llx (%u QPs offered)",
+              (unsigned long long)m->u.hello.engine_id, m->u.hello.num_qps);
+    if (old) {
+        atomic_fetch_add(&e->counters.reconnects, 1);
         kvw__peer_kill(old, KVW_ERR_PEER, "decode engine reconnected");
+    }
     kvw_peer_t *p = NULL;
     char why[KVW_WIRE_REASON_MAX] = "";
     /* Verbs calls (QP create and connect) happen before the lock. As many
@@ -187,6 +192,7 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw__peer_hello(p, KVW_MSG_HELLO_ACK, &ack);
     kvw__ctl_route(e, id, KVW_IDENTITY_LEN, &ack);
     kvw__wire_free(&ack);
+    atomic_fetch_add(&e->counters.handshakes, 1);
     KVW_INFO("decode engine %016llx connected as peer %u (%u QP%s, QPN %u -> %u, %u receive "
              "credits per QP)",
              (unsigned long long)m->u.hello.engine_id, p->index, lanes, lanes > 1 ? "s" : "",
@@ -385,6 +391,7 @@ static bool orphan_refused_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_
     if (!over_orphan_caps_locked(e, p, bytes, why, sizeof(why)))
         return false;
     send_failed(e, p, m->u.request.room, m->u.request.token, KVW_ERR_LIMIT, why);
+    atomic_fetch_add(&e->counters.requests_refused, 1);
     return true;
 }
 
@@ -412,6 +419,9 @@ static void count_orphan_locked(kvw_req_t *r)
     if (r->has_user || r->user_gone || r->orphan || !r->peer)
         return;
     r->orphan = true;
+    atomic_fetch_add(&r->engine->counters.orphans, 1);
+    KVW_DEBUG("room %llu: held for peer %u until a sender claims it", (unsigned long long)r->room,
+              r->peer->index);
     r->peer->orphans++;
     r->peer->orphan_bytes += r->tx.num_pages * sizeof(uint64_t);
 }
@@ -443,8 +453,10 @@ static bool request_target_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_
             KVW_WARN("room %llu: %s from peer %u refused%s%s", (unsigned long long)room,
                      resend ? "repeated request" : "request", p->index, st ? ": " : "",
                      st ? why : "");
-            if (st)
+            if (st) {
                 send_failed(e, p, room, m->u.request.token, st, why);
+                atomic_fetch_add(&e->counters.requests_refused, 1);
+            }
             return false;
         }
         return true;
@@ -480,9 +492,11 @@ static void on_request(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         pthread_mutex_unlock(&e->lock);
         KVW_WARN("room %llu: %s from peer %u refused", (unsigned long long)room,
                  resend ? "repeated request" : "second claim", p->index);
-        if (!resend)
+        if (!resend) {
             send_failed(e, p, room, m->u.request.token, KVW_ERR_EXISTS,
                         "the room is already claimed by another request");
+            atomic_fetch_add(&e->counters.requests_refused, 1);
+        }
         return;
     }
     if (!r && !(r = new_orphan_locked(e, p, m))) {
@@ -541,6 +555,8 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     uint64_t room = m->u.failed.room;
     char why[KVW_WIRE_REASON_MAX];
     snprintf(why, sizeof(why), "decode gave the room up: %.120s", m->u.failed.reason);
+    atomic_fetch_add(&e->counters.aborts, 1);
+    KVW_DEBUG("room %llu: ABORT from peer %u", (unsigned long long)room, p->index);
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
     if (r && r->tx.set) {
@@ -576,6 +592,7 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
      * request had already succeeded here. */
     r->tx.have_dst = true;
     r->tx.notify_failure = true;
+    r->tx.abort_heard = true;
     kvw__req_touch_locked(r);
     pthread_mutex_unlock(&e->lock);
     kvw__wake(e->poller_wake_fd); /* stop feeding it */
@@ -858,6 +875,9 @@ static void notify_failure_locked(kvw_engine_t *e, kvw_req_t *r)
     if (!r->tx.notify_failure || !r->tx.drained || !r->peer)
         return;
     r->tx.notify_failure = false;
+    if (r->tx.abort_heard)
+        atomic_fetch_add(&e->counters.abort_confirms, 1);
+    KVW_DEBUG("room %llu: decode told it failed (its writes drained)", (unsigned long long)r->room);
     if (atomic_load(&r->state) == KVW_POLL_FAILED)
         send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
     else /* succeeded before decode's abort arrived: every write has landed */
@@ -914,6 +934,7 @@ static void expire_orphan_locked(kvw_engine_t *e, kvw_req_t *r, uint64_t now)
 {
     kvw__req_fail(r, KVW_ERR_TIMEOUT, "prefill created no sender for this room within %u ms",
                   e->cfg.orphan_ttl_ms);
+    atomic_fetch_add(&e->counters.orphans_expired, 1);
     send_failed(e, r->peer, r->room, r->token, r->fail_status, r->fail_reason);
     kvw__req_unorphan_locked(r);
     free(r->tx.dst_pages); /* nothing will be written: only the failure is kept */

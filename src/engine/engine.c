@@ -437,6 +437,10 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     e->ops = e->role == KVW_ROLE_PREFILL ? &kvw__prefill_ops : &kvw__decode_ops;
     e->rank = p->engine_rank;
     e->id = random_id();
+    snprintf(e->log_tag, sizeof(e->log_tag), "%s r%u %016llx",
+             e->role == KVW_ROLE_PREFILL ? "prefill" : "decode", e->rank,
+             (unsigned long long)e->id);
+    kvw__log_set_engine(e->log_tag); /* until kvw_engine_create returns */
     snprintf(e->local_ip, sizeof(e->local_ip), "%s", p->local_ip);
     if (p->bootstrap_addr)
         snprintf(e->bootstrap_addr, sizeof(e->bootstrap_addr), "%s", p->bootstrap_addr);
@@ -482,10 +486,12 @@ kvw_status_t kvw_engine_create(const kvw_engine_params_t *in, kvw_engine_t **eng
     kvw_status_t st = init_engine(e, params);
     if (st) {
         kvw_engine_destroy(e);
+        kvw__log_set_engine(NULL);
         return st;
     }
     KVW_INFO("%s engine rank %u on %s (GID %d), control %s", e->role ? "decode" : "prefill",
              e->rank, e->dev->name, e->dev->gid_index, e->endpoint[0] ? e->endpoint : "-");
+    kvw__log_set_engine(NULL);
     *engine_p = e;
     return KVW_OK;
 }
@@ -502,6 +508,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
 {
     if (!e)
         return;
+    kvw__log_set_engine(e->log_tag); /* its lines while it ends; cleared below */
     atomic_store(&e->stop, true);
     kvw__stager_stop(e); /* it appends to requests and takes the lock */
     if (e->control_started) {
@@ -567,6 +574,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     pthread_mutex_destroy(&e->pass_lock);
     pthread_mutex_destroy(&e->event_lock);
     free(e);
+    kvw__log_set_engine(NULL);
 }
 
 const char *kvw_engine_device_name(const kvw_engine_t *e)

@@ -300,6 +300,7 @@ typedef struct kvw_req_tx {
     bool inited, have_dst;
     bool drained;                   /* no write of this request can still be in flight */
     bool notify_failure;            /* tell decode it failed, once drained */
+    bool abort_heard;               /* (lock) decode aborted it: the notice confirms that */
     _Atomic uint64_t first_post_ns; /* transfer clock: starts at the first post */
     _Atomic uint64_t done_ns;       /* its last write completed */
     size_t num_pages;               /* declared by init */
@@ -382,7 +383,7 @@ typedef struct kvw_req_rx {
     size_t npages, nstate;
     uint32_t *state_n;
     uint32_t aux;
-    uint64_t sent_ns;           /* (lock) REQUEST sent: decode's transfer clock */
+    _Atomic uint64_t sent_ns;   /* (lock) REQUEST sent: decode's transfer clock */
     _Atomic uint64_t landed_ns; /* the immediate arrived */
     uint32_t imms_landed;       /* (lock) final immediates arrived (one per lane used) */
     uint32_t imm_epoch;         /* (lock) the latest attempt whose immediates are counted */
@@ -465,6 +466,7 @@ struct kvw_req {
     /* Prefill: bytes posted (the poller writes, anyone reads); decode: the
      * bytes its indices ask for, set by init. */
     _Atomic uint64_t bytes_posted;
+    uint64_t created_ns; /* fixed at creation: the request latency's start */
 
     kvw_req_tx_t tx;       /* prefill */
     kvw_req_rx_t rx;       /* decode */
@@ -486,6 +488,17 @@ typedef struct kvw_role_ops {
 extern const kvw_role_ops_t kvw__prefill_ops; /* sender.c */
 extern const kvw_role_ops_t kvw__decode_ops;  /* receiver.c */
 
+/* Fixed log-scale latency buckets: bucket i counts values up to 2^(i+3)
+ * microseconds (8 us .. 2^24 us, about 16.8 s), the last one the rest.
+ * Atomics only: the poller adds without a lock or an allocation. */
+#define KVW_HIST_BUCKETS 22
+typedef struct kvw_hist {
+    _Atomic uint64_t bucket[KVW_HIST_BUCKETS + 1];
+    _Atomic uint64_t sum_ns;
+} kvw_hist_t;
+/* Failure causes counted: every kvw_status_t, by -status. */
+#define KVW_METRIC_CAUSES 32
+
 typedef struct kvw_engine_counters {
     _Atomic uint64_t bytes, wrs, chains, completions, wrs_completed, wrs_flushed, errors, ok,
         failed, sleeps, caller_passes;
@@ -504,6 +517,20 @@ typedef struct kvw_engine_counters {
     _Atomic uint64_t lanes_rejoined, lane_probes, lane_probes_failed, lane_probes_early;
     /* Requests asked about (REPLAY_ASK), and those decode had completed. */
     _Atomic uint64_t replay_asks, replay_done;
+    /* Metrics (metrics.c, kvw_engine_metrics_text): requests failed by
+     * cause (index -status), the bytes of requests by outcome, and the two
+     * latency histograms, all updated as a request ends. */
+    _Atomic uint64_t failed_by[KVW_METRIC_CAUSES];
+    _Atomic uint64_t bytes_ok, bytes_failed;
+    kvw_hist_t transfer_hist, request_hist;
+    /* Control plane: handshakes completed and refused (prefill: by us;
+     * decode: by prefill), requests refused (prefill: REQUEST_FAILED for a
+     * request it would not take; decode: prefill failed or refused one),
+     * reconnects, orphans held and expired, aborts (prefill: heard;
+     * decode: sent) and their confirmations (prefill: sent; decode:
+     * heard). */
+    _Atomic uint64_t handshakes, handshakes_refused, requests_refused, reconnects;
+    _Atomic uint64_t orphans, orphans_expired, aborts, abort_confirms;
 } kvw_engine_counters_t;
 
 struct kvw_engine {
@@ -511,6 +538,7 @@ struct kvw_engine {
     const kvw_role_ops_t *ops; /* the role's: kvw__prefill_ops or kvw__decode_ops */
     uint32_t rank;
     uint64_t id;
+    char log_tag[48]; /* "prefill r0 <id>": its threads' log lines name it */
     kvw_config_t cfg;
     char local_ip[64];
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
@@ -622,6 +650,10 @@ static inline const kvw_mr_t *kvw__rail_mrs(const kvw_engine_t *e, uint32_t r)
 {
     return e->mrs + (size_t)r * e->layout.num_regions;
 }
+
+/* metrics.c: count a request that just reached Success (ok) or Failed:
+ * its bytes, its cause, its latencies. Atomics only (any thread). */
+void kvw__metrics_request_ended(const kvw_req_t *r, bool ok);
 
 /* wake.c */
 void kvw__wake(int fd);

@@ -475,6 +475,8 @@ void kvw__lane_mark_down(kvw_peer_t *p, uint32_t lane, uint8_t why)
     atomic_store(&p->lanes[lane].down_why, why); /* before: the poller reads it after down_due */
     atomic_store(&p->lanes[lane].down_due, true);
     atomic_store(&p->lanes_down, true);
+    KVW_DEBUG_IN(KVW_SUB_RAIL, "connection %u: lane %u marked down (reason %u)", p->index, lane,
+                 (unsigned)why);
 }
 
 /* Lanes `out` may stay out of a new connection of n lanes (decode may

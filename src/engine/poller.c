@@ -1385,6 +1385,7 @@ static bool under_way(kvw_engine_t *e)
 void *kvw__poller_main(void *arg)
 {
     kvw_engine_t *e = arg;
+    kvw__log_set_engine(e->log_tag);
     uint64_t spin_ns = (uint64_t)e->cfg.poll_spin_us * 1000ull;
     uint64_t busy_ns = (uint64_t)e->cfg.poll_busy_us * 1000ull;
     uint64_t last_work = kvw__now_ns();
@@ -1433,7 +1434,9 @@ void kvw__poller_help(kvw_engine_t *e)
     if (atomic_load(&e->poller_sleeping) && !atomic_load(&e->stop) &&
         pthread_mutex_trylock(&e->pass_lock) == 0) {
         bool more = false;
+        const char *caller_tag = kvw__log_set_engine(e->log_tag); /* the pass's lines */
         run_once(e, e->cfg.chain_max, &more);
+        kvw__log_set_engine(caller_tag);
         pthread_mutex_unlock(&e->pass_lock);
         atomic_fetch_add_explicit(&e->counters.caller_passes, 1, memory_order_relaxed);
         if (more) /* the rest is the poller's */

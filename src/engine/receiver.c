@@ -234,9 +234,11 @@ kvw_status_t kvw_receiver_init_lists(kvw_receiver_t *rc, const kvw_indices_t *x,
     if (!rc || !x || (x->num_pages && !x->pages) || (x->num_state && !x->state) ||
         (num_lists && !lists))
         return KVW_ERR_INVALID;
-    if (rc->req.rx.set)
-        return kvw__rxset_init(rc->req.rx.set, x, lists, num_lists);
-    return kvw__receiver_init_one(&rc->req, x, lists, num_lists);
+    const char *caller_tag = kvw__log_set_engine(rc->req.engine->log_tag); /* its lines */
+    kvw_status_t st = rc->req.rx.set ? kvw__rxset_init(rc->req.rx.set, x, lists, num_lists)
+                                     : kvw__receiver_init_one(&rc->req, x, lists, num_lists);
+    kvw__log_set_engine(caller_tag);
+    return st;
 }
 
 kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,

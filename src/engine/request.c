@@ -31,6 +31,7 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     atomic_init(&r->refs, 1); /* the engine list's reference */
     r->tx.drained = true;     /* nothing posted yet */
     r->listed = true;
+    r->created_ns = kvw__now_ns();
     atomic_fetch_add_explicit(&e->counters.created, 1, memory_order_relaxed);
     kvw__room_insert_locked(e, r);
     kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
@@ -121,6 +122,7 @@ void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
         pthread_mutex_unlock(&r->engine->event_lock);
     if (failed) {
         atomic_fetch_add(&r->engine->counters.failed, 1);
+        kvw__metrics_request_ended(r, false);
         KVW_INFO("room %llu failed: %s: %s", (unsigned long long)r->room, kvw_strerror(st),
                  r->fail_reason);
     }
@@ -136,6 +138,8 @@ bool kvw__req_succeed(kvw_req_t *r)
     if (!atomic_compare_exchange_strong(&r->state, &s, KVW_POLL_SUCCESS))
         return false;
     atomic_fetch_add(&r->engine->counters.ok, 1);
+    kvw__metrics_request_ended(r, true);
+    KVW_DEBUG("room %llu: Success", (unsigned long long)r->room);
     return true;
 }
 

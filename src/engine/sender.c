@@ -172,6 +172,7 @@ static void hand_to_poller_locked(kvw_req_t *r)
         atomic_fetch_add(&r->refs, 1); /* the poller's, dropped when it retires r */
         r->tx.drained = false;
         atomic_store(&r->state, KVW_POLL_TRANSFERRING);
+        KVW_DEBUG("room %llu: Transferring", (unsigned long long)r->room);
         /* A watchdog, not the limit: the transfer clock starts at the
          * first post (first_post_ns), which the control thread checks. */
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.transfer_timeout_ms));
@@ -464,8 +465,11 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
     r->tx.have_dst = true;
     if (!r->tx.inited)
         r->tx.num_pages = n;
-    if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING)
+    if (atomic_load(&r->state) == KVW_POLL_BOOTSTRAPPING) {
         atomic_store(&r->state, KVW_POLL_WAITING_FOR_INPUT);
+        KVW_DEBUG("room %llu: WaitingForInput: decode's request (%u pages, token %u) from peer %u",
+                  (unsigned long long)r->room, n, r->token, peer->index);
+    }
     if (r->has_user)
         kvw__req_set_deadline_locked(r, 0); /* waiting for prefill's own compute has no limit */
     if (kvw__stager_on(r->engine))
@@ -521,9 +525,11 @@ kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_ind
 {
     if (!s)
         return KVW_ERR_INVALID;
-    if (s->req.tx.set)
-        return kvw__txset_init(s->req.tx.set, num_pages, aux_index);
-    return kvw__sender_init_one(&s->req, num_pages, aux_index);
+    const char *caller_tag = kvw__log_set_engine(s->req.engine->log_tag); /* its lines */
+    kvw_status_t st = s->req.tx.set ? kvw__txset_init(s->req.tx.set, num_pages, aux_index)
+                                    : kvw__sender_init_one(&s->req, num_pages, aux_index);
+    kvw__log_set_engine(caller_tag);
+    return st;
 }
 
 kvw_status_t kvw__sender_init_one(kvw_req_t *r, size_t num_pages, uint32_t aux_index)
@@ -696,9 +702,12 @@ kvw_status_t kvw_sender_send_part_after(kvw_sender_t *sender, const kvw_part_t *
 {
     if (!sender || !part || (part->num_pages && !part->pages))
         return KVW_ERR_INVALID;
-    if (sender->req.tx.set)
-        return kvw__txset_send_part(sender->req.tx.set, part, cuda_event);
-    return kvw__sender_send_part_one(&sender->req, part, cuda_event);
+    const char *caller_tag = kvw__log_set_engine(sender->req.engine->log_tag);
+    kvw_status_t st = sender->req.tx.set
+                          ? kvw__txset_send_part(sender->req.tx.set, part, cuda_event)
+                          : kvw__sender_send_part_one(&sender->req, part, cuda_event);
+    kvw__log_set_engine(caller_tag);
+    return st;
 }
 
 kvw_status_t kvw__sender_send_part_one(kvw_req_t *r, const kvw_part_t *part, void *cuda_event)
@@ -725,9 +734,11 @@ kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *pages, 
 {
     if (!sender || (n && !pages))
         return KVW_ERR_INVALID;
-    if (sender->req.tx.set)
-        return kvw__txset_send(sender->req.tx.set, pages, n, cuda_event);
-    return kvw__sender_send_one(&sender->req, pages, n, cuda_event);
+    const char *caller_tag = kvw__log_set_engine(sender->req.engine->log_tag);
+    kvw_status_t st = sender->req.tx.set ? kvw__txset_send(sender->req.tx.set, pages, n, cuda_event)
+                                         : kvw__sender_send_one(&sender->req, pages, n, cuda_event);
+    kvw__log_set_engine(caller_tag);
+    return st;
 }
 
 kvw_status_t kvw__sender_send_one(kvw_req_t *r, const uint64_t *pages, size_t n, void *cuda_event)
@@ -761,9 +772,12 @@ kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender, const uint64_t *s
 {
     if (!sender || (n && !state) || (num_lists && !lists))
         return KVW_ERR_INVALID;
-    if (sender->req.tx.set)
-        return kvw__txset_send_state(sender->req.tx.set, state, n, lists, num_lists);
-    return kvw__sender_send_state_one(&sender->req, state, n, lists, num_lists);
+    const char *caller_tag = kvw__log_set_engine(sender->req.engine->log_tag);
+    kvw_status_t st = sender->req.tx.set
+                          ? kvw__txset_send_state(sender->req.tx.set, state, n, lists, num_lists)
+                          : kvw__sender_send_state_one(&sender->req, state, n, lists, num_lists);
+    kvw__log_set_engine(caller_tag);
+    return st;
 }
 
 kvw_status_t kvw__sender_send_state_one(kvw_req_t *r, const uint64_t *state, size_t n,

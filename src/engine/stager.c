@@ -99,6 +99,7 @@ static void unref_list(kvw_req_t *r)
 static void *stager_main(void *arg)
 {
     kvw_stager_t *st = arg;
+    kvw__log_set_engine(st->e->log_tag);
     pthread_mutex_lock(&st->lock);
     while (!st->stop) {
         if (st->slots_freed) {

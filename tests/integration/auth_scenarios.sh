@@ -65,7 +65,7 @@ for case in none other; do
     pair "$key" "$dkey" $small --requests 1
     unset KVW_BOOTSTRAP_TIMEOUT_MS
     took=$(($(date +%s) - start))
-    grep -E 'FAILED|kvw-xfer|kvwire ERROR' "$work/d.log" | head -n 3 | sed 's/^/    decode| /'
+    grep -E 'FAILED|kvw-xfer|kvwire\[[0-9.]*\] ERROR' "$work/d.log" | head -n 3 | sed 's/^/    decode| /'
     grep -E 'prefill:' "$work/p.log" | sed 's/^/    prefill| /'
     echo "    both gave up after ${took} s"
     rc=1

@@ -32,7 +32,7 @@ scenario() {
     wait "$ppid" || rc=1
     sed 's/^/    prefill| /' "$work/prefill.log" | grep -v '^    prefill| room' || true
     for f in "$work"/decode*.log; do
-        grep -E 'FAILED|decode:|kvwire ERROR' "$f" | sed "s#^#    $(basename "$f" .log)| #"
+        grep -E 'FAILED|decode:|kvwire\[[0-9.]*\] ERROR' "$f" | sed "s#^#    $(basename "$f" .log)| #"
     done
     rm -f "$work"/decode*.log
     result "$name" $rc

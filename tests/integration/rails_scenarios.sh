@@ -30,7 +30,7 @@ rails() {
     rc=$?
     wait "$ppid" || rc=1
     sed 's/^/    prefill| /' "$work/rails-p.log" | grep -v '^    prefill| room' || true
-    grep -E 'FAILED|decode:|kvwire ERROR' "$work/rails-d.log" | sed 's/^/    decode| /'
+    grep -E 'FAILED|decode:|kvwire\[[0-9.]*\] ERROR' "$work/rails-d.log" | sed 's/^/    decode| /'
     used=$(grep -cE '^prefill: rail [01] .*: [1-9][0-9]* WRs' "$work/rails-p.log")
     if [ "$used" -ne 2 ]; then
         echo "    expected WRs on both rails, $used rail(s) carried some"

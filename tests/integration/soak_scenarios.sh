@@ -85,7 +85,7 @@ soak() {
     wait $dpid || rc=1
     wait $ppid || rc=1
     took=$(($(date +%s) - t0))
-    grep -E '^(decode|prefill):|kvwire ERROR|NOT AS EXPECTED' "$work/soak-d.log" "$work/soak-p.log" |
+    grep -E '^(decode|prefill):|kvwire\[[0-9.]*\] ERROR|NOT AS EXPECTED' "$work/soak-d.log" "$work/soak-p.log" |
         sed 's#^[^:]*/soak-\(.\)\.log:#    \1| #'
     # A room prefill failed though its decode engine was not killed: why.
     for r in $(sed -n 's/^room \([0-9]*\): NOT AS EXPECTED.*/\1/p' "$work/soak-p.log"); do

@@ -82,13 +82,40 @@ _log_lock = threading.Lock()
 
 def _route_logs() -> None:
     """libkvwire's log lines go to the logging logger "kvwire" (once per
-    process), unless KVWIRE_SGLANG_LOG=stderr keeps the library's default."""
+    process; the binding's default), unless KVWIRE_SGLANG_LOG=stderr writes
+    them to stderr as the C library does."""
     global _log_routed
     with _log_lock:
-        if _log_routed or os.environ.get("KVWIRE_SGLANG_LOG", "").lower() == "stderr":
+        if _log_routed:
             return
-        kvwire.log_to_python(logging.getLogger("kvwire"))
+        if os.environ.get("KVWIRE_SGLANG_LOG", "").lower() == "stderr":
+            kvwire.log_to_stderr()
+        else:
+            kvwire.log_to_python(logging.getLogger("kvwire"))
         _log_routed = True
+
+
+def _export_metrics(engine: kvwire.Engine) -> None:
+    """sglang's --enable-metrics: the engine's metrics (kvwire_*) join
+    sglang's /metrics through prometheus_client (kvwire.metrics; in the
+    multiprocess mode sglang runs it in, a thread mirrors them into
+    PROMETHEUS_MULTIPROC_DIR, which sglang's HTTP server reads)."""
+    try:
+        import kvwire.metrics
+
+        kvwire.metrics.register(engine)
+    except ImportError as e:
+        logger.warning("kvwire: metrics not exported (%s): install python3-prometheus-client", e)
+
+
+def _unexport_metrics(engine: kvwire.Engine) -> None:
+    """Before the engine closes: its last values written (multiprocess)."""
+    try:
+        import kvwire.metrics
+
+        kvwire.metrics.unregister(engine)
+    except ImportError:
+        pass
 
 
 def _rdma_ip(server_args: Any) -> str:
@@ -288,6 +315,9 @@ class KVWireKVManager(CommonKVManager):
         self._kvwire_args = (args, disaggregation_mode, bool(is_mla_backend))
         self._server_args_for_heads = server_args
         self.engine = self._make_engine()
+        self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
+        if self._metrics_on:
+            _export_metrics(self.engine)
         try:
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         except BaseException:
@@ -451,9 +481,7 @@ class KVWireKVManager(CommonKVManager):
             raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported "
                                "(its endpoint is registered with the bootstrap server)")
         self._closer.drain()
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        self._close_engine()
 
     def register_buffer_to_engine(self) -> None:
         """Decode resuming (resume_memory_occupation): a new kvwire engine
@@ -462,12 +490,20 @@ class KVWireKVManager(CommonKVManager):
             raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported")
         if self.engine is None:
             self.engine = self._make_engine()
+            if self._metrics_on:
+                _export_metrics(self.engine)
 
     def close(self) -> None:
         self._closer.drain()
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        if self.engine is None:
+            return
+        if getattr(self, "_metrics_on", False):
+            _unexport_metrics(self.engine)
+        self.engine.close()
+        self.engine = None
 
     def where(self) -> str:
         return (f"{self.disaggregation_mode.value} attn tp rank {self.attn_tp_rank}/"
