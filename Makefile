@@ -98,7 +98,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit tools-check man abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
+.PHONY: all deps check doc-check unit tools-check man abi-check abi-update python-test python-fake-nic integration compat-prev tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -246,7 +246,13 @@ tsan: $(TSAN_TESTS)
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
-integration: $(INTEG) $(TOOLS) $(TEST_TOOLS) $(EXAMPLES) $(SHARED)
+# The previous minor release's kvw-xfer, built from this repository's own
+# history on the host (a shallow clone fails here, saying so), for
+# tests/integration/compat_scenarios.sh.
+compat-prev:
+	scripts/build-prev-release.sh $(BUILD)
+
+integration: $(INTEG) $(TOOLS) $(TEST_TOOLS) $(EXAMPLES) $(SHARED) compat-prev
 	tests/tools/kvw-testbed --devices 4 --timeout $${KVW_TESTBED_TIMEOUT:-3000} -- tests/integration/run-all.sh $(BUILD)
 
 # Two decode processes streaming back-to-back 12.6 MB requests from one
