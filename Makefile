@@ -207,7 +207,9 @@ unit: $(UNIT) abi-check
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
 
 # The public ABI's layout (every public struct's size and member offsets,
-# enum values, the version) against the record in tests/abi/kvwire-abi.txt:
+# enum values, the version) against the record in tests/abi/kvwire-abi.txt,
+# and each public function's symbol version against the release that added
+# it (tests/abi/kvwire-symbols.txt, check_symbols.py):
 # a change fails, saying which version bump it needs (docs/api-policy.md);
 # after the bump, `make abi-update` rewrites the record.
 # The dump program is generated from the header (tests/abi/gen_abi_dump.py),
@@ -217,8 +219,9 @@ $(ABI_DUMP): tests/abi/gen_abi_dump.py include/kvwire.h
 	$(PYTHON) tests/abi/gen_abi_dump.py '$(CC)' include $@.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-missing-prototypes $@.c -o $@
 
-abi-check: $(ABI_DUMP)
+abi-check: $(ABI_DUMP) $(SHARED)
 	$(PYTHON) tests/abi/check_abi.py $(ABI_DUMP) $(ABI_RECORD)
+	$(PYTHON) tests/abi/check_symbols.py $(SHARED) tests/abi/kvwire-symbols.txt include/kvwire.h
 
 abi-update: $(ABI_DUMP)
 	$(ABI_DUMP) > $(ABI_RECORD)
