@@ -417,6 +417,14 @@ static int parse_offer_text(kvw_msg_t *m, char *reason, size_t rsize)
         return -1;
     }
     m->u.hello.offer = (kvw_wire_offer_t){(uint16_t)lo, (uint16_t)hi, caps};
+    /* Only the one spelling hello_reason() writes: the message must encode
+     * back to the same bytes. */
+    char canonical[KVW_WIRE_REASON_MAX];
+    if (strcmp(hello_reason(m, canonical), m->u.hello.reason) != 0) {
+        fail(reason, rsize, "%s: wire offer \"%.60s\" not in its one spelling",
+             kvw__wire_type_name(m->type), m->u.hello.reason);
+        return -1;
+    }
     m->u.hello.reason[0] = '\0'; /* it was no reason */
     return 0;
 }

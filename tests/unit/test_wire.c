@@ -1234,6 +1234,7 @@ static void test_hello_offer_as_text(void **state)
         "kvwire-offer 11..x caps 0x1",     "kvwire-offer 11..12 caps 0x1 and more",
         "kvwire-offer 12..13 caps 0x1",    "kvwire-offer 9..10 caps 0x0",
         "kvwire-offer 11..70000 caps 0x0", "kvwire-offer ",
+        "kvwire-offer 11..12 caps 0xf",    "kvwire-offer 011..12 caps 0x0000000f",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(plain.u.hello.reason, sizeof(plain.u.hello.reason), "%s", bad[i]);
