@@ -219,9 +219,22 @@ $(ABI_DUMP): tests/abi/gen_abi_dump.py include/kvwire.h
 	$(PYTHON) tests/abi/gen_abi_dump.py '$(CC)' include $@.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-missing-prototypes $@.c -o $@
 
-abi-check: $(ABI_DUMP) $(SHARED)
+abi-check: $(ABI_DUMP) $(SHARED) $(BUILD)/abi/old_node_test
 	$(PYTHON) tests/abi/check_abi.py $(ABI_DUMP) $(ABI_RECORD)
 	$(PYTHON) tests/abi/check_symbols.py $(SHARED) tests/abi/kvwire-symbols.txt include/kvwire.h
+	LD_LIBRARY_PATH=$(BUILD) $(BUILD)/abi/old_node_test
+
+# A program linked as those built against 1.1 .. 1.4 were (their map put
+# every function in KVWIRE_1.0; those releases had no aliases), run on
+# today's library by abi-check.
+$(BUILD)/abi/old/libkvwire.so.$(SONAME_MAJOR): $(LIB_OBJS) tests/abi/kvwire-1.0-pattern.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libkvwire.so.$(SONAME_MAJOR) \
+	    -Wl,--version-script=tests/abi/kvwire-1.0-pattern.map \
+	    $(filter-out %/symver.o,$(LIB_OBJS)) -o $@ $(LDLIBS)
+
+$(BUILD)/abi/old_node_test: tests/abi/old_node_test.c $(BUILD)/abi/old/libkvwire.so.$(SONAME_MAJOR)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/abi/old/libkvwire.so.$(SONAME_MAJOR) $(LDLIBS)
 
 abi-update: $(ABI_DUMP)
 	$(ABI_DUMP) > $(ABI_RECORD)
