@@ -135,9 +135,15 @@ static void test_no_overlap_refused(void **state)
     assert_receiver_failed(&pr, KVW_ERR_MISMATCH,
                            "no common wire version: prefill speaks 12..12, decode 11..11");
     pair_destroy_room(&pr);
-    kvw_counters_t c;
-    kvw_engine_counters(pair.prefill, &c);
+    /* Counted as refused on both sides, nothing transferred. */
+    kvw_counters_t c = {0};
+    assert_int_equal(kvw_engine_counters_ex(pair.prefill, &c, sizeof(c)), KVW_OK);
     assert_int_equal(c.requests_ok, 0);
+    assert_int_equal(c.handshakes, 0);
+    assert_true(c.handshakes_refused >= 1);
+    assert_int_equal(kvw_engine_counters_ex(pair.decode, &c, sizeof(c)), KVW_OK);
+    assert_int_equal(c.handshakes, 0);
+    assert_true(c.handshakes_refused >= 1);
 }
 
 static void test_no_overlap_refused_decode_newer(void **state)

@@ -1285,6 +1285,22 @@ static void test_wire_agree(void **state)
     assert_int_equal(got.max, 0);
 }
 
+/* A REQUEST may use only the capabilities its connection agreed on. */
+static void test_request_lacks(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_request();
+    assert_null(kvw__wire_request_lacks(&m, 0));
+    m.u.request.heads_flags = KVW_WIRE_REQ_VERIFY;
+    assert_null(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_ALL));
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_ALL & ~KVW_WIRE_CAP_VERIFY),
+                        "verify");
+    m.u.request.heads_flags = KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_LANDING;
+    assert_null(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_HEADS | KVW_WIRE_CAP_LANDING));
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_HEADS), "landing buffer");
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_LANDING), "head slicing");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1313,6 +1329,7 @@ int main(void)
         cmocka_unit_test(test_hello_offer_v12),
         cmocka_unit_test(test_hello_offer_as_text),
         cmocka_unit_test(test_wire_agree),
+        cmocka_unit_test(test_request_lacks),
         /* Last: until the use-after-free in decode_hello's region check is
          * fixed, ASan aborts the process here. */
         cmocka_unit_test(test_reject_bad_region),
