@@ -196,6 +196,7 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     const kvw_layout_t *l = &e->layout;
     memset(m, 0, sizeof(*m));
     m->type = type;
+    hello_offer(p, m);
     /* Prefill's engine id is what its bootstrap registration is owned by
      * (renewal and unregistering): it stays between prefill and the
      * service, never handed to a decode peer. */
@@ -234,7 +235,6 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
         for (uint32_t r = 1; target && r < e->nrails; r++)
             g->rail_rkeys[r - 1] = kvw__rail_mrs(e, r)[i].rkey;
     }
-    hello_offer(p, m);
 }
 
 /* The routes of p's lanes connected by a HELLO of the peer (the first
