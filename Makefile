@@ -26,6 +26,15 @@ CPPFLAGS  += -D_GNU_SOURCE -Iinclude -Isrc
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 $(WARN) -fPIC -fvisibility=hidden -pthread
 LDLIBS    := -libverbs -lrdmacm -lzmq -ldl -pthread
+# The etcd registry (src/ctrl/registry_etcd.c, KVW_REGISTRY=etcd://...):
+# built when libcurl and json-c are there (ETCD=1 insists, ETCD=0 leaves
+# it out: the library then links nothing new and refuses KVW_REGISTRY).
+ETCD      ?= $(shell pkg-config --exists libcurl json-c 2>/dev/null && echo 1 || echo 0)
+ifeq ($(ETCD),1)
+CPPFLAGS  += -DKVW_HAVE_ETCD $(shell pkg-config --cflags libcurl json-c)
+LDLIBS    += $(shell pkg-config --libs libcurl json-c)
+ETCD_PC_REQUIRES := libcurl json-c
+endif
 SAN       := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 LIB_SRCS  := $(sort $(wildcard src/*/*.c))
@@ -68,7 +77,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install clean format \
+.PHONY: all deps check doc-check unit etcd-check abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -106,7 +115,7 @@ $(FAKE_NIC_LIB): python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c \
 
 # The prefix is baked in, so install regenerates it for its own PREFIX.
 define write_pc
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvwire\nDescription: KV cache transfer over RDMA\nVersion: %s\nRequires.private: libibverbs librdmacm libzmq\nLibs: -L$${libdir} -lkvwire\nLibs.private: -ldl -pthread\nCflags: -I$${includedir}\n' \
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvwire\nDescription: KV cache transfer over RDMA\nVersion: %s\nRequires.private: libibverbs librdmacm libzmq $(ETCD_PC_REQUIRES)\nLibs: -L$${libdir} -lkvwire\nLibs.private: -ldl -pthread\nCflags: -I$${includedir}\n' \
 	    '$(1)' '$(VERSION)' > $(2)
 endef
 
@@ -146,6 +155,22 @@ $(BUILD)/integration/%: tests/integration/%.c $(STATIC) $(TEST_SUPPORT_SRCS)
 # The rxe build of the layout tests is the unit test's file (#include).
 $(BUILD)/integration/layouts_test: tests/unit/test_layouts.c
 
+# The etcd registry's tests (ASan + UBSan, fake NIC) against a real etcd
+# cluster that tests/etcd/run.sh starts; only with the etcd backend built.
+$(BUILD)/etcd/test_etcd: tests/etcd/test_etcd.c $(SAN_OBJS) $(TEST_SUPPORT_SRCS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(SAN) $< $(TEST_SUPPORT_SRCS) $(SAN_OBJS) \
+	    -o $@ $(LDLIBS) -lcmocka -lm
+
+ifeq ($(ETCD),1)
+etcd-check: $(BUILD)/etcd/test_etcd
+	tests/etcd/run.sh $(BUILD)
+else
+etcd-check:
+	@echo "etcd-check: skipped: kvwire is built without the etcd registry (ETCD=0; it needs" \
+	    "libcurl4-openssl-dev and libjson-c-dev, scripts/install-deps.sh)"
+endif
+
 $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(TSAN) $< $(TEST_SUPPORT_SRCS) $(TSAN_OBJS) \
@@ -154,6 +179,7 @@ $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 check: deps all
 	@$(MAKE) --no-print-directory doc-check
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory etcd-check
 	@$(MAKE) --no-print-directory gpu-check
 	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory fuzz-short
