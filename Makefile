@@ -35,6 +35,13 @@ CPPFLAGS  += -DKVW_HAVE_ETCD $(shell pkg-config --cflags libcurl json-c)
 LDLIBS    += $(shell pkg-config --libs libcurl json-c)
 ETCD_PC_REQUIRES := libcurl json-c
 endif
+# Only registry_etcd.c reads KVW_HAVE_ETCD: its objects are rebuilt when
+# ETCD changes (a build dir made before libcurl was installed, say).
+ETCD_STAMP := $(BUILD)/etcd-$(ETCD).stamp
+$(ETCD_STAMP):
+	@mkdir -p $(dir $@)
+	@rm -f $(BUILD)/etcd-*.stamp
+	@touch $@
 SAN       := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 LIB_SRCS  := $(sort $(wildcard src/*/*.c))
@@ -154,6 +161,8 @@ $(BUILD)/integration/%: tests/integration/%.c $(STATIC) $(TEST_SUPPORT_SRCS)
 
 # The rxe build of the layout tests is the unit test's file (#include).
 $(BUILD)/integration/layouts_test: tests/unit/test_layouts.c
+
+$(foreach d,obj san tsan fuzz/obj,$(BUILD)/$(d)/src/ctrl/registry_etcd.o): $(ETCD_STAMP)
 
 # The etcd registry's tests (ASan + UBSan, fake NIC) against a real etcd
 # cluster that tests/etcd/run.sh starts; only with the etcd backend built.

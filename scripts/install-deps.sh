@@ -30,6 +30,9 @@ BUILD_PKGS=(
     # the sglang backend's tests run sglang's own connection code (the
     # pinned reference snapshot): torch (CPU), ZeroMQ, requests, aiohttp
     python3-torch python3-zmq python3-requests python3-aiohttp
+    # the etcd registry (KVW_REGISTRY=etcd://..., built when libcurl and
+    # json-c are there) and its tests' etcd cluster (make etcd-check)
+    libcurl4-openssl-dev libjson-c-dev etcd-server etcd-client
 )
 # Fuzzing (make fuzz, make fuzz-short in make check): clang and libFuzzer.
 # The runtime clang links with -fsanitize=fuzzer (libclang_rt.fuzzer) is

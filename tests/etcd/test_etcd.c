@@ -129,23 +129,6 @@ static bool wait_rank0(kvw_engine_t *decode, const char *want, int ms)
 
 /* ----------------------------------------------------------- scenarios */
 
-static void test_malformed_registry_refused(void **state)
-{
-    (void)state;
-    static const char *const bad[] = {"etcd://",      "etcd:///p",         "etcd://host",
-                                      "etcd://h:p",   "etcd://h:1,",       "zk://h:1",
-                                      "etcd://u@h:1", "etcd://h:1/pre fix"};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        kvw_registry_t *r = (kvw_registry_t *)1;
-        assert_int_equal(kvw__registry_open(bad[i], &r), KVW_ERR_INVALID);
-        assert_null(r);
-    }
-    kvw_registry_t *r;
-    assert_int_equal(kvw__registry_open("etcd://u:pw@h1:1,[::1]:2/a/b/", &r), KVW_OK);
-    assert_string_equal(kvw__registry_name(r), "etcd://(user)@h1:1,[::1]:2/a/b");
-    kvw__registry_close(r, false);
-}
-
 /* Ranks found through etcd: transfers land, and the endpoint decode read is
  * prefill's. */
 static void test_transfer_through_etcd(void **state)
@@ -414,7 +397,6 @@ int main(int argc, char **argv)
     snprintf(endpoints, sizeof(endpoints), "%s", eps);
     kvw_set_log_handler(log_handler, NULL, KVW_LOG_WARN);
     const struct CMUnitTest cluster_tests[] = {
-        cmocka_unit_test(test_malformed_registry_refused),
         cmocka_unit_test(test_transfer_through_etcd),
         cmocka_unit_test(test_follower_killed_mid_run),
         cmocka_unit_test(test_leader_killed_mid_run),
