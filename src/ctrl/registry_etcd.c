@@ -940,8 +940,11 @@ static void log_unreachable(const kvw_registry_t *r, const char *what, uint32_t 
 kvw_status_t kvw__registry_register(kvw_registry_t *r, uint32_t rank, const char *endpoint,
                                     uint64_t engine_id, uint32_t lease_ms, uint32_t timeout_ms)
 {
-    if (rank >= MAX_RANKS || strlen(endpoint) >= sizeof(r->endpoint))
+    if (rank >= MAX_RANKS || strlen(endpoint) >= sizeof(r->endpoint)) {
+        KVW_ERROR("etcd registry %s: cannot register rank %u: ranks are 0..%d", r->name, rank,
+                  MAX_RANKS - 1);
         return KVW_ERR_OUT_OF_RANGE;
+    }
     r->rank = rank;
     r->engine_id = engine_id;
     snprintf(r->endpoint, sizeof(r->endpoint), "%s", endpoint);
