@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # kvwire build. `make` builds the libraries, tools, examples and tests;
 # `make check` runs the configuration doc check, unit tests (ASan+UBSan,
-# host), a short deterministic fuzz pass,
+# host), the etcd registry against a real etcd cluster (tests/etcd), a
+# short deterministic fuzz pass,
 # ThreadSanitizer and integration tests (real rxe, in the test bed); `make
 # fuzz` fuzzes for longer; `make demo` runs the main job; `make bench` the
 # benchmarks.
@@ -262,6 +263,9 @@ bench: deps all
 	-$(BUILD)/kvw-wrcost --rate >$(BUILD)/nullrate.txt
 	-$(BUILD)/kvw-wrcost >$(BUILD)/wrcost.txt 2>&1
 	-$(BUILD)/kvw-heads --contig 4
+ifeq ($(ETCD),1)
+	tests/etcd/storm.sh $(BUILD)
+endif
 	tests/tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- \
 	    bench/bench.sh $(BUILD)
 

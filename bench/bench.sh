@@ -402,8 +402,11 @@ case " $sizes " in *" storm "*)
     if [ -e "$build/etcd-1.stamp" ]; then
         echo "== storm through etcd: the same, ranks from a three-member etcd cluster on loopback"
         if eps=$(tests/etcd/etcd-cluster.sh start "$work/etcd"); then
-            KVW_REGISTRY="etcd://$eps/storm" "$build/kvw-storm" --dev0 "$dev" --ip0 "$ip" \
-                --dev1 "${KVW_TB_DEV1:-$dev}" --ip1 "${KVW_TB_IP1:-$ip}" --engines "$n" ||
+            # Each engine's registry holds a few descriptors more (its watch,
+            # curl's wake-up pair): N engines in one process need more than 1024.
+            (ulimit -n 8192 2>/dev/null || true
+             KVW_REGISTRY="etcd://$eps/storm" exec "$build/kvw-storm" --dev0 "$dev" --ip0 "$ip" \
+                --dev1 "${KVW_TB_DEV1:-$dev}" --ip1 "${KVW_TB_IP1:-$ip}" --engines "$n") ||
                 fails=$((fails + 1))
             tests/etcd/etcd-cluster.sh stop "$work/etcd"
         else

@@ -416,6 +416,9 @@ static outcome_t post_once(kvw_registry_t *r, unsigned member, const char *path,
     set_request(r->easy, url, body, hdr, (long)r->request_ms);
     curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, append);
     curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, &ans);
+    /* Decode calls rarely (its watch carries the news): no idle connection
+     * kept open per engine. Prefill's keepalives reuse theirs. */
+    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE, r->ranks ? 1L : 0L);
     CURLcode res = perform(r, r->easy);
     long code = 0;
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
