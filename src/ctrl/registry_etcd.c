@@ -1015,7 +1015,7 @@ kvw_status_t kvw__registry_lookup(kvw_registry_t *r, uint32_t rank, char *endpoi
         return KVW_ERR_NOT_FOUND;
     char bad[160];
     if (!kvw__registry_endpoint_ok(e.value, e.len, bad, sizeof(bad)) || e.len >= endpoint_size) {
-        snprintf(why, why_size, "etcd %s gave rank %u %s", r->name, rank, bad);
+        snprintf(why, why_size, "%s gave rank %u %s", r->name, rank, bad);
         return KVW_ERR_PROTOCOL;
     }
     memcpy(endpoint, e.value, e.len + 1);

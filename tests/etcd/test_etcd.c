@@ -309,6 +309,67 @@ static void test_crashed_prefill_replaced_at_once(void **state)
     pair_close(&p);
 }
 
+/* etcdctl put KEY VALUE; value is shell text (it may use printf). */
+static void etcd_put(const char *key, const char *value)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "ETCDCTL_API=3 etcdctl --endpoints %s put -- '%s' \"%s\" >/dev/null",
+             endpoints, key, value);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A receiver for rank on d: Failed with want, its reason holding text. */
+static void assert_rank_refused(kvw_engine_t *d, uint32_t rank, kvw_status_t want, const char *text)
+{
+    kvw_receiver_t *r;
+    uint64_t dst[1] = {0};
+    assert_int_equal(kvw_receiver_create(d, NOWHERE, rank, 100 + rank, &r), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, dst, 1, KVW_NO_AUX), KVW_OK);
+    uint64_t t0 = pair_now_ms();
+    while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() - t0 < 2 * WAIT_MS)
+        pair_sleep_ms(5);
+    const char *why = "";
+    assert_int_equal(kvw_receiver_failure(r, &why), want);
+    fprintf(stderr, "  rank %u: %s\n", rank, why);
+    assert_non_null(strstr(why, text));
+    kvw_receiver_destroy(r);
+}
+
+/* Whoever can write the prefix can put anything there: what decode reads
+ * is checked as a bootstrap answer is (tcp:// only, printable, fits), and
+ * keys that are not PREFIX/rank/N are ignored. The good rank still works. */
+static void test_bad_values_refused(void **state)
+{
+    (void)state;
+    engine_pair_t p;
+    kvw_config_t c;
+    etcd_config(&c);
+    set_registry("bad", NULL);
+    assert_int_equal(pair_open(&p, &c), KVW_OK);
+    etcd_put("/bad/rank/1", "ipc:///tmp/kvw.sock");
+    etcd_put("/bad/rank/2", "tcp://$(printf '%0200d' 1):5");
+    etcd_put("/bad/rank/3", "$(printf 'tcp://127.0.0.1:5\\001')");
+    etcd_put("/bad/rank/01", "tcp://127.0.0.1:1");
+    etcd_put("/bad/rank/x", "tcp://127.0.0.1:1");
+    etcd_put("/bad/rank/99999", "tcp://127.0.0.1:1");
+    etcd_put("/bad/other", "tcp://127.0.0.1:1");
+    uint64_t t0 = pair_now_ms();
+    char ep[KVW_WIRE_ENDPOINT_MAX], why[256];
+    while (kvw__registry_lookup(p.decode->registry, 3, ep, sizeof(ep), why, sizeof(why)) ==
+               KVW_ERR_NOT_FOUND &&
+           pair_now_ms() - t0 < WAIT_MS)
+        pair_sleep_ms(10); /* the watch brings them */
+    assert_rank_refused(p.decode, 1, KVW_ERR_PROTOCOL, "not tcp://");
+    assert_rank_refused(p.decode, 2, KVW_ERR_PROTOCOL, "an endpoint of 208 bytes");
+    assert_rank_refused(p.decode, 3, KVW_ERR_PROTOCOL, "a byte 0x01");
+    for (uint32_t rank = 4; rank < 6; rank++) /* the ignored keys registered nothing */
+        assert_int_equal(
+            kvw__registry_lookup(p.decode->registry, rank, ep, sizeof(ep), why, sizeof(why)),
+            KVW_ERR_NOT_FOUND);
+    land_room(&p, p.decode, 1, 0);
+    pair_close(&p);
+}
+
 /* No member answers: creation fails with a clear error within about its
  * bootstrap timeout. */
 static void test_unreachable_at_start(void **state)
@@ -403,6 +464,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_prefill_killed),
         cmocka_unit_test(test_prefill_restarted_on_new_port),
         cmocka_unit_test(test_crashed_prefill_replaced_at_once),
+        cmocka_unit_test(test_bad_values_refused),
         cmocka_unit_test(test_unreachable_at_start),
     };
     const struct CMUnitTest auth_tests[] = {
