@@ -477,8 +477,11 @@ static kvw_status_t call(kvw_registry_t *r, const char *path, json_object *req, 
             oc = authenticate(r, m);
         if (oc == ANSWERED)
             oc = post_once(r, m, path, body, out);
-        if (oc == UNAUTHENTICATED && r->user[0] && authenticate(r, m) == ANSWERED)
-            oc = post_once(r, m, path, body, out); /* the token had expired */
+        if (oc == UNAUTHENTICATED && r->user[0]) { /* the token expired */
+            KVW_DEBUG("etcd registry %s: %s; logging in again", r->name, r->why);
+            if (authenticate(r, m) == ANSWERED)
+                oc = post_once(r, m, path, body, out);
+        }
         if (oc == ANSWERED) {
             r->current = m;
             return KVW_OK;

@@ -41,7 +41,7 @@ enum {
 #define NOWHERE "127.0.0.1:9" /* no bootstrap service: lookups must go to etcd */
 
 static char endpoints[512];
-static atomic_int errors_logged;
+static atomic_int errors_logged, relogins;
 static char last_error[512];
 
 static void log_handler(void *arg, kvw_log_level_t level, const char *msg)
@@ -51,6 +51,8 @@ static void log_handler(void *arg, kvw_log_level_t level, const char *msg)
         atomic_fetch_add(&errors_logged, 1);
         snprintf(last_error, sizeof(last_error), "%s", msg);
     }
+    if (strstr(msg, "logging in again"))
+        atomic_fetch_add(&relogins, 1);
     if (level <= KVW_LOG_WARN)
         fprintf(stderr, "  [log] %s\n", msg);
 }
@@ -402,6 +404,31 @@ static void test_auth_user_and_password(void **state)
     assert_int_equal(pair_open(&p, &c), KVW_OK);
     assert_rank0_is(p.decode, p.prefill);
     land_room(&p, p.decode, 1, 0);
+    /* The cluster's tokens last 1 s (etcd-cluster.sh), so they have
+     * expired when decode's watch ends (each member killed in turn, so one
+     * of them held it) and decode reads the ranks again: it is refused
+     * (HTTP 401), logs in again and goes on. */
+    int before = atomic_load(&relogins);
+    for (int m = 0; m < 3; m++) {
+        char cmd[32];
+        pair_sleep_ms(1500);
+        snprintf(cmd, sizeof(cmd), "kill-member %d", m);
+        cluster(cmd);
+        pair_sleep_ms(1000);
+        cluster("revive");
+    }
+    pair_sleep_ms(1500);
+    fprintf(stderr, "  logged in again %d times\n", atomic_load(&relogins) - before);
+    assert_true(atomic_load(&relogins) > before);
+    int errors = atomic_load(&errors_logged);
+    assert_rank0_is(p.decode, p.prefill);
+    kvw_engine_t *late = NULL;
+    assert_int_equal(pair_add_decode(&p, &late), KVW_OK);
+    assert_rank0_is(late, p.prefill);
+    land_room(&p, late, 2, 1);
+    land_room(&p, p.decode, 3, 0);
+    kvw_engine_destroy(late);
+    assert_int_equal(atomic_load(&errors_logged), errors);
     pair_close(&p);
 }
 
@@ -456,7 +483,7 @@ int main(int argc, char **argv)
         return 2;
     }
     snprintf(endpoints, sizeof(endpoints), "%s", eps);
-    kvw_set_log_handler(log_handler, NULL, KVW_LOG_WARN);
+    kvw_set_log_handler(log_handler, NULL, KVW_LOG_DEBUG); /* counts re-logins */
     const struct CMUnitTest cluster_tests[] = {
         cmocka_unit_test(test_transfer_through_etcd),
         cmocka_unit_test(test_follower_killed_mid_run),
