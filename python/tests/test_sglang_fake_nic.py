@@ -83,3 +83,52 @@ def test_failed_on_another_rank_waits_in_failure_exception():
     assert r["ms_to_end"] >= 200, r
     assert r["outstanding_at_end"] == 0, r
     assert r["reused_bytes_overwritten"] == 0, r
+
+
+def run_layout(scenario):
+    env = dict(os.environ, KVWIRE_LIB=LIB)
+    env.pop("SGLANG_PP_LAYER_PARTITION", None)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "sglang_fake_nic_layouts.py"),
+                        scenario], env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+SUCCESS = 4
+
+
+def test_decode_prefix_reuse_sends_only_the_pages_decode_lacks():
+    """decode_prefix_len = 2 of 6 pages: decode asks for the other 4, prefill
+    (which hands over all 6, sglang's pop_decode_prefix_len() being 0 under
+    kvwire) writes exactly those: every byte of the 4 equals prefill's last 4
+    pages, decode's 2 prefix pages are never written, the metadata arrives."""
+    r = run_layout("prefix")
+    assert r["decode_polls"] == [SUCCESS] and r["prefill_end"] == [SUCCESS], r
+    assert r["popped_prefix_len"] == [0], r
+    assert r["bytes_checked"] == 4 * 2 * 6 * 256 and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1000], r
+
+
+def test_pp2_prefill_to_pp1_decode_gathers_every_stage():
+    """Prefill PP 2 (layers 0-1 and 2-3), decode PP 1: decode gathers both
+    stages' layers (sglang's target_pp_ranks), each into the layers of its
+    stage; the metadata comes from the last stage (1001), not stage 0."""
+    r = run_layout("pp21")
+    assert r["decode_polls"] == [SUCCESS] and r["prefill_end"] == [SUCCESS] * 2, r
+    assert r["bytes_checked"] == 4 * 2 * 6 * 256 and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1001], r
+
+
+def test_pp2_prefill_to_pp2_decode_stage_to_stage():
+    r = run_layout("pp22")
+    assert r["decode_polls"] == [SUCCESS] * 2 and r["prefill_end"] == [SUCCESS] * 2, r
+    assert r["bytes_checked"] == 4 * 2 * 6 * 256 and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1000, 1001], r
+
+
+def test_pp_gather_with_different_tp_sizes_is_refused_with_the_sizes():
+    r = run_layout("pp21_tp_mismatch")
+    assert r["polls"] == [FAILED], r
+    assert "prefill PP size 2, decode PP size 1" in r["reason"], r
+    assert "prefill attn TP size 1 != decode attn TP size 2" in r["reason"], r
