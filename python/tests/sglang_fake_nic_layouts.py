@@ -6,7 +6,7 @@ process-wide); run by test_sglang_fake_nic.py, one scenario per process.
 Prints one JSON line.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
-        python3 sglang_fake_nic_layouts.py prefix|pp21|pp22|pp21_tp_mismatch
+        python3 sglang_fake_nic_layouts.py prefix|pp21|pp22|pp21_tp_mismatch|tp12_noflag
 
 Real: sglang's CommonKVManager / Sender / Receiver / BootstrapServer from
 the pinned snapshot under kvwire's classes (get_kv_class), its rank
@@ -31,7 +31,11 @@ Scenarios:
           (metadata) from the last stage only;
   pp22    prefill PP 2 -> decode PP 2: stage to stage;
   pp21_tp_mismatch  prefill PP 2 with attn TP 1 -> decode PP 1 with attn
-          TP 2 is refused on decode, the reason naming the sizes.
+          TP 2 is refused on decode, the reason naming the sizes;
+  tp12_noflag  MLA, prefill TP 1 not told decode's TP (no
+          --disaggregation-decode-tp), decode TP 2: one decode rank is
+          served, the other fails at once, naming the flag (not served:
+          kvwire's request does not carry decode's rank count).
 """
 import json
 import os
@@ -80,7 +84,8 @@ def free_port():
 class Rank:
     """One rank's KV pool (K layers then V layers over `layers`) and aux."""
 
-    def __init__(self, mode, layers, fill, pp_size=1, pp_rank=0, attn_tp=1, port=0):
+    def __init__(self, mode, layers, fill, pp_size=1, pp_rank=0, attn_tp=1, port=0,
+                 tp_rank=0, mla=False):
         self.layers = list(layers)
         rng = np.random.default_rng(100 + pp_rank)
         mk = (lambda: rng.integers(1, 256, POOL * ITEM, dtype=np.uint8)) if fill else (
@@ -88,27 +93,28 @@ class Rank:
         self.k = [mk() for _ in self.layers]
         self.v = [mk() for _ in self.layers]
         self.aux = [np.zeros(AUX_SLOTS, dtype=np.int64)]
-        kv = self.k + self.v
+        kv = self.k if mla else self.k + self.v
         a = KVArgs()
         a.engine_rank, a.gpu_id, a.page_size, a.system_dp_rank = 0, 0, PAGE, 0
         a.pp_rank, a.prefill_start_layer = pp_rank, self.layers[0]
+        a.engine_rank = tp_rank
         a.kv_data_ptrs, a.kv_data_lens = [x.ctypes.data for x in kv], [x.nbytes for x in kv]
         a.kv_item_lens = [ITEM] * len(kv)
-        if mode == P:
+        if mode == P and not mla:
             a.kv_head_num, a.total_kv_head_num = HEADS, HEADS * attn_tp
         a.aux_data_ptrs = [x.ctypes.data for x in self.aux]
         a.aux_data_lens = [x.nbytes for x in self.aux]
         a.aux_item_lens = [x.nbytes // AUX_SLOTS for x in self.aux]
         a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
         a.ib_device = "fake0" if mode == P else "fake1"
-        set_rank(attn_tp_size=attn_tp) if attn_tp > 1 else set_rank()
+        set_rank(attn_tp_size=attn_tp, attn_tp_rank=tp_rank)
         from sglang.srt.configs import model_config
 
         model_config.set_model(HEADS * attn_tp)
         sa = ServerArgs(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=port,
                         disaggregation_transfer_backend="kvwire", tp_size=attn_tp, dp_size=1,
                         pp_size=pp_size)
-        self.mgr = Manager(a, mode, sa, False)
+        self.mgr = Manager(a, mode, sa, mla)
 
     def page(self, kind, layer, pg):
         buf = (self.k if kind == "k" else self.v)[self.layers.index(layer)]
@@ -128,7 +134,49 @@ def pp_layers(pp_size, rank):
     return range(rank * per, LAYERS if rank == pp_size - 1 else (rank + 1) * per)
 
 
+def run_tp12_noflag(out, port, addr):
+    """MLA, prefill TP 1 without --disaggregation-decode-tp, decode TP 2:
+    both decode ranks ask the one prefill rank for the room; it serves one,
+    the other fails at once, its reason naming the flag."""
+    pre = Rank(P, range(LAYERS), True, port=port, mla=True)
+    dec = [Rank(D, range(LAYERS), False, attn_tp=2, tp_rank=t, mla=True) for t in range(2)]
+    try:
+        s = Sender(mgr=pre.mgr, bootstrap_addr=addr, bootstrap_room=ROOM, dest_tp_ranks=[0],
+                   pp_rank=0)
+        recvs = [Receiver(mgr=d.mgr, bootstrap_addr=addr, bootstrap_room=ROOM) for d in dec]
+        for d in dec:
+            wait(lambda: d.mgr.try_ensure_parallel_info(addr), 20, "parallel info")
+        for r in recvs:
+            r.init(0)
+            r.send_metadata(np.array([1, 2], dtype=np.int64), 1)
+        wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput")
+        s.init(2, 2)
+        s.send(np.array([3, 4], dtype=np.int64))
+        end = time.monotonic() + 20
+        polls = [int(r.poll()) for r in recvs]
+        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
+            if time.monotonic() > end:
+                break
+            time.sleep(0.002)
+            polls = [int(r.poll()) for r in recvs]
+        out["decode_polls"] = polls
+        out["reasons"] = []
+        for r, p in zip(recvs, polls):
+            if p == KVPoll.Failed:
+                try:
+                    r.failure_exception()
+                except Exception as e:
+                    out["reasons"].append(str(e))
+        for x in recvs + [s]:
+            x.clear()
+    finally:
+        for r in [pre] + dec:
+            r.mgr.close()
+
+
 def run(out, port, addr):
+    if SCENARIO == "tp12_noflag":
+        return run_tp12_noflag(out, port, addr)
     prefix_pages = 2 if SCENARIO == "prefix" else 0
     npages = 6
     pp_p = 1 if SCENARIO == "prefix" else 2

@@ -123,6 +123,19 @@ def test_pp_not_refused_at_creation(sg, monkeypatch):
         _make(sg, _args(), pp_size=2)
 
 
+def test_prefill_memory_release_refused_at_creation(sg):
+    """RL's memory release on prefill (--enable-memory-saver) never reaches
+    the backend in sglang: refused at creation with that reason. Decode's
+    does (deregister_buffer_to_engine), so decode is not refused."""
+    ks, utils = sg
+    from sglang.srt.server_args import ServerArgs
+
+    mgr = utils.get_kv_class(utils.TransferBackend.KVWIRE, utils.KVClassType.MANAGER)
+    sa = ServerArgs(disaggregation_transfer_backend="kvwire", enable_memory_saver=True)
+    with pytest.raises(RuntimeError, match="prefill memory release.*never tells"):
+        mgr(_args(), utils.DisaggregationMode.PREFILL, sa, False)
+
+
 def test_pp_stage_layers_as_sglang_partitions(sg, monkeypatch):
     """Decode's view of each prefill stage's layers: sglang's default split
     (the last stage takes the remainder) or $SGLANG_PP_LAYER_PARTITION;

@@ -132,3 +132,14 @@ def test_pp_gather_with_different_tp_sizes_is_refused_with_the_sizes():
     assert r["polls"] == [FAILED], r
     assert "prefill PP size 2, decode PP size 1" in r["reason"], r
     assert "prefill attn TP size 1 != decode attn TP size 2" in r["reason"], r
+
+
+def test_decode_tp_above_prefill_without_the_flag_fails_naming_it():
+    """Not served: prefill TP 1 not told decode's TP 2 (no
+    --disaggregation-decode-tp) serves one decode rank per room; the other
+    fails at once (never a hang), its reason naming the flag. (sglang's
+    all-reduced poll then fails the room on both decode ranks.)"""
+    r = run_layout("tp12_noflag")
+    assert sorted(r["decode_polls"]) == [FAILED, SUCCESS], r
+    assert len(r["reasons"]) == 1 and "--disaggregation-decode-tp" in r["reasons"][0], r
+    assert "KVW_ERR_EXISTS" in r["reasons"][0], r

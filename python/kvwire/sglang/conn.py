@@ -313,7 +313,7 @@ class KVWireKVManager(CommonKVManager):
         self.stage_engines: Dict[Tuple[int, int], kvwire.Engine] = {}
         self._stage_lock = threading.Lock()
         self._closer = _Closer()
-        self._refuse_layout(args, server_args)
+        self._refuse_layout(args, server_args, disaggregation_mode)
         # The engine exists before CommonKVManager.__init__ registers this
         # rank: its endpoint is what gets registered.
         self.kvwire_ip = _rdma_ip(server_args)
@@ -373,7 +373,7 @@ class KVWireKVManager(CommonKVManager):
                                "head-sliced yet; use equal TP sizes")
         return attn // ptp
 
-    def _refuse_layout(self, args: KVArgs, server_args: Any) -> None:
+    def _refuse_layout(self, args: KVArgs, server_args: Any, mode: DisaggregationMode) -> None:
         dcp = getattr(args, "dcp_size", 1) or 1
         if dcp > 1:
             raise RuntimeError(
@@ -386,6 +386,17 @@ class KVWireKVManager(CommonKVManager):
         # another PP size than prefill's is refused at its first contact with
         # that prefill (KVWireKVReceiver._pp_refusal): only then does it learn
         # prefill's PP size, which prefill never learns.
+        if (getattr(server_args, "enable_memory_saver", False)
+                and getattr(mode, "value", mode) == "prefill"):
+            # Decode's release (release_memory_occupation) reaches the backend
+            # (deregister_buffer_to_engine: its engine is closed, then made
+            # anew); prefill's does not, and its pool stays registered with
+            # the NIC while the memory saver unmaps it.
+            raise RuntimeError(
+                "kvwire: prefill memory release (--enable-memory-saver on a prefill server) "
+                "is not served: sglang's prefill never tells the transfer backend when it "
+                "releases the KV pool, which kvwire keeps registered with the NIC. Start "
+                "prefill without --enable-memory-saver (decode may use it)")
         from sglang.srt.runtime_context import get_parallel
 
         cp = get_parallel().attn_cp_size
@@ -1013,12 +1024,28 @@ class KVWireKVReceiver(CommonKVReceiver):
             s = r.poll()
             if s == Poll.FAILED:
                 err = r.failure()
-                return self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
+                return self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}"
+                                  f"{self._claimed_hint(err)}")
             low = min(low, s)
         if low == Poll.SUCCESS:
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
             self.conclude_state = KVPoll.Success
         return int(low)
+
+    def _claimed_hint(self, err: Optional[Error]) -> str:
+        """Decode TP > prefill TP and the room already claimed by another
+        decode rank: prefill serves one decode rank per room, since it was
+        not told decode's TP (kvwire's request does not carry decode's rank
+        count, which mooncake learns from each room's message)."""
+        info = getattr(self, "prefill_info", None)
+        if (err is None or err.status not in (kvwire.Status.ERR_EXISTS, kvwire.Status.ERR_LIMIT)
+                or info is None or info.attn_tp_size >= self.kv_mgr.attn_tp_size):
+            return ""
+        return (f" (decode attn TP size {self.kv_mgr.attn_tp_size} > prefill attn TP size "
+                f"{info.attn_tp_size}: start prefill with --disaggregation-decode-tp "
+                "(and --disaggregation-decode-dp), so that each prefill rank serves every "
+                "decode rank of its range; kvwire's request does not carry decode's rank "
+                "count)")
 
     def _verify_landed(self, r: kvwire.Receiver, dummy: bool) -> None:
         """Verified, with the caller's digests: once r landed, the digest of
