@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Layouts kvwire's sglang backend serves beyond equal TP, moved on the fake
-NIC (libkvwire built with tests/support/fake_nic.c: `make python-fake-nic`,
-loaded as KVWIRE_LIB), all ranks in one process (the fake NIC is
-process-wide); run by test_sglang_fake_nic.py, one scenario per process.
-Prints one JSON line.
+"""Layouts kvwire's sglang backend serves beyond equal TP, all ranks in one
+process, on the fake NIC (libkvwire built with tests/support/fake_nic.c:
+`make python-fake-nic`, loaded as KVWIRE_LIB; the fake NIC is
+process-wide; run by test_sglang_fake_nic.py) or on the test bed's rxe
+devices (KVW_TB_DEV0/IP0 prefill, KVW_TB_DEV1/IP1 decode; run by
+guest/test_sglang_layouts_on_rxe.py), one scenario per process. Prints one
+JSON line.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
         python3 sglang_fake_nic_layouts.py prefix|pp21|pp22|pp21_tp_mismatch|tp12_noflag
@@ -52,9 +54,18 @@ import numpy as np  # noqa: E402
 import sglang_ref  # noqa: E402
 
 SCENARIO = sys.argv[1]
-os.environ["KVWIRE_LOCAL_IP"] = "127.0.0.1"
+# The fake NIC (host, make python-test) or the test bed's rxe devices
+# (guest/test_sglang_layouts_on_rxe.py: KVW_TB_DEV0/IP0 for prefill,
+# KVW_TB_DEV1/IP1 for decode).
+FAKE = "KVW_TB_DEV0" not in os.environ
+if FAKE:
+    DEV_P, IP_P, DEV_D, IP_D = "fake0", "127.0.0.1", "fake1", "127.0.0.1"
+else:
+    DEV_P, IP_P = os.environ["KVW_TB_DEV0"], os.environ["KVW_TB_IP0"]
+    DEV_D = os.environ.get("KVW_TB_DEV1", DEV_P)
+    IP_D = os.environ.get("KVW_TB_IP1", IP_P)
 sglang_ref.enter()
-nic = ctypes.CDLL(os.environ["KVWIRE_LIB"])
+nic = ctypes.CDLL(os.environ["KVWIRE_LIB"]) if FAKE else None
 import kvwire.sglang as ks  # noqa: E402
 
 ks.install("kvwire")
@@ -77,7 +88,7 @@ def free_port():
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((IP_P, 0))
         return s.getsockname()[1]
 
 
@@ -106,12 +117,14 @@ class Rank:
         a.aux_data_lens = [x.nbytes for x in self.aux]
         a.aux_item_lens = [x.nbytes // AUX_SLOTS for x in self.aux]
         a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
-        a.ib_device = "fake0" if mode == P else "fake1"
+        a.ib_device = DEV_P if mode == P else DEV_D
+        # each side's address on the RDMA network (read at manager creation)
+        os.environ["KVWIRE_LOCAL_IP"] = IP_P if mode == P else IP_D
         set_rank(attn_tp_size=attn_tp, attn_tp_rank=tp_rank)
         from sglang.srt.configs import model_config
 
         model_config.set_model(HEADS * attn_tp)
-        sa = ServerArgs(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=port,
+        sa = ServerArgs(host=IP_P, port=30000, disaggregation_bootstrap_port=port,
                         disaggregation_transfer_backend="kvwire", tp_size=attn_tp, dp_size=1,
                         pp_size=pp_size)
         self.mgr = Manager(a, mode, sa, mla)
@@ -260,15 +273,17 @@ def run(out, port, addr):
 
 
 def main():
-    assert nic.kvw_test_fake_nic_start(2) == 0
+    if FAKE:
+        assert nic.kvw_test_fake_nic_start(2) == 0
     port = free_port()
-    server = Server(host="127.0.0.1", port=port)
-    out = {"scenario": SCENARIO}
+    server = Server(host=IP_P, port=port)
+    out = {"scenario": SCENARIO, "nic": "fake" if FAKE else f"{DEV_P},{DEV_D}"}
     try:
-        run(out, port, f"127.0.0.1:{port}")
+        run(out, port, f"{IP_P}:{port}")
     finally:
         server.close()
-        nic.kvw_test_fake_nic_stop()
+        if FAKE:
+            nic.kvw_test_fake_nic_stop()
     print("RESULT " + json.dumps(out), flush=True)
 
 
