@@ -36,11 +36,19 @@ mooncake sends to every decode rank of transfer_infos). Prefill learns how
 many decode ranks read a room from sglang's --disaggregation-decode-tp (and
 --disaggregation-decode-dp: DP attention), which sglang sets on prefill
 only; without it prefill serves one, and the others fail with a reason.
-Refused with a reason naming both TP sizes: MHA/GQA with different TP
-sizes and hybrid state or staged GPU memory (KVW_GPU_PATH=staging) or KV
-args that do not describe the heads. Refused too: prefill PP > 1, context
-parallelism, decode-context parallelism (sglang's own guard), decode
-prefix reuse (decode_prefix_len > 0), token_position_offset != 0.
+Decode prefix reuse (decode_prefix_len > 0): decode asks only for the
+pages after its prefix, and prefill, which hands over every page
+(pop_decode_prefix_len() is 0: kvwire's request does not carry the
+length), drops the first ones. Pipeline parallelism: stage to stage at
+equal PP sizes; decode PP 1 gathers prefill's stages, one engine per
+stage over its layers (KVWireKVManager.stage_engine), the metadata from
+the last stage. Refused with a reason naming both TP sizes: MHA/GQA with
+different TP sizes and hybrid state or staged GPU memory
+(KVW_GPU_PATH=staging) or KV args that do not describe the heads; a PP
+gather across TP sizes or with hybrid state. Refused too: context
+parallelism, decode-context parallelism (sglang's own guard), prefill
+memory release (--enable-memory-saver on prefill), token_position_offset
+!= 0.
 Hybrid models: each StateType with buffers is its own kvwire state group
 and index space (Mamba's slot, SWA/DSA page lists; a None component moves
 nothing for that group); prefill's and decode's counts must agree per
@@ -231,6 +239,15 @@ def _pp_layers(num_layers: int, pp_rank: int, pp_size: int) -> Tuple[int, int]:
     return start, num_layers if pp_rank == pp_size - 1 else start + per
 
 
+# Why a hybrid model's state cannot cross different TP sizes: what kvwire's
+# library lacks (docs/head-slicing.md, hybrid state).
+_STATE_NOT_SLICED = (
+    "a hybrid model's state (Mamba, SWA, DSA) is not sliced across TP sizes: kvwire writes a "
+    "state item whole from one prefill rank, and has no slicing of state items by sglang's "
+    "state_dim_per_tensor (each prefill rank's share at its offset in decode's item); use "
+    "equal TP sizes")
+
+
 def _endpoint(info: dict) -> str:
     ip = str(info["rank_ip"])
     if ":" in ip and not ip.startswith("["):
@@ -369,8 +386,7 @@ class KVWireKVManager(CommonKVManager):
                                f"{ptp}")
         if self.state_groups and not self.is_mla_backend:
             raise RuntimeError(f"kvwire: prefill attn TP size {ptp}, decode attn TP size "
-                               f"{attn}: a hybrid model's state (Mamba, SWA, DSA) is not "
-                               "head-sliced yet; use equal TP sizes")
+                               f"{attn}: {_STATE_NOT_SLICED}")
         return attn // ptp
 
     def _refuse_layout(self, args: KVArgs, server_args: Any, mode: DisaggregationMode) -> None:
@@ -946,8 +962,7 @@ class KVWireKVReceiver(CommonKVReceiver):
                     "model whose KV args do not describe its heads (kv_head_num, page_size, "
                     "equal item lengths)")
         if mgr.state_groups:
-            return (f"{sizes}: a hybrid model's state (Mamba, SWA, DSA) is not head-sliced "
-                    "yet; use equal TP sizes")
+            return f"{sizes}: {_STATE_NOT_SLICED}"
         if os.environ.get("KVW_GPU_PATH", "").lower() == "staging":
             return (f"{sizes}: head slicing does not work with staged GPU memory "
                     "(KVW_GPU_PATH=staging)")

@@ -5,9 +5,12 @@ kvwire, one process per rank and side (run by test_sglang_queues.py).
     sglang_queues_harness.py --world 2 --ip0 IP --dev0 DEV --ip1 IP --dev1 DEV
                              --rendezvous DIR [--cases tp11,tp22,...]
 
-The launcher imports everything once, then forks the 2 x world rank
-processes (prefill ranks on ip0/dev0, decode ranks on ip1/dev1); they meet
-only through sglang's bootstrap server, kvwire and, within a side, gloo.
+The launcher starts, with multiprocessing's spawn (sglang's start method:
+each process imports sglang and kvwire afresh), the 2 x world rank
+processes (prefill ranks on ip0/dev0, decode ranks on ip1/dev1) and one
+running sglang's bootstrap server (on ip0), as sglang runs it in the HTTP
+server's process; they meet only through that server, kvwire and, within
+a side, gloo.
 
 Real (sglang's pinned snapshot, never copied):
   - prefill: PrefillBootstrapQueue (add, pop_bootstrapped, its KV manager
@@ -85,9 +88,11 @@ hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
 StateType its own kvwire state group; every byte of the SWA window and of
 the Mamba slot checked on decode),
 freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
-in the transfer queue: its bootstrap server stops answering, kvwire's own
-peer timers are set to 60 s, so only sglang's heartbeat can fail them;
-then SIGCONT), kill22 (prefill SIGKILLed there). For the last two, decode's
+in the transfer queue; the bootstrap server, in its own process, keeps
+answering sglang's heartbeat, and kvwire's own peer timers are set to
+30 s, so sglang's waiting timeout (FREEZE_WAITING_S) fails them; then
+SIGCONT), kill22 (the prefill ranks and the bootstrap server SIGKILLed
+there: the whole prefill server gone). For the last two, decode's
 heartbeat is set to 2 s x 2 through the environ stub. Every KV byte of every request, the first output token and
 cached-token count (metadata buffers) and the bootstrap_room that sglang's
 transfer queue checks are verified; every page, metadata slot and request
@@ -148,10 +153,11 @@ CASES = {
     "mha12": (False, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks their heads
     "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
-    "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
-    "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
+    "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's waiting timeout
+    "kill22": (False, (2, 1), (2, 1)),  # last: prefill (ranks, bootstrap server) SIGKILLed
 }
 PAGE, LAYERS, POOL_PAGES = 4, 2, 96
+FREEZE_WAITING_S = 12  # freeze22: decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 MODEL_KV_HEADS, HEAD_BYTES = 4, 16  # MHA: a head of a token is head_dim x dtype bytes
 MLA_TOKEN_BYTES = 64  # MLA: one latent "head", the same on every rank
 MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
@@ -666,12 +672,11 @@ def failed(reason):
 
 def prefill_case(o, case, groups, world_group):
     lay = layout(case, "prefill", o.rank)
-    port = [None]
-    if o.rank == 0:
-        port = [free_port(o.ip)]
-        server = get_kv_class(BACKEND, KVClassType.BOOTSTRAP_SERVER)(host=o.ip, port=port[0])
-    dist.broadcast_object_list(port, src=0, group=world_group)
-    port = port[0]
+    # sglang's bootstrap server runs in its own process (bootstrap_main), as
+    # sglang runs it in the HTTP server's process, not in a scheduler's.
+    path = os.path.join(o.rendezvous, f"{case}.bootstrap")
+    wait_file(path)
+    port = int(open(path).read().strip().rsplit(":", 1)[1])
     if lay is None:
         dist.barrier(group=world_group)
         return True
@@ -681,8 +686,6 @@ def prefill_case(o, case, groups, world_group):
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
     s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
                      decode=CASES[case][2])
-    if o.rank == 0:
-        publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
     bq = s.disagg_prefill_bootstrap_queue
     fan = CASES[case][2][0] > tp  # decode attn TP > this side's: one sender serves several
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
@@ -764,8 +767,6 @@ def prefill_case(o, case, groups, world_group):
     wait_file(os.path.join(o.rendezvous, f"{case}.done"))
     bq.kv_manager.close()
     dist.barrier(group=world_group)
-    if o.rank == 0:
-        server.close()
     return ok
 
 
@@ -790,8 +791,13 @@ def decode_case(o, case, groups, world_group):
         # sglang's heartbeat at its minimum
         os.environ.update(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL="2",
                           SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE="2")
-    if case == "freeze22":  # kvwire would notice a silent peer in 2 s: let sglang's heartbeat
-        os.environ.update(KVW_PEER_TIMEOUT_MS="60000", KVW_IDLE_HEARTBEAT_MS="60000")
+    if case == "freeze22":
+        # The bootstrap server (its own process) keeps answering sglang's
+        # heartbeat while the prefill schedulers are frozen: sglang's waiting
+        # timeout fails the requests. kvwire would notice a silent peer in
+        # 2 s: its timers longer, so that the verdict is sglang's.
+        os.environ.update(SGLANG_DISAGGREGATION_WAITING_TIMEOUT=str(FREEZE_WAITING_S),
+                          KVW_PEER_TIMEOUT_MS="30000", KVW_IDLE_HEARTBEAT_MS="30000")
     s = DecodeSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID)
     os.environ.clear()
     os.environ.update(saved)
@@ -884,39 +890,43 @@ def decode_lost(o, case, s, reqs, world_group):
         time.sleep(0.02)
     took = time.monotonic() - t0
     mgr = pq.kv_manager
-    per_try = mgr.heartbeat_interval + (5 if case == "freeze22" else 0)
-    bound = per_try * mgr.max_failures + 10
     if case == "freeze22":
-        # sglang's verdict aborts kvwire's receivers, and the pages are
-        # released only once their abort barrier has passed: a frozen
-        # prefill never confirms, so the connection is declared dead after
-        # kvwire's peer timeout (60 s for this case, read by the engine)
-        bound += mgr.peer_timeout_ms / 1000
+        # sglang's waiting timeout (from send_metadata, before the freeze)
+        # aborts kvwire's receivers, and the pages are released only once
+        # their abort barrier has passed: a frozen prefill never confirms,
+        # so the connection is declared dead after kvwire's peer timeout
+        # (30 s for this case, read by the engine); + 10 s of slack
+        bound = mgr.waiting_timeout + mgr.peer_timeout_ms / 1000 + 10
+        limit = f"waiting timeout {mgr.waiting_timeout:g} s + kvwire's peer timeout"
+    else:  # the whole prefill server is gone: sglang's heartbeat or kvwire's peer loss
+        bound = mgr.heartbeat_interval * mgr.max_failures + 10
+        limit = f"heartbeat {mgr.heartbeat_interval:g} s x {mgr.max_failures}"
     whys = [why.message for _, why in s.streamed if failed(why)]
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size())
     ok = not tq.queue and len(whys) == len(reqs) and took < bound and leaks == (0, 0)
-    # sglang's heartbeat on this rank, or the all-reduce from a rank whose heartbeat fired
+    # sglang's waiting timeout / heartbeat on this rank, or the all-reduce
+    # from a rank whose verdict came first
     hb = sum("Lost connection with prefill instance" in w for w in whys)
+    timed_out = sum("timed out after" in w for w in whys)
     if case == "freeze22":
-        ok &= all("Lost connection with prefill instance" in w or "failed on another rank" in w
-                  for w in whys)
+        ok &= hb == 0 and all("timed out after" in w or "failed on another rank" in w
+                              for w in whys)
     what = "killed" if case == "kill22" else "stopped"
-    say(f"decode {case} rank {o.rank}: {hb} by this rank's heartbeat, the rest by the "
-        "all-reduce or kvwire")
+    say(f"decode {case} rank {o.rank}: {hb} by this rank's heartbeat, {timed_out} by its "
+        "waiting timeout, the rest by the all-reduce or kvwire")
     say(f"decode {case} rank {o.rank}: {len(whys)}/{len(reqs)} requests Failed {took:.1f} s "
-        f"after prefill was {what} (bound {bound:.0f} s: heartbeat {mgr.heartbeat_interval:g} s "
-        f"x {mgr.max_failures}), pages/metadata slots still held {leaks}; first reason: "
-        f"{whys[0] if whys else '-'}")
+        f"after prefill was {what} (bound {bound:.0f} s: {limit}), pages/metadata slots "
+        f"still held {leaks}; first reason: {whys[0] if whys else '-'}")
     say(f"decode {case} rank {o.rank}: as expected: {ok}")
     if case == "freeze22":  # the test resumes prefill (before close: acks of the aborts)
         dist.barrier(group=world_group)
         if o.rank == 0:
             publish(os.path.join(o.rendezvous, "freeze22.failed"), "")
     mgr.close()
-    if case == "freeze22":  # prefill then ends its requests and its case
-        dist.barrier(group=world_group)
-        if o.rank == 0:
-            publish(os.path.join(o.rendezvous, "freeze22.done"), "")
+    # freeze22: prefill then ends its requests and its case
+    dist.barrier(group=world_group)
+    if o.rank == 0:
+        publish(os.path.join(o.rendezvous, f"{case}.done"), "")
     return ok
 
 
@@ -1003,44 +1013,84 @@ def run_rank(o):
     return 0 if ok else 1
 
 
+def bootstrap_main(o):
+    """sglang's bootstrap server in a process of its own, as sglang runs it
+    (in the HTTP server's process): one server per case, on prefill's
+    address, published as CASE.bootstrap, closed once decode published
+    CASE.done. kill22 (last) ends with the test SIGKILLing it beside the
+    prefill ranks (the whole prefill server gone)."""
+    for case in o.cases.split(","):
+        port = free_port(o.ip)
+        server = get_kv_class(BACKEND, KVClassType.BOOTSTRAP_SERVER)(host=o.ip, port=port)
+        publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
+        say(f"bootstrap {case}: sglang's bootstrap server on {o.ip}:{port}")
+        wait_file(os.path.join(o.rendezvous, f"{case}.done"), 900)
+        server.close()
+    return 0
+
+
+def child_main(role, rank, o):
+    """A process of the launcher's (started with multiprocessing's spawn,
+    as sglang starts its schedulers: it imported this module afresh, so
+    install() ran here as the plugin runs it in a spawned scheduler): its
+    log in the rendezvous directory, its exit code as run_rank's."""
+    code = 1
+    try:
+        fd = os.open(os.path.join(o.rendezvous, f"{role}{rank}.log"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        say(f"{role} rank {rank}: imports took {time.monotonic() - T0:.1f} s (spawned)")
+        if role == "bootstrap":
+            code = bootstrap_main(o)
+        else:
+            code = run_rank(argparse.Namespace(role=role, rank=rank, world=o.world, ip=o.ip,
+                                               dev=o.dev, rendezvous=o.rendezvous,
+                                               cases=o.cases))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def launch(o):
-    """Fork one process per rank and side after the imports (torch's import
-    alone costs a minute in a TCG guest; nothing has run that a fork could
-    break: no thread, no socket, no torch op). Each rank writes ROLE RANK.log
-    and, once ended, ROLE RANK.rc in the rendezvous directory; pids lists
-    them (the test SIGSTOPs / SIGKILLs prefill's for freeze22 / kill22)."""
+    """Start one process per rank and side, and sglang's bootstrap server's
+    own, with multiprocessing's spawn (sglang's start method: each imports
+    this module, hence sglang and kvwire, afresh). Each rank writes ROLE
+    RANK.log and, once ended, ROLE RANK.rc in the rendezvous directory; pids
+    lists them (the test SIGSTOPs / SIGKILLs prefill's, and the bootstrap
+    server's for kill22)."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait as mp_wait
+
     say(f"launcher: imports took {time.monotonic() - T0:.1f} s")
-    ranks = [("prefill", r, o.ip0, o.dev0) for r in range(o.world)]
+    ctx = mp.get_context("spawn")
+    ranks = [("bootstrap", 0, o.ip0, o.dev0)]
+    ranks += [("prefill", r, o.ip0, o.dev0) for r in range(o.world)]
     ranks += [("decode", r, o.ip1, o.dev1) for r in range(o.world)]
-    pids = {}
+    procs = {}
     for role, r, ip, dev in ranks:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                fd = os.open(os.path.join(o.rendezvous, f"{role}{r}.log"),
-                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.environ.update(KVWIRE_LOCAL_IP=ip, SGLANG_HOST_IP=ip)
-                code = run_rank(argparse.Namespace(role=role, rank=r, world=o.world, ip=ip,
-                                                   dev=dev, rendezvous=o.rendezvous,
-                                                   cases=o.cases))
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = (role, r)
+        # read by the child's imports and its managers (the environment is inherited)
+        os.environ.update(KVWIRE_LOCAL_IP=ip, SGLANG_HOST_IP=ip)
+        args = argparse.Namespace(world=o.world, ip=ip, dev=dev, rendezvous=o.rendezvous,
+                                  cases=o.cases)
+        p = ctx.Process(target=child_main, args=(role, r, args), name=f"{role}{r}")
+        p.start()
+        procs[p.sentinel] = (p, role, r)
     publish(os.path.join(o.rendezvous, "pids"),
-            "".join(f"{role} {r} {pid}\n" for pid, (role, r) in pids.items()))
-    while pids:
-        pid, status = os.wait()
-        role, r = pids.pop(pid)
-        rc = os.waitstatus_to_exitcode(status)
-        publish(os.path.join(o.rendezvous, f"{role}{r}.rc"), str(rc))
-        say(f"launcher: {role} rank {r} ended ({rc}) {time.monotonic() - T0:.1f} s after start")
+            "".join(f"{role} {r} {p.pid}\n" for p, role, r in procs.values()))
+    while procs:
+        if all(role == "bootstrap" for _, role, _ in procs.values()):
+            for p, _, _ in procs.values():  # every rank ended: its cases too
+                p.terminate()
+        for sentinel in mp_wait(list(procs)):
+            p, role, r = procs.pop(sentinel)
+            p.join()
+            publish(os.path.join(o.rendezvous, f"{role}{r}.rc"), str(p.exitcode))
+            say(f"launcher: {role} rank {r} ended ({p.exitcode}) "
+                f"{time.monotonic() - T0:.1f} s after start")
     return 0
 
 

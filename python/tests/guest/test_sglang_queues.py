@@ -3,8 +3,10 @@
 send_kv_chunk and the prefill inflight queue; DecodePreallocQueue and
 DecodeTransferQueue; gloo groups for their all-reduced polls; sglang's HTTP
 bootstrap server; kvwire on real rxe. Separate processes, one per rank and
-side (2 prefill + 2 decode, forked by one launcher after its imports, shared
-by the cases; each case is its own test below). What is real and every
+side (2 prefill + 2 decode) and one for sglang's bootstrap server (as sglang
+runs it in the HTTP server's process), all started by one launcher with
+multiprocessing's spawn (sglang's start method: each imports sglang and
+kvwire afresh), shared by the cases; each case is its own test below. What is real and every
 stand-in, with why, are listed in sglang_queues_harness.py's docstring:
 FakeReq, CpuKVPool, PagedAllocator, PrefillReqToTokenPool, FakeTreeCache,
 RecordingMetadataBuffers (records the bootstrap_room read), PrefillSched /
@@ -42,10 +44,10 @@ def _report(text, tag):
                     f.write(f"sglang queues ({tag}) {line}\n")
 
 
-def _signal_prefill(tmp, sig):
+def _signal_prefill(tmp, sig, roles=("prefill",)):
     for line in (tmp / "pids").read_text().splitlines():
         role, _, pid = line.split()
-        if role == "prefill":
+        if role in roles:
             os.kill(int(pid), sig)
 
 
@@ -70,12 +72,13 @@ def _stop_prefill_when_ready(tmp, launcher, secs):
     if _wait(tmp, _ready("freeze22"), launcher, end):
         _signal_prefill(tmp, signal.SIGSTOP)
         (tmp / "freeze22.stopped").write_text("")
-        # heartbeat (about 14 s) + kvwire's abort barrier (peer timeout, 60 s)
+        # waiting timeout (12 s) + kvwire's abort barrier (peer timeout, 30 s)
         _wait(tmp, ["freeze22.failed"], launcher, time.monotonic() + 200)
         _signal_prefill(tmp, signal.SIGCONT)
         (tmp / "freeze22.release").write_text("")
     if _wait(tmp, _ready("kill22"), launcher, end):
-        _signal_prefill(tmp, signal.SIGKILL)
+        # the whole prefill server: its schedulers and its bootstrap server
+        _signal_prefill(tmp, signal.SIGKILL, ("prefill", "bootstrap"))
         (tmp / "kill22.stopped").write_text("")
 
 
@@ -115,6 +118,8 @@ def run(tmp_path_factory):
             log, rc = tmp / f"{role}{r}.log", tmp / f"{role}{r}.rc"
             text += log.read_text() + "\n" if log.exists() else f"{role} rank {r}: no log\n"
             codes[(role, r)] = int(rc.read_text()) if rc.exists() else None
+    log = tmp / "bootstrap0.log"
+    text += log.read_text() + "\n" if log.exists() else "bootstrap server: no log\n"
     text += out + f"(all ranks ended {time.monotonic() - t0:.1f} s after the launcher started)"
     print(text)
     _report(text, f"{time.monotonic() - t0:.0f} s")
@@ -228,30 +233,33 @@ def test_hybrid_mamba_swa(run):
         assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
 
 
-def test_prefill_frozen_fails_by_sglangs_heartbeat(run):
-    """Both prefill ranks SIGSTOPped while decode's requests wait in sglang's
-    transfer queue, kvwire's own peer timers set to 60 s: each decode rank
-    fails them all through sglang's heartbeat ("Lost connection with
-    prefill instance"; 2 s x 2 here, each try also waiting out the 2 s + 3 s
-    HTTP timeouts, + 10 s) and frees their pages once kvwire's abort
-    barrier has passed (a frozen prefill never confirms: kvwire's peer
-    timeout, 60 s here, declares the connection dead); resumed, prefill
-    fails its side too."""
+def test_prefill_frozen_fails_by_sglangs_waiting_timeout(run):
+    """Both prefill schedulers SIGSTOPped while decode's requests wait in
+    sglang's transfer queue; the bootstrap server (its own process) keeps
+    answering sglang's heartbeat, kvwire's own peer timers are set to 30 s:
+    each decode rank fails them all by sglang's waiting timeout
+    (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 12 s here; "timed out after")
+    and frees their pages once kvwire's abort barrier has passed (a frozen
+    prefill never confirms: kvwire's peer timeout declares the connection
+    dead); no heartbeat verdict; resumed, prefill fails its side too."""
     codes, text = run
     for r in range(WORLD):
         assert codes[("decode", r)] == 0, text[-4000:]
         assert f"decode freeze22 rank {r}: as expected: True" in text, text[-4000:]
         assert re.search(f"prefill freeze22 rank {r}: .*still held \\(0, 0\\), as expected: True",
                          text), text[-4000:]
-    # at least one decode rank's heartbeat fired; the all-reduce fails the rest
-    hb = [int(n) for n in re.findall(r"decode freeze22 rank \d: (\d+) by this rank's heartbeat",
-                                     text)]
-    assert len(hb) == WORLD and max(hb) > 0, hb
+    # no heartbeat verdict (the bootstrap server answers); at least one decode
+    # rank's waiting timeout fired, the all-reduce fails the rest
+    got = re.findall(r"decode freeze22 rank \d: (\d+) by this rank's heartbeat, (\d+) by its "
+                     r"waiting timeout", text)
+    assert len(got) == WORLD, got
+    assert all(int(hb) == 0 for hb, _ in got) and max(int(t) for _, t in got) > 0, got
     assert not [x for x in text.splitlines() if " freeze22 rank " in x and "<-- unexpected" in x]
 
 
 def test_prefill_killed_reaches_failed(run):
-    """Both prefill ranks SIGKILLed while decode's requests wait in sglang's
+    """The whole prefill server (both scheduler ranks and the bootstrap
+    server's process) SIGKILLed while decode's requests wait in sglang's
     transfer queue: each decode rank fails them all within sglang's
     heartbeat bound (2 s x 2 here, + 10 s) and frees their pages (kvwire
     sees the control connection close first)."""
