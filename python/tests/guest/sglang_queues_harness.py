@@ -87,6 +87,9 @@ each, each its own metadata; prefill told decode's TP as sglang's
 hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
 StateType its own kvwire state group; every byte of the SWA window and of
 the Mamba slot checked on decode),
+pp21 (prefill PP 2: the two prefill rank processes are PP stages 0 and 1,
+each attn TP 1 with its one layer, PrefillBootstrapQueue(pp_rank, pp_size);
+decode PP 1 with both layers gathers them),
 freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
 in the transfer queue; the bootstrap server, in its own process, keeps
 answering sglang's heartbeat, and kvwire's own peer timers are set to
@@ -154,8 +157,12 @@ CASES = {
     "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's waiting timeout
+    "pp21": (False, (1, 1), (1, 1)),  # prefill PP 2 (PP_STAGES), decode PP 1 gathers both
     "kill22": (False, (2, 1), (2, 1)),  # last: prefill (ranks, bootstrap server) SIGKILLed
 }
+# Prefill's PP size per case (the prefill rank processes are its stages,
+# each attn TP 1, holding layers [stage, stage + 1)); decode PP 1.
+PP_STAGES = {"pp21": 2}
 PAGE, LAYERS, POOL_PAGES = 4, 2, 96
 FREEZE_WAITING_S = 12  # freeze22: decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 MODEL_KV_HEADS, HEAD_BYTES = 4, 16  # MHA: a head of a token is head_dim x dtype bytes
@@ -209,9 +216,18 @@ def layout(case, role, rank):
     None when the case uses fewer ranks on this side."""
     mla, p, d = CASES[case]
     tp, dp = p if role == "prefill" else d
-    if rank >= tp * dp:
+    stages = PP_STAGES.get(case, 1) if role == "prefill" else 1
+    if rank >= tp * dp * stages:
         return None
+    if stages > 1:  # this rank is PP stage `rank` (pp_stage())
+        return tp, dp, 0, 0, mla
     return tp, dp, rank % tp, rank // tp, mla
+
+
+def pp_stage(case, role, rank):
+    """(PP rank, PP size) of a rank: prefill's ranks are PP_STAGES' stages."""
+    n = PP_STAGES.get(case, 1) if role == "prefill" else 1
+    return (rank, n) if n > 1 else (0, 1)
 
 
 def prefill_dp(room, dp):
@@ -333,15 +349,22 @@ class FakeReq:
 
 
 class CpuKVPool(KVCache):
-    def __init__(self, mla, attn_tp):
-        self.page_size, self.start_layer, self.end_layer = PAGE, 0, LAYERS
+    def __init__(self, mla, attn_tp, stage=(0, 1)):
+        # a PP stage holds layers [start, end) of the model's (sglang's split)
+        per = LAYERS // stage[1]
+        self.start_layer = stage[0] * per
+        self.end_layer = LAYERS if stage[0] == stage[1] - 1 else self.start_layer + per
+        self.page_size = PAGE
         self.head_num = heads_of(mla, attn_tp, 0)[1]
         self.token_bytes = token_bytes(mla, attn_tp)
         self.size = POOL_PAGES * PAGE
-        nbuf = LAYERS if mla else 2 * LAYERS
+        layers = list(range(self.start_layer, self.end_layer))
+        # each buffer's index in the whole model's (K layers then V layers):
+        # what kv_content() is keyed on, so a stage writes what decode checks
+        self.buf_ids = layers if mla else layers + [LAYERS + x for x in layers]
         # + one page: sglang's pools keep slot 0 (page 0) as padding.
         self.bufs = [np.zeros((self.size + PAGE, self.token_bytes), dtype=np.uint8)
-                     for _ in range(nbuf)]
+                     for _ in self.buf_ids]
 
     def get_contiguous_buf_infos(self):
         return ([b.ctypes.data for b in self.bufs], [b.nbytes for b in self.bufs],
@@ -373,10 +396,10 @@ class CpuHybridPool(CpuKVPool, SWAKVPool):
                 list(MAMBA_ITEMS))
 
 
-def kv_pool(mla, attn_tp, hybrid=False):
+def kv_pool(mla, attn_tp, hybrid=False, stage=(0, 1)):
     if hybrid:
         return CpuHybridPool(attn_tp)
-    return CpuMLAPool(True, attn_tp) if mla else CpuKVPool(False, attn_tp)
+    return CpuMLAPool(True, attn_tp, stage) if mla else CpuKVPool(False, attn_tp, stage)
 
 
 def _setup_state_kv_args_hybrid(real):
@@ -550,7 +573,7 @@ def metadata_buffers():
     return RecordingMetadataBuffers(MD_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32)
 
 
-def server_args(ip, port, tp, dp, dev, decode=None):
+def server_args(ip, port, tp, dp, dev, decode=None, pp=1):
     """decode (prefill only): decode's (attn TP, DP) sizes, given to prefill
     as sglang's --disaggregation-decode-tp / --disaggregation-decode-dp."""
     extra = {}
@@ -559,20 +582,24 @@ def server_args(ip, port, tp, dp, dev, decode=None):
                      disaggregation_decode_dp=decode[1])
     return ServerArgs(host=ip, port=30000, disaggregation_bootstrap_port=port,
                       disaggregation_transfer_backend="kvwire", disaggregation_ib_device=dev,
-                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, **extra)
+                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, pp_size=pp,
+                      **extra)
 
 
 class _Sched:
     """What both schedulers share: the attributes the queue code reads."""
 
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None, stage=(0, 1)):
         tp, dp, tp_rank, dp_rank, mla = lay
+        self.stage = stage
         self.mla, self.dp_rank, self.heads = mla, dp_rank, heads_of(mla, tp, tp_rank)
         self.hybrid = hybrid
         self.sliding_window_size = WINDOW if hybrid else None
         self.state_checked = 0  # hybrid: the state bytes verify() compared on decode
-        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode)
-        self.ps = _Obj(tp_rank=o.rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=0)
+        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode, stage[1])
+        # a PP stage's TP rank is its attention TP rank (one TP rank a stage here)
+        self.tp_rank = o.rank if stage[1] == 1 else tp_rank
+        self.ps = _Obj(tp_rank=self.tp_rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=stage[0])
         self.model_config = _Obj(num_hidden_layers=LAYERS,
                                  get_total_num_kv_heads=lambda: 1 if mla else MODEL_KV_HEADS)
         self.tp_worker = _Obj(is_hybrid_swa=False)
@@ -585,11 +612,11 @@ class _Sched:
 
 
 class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
-        super().__init__(o, lay, port, group, cp_group, hybrid, decode)
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None, stage=(0, 1)):
+        super().__init__(o, lay, port, group, cp_group, hybrid, decode, stage)
         tp, dp = lay[0], lay[1]
         self.enable_hicache_storage = False
-        self.pool = kv_pool(self.mla, tp, hybrid)
+        self.pool = kv_pool(self.mla, tp, hybrid, stage)
         self.token_to_kv_pool_allocator = PagedAllocator(self.pool)
         self.req_to_token_pool = PrefillReqToTokenPool()
         self.tree_cache = FakeTreeCache(self.token_to_kv_pool_allocator, self.req_to_token_pool)
@@ -599,9 +626,10 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
         self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue(
             token_to_kv_pool=self.pool, draft_token_to_kv_pool=None,
             req_to_metadata_buffer_idx_allocator=self.req_to_metadata_buffer_idx_allocator,
-            metadata_buffers=self.disagg_metadata_buffers, tp_rank=o.rank, tp_size=tp * dp,
-            gpu_id=o.rank, bootstrap_port=port, gloo_group=group,
-            max_total_num_tokens=POOL_PAGES * PAGE, scheduler=self, pp_rank=0, pp_size=1,
+            metadata_buffers=self.disagg_metadata_buffers, tp_rank=self.tp_rank,
+            tp_size=tp * dp, gpu_id=o.rank, bootstrap_port=port, gloo_group=group,
+            max_total_num_tokens=POOL_PAGES * PAGE, scheduler=self, pp_rank=stage[0],
+            pp_size=stage[1],
             transfer_backend=BACKEND)
 
     def forward(self, req, end):
@@ -615,7 +643,7 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
             assert locs is not None, "prefill pool full"
             self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = locs
         locs = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].numpy()
-        for b, buf in enumerate(self.pool.bufs):
+        for b, buf in zip(self.pool.buf_ids, self.pool.bufs):
             buf[locs] = kv_content(req.bootstrap_room, self.dp_rank, b,
                                    len(req.origin_input_ids), self.mla, self.heads)[start:end]
         if self.hybrid:  # the SWA layers' KV, and at the end the Mamba state
@@ -683,9 +711,12 @@ def prefill_case(o, case, groups, world_group):
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
     set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
-    group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
+    stage = pp_stage(case, "prefill", o.rank)
+    # the attention TP group (a PP stage: its own rank, one TP rank a stage)
+    group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))] if stage[1] == 1 else \
+        groups[(o.rank,)]
     s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
-                     decode=CASES[case][2])
+                     decode=CASES[case][2], stage=stage)
     bq = s.disagg_prefill_bootstrap_queue
     fan = CASES[case][2][0] > tp  # decode attn TP > this side's: one sender serves several
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
@@ -945,7 +976,7 @@ def verify(s, req, dp_rank):
     n = len(req.origin_input_ids)
     locs = s.req_to_token_pool.req_to_token[req.req_pool_idx, :n].numpy()
     wrong = 0
-    for b, buf in enumerate(s.pool.bufs):
+    for b, buf in zip(s.pool.buf_ids, s.pool.bufs):
         want = kv_content(req.bootstrap_room, dp_rank, b, n, s.mla, s.heads)
         wrong += int((buf[locs] != want).sum())
     room = req.bootstrap_room

@@ -32,7 +32,7 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,freeze22,kill22"
+CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,pp21,freeze22,kill22"
 
 
 def _report(text, tag):
@@ -231,6 +231,17 @@ def test_hybrid_mamba_swa(run):
         m = re.search(f"decode hybrid22 rank {r}: (\\d+) state bytes checked .* still held "
                       r"\(0, 0\)", run[1])
         assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
+
+
+def test_pp2_prefill_to_pp1_decode(run):
+    """Prefill PP 2 (two processes, each its PrefillBootstrapQueue with
+    pp_rank 0 / 1 and a KV pool of its one layer, registered with sglang's
+    bootstrap server as PP ranks), decode PP 1 (both layers): sglang's
+    rank mapping gives decode both stages (target_pp_ranks), kvwire
+    gathers each stage's layer into decode's pool; every byte of both
+    layers, the first token and bootstrap_room (the last stage's
+    metadata) right; nothing left held on either side."""
+    _case_ok(run, "pp21", 2, 1)
 
 
 def test_prefill_frozen_fails_by_sglangs_waiting_timeout(run):
