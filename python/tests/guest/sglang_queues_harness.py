@@ -87,6 +87,10 @@ each, each its own metadata; prefill told decode's TP as sglang's
 hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
 StateType its own kvwire state group; every byte of the SWA window and of
 the Mamba slot checked on decode),
+prefix11 (decode's radix cache on, holding the first 8 tokens, 2 pages, of
+each request longer than that: sglang's DecodePreallocQueue sends
+decode_prefix_len 8 and only the other pages; prefill sends those only
+(its transfer metric counts them)),
 pp21 (prefill PP 2: the two prefill rank processes are PP stages 0 and 1,
 each attn TP 1 with its one layer, PrefillBootstrapQueue(pp_rank, pp_size);
 decode PP 1 with both layers gathers them),
@@ -158,11 +162,22 @@ CASES = {
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's waiting timeout
     "pp21": (False, (1, 1), (1, 1)),  # prefill PP 2 (PP_STAGES), decode PP 1 gathers both
+    "prefix11": (False, (1, 1), (1, 1)),  # decode's radix cache holds a prefix (PREFIX_TOKENS)
     "kill22": (False, (2, 1), (2, 1)),  # last: prefill (ranks, bootstrap server) SIGKILLed
 }
 # Prefill's PP size per case (the prefill rank processes are its stages,
 # each attn TP 1, holding layers [stage, stage + 1)); decode PP 1.
 PP_STAGES = {"pp21": 2}
+# Decode prefix reuse: decode's radix cache (on) holds the first N tokens
+# (whole pages) of each request longer than that; decode asks prefill only
+# for the rest (sglang's decode_prefix_len).
+PREFIX_TOKENS = {"prefix11": 8}
+
+
+def prefix_len(case, n):
+    """The tokens of an n-token request decode's radix cache holds."""
+    p = PREFIX_TOKENS.get(case, 0)
+    return p if n > p else 0
 PAGE, LAYERS, POOL_PAGES = 4, 2, 96
 FREEZE_WAITING_S = 12  # freeze22: decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 MODEL_KV_HEADS, HEAD_BYTES = 4, 16  # MHA: a head of a token is head_dim x dtype bytes
@@ -421,6 +436,9 @@ def _setup_state_kv_args_hybrid(real):
 
 
 sg_prefill.setup_state_kv_args = _setup_state_kv_args_hybrid(sg_prefill.setup_state_kv_args)
+# sglang's match_prefix_for_req over its RadixCache: the stand-in radix cache's
+sg_decode.match_prefix_for_req = lambda tree_cache, req, *a, **k: \
+    tree_cache.match_prefix_for_req(req)
 sg_decode.setup_state_kv_args = _setup_state_kv_args_hybrid(sg_decode.setup_state_kv_args)
 
 
@@ -458,7 +476,8 @@ class PagedAllocator(BaseTokenToKVPoolAllocator):
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
                      extend_num_tokens):
-        assert int(prefix_lens_cpu[0]) == 0, "no prefix reuse in these tests"
+        # decode's radix cache (prefix11) holds whole pages: the rest starts a page
+        assert int(prefix_lens_cpu[0]) % PAGE == 0, "a prefix of whole pages"
         return self.alloc_tokens(int(extend_num_tokens))
 
     def free_tokens(self, locs):
@@ -527,9 +546,36 @@ class HybridDecodeReqToTokenPool(DecodeReqToTokenPool):
 
 
 class FakeTreeCache:
-    def __init__(self, allocator, req_to_token_pool):
+    """The radix cache. Off (prefix_tokens 0, --disable-radix-cache): it only
+    frees a finished or failed request's pages and slot. On (decode,
+    prefix11: --disaggregation-decode-enable-radix-cache): it holds the first
+    prefix_tokens tokens of each request longer than that, as an earlier
+    request with the same prompt prefix left them in decode's pool (fill:
+    writes their KV into freshly taken pages), and
+    match_prefix_for_req gives them to sglang's DecodePreallocQueue (the
+    stand-in of sglang's match_prefix_for_req over a RadixCache, GPU tensors
+    and eviction); the request's end frees them with its own pages (the
+    cached node evicted at once)."""
+
+    def __init__(self, allocator, req_to_token_pool, prefix_tokens=0, fill=None):
         self.allocator, self.req_to_token_pool = allocator, req_to_token_pool
         self.released = 0
+        self.prefix_tokens, self.fill = prefix_tokens, fill
+        self.prefix_hits = 0
+
+    def match_prefix_for_req(self, req):
+        n = len(req.origin_input_ids)
+        p = self.prefix_tokens if n > self.prefix_tokens else 0
+        locs = torch.empty((0,), dtype=torch.int64)
+        if p:
+            locs = self.allocator.alloc_tokens(p)
+            self.fill(req, locs)
+            self.prefix_hits += 1
+        return _Obj(device_indices=locs, host_hit_length=0, last_device_node=req.rid,
+                    last_host_node=None)
+
+    def inc_lock_ref(self, *a, **k):
+        pass
 
     def supports_mamba(self):
         return False
@@ -573,7 +619,7 @@ def metadata_buffers():
     return RecordingMetadataBuffers(MD_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32)
 
 
-def server_args(ip, port, tp, dp, dev, decode=None, pp=1):
+def server_args(ip, port, tp, dp, dev, decode=None, pp=1, radix=False):
     """decode (prefill only): decode's (attn TP, DP) sizes, given to prefill
     as sglang's --disaggregation-decode-tp / --disaggregation-decode-dp."""
     extra = {}
@@ -583,20 +629,21 @@ def server_args(ip, port, tp, dp, dev, decode=None, pp=1):
     return ServerArgs(host=ip, port=30000, disaggregation_bootstrap_port=port,
                       disaggregation_transfer_backend="kvwire", disaggregation_ib_device=dev,
                       tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, pp_size=pp,
-                      **extra)
+                      disaggregation_decode_enable_radix_cache=radix, **extra)
 
 
 class _Sched:
     """What both schedulers share: the attributes the queue code reads."""
 
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None, stage=(0, 1)):
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None, stage=(0, 1),
+                 radix=False):
         tp, dp, tp_rank, dp_rank, mla = lay
         self.stage = stage
         self.mla, self.dp_rank, self.heads = mla, dp_rank, heads_of(mla, tp, tp_rank)
         self.hybrid = hybrid
         self.sliding_window_size = WINDOW if hybrid else None
         self.state_checked = 0  # hybrid: the state bytes verify() compared on decode
-        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode, stage[1])
+        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode, stage[1], radix)
         # a PP stage's TP rank is its attention TP rank (one TP rank a stage here)
         self.tp_rank = o.rank if stage[1] == 1 else tp_rank
         self.ps = _Obj(tp_rank=self.tp_rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=stage[0])
@@ -661,8 +708,17 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
 
 
 class DecodeSched(_Sched):
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False):
-        super().__init__(o, lay, port, group, cp_group, hybrid)
+    def cached_prefix(self, req, locs):
+        """What the radix cache holds of req (FakeTreeCache, prefix11): the KV
+        of its first len(locs) tokens, as prefill's forward pass writes them
+        (an earlier request with the same prompt prefix left it here)."""
+        n = len(req.origin_input_ids)
+        for b, buf in zip(self.pool.buf_ids, self.pool.bufs):
+            buf[locs.numpy()] = kv_content(req.bootstrap_room, 0, b, n, self.mla,
+                                           self.heads)[:len(locs)]
+
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, prefix_tokens=0):
+        super().__init__(o, lay, port, group, cp_group, hybrid, radix=prefix_tokens > 0)
         tp, dp = lay[0], lay[1]
         self.running_batch = _Obj(reqs=[], batch_is_full=False)
         self.waiting_queue, self.last_batch = [], None
@@ -675,7 +731,8 @@ class DecodeSched(_Sched):
         rtp = HybridDecodeReqToTokenPool if hybrid else DecodeReqToTokenPool
         self.req_to_token_pool = rtp(size=MD_SLOTS, max_context_len=MAX_CTX, device="cpu",
                                      enable_memory_saver=False, pre_alloc_size=MD_SLOTS)
-        self.tree_cache = FakeTreeCache(self.allocator, self.req_to_token_pool)
+        self.tree_cache = FakeTreeCache(self.allocator, self.req_to_token_pool,
+                                        prefix_tokens, self.cached_prefix)
         self.md = metadata_buffers()
         self.md_alloc = ReqToMetadataIdxAllocator(MD_SLOTS)
         self.transfer_queue = DecodeTransferQueue(
@@ -775,7 +832,10 @@ def prefill_case(o, case, groups, world_group):
         good = why != "stuck" and failed(why) != expect_success(case, r.bootstrap_room)
         got = r.time_stats.metric_bytes
         if good and not failed(why):  # sglang's count: pages sent x item bytes; 0 if asked none
-            full = -(-len(r.origin_input_ids) // PAGE) * sum(s.pool.get_contiguous_buf_infos()[2])
+            # prefix11: only the pages after decode's cached prefix are sent
+            n = len(r.origin_input_ids)
+            pages = -(-n // PAGE) - prefix_len(case, n) // PAGE
+            full = pages * sum(s.pool.get_contiguous_buf_infos()[2])
             # hybrid: + the state. Fan-out (decode TP > prefill TP): MLA's latent counted
             # once per decode rank (sglang's replica factor), MHA's head slices once.
             copies = CASES[case][2][0] // tp if fan and s.mla else 1
@@ -829,7 +889,8 @@ def decode_case(o, case, groups, world_group):
         # 2 s: its timers longer, so that the verdict is sglang's.
         os.environ.update(SGLANG_DISAGGREGATION_WAITING_TIMEOUT=str(FREEZE_WAITING_S),
                           KVW_PEER_TIMEOUT_MS="30000", KVW_IDLE_HEARTBEAT_MS="30000")
-    s = DecodeSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID)
+    s = DecodeSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
+                    PREFIX_TOKENS.get(case, 0))
     os.environ.clear()
     os.environ.update(saved)
     pq, tq = s.prealloc_queue, s.transfer_queue
@@ -862,6 +923,11 @@ def decode_case(o, case, groups, world_group):
         if failed(why):
             out.setdefault(rid, f"Failed: {why.message}")
     ok = wrong_total == 0
+    if case in PREFIX_TOKENS:  # every request longer than the prefix matched it
+        hits = sum(1 for r in reqs if prefix_len(case, len(r.origin_input_ids)))
+        ok &= s.tree_cache.prefix_hits == hits > 0
+        say(f"decode {case} rank {o.rank}: {s.tree_cache.prefix_hits} of {len(reqs)} requests "
+            f"matched a cached prefix of {PREFIX_TOKENS[case]} tokens")
     for r in reqs:
         got = out.get(r.rid, "stuck")
         good = got.startswith("Success" if expect_success(case, r.bootstrap_room) else "Failed")

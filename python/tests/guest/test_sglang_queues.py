@@ -32,7 +32,7 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,pp21,freeze22,kill22"
+CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,prefix11,pp21,freeze22,kill22"
 
 
 def _report(text, tag):
@@ -231,6 +231,21 @@ def test_hybrid_mamba_swa(run):
         m = re.search(f"decode hybrid22 rank {r}: (\\d+) state bytes checked .* still held "
                       r"\(0, 0\)", run[1])
         assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
+
+
+def test_decode_prefix_reuse(run):
+    """Decode's radix cache on, holding the first 8 tokens (2 pages) of each
+    request longer than that (a stand-in radix cache behind sglang's
+    match_prefix_for_req): sglang's DecodePreallocQueue allocates only the
+    rest, sends decode_prefix_len 8 and those pages' indices; prefill's own
+    queues (pop_decode_prefix_len() is 0 under kvwire) hand over every page
+    and kvwire writes only the pages decode asked for: sglang's transfer
+    metric on prefill counts exactly those (the harness checks it), and
+    every byte of the request on decode, prefix and rest, is right."""
+    _case_ok(run, "prefix11", 1, 1)
+    m = re.search(r"decode prefix11 rank 0: (\d+) of (\d+) requests matched a cached prefix",
+                  run[1])
+    assert m and int(m.group(1)) == 4 and int(m.group(2)) == 5, run[1][-4000:]
 
 
 def test_pp2_prefill_to_pp1_decode(run):
