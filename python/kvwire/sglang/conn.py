@@ -908,7 +908,7 @@ class KVWireKVReceiver(CommonKVReceiver):
         dpp = int(mgr.pp_size or 1)
         sizes = f"prefill PP size {ppp}, decode PP size {dpp}"
         if dpp != 1:
-            return f"{sizes}: decode gathers prefill stages only with decode PP size 1 (sglang's rule)"
+            return f"{sizes}: decode gathers prefill stages only with decode PP size 1 (sglang's)"
         if ptp != mgr.attn_tp_size:
             return (f"{sizes} with prefill attn TP size {ptp} != decode attn TP size "
                     f"{mgr.attn_tp_size}: gathering PP stages is served at equal TP sizes only")

@@ -86,7 +86,11 @@ each, each its own metadata; prefill told decode's TP as sglang's
 --disaggregation-decode-tp),
 hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
 StateType its own kvwire state group; every byte of the SWA window and of
-the Mamba slot checked on decode),
+the Mamba slot checked on decode), hybrid21 (the same model, prefill TP 2
+-> decode TP 1: refused, every request failing at once on decode, the
+reason naming the sizes and the missing state slicing, REFUSALS; kvwire's
+handshake refuses the layouts (the SWA items differ), which names no room,
+so prefill's requests end by sglang's bootstrap timeout, 10 s there),
 prefix11 (decode's radix cache on, holding the first 8 tokens, 2 pages, of
 each request longer than that: sglang's DecodePreallocQueue sends
 decode_prefix_len 8 and only the other pages; prefill sends those only
@@ -160,6 +164,7 @@ CASES = {
     "mha12": (False, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks their heads
     "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
+    "hybrid21": (False, (2, 1), (1, 1)),  # refused: state is not sliced across TP sizes
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's waiting timeout
     "pp21": (False, (1, 1), (1, 1)),  # prefill PP 2 (PP_STAGES), decode PP 1 gathers both
     "prefix11": (False, (1, 1), (1, 1)),  # decode's radix cache holds a prefix (PREFIX_TOKENS)
@@ -188,7 +193,7 @@ MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
 # KV pool of its own (K and V per layer, its own page ids) holding the last
 # WINDOW tokens; each is its own sglang StateType, so its own kvwire state
 # group and index space.
-HYBRID = {"hybrid22"}
+HYBRID = {"hybrid22", "hybrid21"}
 MAMBA_SLOTS, MAMBA_ITEMS, WINDOW = 2 * MD_SLOTS + 1, (96, 160), 9
 BASE = {c: 1000 * (i + 1) for i, c in enumerate(CASES)}
 
@@ -220,10 +225,14 @@ def aborts(case):
 
 
 def expect_success(case, room):
-    return case != "freeze22" and room not in aborts(case).values()
+    return case != "freeze22" and case not in REFUSALS and room not in aborts(case).values()
 
 
-REFUSALS = {}  # case: what decode's reason must say for a refused layout (none now)
+# case: what decode's reason must say for a layout kvwire refuses (every
+# request fails at once on both sides, nothing held)
+REFUSED_BOOTSTRAP_S = 10  # prefill's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT there
+REFUSALS = {"hybrid21": "prefill attn TP size 2, decode attn TP size 1: a hybrid model's "
+                        "state (Mamba, SWA, DSA) is not sliced across TP sizes"}
 
 
 def layout(case, role, rank):
@@ -772,8 +781,15 @@ def prefill_case(o, case, groups, world_group):
     # the attention TP group (a PP stage: its own rank, one TP rank a stage)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))] if stage[1] == 1 else \
         groups[(o.rank,)]
+    saved = dict(os.environ)
+    if case in REFUSALS:  # read when the manager (and its engine) is made
+        # decode's refused handshake (the layouts differ: hybrid21's SWA items)
+        # names no room: prefill's requests end by sglang's bootstrap timeout
+        os.environ["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] = str(REFUSED_BOOTSTRAP_S)
     s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
                      decode=CASES[case][2], stage=stage)
+    os.environ.clear()
+    os.environ.update(saved)
     bq = s.disagg_prefill_bootstrap_queue
     fan = CASES[case][2][0] > tp  # decode attn TP > this side's: one sender serves several
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
@@ -939,7 +955,7 @@ def decode_case(o, case, groups, world_group):
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size(),
              MD_SLOTS * 2 - s.req_to_token_pool.available_size())
     ok &= leaks == (0, 0, 0) and state_leaks(s) == (0, 0)
-    if s.hybrid:  # every request's state was there to check
+    if s.hybrid and case not in REFUSALS:  # every request's state was there to check
         ok &= s.state_checked > 0 and len(out) == len(reqs)
         say(f"decode {case} rank {o.rank}: {s.state_checked} state bytes checked (SWA window, "
             f"Mamba slot), SWA pages/Mamba slots still held {state_leaks(s)}")

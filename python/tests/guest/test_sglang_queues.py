@@ -32,7 +32,8 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,prefix11,pp21,freeze22,kill22"
+CASES = ("tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,hybrid21,prefix11,pp21,"
+         "freeze22,kill22")
 
 
 def _report(text, tag):
@@ -100,7 +101,7 @@ def run(tmp_path_factory):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:
-        _stop_prefill_when_ready(tmp, launcher, 600)
+        _stop_prefill_when_ready(tmp, launcher, 900)  # spawned imports: 130 to 210 s in a TCG guest
         out = launcher.communicate(timeout=240)[0]
     finally:
         if launcher.poll() is None:  # a rank hung: end them all
@@ -231,6 +232,19 @@ def test_hybrid_mamba_swa(run):
         m = re.search(f"decode hybrid22 rank {r}: (\\d+) state bytes checked .* still held "
                       r"\(0, 0\)", run[1])
         assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
+
+
+def test_hybrid_2_to_1_refused_with_the_reason(run):
+    """Not served: a hybrid model (Mamba, SWA) with prefill TP 2 -> decode
+    TP 1 (sglang slices Mamba's state by state_dim_per_tensor; kvwire writes
+    a state item whole from one rank): every request fails at once on
+    decode, the reason naming both TP sizes and the missing state slicing;
+    on prefill by sglang's bootstrap timeout (10 s here: kvwire's handshake
+    refused the layouts, the SWA items differing, and names no room); no
+    page, slot or state left held."""
+    _case_ok(run, "hybrid21", 2, 1)
+    assert len(re.findall(r"decode hybrid21 rank 0\| room \d+: Failed: .*not sliced across "
+                          r"TP sizes", run[1])) == 5, run[1][-4000:]
 
 
 def test_decode_prefix_reuse(run):
