@@ -50,7 +50,8 @@ running() { # member index
     [[ -f $DIR/m$1.pid ]] || return 1
     pid=$(cat "$DIR/m$1.pid")
     # A killed member whose parent has gone may linger as a zombie.
-    [[ -r /proc/$pid/status ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status"
+    [[ -r /proc/$pid/status ]] && ! grep -qs '^State:[[:space:]]*Z' "/proc/$pid/status" &&
+        [[ -r /proc/$pid/status ]]
 }
 
 start_member() { # index, cluster state (new/existing)
@@ -81,8 +82,9 @@ endpoints() {
 ctl() { ETCDCTL_API=3 etcdctl --dial-timeout 2s --command-timeout 5s --endpoints "$(endpoints)" "$@"; }
 
 wait_healthy() {
-    local t out
-    for ((t = 0; t < 150; t++)); do
+    local out deadline=$((SECONDS + 30))
+    # Bounded by the clock, not a count: one etcdctl call may take seconds.
+    while ((SECONDS < deadline)); do
         if out=$(ctl endpoint health 2>&1); then
             return 0
         fi
@@ -142,6 +144,13 @@ kill-member)
     DIR=${3:?}
     running "$i" || die "member $i is not running"
     kill -KILL "$(cat "$DIR/m$i.pid")"
+    # SIGKILL is delivered asynchronously: until the member is gone, a
+    # revive right after this would take it for running and not start it.
+    for ((t = 0; t < 100; t++)); do
+        running "$i" || exit 0
+        sleep 0.05
+    done
+    die "member $i still runs 5 s after SIGKILL"
     ;;
 revive)
     for ((i = 0; i < MEMBERS; i++)); do

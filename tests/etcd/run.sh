@@ -21,9 +21,12 @@ trap cleanup EXIT
 eps=$("$ctl" start "$dir")
 echo "etcd cluster: $eps (in $dir)"
 export KVW_TEST_ETCD_ENDPOINTS=$eps KVW_TEST_ETCD_DIR=$dir KVW_TEST_ETCD_CTL=$ctl
-"$build/etcd/test_etcd" cluster
+# A guard against a hang (a bug), not a speed limit: each group takes
+# about a minute.
+guard=${KVW_TEST_ETCD_TIMEOUT:-900}
+timeout -k 10 "$guard" "$build/etcd/test_etcd" cluster
 
 export KVW_TEST_ETCD_USER=kvw-test KVW_TEST_ETCD_PASSWORD="pw-$RANDOM$RANDOM"
 export KVW_TEST_ETCD_PREFIX=/kvw-auth
 "$ctl" auth "$dir" "$KVW_TEST_ETCD_USER" "$KVW_TEST_ETCD_PASSWORD" "$KVW_TEST_ETCD_PREFIX"
-"$build/etcd/test_etcd" auth
+timeout -k 10 "$guard" "$build/etcd/test_etcd" auth
