@@ -21,7 +21,8 @@
 #   3  sender, receiver, ctl_frame, ctl_prefill, ctl_decode, ctl_rejoin
 #                                  (each role's logic)
 #   4  control                     (the control thread)
-#   5  engine                      (create, destroy, the public API glue)
+#   5  engine, outputs, symver     (create, destroy, the public API glue: the
+#                                  sized outputs, the older symbol versions)
 #
 # A file may call files of its own rank or lower; a call to a higher rank is
 # a back-up call. Files not listed above get rank 3.
@@ -43,7 +44,7 @@ for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing"], ["pe
                             "stage_recv"],
                            ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode",
                             "ctl_rejoin"],
-                           ["control"], ["engine"]]):
+                           ["control"], ["engine", "outputs", "symver"]]):
     for n in names:
         rank[n] = r
 def rk(f):
