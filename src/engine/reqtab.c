@@ -5,7 +5,7 @@
  * instead of ticking), and a work list of requests that have something to
  * do now (the control thread serves only those, never the whole table);
  * and decode's token table (slot -> receiver, for the immediates). */
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #include "common/log.h"
 
@@ -219,9 +219,6 @@ kvw_req_t *kvw__pop_work_locked(kvw_engine_t *e)
 
 void kvw__reqtab_fini(kvw_engine_t *e)
 {
-    kvw_req_t *r;
-    while ((r = kvw__pop_work_locked(e)))
-        kvw__req_unref(r);
     free(e->heap);
     free(e->rooms);
     e->heap = NULL;

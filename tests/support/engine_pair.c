@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "support/engine_pair.h"
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/fake_nic.h"
 #include "verbs/ops.h"
 

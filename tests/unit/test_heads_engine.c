@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "plan/heads.h"
 #include "support/engine_pair.h"
 #include "support/fake_cuda.h"

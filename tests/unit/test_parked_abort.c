@@ -22,7 +22,7 @@
 #include <cmocka.h>
 
 #include "ctrl/zsock.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 enum { N = 10000 };
 
