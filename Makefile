@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # kvwire build. `make` builds the libraries, tools, examples and tests;
 # `make check` runs the configuration doc check, unit tests (ASan+UBSan,
-# host), a short deterministic fuzz pass,
+# host), the etcd registry against a real etcd cluster (tests/etcd), a
+# short deterministic fuzz pass,
 # ThreadSanitizer and integration tests (real rxe, in the test bed); `make
 # fuzz` fuzzes for longer; `make demo` runs the main job; `make bench` the
 # benchmarks.
@@ -42,9 +43,25 @@ WERROR    ?= 0
 WARN       = -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -Wshadow -Wstrict-prototypes \
              -Wmissing-prototypes -Wno-missing-field-initializers
 CFLAGS    ?= -O2 -g
-KVW_CPPFLAGS := -D_GNU_SOURCE -Iinclude -Isrc
+# The etcd registry (src/ctrl/registry_etcd.c, KVW_REGISTRY=etcd://...):
+# built when libcurl and json-c are there (ETCD=1 insists, ETCD=0 leaves
+# it out: the library then links nothing new and refuses KVW_REGISTRY).
+ETCD      ?= $(shell pkg-config --exists libcurl json-c 2>/dev/null && echo 1 || echo 0)
+ifeq ($(ETCD),1)
+ETCD_CPPFLAGS := -DKVW_HAVE_ETCD $(shell pkg-config --cflags libcurl json-c)
+ETCD_LIBS     := $(shell pkg-config --libs libcurl json-c)
+ETCD_PC_REQUIRES := libcurl json-c
+endif
+# Only registry_etcd.c reads KVW_HAVE_ETCD: its objects are rebuilt when
+# ETCD changes (a build dir made before libcurl was installed, say).
+ETCD_STAMP := $(BUILD)/etcd-$(ETCD).stamp
+$(ETCD_STAMP):
+	@mkdir -p $(dir $@)
+	@rm -f $(BUILD)/etcd-*.stamp
+	@touch $@
+KVW_CPPFLAGS := -D_GNU_SOURCE -Iinclude -Isrc $(ETCD_CPPFLAGS)
 KVW_CFLAGS    = -std=c11 $(WARN) -fPIC -fvisibility=hidden -pthread
-KVW_LIBS     := -libverbs -lrdmacm -lzmq -ldl -pthread
+KVW_LIBS     := -libverbs -lrdmacm -lzmq -ldl -pthread $(ETCD_LIBS)
 USER_CPPFLAGS := $(CPPFLAGS)
 USER_CFLAGS   := $(CFLAGS)
 USER_LDLIBS   := $(LDLIBS)
@@ -98,7 +115,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit tools-check man abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
+.PHONY: all deps check doc-check unit tools-check etcd-check man abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -141,6 +158,7 @@ pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 define write_pc
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(call pc_dir,$(LIBDIR))|' \
 	    -e 's|@INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|' -e 's|@VERSION@|$(VERSION)|' \
+	    -e 's|@REQUIRES_EXTRA@|$(if $(ETCD_PC_REQUIRES), $(ETCD_PC_REQUIRES))|' \
 	    src/kvwire.pc.in > $(1)
 endef
 
@@ -180,6 +198,24 @@ $(BUILD)/integration/%: tests/integration/%.c $(STATIC) $(TEST_SUPPORT_SRCS)
 # The rxe build of the layout tests is the unit test's file (#include).
 $(BUILD)/integration/layouts_test: tests/unit/test_layouts.c
 
+$(foreach d,obj san tsan fuzz/obj,$(BUILD)/$(d)/src/ctrl/registry_etcd.o): $(ETCD_STAMP)
+
+# The etcd registry's tests (ASan + UBSan, fake NIC) against a real etcd
+# cluster that tests/etcd/run.sh starts; only with the etcd backend built.
+$(BUILD)/etcd/test_etcd: tests/etcd/test_etcd.c $(SAN_OBJS) $(TEST_SUPPORT_SRCS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(SAN) $< $(TEST_SUPPORT_SRCS) $(SAN_OBJS) \
+	    -o $@ $(LDLIBS) -lcmocka -lm
+
+ifeq ($(ETCD),1)
+etcd-check: $(BUILD)/etcd/test_etcd
+	tests/etcd/run.sh $(BUILD)
+else
+etcd-check:
+	@echo "etcd-check: skipped: kvwire is built without the etcd registry (ETCD=0; it needs" \
+	    "libcurl4-openssl-dev and libjson-c-dev, scripts/install-deps.sh)"
+endif
+
 $(BUILD)/tsan/test_%: tests/unit/test_%.c $(TSAN_OBJS) $(TEST_SUPPORT_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -O1 $(TSAN) $< $(TEST_SUPPORT_SRCS) $(TSAN_OBJS) \
@@ -192,6 +228,7 @@ check: deps all
 	@$(MAKE) --no-print-directory install-check
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory tools-check
+	@$(MAKE) --no-print-directory etcd-check
 	@$(MAKE) --no-print-directory gpu-check
 	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory fuzz-short
@@ -265,6 +302,9 @@ bench: deps all
 	-$(BUILD)/kvw-wrcost --rate >$(BUILD)/nullrate.txt
 	-$(BUILD)/kvw-wrcost >$(BUILD)/wrcost.txt 2>&1
 	-$(BUILD)/kvw-heads --contig 4
+ifeq ($(ETCD),1)
+	tests/etcd/storm.sh $(BUILD)
+endif
 	tests/tools/kvw-testbed --devices 2 --cpus 2 --timeout $${KVW_BENCH_TIMEOUT:-1800} -- \
 	    bench/bench.sh $(BUILD)
 

@@ -396,6 +396,23 @@ case " $sizes " in *" storm "*)
     echo "== storm: $n decode engines connect to one prefill at once"
     "$build/kvw-storm" --dev0 "$dev" --ip0 "$ip" --dev1 "${KVW_TB_DEV1:-$dev}" \
         --ip1 "${KVW_TB_IP1:-$ip}" --engines "$n" || fails=$((fails + 1))
+    # The same storm with every decode engine finding prefill through etcd
+    # (KVW_REGISTRY; a three-member cluster on loopback, tests/etcd): each
+    # engine reads the ranks at creation and watches them.
+    if [ -e "$build/etcd-1.stamp" ]; then
+        echo "== storm through etcd: the same, ranks from a three-member etcd cluster on loopback"
+        if eps=$(tests/etcd/etcd-cluster.sh start "$work/etcd"); then
+            # Each engine's registry holds a few descriptors more (its watch,
+            # curl's wake-up pair): N engines in one process need more than 1024.
+            (ulimit -n 8192 2>/dev/null || true
+             KVW_REGISTRY="etcd://$eps/storm" exec "$build/kvw-storm" --dev0 "$dev" --ip0 "$ip" \
+                --dev1 "${KVW_TB_DEV1:-$dev}" --ip1 "${KVW_TB_IP1:-$ip}" --engines "$n") ||
+                fails=$((fails + 1))
+            tests/etcd/etcd-cluster.sh stop "$work/etcd"
+        else
+            fails=$((fails + 1))
+        fi
+    fi
     ;;
 esac
 echo "== bench done in $(($(date +%s) - t_start)) s, $fails kvwire run(s) failed"

@@ -38,6 +38,9 @@ BUILD_PKGS=(
     # kvwire.metrics: the prometheus_client collector, and the tests that
     # parse the library's OpenMetrics text with its parser
     python3-prometheus-client
+    # the etcd registry (KVW_REGISTRY=etcd://..., built when libcurl and
+    # json-c are there) and its tests' etcd cluster (make etcd-check)
+    libcurl4-openssl-dev libjson-c-dev etcd-server etcd-client
 )
 # Fuzzing (make fuzz, make fuzz-short in make check): clang and libFuzzer.
 # The runtime clang links with -fsanitize=fuzzer (libclang_rt.fuzzer) is

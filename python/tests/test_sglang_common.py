@@ -110,9 +110,51 @@ def test_dcp_refused_at_creation(sg):
         _make(sg, _args(dcp_size=2, dcp_rank=1))
 
 
-def test_pp_refused_at_creation(sg):
-    with pytest.raises(RuntimeError, match="pipeline-parallel.*pp_size=2"):
+def test_pp_not_refused_at_creation(sg, monkeypatch):
+    """Pipeline parallelism is served (stage to stage, or decode PP 1
+    gathering the stages): a PP 2 manager goes on to make its engine."""
+    from kvwire.sglang import conn
+
+    def engine(*a, **kw):
+        raise RuntimeError("engine reached")
+
+    monkeypatch.setattr(conn.kvwire, "Engine", engine)
+    with pytest.raises(RuntimeError, match="engine reached"):
         _make(sg, _args(), pp_size=2)
+
+
+def test_prefill_memory_release_refused_at_creation(sg):
+    """RL's memory release on prefill (--enable-memory-saver) never reaches
+    the backend in sglang: refused at creation with that reason. Decode's
+    does (deregister_buffer_to_engine), so decode is not refused."""
+    ks, utils = sg
+    from sglang.srt.server_args import ServerArgs
+
+    mgr = utils.get_kv_class(utils.TransferBackend.KVWIRE, utils.KVClassType.MANAGER)
+    sa = ServerArgs(disaggregation_transfer_backend="kvwire", enable_memory_saver=True)
+    with pytest.raises(RuntimeError, match="prefill memory release.*never tells"):
+        mgr(_args(), utils.DisaggregationMode.PREFILL, sa, False)
+
+
+def test_pp_stage_layers_as_sglang_partitions(sg, monkeypatch):
+    """Decode's view of each prefill stage's layers: sglang's default split
+    (the last stage takes the remainder) or $SGLANG_PP_LAYER_PARTITION;
+    MHA's K and V regions of those layers, MLA's one per layer."""
+    import kvwire
+    from kvwire.sglang import conn
+
+    monkeypatch.delenv("SGLANG_PP_LAYER_PARTITION", raising=False)
+    assert [conn._pp_layers(5, r, 2) for r in range(2)] == [(0, 2), (2, 5)]
+    assert [conn._pp_layers(8, r, 4) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "3,2")
+    assert [conn._pp_layers(5, r, 2) for r in range(2)] == [(0, 3), (3, 5)]
+    with pytest.raises(ValueError, match="does not split 6 layers into 2 stages"):
+        conn._pp_layers(6, 0, 2)
+    regs = [kvwire.Region(0x1000 * (i + 1), 64, 16) for i in range(8)]  # K0..K3 V0..V3
+    assert conn._layer_slice(regs, 2, 1, 3) == [regs[1], regs[2], regs[5], regs[6]]
+    assert conn._layer_slice(regs, 1, 6, 8) == regs[6:8]
+    with pytest.raises(ValueError, match="outside the 4 KV layers"):
+        conn._layer_slice(regs, 2, 2, 5)
 
 
 def test_hybrid_state_types_each_their_own_group(sg, monkeypatch):

@@ -93,3 +93,77 @@ def test_enable_metrics_registers_the_engines():
     r = run("metrics")
     assert r["poll"] == 4, r  # Success
     assert r["kvwire_requests"] == {"prefill": 1.0, "decode": 1.0}, r
+
+
+def run_layout(scenario, env=None):
+    """One scenario of sglang_fake_nic_layouts.py: on the fake NIC unless env
+    names the test bed's devices (guest/test_sglang_layouts_on_rxe.py)."""
+    if env is None:
+        env = dict(os.environ, KVWIRE_LIB=LIB)
+        for k in ("KVW_TB_DEV0", "KVW_TB_DEV1", "KVW_TB_IP0", "KVW_TB_IP1"):
+            env.pop(k, None)
+    env = dict(env)
+    env.pop("SGLANG_PP_LAYER_PARTITION", None)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "sglang_fake_nic_layouts.py"),
+                        scenario], env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+SUCCESS = 4
+KV_BYTES = 4 * 2 * 6 * 256  # layers x (K, V) x pages x page bytes
+
+
+def check_prefix(r):
+    """decode_prefix_len = 2 of 6 pages: decode asks for the other 4, prefill
+    (which hands over all 6, sglang's pop_decode_prefix_len() being 0 under
+    kvwire) writes exactly those: every byte of the 4 equals prefill's last 4
+    pages, decode's 2 prefix pages are never written, the metadata arrives."""
+    assert r["decode_polls"] == [SUCCESS] and r["prefill_end"] == [SUCCESS], r
+    assert r["popped_prefix_len"] == [0], r
+    assert r["bytes_checked"] == KV_BYTES and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1000], r
+
+
+def check_pp21(r):
+    """Prefill PP 2 (layers 0-1 and 2-3), decode PP 1: decode gathers both
+    stages' layers (sglang's target_pp_ranks), each into the layers of its
+    stage; the metadata comes from the last stage (1001), not stage 0."""
+    assert r["decode_polls"] == [SUCCESS] and r["prefill_end"] == [SUCCESS] * 2, r
+    assert r["bytes_checked"] == KV_BYTES and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1001], r
+
+
+def check_pp22(r):
+    """Prefill PP 2 -> decode PP 2: stage to stage, each its metadata."""
+    assert r["decode_polls"] == [SUCCESS] * 2 and r["prefill_end"] == [SUCCESS] * 2, r
+    assert r["bytes_checked"] == KV_BYTES and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1000, 1001], r
+
+
+def check_pp21_tp_mismatch(r):
+    """PP gathering with different TP sizes: refused on decode at init,
+    the reason naming both PP and both TP sizes."""
+    assert r["polls"] == [FAILED], r
+    assert "prefill PP size 2, decode PP size 1" in r["reason"], r
+    assert "prefill attn TP size 1 != decode attn TP size 2" in r["reason"], r
+
+
+def check_tp12_noflag(r):
+    """Not served: prefill TP 1 not told decode's TP 2 (no
+    --disaggregation-decode-tp) serves one decode rank per room; the other
+    fails at once (never a hang), its reason naming the flag. (sglang's
+    all-reduced poll then fails the room on both decode ranks.)"""
+    assert sorted(r["decode_polls"]) == [FAILED, SUCCESS], r
+    assert len(r["reasons"]) == 1 and "--disaggregation-decode-tp" in r["reasons"][0], r
+    assert "KVW_ERR_EXISTS" in r["reasons"][0], r
+
+
+LAYOUTS = {"prefix": check_prefix, "pp21": check_pp21, "pp22": check_pp22,
+           "pp21_tp_mismatch": check_pp21_tp_mismatch, "tp12_noflag": check_tp12_noflag}
+
+
+@pytest.mark.parametrize("scenario", sorted(LAYOUTS))
+def test_layout_on_fake_nic(scenario):
+    LAYOUTS[scenario](run_layout(scenario))

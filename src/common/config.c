@@ -386,6 +386,7 @@ static const char *const library_vars[] = {
     "KVW_LOG_FILE",
     "KVW_LOG_LEVEL",
     "KVW_LOG_SUBSYS",
+    "KVW_REGISTRY",
     "KVW_SYSFS_ROOT",
 };
 

@@ -526,6 +526,7 @@ struct kvw_engine {
      * before the threads start, read only after. */
     struct kvw_zsecurity *zsec;
     struct kvw_registrar *registrar; /* prefill with a bootstrap: control thread */
+    struct kvw_registry *registry;   /* KVW_REGISTRY's store, NULL: none; its own thread */
     void *router_monitor;            /* PAIR receiving the router's disconnect events */
     uint64_t probe_until_ns;         /* control: probe peers' connections until then */
     /* control: router connections that failed their ZMTP (CURVE) handshake

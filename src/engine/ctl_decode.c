@@ -9,6 +9,7 @@
 #include "engine/verify.h"
 
 #include "common/log.h"
+#include "ctrl/registry.h"
 #include "ctrl/zsock.h"
 
 #include <errno.h>
@@ -50,11 +51,36 @@ static bool direct(const kvw_peer_t *p)
 }
 
 static void peer_start_hello(kvw_engine_t *e, kvw_peer_t *p, const char *endpoint);
+static void rank_not_registered(kvw_engine_t *e, kvw_peer_t *p, uint64_t now);
+
+/* KVW_REGISTRY: the rank's endpoint from the registry's table (memory its
+ * own thread keeps current from a watch: no round trip, never blocks),
+ * checked as a bootstrap answer is; not registered is retried as there. */
+static void registry_lookup(kvw_engine_t *e, kvw_peer_t *p)
+{
+    char ep[KVW_WIRE_ENDPOINT_MAX], why[KVW_WIRE_REASON_MAX] = "";
+    kvw_status_t st = kvw__registry_lookup(e->registry, p->rank, ep, sizeof(ep), why, sizeof(why));
+    if (st == KVW_OK)
+        peer_start_hello(e, p, ep);
+    else if (st == KVW_ERR_NOT_FOUND)
+        rank_not_registered(e, p, kvw__now_ns());
+    else
+        kvw__peer_kill(p, st, "%s", why);
+}
 
 static void open_lookup(kvw_engine_t *e, kvw_peer_t *p, bool ask_now)
 {
     if (direct(p)) {
         peer_start_hello(e, p, p->bootstrap_addr + 1);
+        return;
+    }
+    if (e->registry) {
+        if (ask_now)
+            registry_lookup(e, p);
+        /* Made after this pass's deadlines were taken: a retry it set must
+         * have the loop take them again. */
+        if (ask_now && p->next_ping_ns)
+            kvw__wake(e->control_wake_fd);
         return;
     }
     char ep[KVW_WIRE_ENDPOINT_MAX];
@@ -73,7 +99,8 @@ static void restart_lookup(kvw_engine_t *e, kvw_peer_t *p, const char *why)
     if (!kvw__peer_transition(p, PEER_HELLO, PEER_LOOKUP))
         return;
     atomic_fetch_add(&e->counters.reconnects, 1);
-    KVW_INFO("prefill rank %u: %s; looking it up again at %s", p->rank, why, p->bootstrap_addr);
+    KVW_INFO("prefill rank %u: %s; looking it up again at %s", p->rank, why,
+             e->registry ? kvw__registry_name(e->registry) : p->bootstrap_addr);
     close_monitor(p);
     zmq_close(p->sock);
     p->sock = NULL;
@@ -154,7 +181,7 @@ static void rank_not_registered(kvw_engine_t *e, kvw_peer_t *p, uint64_t now)
         p->missing_since_ns = now;
     if (now - p->missing_since_ns >= kvw__ms_ns(grace)) {
         kvw__peer_kill(p, KVW_ERR_NOT_FOUND, "prefill rank %u is not registered at %s", p->rank,
-                       p->bootstrap_addr);
+                       e->registry ? kvw__registry_name(e->registry) : p->bootstrap_addr);
         return;
     }
     p->next_ping_ns = now + kvw__ms_ns(LOOKUP_RETRY_MS);
@@ -388,6 +415,8 @@ static uint64_t connecting_tick(kvw_engine_t *e, kvw_peer_t *p, int s, uint64_t 
         p->next_ping_ns = 0;
         if (direct(p))
             peer_start_hello(e, p, p->bootstrap_addr + 1);
+        else if (e->registry)
+            registry_lookup(e, p);
         else
             send_lookup(p);
     } else if (s == PEER_HELLO && now > p->hello_retry_ns) {

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/sized.h"
 #include "ctrl/bootstrap.h"
+#include "ctrl/registry.h"
 #include "ctrl/zsock.h"
 #include "verbs/topo.h"
 
@@ -282,6 +283,21 @@ static kvw_status_t open_control(kvw_engine_t *e)
     return st ? st : kvw__registrar_register(e->registrar, e->cfg.bootstrap_timeout_ms);
 }
 
+/* KVW_REGISTRY: prefill puts its rank there (besides any bootstrap
+ * address), decode reads the ranks and watches them. Both at most
+ * bootstrap_timeout_ms, failing creation as an unreachable bootstrap does. */
+static kvw_status_t open_registry(kvw_engine_t *e)
+{
+    kvw_status_t st = kvw__registry_open_env(&e->registry);
+    if (st || !e->registry)
+        return st;
+    if (e->role == KVW_ROLE_DECODE)
+        return kvw__registry_watch(e->registry, e->cfg.bootstrap_timeout_ms);
+    /* The lease as the bootstrap service's: three refresh intervals. */
+    return kvw__registry_register(e->registry, e->rank, e->endpoint, e->id,
+                                  3 * e->cfg.bootstrap_refresh_ms, e->cfg.bootstrap_timeout_ms);
+}
+
 /* The PCI bus id of the GPU that owns the engine's first KV region in GPU
  * memory; false for host memory (or a driver that cannot say). */
 static bool kv_gpu(const kvw_engine_t *e, char *bus_id, size_t size)
@@ -467,7 +483,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         return st;
     if ((st = kvw__mem_ctx_init(&e->mem, &e->cfg)) || (st = register_regions(e)) ||
         (st = kvw__stager_create(e)) || (st = kvw__landing_create(e)) || (st = open_channel(e)) ||
-        (st = open_control(e)))
+        (st = open_control(e)) || (st = open_registry(e)))
         return st;
     e->verify_mode = kvw__verify_mode(e); /* who reads the memory: its path decides */
     return start_threads(e);
@@ -544,6 +560,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     kvw__landing_destroy(e); /* nor writes the landing buffer */
     /* A clean exit frees the rank at once (only a crash waits out the lease). */
     kvw__registrar_destroy(e->registrar, true);
+    kvw__registry_close(e->registry, true);
     kvw__zmonitor_close(e->router, e->router_monitor);
     if (e->router)
         zmq_close(e->router);

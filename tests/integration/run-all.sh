@@ -18,6 +18,7 @@ done
 [ -x tests/integration/rail_flap_scenarios.sh ] && { tests/integration/rail_flap_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/auth_scenarios.sh ] && { tests/integration/auth_scenarios.sh "$build" || failed=$((failed + 1)); }
+[ -x tests/integration/etcd_scenarios.sh ] && { tests/integration/etcd_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/soak_scenarios.sh ] && { tests/integration/soak_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/tools_scenarios.sh ] && { tests/integration/tools_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/testbed_scenarios.sh ] && { tests/integration/testbed_scenarios.sh "$build" || failed=$((failed + 1)); }

@@ -36,11 +36,19 @@ mooncake sends to every decode rank of transfer_infos). Prefill learns how
 many decode ranks read a room from sglang's --disaggregation-decode-tp (and
 --disaggregation-decode-dp: DP attention), which sglang sets on prefill
 only; without it prefill serves one, and the others fail with a reason.
-Refused with a reason naming both TP sizes: MHA/GQA with different TP
-sizes and hybrid state or staged GPU memory (KVW_GPU_PATH=staging) or KV
-args that do not describe the heads. Refused too: prefill PP > 1, context
-parallelism, decode-context parallelism (sglang's own guard), decode
-prefix reuse (decode_prefix_len > 0), token_position_offset != 0.
+Decode prefix reuse (decode_prefix_len > 0): decode asks only for the
+pages after its prefix, and prefill, which hands over every page
+(pop_decode_prefix_len() is 0: kvwire's request does not carry the
+length), drops the first ones. Pipeline parallelism: stage to stage at
+equal PP sizes; decode PP 1 gathers prefill's stages, one engine per
+stage over its layers (KVWireKVManager.stage_engine), the metadata from
+the last stage. Refused with a reason naming both TP sizes: MHA/GQA with
+different TP sizes and hybrid state or staged GPU memory
+(KVW_GPU_PATH=staging) or KV args that do not describe the heads; a PP
+gather across TP sizes or with hybrid state. Refused too: context
+parallelism, decode-context parallelism (sglang's own guard), prefill
+memory release (--enable-memory-saver on prefill), token_position_offset
+!= 0.
 Hybrid models: each StateType with buffers is its own kvwire state group
 and index space (Mamba's slot, SWA/DSA page lists; a None component moves
 nothing for that group); prefill's and decode's counts must agree per
@@ -229,6 +237,44 @@ def _heads(args: KVArgs, nkv: int, server_args: Any) -> Optional[kvwire.GroupHea
     return kvwire.GroupHeads(total, first, n, lens[0] // (page * n), page, "NHD")
 
 
+def _layer_slice(kv: List[kvwire.Region], per_layer: int, begin: int,
+                 end: int) -> List[kvwire.Region]:
+    """KV regions of layers [begin, end): MHA's K layers then V layers
+    (sglang's order), MLA's one per layer."""
+    n = len(kv) // per_layer
+    if not 0 <= begin < end <= n:
+        raise ValueError(f"kvwire: layers [{begin}, {end}) outside the {n} KV layers")
+    return [kv[p * n + i] for p in range(per_layer) for i in range(begin, end)]
+
+
+def _pp_layers(num_layers: int, pp_rank: int, pp_size: int) -> Tuple[int, int]:
+    """The layers [start, end) of PP stage pp_rank as sglang partitions a
+    model's layers: $SGLANG_PP_LAYER_PARTITION (comma-separated counts per
+    stage) where set, else num_layers // pp_size per stage, the last stage
+    taking the remainder. Each prefill stage's own layer count is checked
+    by kvwire's handshake against this range."""
+    spec = os.environ.get("SGLANG_PP_LAYER_PARTITION")
+    if spec:
+        counts = [int(x) for x in spec.split(",")]
+        if len(counts) != pp_size or sum(counts) != num_layers:
+            raise ValueError(f"kvwire: SGLANG_PP_LAYER_PARTITION={spec} does not split "
+                             f"{num_layers} layers into {pp_size} stages")
+        start = sum(counts[:pp_rank])
+        return start, start + counts[pp_rank]
+    per = num_layers // pp_size
+    start = pp_rank * per
+    return start, num_layers if pp_rank == pp_size - 1 else start + per
+
+
+# Why a hybrid model's state cannot cross different TP sizes: what kvwire's
+# library lacks (docs/head-slicing.md, hybrid state).
+_STATE_NOT_SLICED = (
+    "a hybrid model's state (Mamba, SWA, DSA) is not sliced across TP sizes: kvwire writes a "
+    "state item whole from one prefill rank, and has no slicing of state items by sglang's "
+    "state_dim_per_tensor (each prefill rank's share at its offset in decode's item); use "
+    "equal TP sizes")
+
+
 def _endpoint(info: dict) -> str:
     ip = str(info["rank_ip"])
     if ":" in ip and not ip.startswith("["):
@@ -307,8 +353,11 @@ class KVWireKVManager(CommonKVManager):
                                "the sglang backend needs a newer libkvwire")
         _route_logs()
         self.engine: Optional[kvwire.Engine] = None
+        # decode gathering prefill PP stages: (pp_size, pp_rank) -> engine
+        self.stage_engines: Dict[Tuple[int, int], kvwire.Engine] = {}
+        self._stage_lock = threading.Lock()
         self._closer = _Closer()
-        self._refuse_layout(args, server_args)
+        self._refuse_layout(args, server_args, disaggregation_mode)
         # The engine exists before CommonKVManager.__init__ registers this
         # rank: its endpoint is what gets registered.
         self.kvwire_ip = _rdma_ip(server_args)
@@ -367,22 +416,33 @@ class KVWireKVManager(CommonKVManager):
                                f"{ptp}")
         if self.state_groups and not self.is_mla_backend:
             raise RuntimeError(f"kvwire: prefill attn TP size {ptp}, decode attn TP size "
-                               f"{attn}: a hybrid model's state (Mamba, SWA, DSA) is not "
-                               "head-sliced yet; use equal TP sizes")
+                               f"{attn}: {_STATE_NOT_SLICED}")
         return attn // ptp
 
-    def _refuse_layout(self, args: KVArgs, server_args: Any) -> None:
+    def _refuse_layout(self, args: KVArgs, server_args: Any, mode: DisaggregationMode) -> None:
         dcp = getattr(args, "dcp_size", 1) or 1
         if dcp > 1:
             raise RuntimeError(
                 f"KVWireKVManager does not implement DCP-aware KV transfer, but the engine is "
                 f"configured with dcp_size={dcp}: the transfer would silently corrupt the KV "
                 "cache. Use --dcp-size 1 on the disaggregated engine.")
-        pp = int(getattr(server_args, "pp_size", 1) or 1)
-        if pp > 1:
+        # Pipeline parallelism: served stage to stage (prefill PP size = decode
+        # PP size: each decode stage holds the layers of the prefill stage of
+        # its rank, one kvwire engine per stage on both sides). Decode with
+        # another PP size than prefill's is refused at its first contact with
+        # that prefill (KVWireKVReceiver._pp_refusal): only then does it learn
+        # prefill's PP size, which prefill never learns.
+        if (getattr(server_args, "enable_memory_saver", False)
+                and getattr(mode, "value", mode) == "prefill"):
+            # Decode's release (release_memory_occupation) reaches the backend
+            # (deregister_buffer_to_engine: its engine is closed, then made
+            # anew); prefill's does not, and its pool stays registered with
+            # the NIC while the memory saver unmaps it.
             raise RuntimeError(
-                f"kvwire: pipeline-parallel engines (pp_size={pp}) are not supported: each "
-                "stage would need its own layer range on the wire. Use --pp-size 1.")
+                "kvwire: prefill memory release (--enable-memory-saver on a prefill server) "
+                "is not served: sglang's prefill never tells the transfer backend when it "
+                "releases the KV pool, which kvwire keeps registered with the NIC. Start "
+                "prefill without --enable-memory-saver (decode may use it)")
         from sglang.srt.runtime_context import get_parallel
 
         cp = get_parallel().attn_cp_size
@@ -390,7 +450,11 @@ class KVWireKVManager(CommonKVManager):
             raise RuntimeError(f"kvwire: attention context parallelism (attn_cp_size={cp}) "
                                "is not supported")
 
-    def _make_engine(self) -> kvwire.Engine:
+    def _make_engine(self, layers: Optional[Tuple[int, int]] = None) -> kvwire.Engine:
+        """This rank's kvwire engine over its KV, aux and state buffers; with
+        layers (decode gathering prefill PP stages, stage_engine()): over KV
+        layers [begin, end) and the aux buffers only, one prefill stage's
+        layout."""
         args, mode, is_mla = self._kvwire_args
         role = "prefill" if mode == DisaggregationMode.PREFILL else "decode"
         kv = _regions(args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens)
@@ -400,9 +464,14 @@ class KVWireKVManager(CommonKVManager):
                        getattr(args, "aux_item_lens", None))
         # MHA: K layers then V layers (2 regions per layer); MLA: 1 per layer.
         per_layer = 1 if is_mla or len(kv) % 2 else 2
+        if layers is not None:
+            kv = _layer_slice(kv, per_layer, *layers)
         groups = [kvwire.Group(kvwire.GroupKind.KV, len(kv) // per_layer, per_layer, kv)]
         if aux:
             groups.append(kvwire.Group(kvwire.GroupKind.AUX, 1, len(aux), aux))
+        if layers is not None:
+            return self._new_engine(role, groups, [self.heads] if self.heads is not None else None,
+                                    kvwire.Config())
         # Hybrid models: each StateType with buffers is its own kvwire state
         # group, in its own index space (Mamba: one slot per request; SWA,
         # DSA: page lists of their own). state_groups maps the component's
@@ -418,10 +487,6 @@ class KVWireKVManager(CommonKVManager):
             self.state_kinds[i] = _state_kind(types[i]) if i < len(types) else str(i)
             groups.append(kvwire.Group(kvwire.GroupKind.STATE, 1, len(regs), regs))
         self.heads = None if is_mla else _heads(args, len(kv), self._server_args_for_heads)
-        device = getattr(args, "ib_device", None) or None
-        if device and "," in device:
-            devs = [d.strip() for d in device.split(",") if d.strip()]
-            device = devs[int(getattr(args, "gpu_id", 0) or 0) % len(devs)]
         cfg = kvwire.Config()
         # Verified transfers (KVW_VERIFY=1): with KV pages in GPU memory the
         # NIC reaches directly, the digests are ours (digest.py); kvwire
@@ -438,12 +503,38 @@ class KVWireKVManager(CommonKVManager):
             cfg.bootstrap_timeout_ms = min(max(cfg.bootstrap_timeout_ms, sg_ms + 5000), 3600000)
         # bounds a receiver's abort barrier (kvw_receiver_abort)
         self.peer_timeout_ms = int(cfg.peer_timeout_ms)
-        heads = None
-        if self.heads is not None:
-            heads = [self.heads] + [None] * (len(groups) - 1)
+        return self._new_engine(role, groups, [self.heads] if self.heads is not None else None, cfg)
+
+    def _new_engine(self, role: str, groups: List[kvwire.Group],
+                    heads: Optional[List[kvwire.GroupHeads]], cfg: kvwire.Config) -> kvwire.Engine:
+        args = self._kvwire_args[0]
+        device = getattr(args, "ib_device", None) or None
+        if device and "," in device:
+            devs = [d.strip() for d in device.split(",") if d.strip()]
+            device = devs[int(getattr(args, "gpu_id", 0) or 0) % len(devs)]
+        if heads is not None:
+            heads = heads + [None] * (len(groups) - len(heads))
         return kvwire.Engine(role, self.kvwire_ip, groups=groups, device=device,
                              engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg,
                              group_heads=heads)
+
+    def stage_engine(self, pp_size: int, pp_rank: int) -> kvwire.Engine:
+        """Decode (PP 1) gathering prefill PP stages: the engine over the KV
+        layers of prefill stage pp_rank of pp_size (and the aux buffers),
+        made on first use. The stage's layers are sglang's partition
+        (_pp_layers); a wrong guess differs from the stage's own layer count,
+        which kvwire's handshake refuses, failing the room, never a copy into
+        another stage's layers (every stage of a room is asked, and each
+        stage's range starts where the previous stages' counts end)."""
+        key = (pp_size, pp_rank)
+        with self._stage_lock:
+            eng = self.stage_engines.get(key)
+            if eng is None:
+                per_layer = 1 if self.is_mla_backend or len(self.kv_args.kv_data_ptrs) % 2 else 2
+                total = len(self.kv_args.kv_data_ptrs) // per_layer
+                eng = self._make_engine(_pp_layers(total, pp_rank, pp_size))
+                self.stage_engines[key] = eng
+            return eng
 
     def kv_digest(self, pages: List[int], first: int = 0) -> int:
         """The caller's digest of these KV pages (digest.py), on the KV
@@ -481,6 +572,13 @@ class KVWireKVManager(CommonKVManager):
             raise RuntimeError("kvwire: releasing a prefill engine's memory is not supported "
                                "(its endpoint is registered with the bootstrap server)")
         self._closer.drain()
+        self._close_engines()
+
+    def _close_engines(self) -> None:
+        with self._stage_lock:
+            stages, self.stage_engines = list(self.stage_engines.values()), {}
+        for eng in stages:
+            eng.close()
         self._close_engine()
 
     def register_buffer_to_engine(self) -> None:
@@ -495,7 +593,7 @@ class KVWireKVManager(CommonKVManager):
 
     def close(self) -> None:
         self._closer.drain()
-        self._close_engine()
+        self._close_engines()
 
     def _close_engine(self) -> None:
         if self.engine is None:
@@ -541,6 +639,9 @@ class KVWireKVSender(CommonKVSender):
         self.sender: Optional[kvwire.Sender] = None
         self._t_first: Optional[float] = None
         self._digest, self._pages_sent = 0, 0  # verified: the caller's digest so far
+        # Decode prefix reuse: the request's first pages, which decode already
+        # holds (decode_prefix_len) and did not ask for, are not sent.
+        self._skip_pages = 0
         try:
             n = getattr(mgr, "decode_receivers", 1)
             self.sender = mgr.engine.sender(int(bootstrap_room), receivers=n)
@@ -573,6 +674,19 @@ class KVWireKVSender(CommonKVSender):
                 return
             self.dummy = True  # MLA: another prefill rank sends this decode rank's copy
             num_kv_indices, aux_index = 0, None
+        if (asked is not None and not asked[1] and not self.dummy and aux_index is not None
+                and int(self.kv_mgr.pp_size or 1) > 1):
+            # A stage before the last one, read by a decode rank that gathers
+            # every stage: that decode rank takes the metadata from the last.
+            aux_index = None
+        if not self.dummy and asked is not None and asked[0] < num_kv_indices:
+            # Decode prefix reuse (decode_prefix_len > 0, a page multiple): decode
+            # asked only for the pages after the prefix it holds. sglang's
+            # pop_decode_prefix_len() (mooncake learns the length from decode's
+            # message) said 0 here, so sglang hands over every page of the
+            # request from the first; send() drops the prefix's pages.
+            self._skip_pages = num_kv_indices - asked[0]
+            num_kv_indices = asked[0]
         try:
             self.sender.init(num_kv_indices, aux_index)
         except Error as e:
@@ -588,6 +702,12 @@ class KVWireKVSender(CommonKVSender):
         kv_indices, _slice, is_last, skip = self._prepare_send_indices(kv_indices, state_indices)
         if skip:
             return
+        if self._skip_pages:
+            dropped = min(self._skip_pages, len(kv_indices))
+            kv_indices = kv_indices[dropped:]
+            self._skip_pages -= dropped
+            if not is_last and len(kv_indices) == 0:
+                return  # a chunk within decode's prefix: nothing to send
         self._record_transfer_indices(kv_indices, state_indices)
         if self._t_first is None:
             self._t_first = time.monotonic()
@@ -776,6 +896,17 @@ class KVWireKVReceiver(CommonKVReceiver):
         info = self.prefill_info
         mgr = self.kv_mgr
         mla = bool(mgr.is_mla_backend)
+        ppp = int(info.pp_size or 1)
+        if ppp != int(mgr.pp_size or 1):
+            pp_refusal = self._pp_refusal(ppp, info.attn_tp_size)
+            if pp_refusal is not None:
+                # No kvwire receiver: its handshake would be refused (the layer
+                # counts differ); kvwire holds none of sglang's pages yet.
+                self._fail(f"kvwire refuses room {self.bootstrap_room} ({mgr.where()}): "
+                           f"{pp_refusal}")
+            else:
+                self._init_pp_gather(ppp)
+            return
         refuse = self._refusal(info.attn_tp_size)
         if refuse is None and not mla and info.attn_tp_size > mgr.attn_tp_size:
             self._init_sliced(info.attn_tp_size)
@@ -804,6 +935,53 @@ class KVWireKVReceiver(CommonKVReceiver):
             self._fail(f"kvwire refuses room {self.bootstrap_room} ({mgr.where()}): {refuse}",
                        abort=False)
 
+    def _pp_refusal(self, ppp: int, ptp: int) -> Optional[str]:
+        """Prefill PP size ppp != decode's: why it cannot be served (None:
+        it can). Decode PP 1 gathers every prefill stage's layers (sglang's
+        target_pp_ranks), each stage into its own engine over that stage's
+        layers (KVWireKVManager.stage_engine) with equal attention TP sizes,
+        no hybrid state (a stage's state buffers are its layers' own) and no
+        caller digests (they sum every KV layer)."""
+        mgr = self.kv_mgr
+        dpp = int(mgr.pp_size or 1)
+        sizes = f"prefill PP size {ppp}, decode PP size {dpp}"
+        if dpp != 1:
+            return f"{sizes}: decode gathers prefill stages only with decode PP size 1 (sglang's)"
+        if ptp != mgr.attn_tp_size:
+            return (f"{sizes} with prefill attn TP size {ptp} != decode attn TP size "
+                    f"{mgr.attn_tp_size}: gathering PP stages is served at equal TP sizes only")
+        if mgr.state_groups:
+            return (f"{sizes}: a hybrid model's state (Mamba, SWA, DSA) is not split by "
+                    "PP stage; use the same --pp-size on both sides")
+        if mgr.verify and mgr.caller_digests is not False:
+            return f"{sizes}: verified transfers (KVW_VERIFY=1) digest every layer at once"
+        return None
+
+    def _init_pp_gather(self, ppp: int) -> None:
+        """Decode PP 1, prefill PP ppp: one kvwire receiver per prefill stage
+        (sglang's bootstrap_infos: per target TP rank, its stages from the
+        last, _setup_bootstrap_infos), each on the engine over that stage's
+        layers. Only the last stage is asked for the aux item (the metadata:
+        its output token), as mooncake sends aux from the last PP rank."""
+        mgr = self.kv_mgr
+        infos = list(self.bootstrap_infos or [])
+        if len(infos) != ppp:
+            self._fail(f"kvwire: {len(infos)} prefill ranks resolved for {ppp} PP stages "
+                       f"({mgr.where()})")
+            return
+        stages = list(reversed(list(self.target_pp_ranks or range(ppp))))
+        for stage, bi in zip(stages, infos):
+            try:
+                eng = mgr.stage_engine(ppp, int(stage))
+                r = _sglang_lib.EndpointReceiver(eng, _endpoint(bi), int(self.target_tp_rank or 0),
+                                                 int(self.bootstrap_room))
+            except (Error, ValueError) as e:
+                self._fail(f"kvwire receiver for prefill PP stage {stage} of {ppp} at "
+                           f"{_endpoint(bi)}: {e}")
+                return
+            r._kvwire_aux = int(stage) == ppp - 1  # the last stage sends the metadata
+            self.recvs.append((r, False))
+
     def _refusal(self, ptp: int) -> Optional[str]:
         """Why this layout cannot be served (None: it can), naming both
         attention TP sizes."""
@@ -822,8 +1000,7 @@ class KVWireKVReceiver(CommonKVReceiver):
                     "model whose KV args do not describe its heads (kv_head_num, page_size, "
                     "equal item lengths)")
         if mgr.state_groups:
-            return (f"{sizes}: a hybrid model's state (Mamba, SWA, DSA) is not head-sliced "
-                    "yet; use equal TP sizes")
+            return f"{sizes}: {_STATE_NOT_SLICED}"
         if os.environ.get("KVW_GPU_PATH", "").lower() == "staging":
             return (f"{sizes}: head slicing does not work with staged GPU memory "
                     "(KVW_GPU_PATH=staging)")
@@ -855,8 +1032,12 @@ class KVWireKVReceiver(CommonKVReceiver):
                       decode_prefix_len: Optional[int] = None) -> None:
         if self.conclude_state is not None:
             return
-        if decode_prefix_len:
-            self._fail("kvwire: decode prefix reuse (decode_prefix_len > 0) is not supported")
+        page = int(getattr(self.kv_mgr.kv_args, "page_size", 1) or 1)
+        if decode_prefix_len and decode_prefix_len % page:
+            # Prefill drops whole pages (it learns the prefix as the pages
+            # decode did not ask for): a prefix inside a page has no such page.
+            self._fail(f"kvwire: decode prefix length {decode_prefix_len} is not a multiple of "
+                       f"the page size {page}")
             return
         lists = _state_lists(state_indices, self.kv_mgr.state_groups)
         self._t_meta = time.monotonic()
@@ -870,7 +1051,8 @@ class KVWireKVReceiver(CommonKVReceiver):
             if dummy:
                 continue
             try:
-                r.init(kv_indices, aux_index, state_lists=lists or None)
+                aux = aux_index if getattr(r, "_kvwire_aux", True) else None
+                r.init(kv_indices, aux, state_lists=lists or None)
             except Error as e:
                 if r.poll() != Poll.FAILED:
                     self._fail(f"kvwire receiver init: {e}")
@@ -895,12 +1077,28 @@ class KVWireKVReceiver(CommonKVReceiver):
             s = r.poll()
             if s == Poll.FAILED:
                 err = r.failure()
-                return self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}")
+                return self._fail(f"kvwire, prefill at {r.bootstrap_addr}: {_reason(err)}"
+                                  f"{self._claimed_hint(err)}")
             low = min(low, s)
         if low == Poll.SUCCESS:
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
             self.conclude_state = KVPoll.Success
         return int(low)
+
+    def _claimed_hint(self, err: Optional[Error]) -> str:
+        """Decode TP > prefill TP and the room already claimed by another
+        decode rank: prefill serves one decode rank per room, since it was
+        not told decode's TP (kvwire's request does not carry decode's rank
+        count, which mooncake learns from each room's message)."""
+        info = getattr(self, "prefill_info", None)
+        if (err is None or err.status not in (kvwire.Status.ERR_EXISTS, kvwire.Status.ERR_LIMIT)
+                or info is None or info.attn_tp_size >= self.kv_mgr.attn_tp_size):
+            return ""
+        return (f" (decode attn TP size {self.kv_mgr.attn_tp_size} > prefill attn TP size "
+                f"{info.attn_tp_size}: start prefill with --disaggregation-decode-tp "
+                "(and --disaggregation-decode-dp), so that each prefill rank serves every "
+                "decode rank of its range; kvwire's request does not carry decode's rank "
+                "count)")
 
     def _verify_landed(self, r: kvwire.Receiver, dummy: bool) -> None:
         """Verified, with the caller's digests: once r landed, the digest of

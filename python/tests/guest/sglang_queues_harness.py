@@ -5,9 +5,12 @@ kvwire, one process per rank and side (run by test_sglang_queues.py).
     sglang_queues_harness.py --world 2 --ip0 IP --dev0 DEV --ip1 IP --dev1 DEV
                              --rendezvous DIR [--cases tp11,tp22,...]
 
-The launcher imports everything once, then forks the 2 x world rank
-processes (prefill ranks on ip0/dev0, decode ranks on ip1/dev1); they meet
-only through sglang's bootstrap server, kvwire and, within a side, gloo.
+The launcher starts, with multiprocessing's spawn (sglang's start method:
+each process imports sglang and kvwire afresh), the 2 x world rank
+processes (prefill ranks on ip0/dev0, decode ranks on ip1/dev1) and one
+running sglang's bootstrap server (on ip0), as sglang runs it in the HTTP
+server's process; they meet only through that server, kvwire and, within
+a side, gloo.
 
 Real (sglang's pinned snapshot, never copied):
   - prefill: PrefillBootstrapQueue (add, pop_bootstrapped, its KV manager
@@ -83,11 +86,24 @@ each, each its own metadata; prefill told decode's TP as sglang's
 --disaggregation-decode-tp),
 hybrid22 (TP 2 -> 2, Mamba state and an SWA pool beside the KV: each
 StateType its own kvwire state group; every byte of the SWA window and of
-the Mamba slot checked on decode),
+the Mamba slot checked on decode), hybrid21 (the same model, prefill TP 2
+-> decode TP 1: refused, every request failing at once on decode, the
+reason naming the sizes and the missing state slicing, REFUSALS; kvwire's
+handshake refuses the layouts (the SWA items differ), which names no room,
+so prefill's requests end by sglang's bootstrap timeout, 10 s there),
+prefix11 (decode's radix cache on, holding the first 8 tokens, 2 pages, of
+each request longer than that: sglang's DecodePreallocQueue sends
+decode_prefix_len 8 and only the other pages; prefill sends those only
+(its transfer metric counts them)),
+pp21 (prefill PP 2: the two prefill rank processes are PP stages 0 and 1,
+each attn TP 1 with its one layer, PrefillBootstrapQueue(pp_rank, pp_size);
+decode PP 1 with both layers gathers them),
 freeze22 (the test SIGSTOPs every prefill rank while decode's requests sit
-in the transfer queue: its bootstrap server stops answering, kvwire's own
-peer timers are set to 60 s, so only sglang's heartbeat can fail them;
-then SIGCONT), kill22 (prefill SIGKILLed there). For the last two, decode's
+in the transfer queue; the bootstrap server, in its own process, keeps
+answering sglang's heartbeat, and kvwire's own peer timers are set to
+30 s, so sglang's waiting timeout (FREEZE_WAITING_S) fails them; then
+SIGCONT), kill22 (the prefill ranks and the bootstrap server SIGKILLed
+there: the whole prefill server gone). For the last two, decode's
 heartbeat is set to 2 s x 2 through the environ stub. Every KV byte of every request, the first output token and
 cached-token count (metadata buffers) and the bootstrap_room that sglang's
 transfer queue checks are verified; every page, metadata slot and request
@@ -148,10 +164,27 @@ CASES = {
     "mha12": (False, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks their heads
     "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
-    "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's heartbeat fails it
-    "kill22": (False, (2, 1), (2, 1)),  # last: prefill SIGKILLed
+    "hybrid21": (False, (2, 1), (1, 1)),  # refused: state is not sliced across TP sizes
+    "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's waiting timeout
+    "pp21": (False, (1, 1), (1, 1)),  # prefill PP 2 (PP_STAGES), decode PP 1 gathers both
+    "prefix11": (False, (1, 1), (1, 1)),  # decode's radix cache holds a prefix (PREFIX_TOKENS)
+    "kill22": (False, (2, 1), (2, 1)),  # last: prefill (ranks, bootstrap server) SIGKILLed
 }
+# Prefill's PP size per case (the prefill rank processes are its stages,
+# each attn TP 1, holding layers [stage, stage + 1)); decode PP 1.
+PP_STAGES = {"pp21": 2}
+# Decode prefix reuse: decode's radix cache (on) holds the first N tokens
+# (whole pages) of each request longer than that; decode asks prefill only
+# for the rest (sglang's decode_prefix_len).
+PREFIX_TOKENS = {"prefix11": 8}
+
+
+def prefix_len(case, n):
+    """The tokens of an n-token request decode's radix cache holds."""
+    p = PREFIX_TOKENS.get(case, 0)
+    return p if n > p else 0
 PAGE, LAYERS, POOL_PAGES = 4, 2, 96
+FREEZE_WAITING_S = 12  # freeze22: decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 MODEL_KV_HEADS, HEAD_BYTES = 4, 16  # MHA: a head of a token is head_dim x dtype bytes
 MLA_TOKEN_BYTES = 64  # MLA: one latent "head", the same on every rank
 MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
@@ -160,7 +193,7 @@ MD_SLOTS, MAX_CTX, CHUNK = 8, 128, 6
 # KV pool of its own (K and V per layer, its own page ids) holding the last
 # WINDOW tokens; each is its own sglang StateType, so its own kvwire state
 # group and index space.
-HYBRID = {"hybrid22"}
+HYBRID = {"hybrid22", "hybrid21"}
 MAMBA_SLOTS, MAMBA_ITEMS, WINDOW = 2 * MD_SLOTS + 1, (96, 160), 9
 BASE = {c: 1000 * (i + 1) for i, c in enumerate(CASES)}
 
@@ -192,10 +225,14 @@ def aborts(case):
 
 
 def expect_success(case, room):
-    return case != "freeze22" and room not in aborts(case).values()
+    return case != "freeze22" and case not in REFUSALS and room not in aborts(case).values()
 
 
-REFUSALS = {}  # case: what decode's reason must say for a refused layout (none now)
+# case: what decode's reason must say for a layout kvwire refuses (every
+# request fails at once on both sides, nothing held)
+REFUSED_BOOTSTRAP_S = 10  # prefill's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT there
+REFUSALS = {"hybrid21": "prefill attn TP size 2, decode attn TP size 1: a hybrid model's "
+                        "state (Mamba, SWA, DSA) is not sliced across TP sizes"}
 
 
 def layout(case, role, rank):
@@ -203,9 +240,18 @@ def layout(case, role, rank):
     None when the case uses fewer ranks on this side."""
     mla, p, d = CASES[case]
     tp, dp = p if role == "prefill" else d
-    if rank >= tp * dp:
+    stages = PP_STAGES.get(case, 1) if role == "prefill" else 1
+    if rank >= tp * dp * stages:
         return None
+    if stages > 1:  # this rank is PP stage `rank` (pp_stage())
+        return tp, dp, 0, 0, mla
     return tp, dp, rank % tp, rank // tp, mla
+
+
+def pp_stage(case, role, rank):
+    """(PP rank, PP size) of a rank: prefill's ranks are PP_STAGES' stages."""
+    n = PP_STAGES.get(case, 1) if role == "prefill" else 1
+    return (rank, n) if n > 1 else (0, 1)
 
 
 def prefill_dp(room, dp):
@@ -327,15 +373,22 @@ class FakeReq:
 
 
 class CpuKVPool(KVCache):
-    def __init__(self, mla, attn_tp):
-        self.page_size, self.start_layer, self.end_layer = PAGE, 0, LAYERS
+    def __init__(self, mla, attn_tp, stage=(0, 1)):
+        # a PP stage holds layers [start, end) of the model's (sglang's split)
+        per = LAYERS // stage[1]
+        self.start_layer = stage[0] * per
+        self.end_layer = LAYERS if stage[0] == stage[1] - 1 else self.start_layer + per
+        self.page_size = PAGE
         self.head_num = heads_of(mla, attn_tp, 0)[1]
         self.token_bytes = token_bytes(mla, attn_tp)
         self.size = POOL_PAGES * PAGE
-        nbuf = LAYERS if mla else 2 * LAYERS
+        layers = list(range(self.start_layer, self.end_layer))
+        # each buffer's index in the whole model's (K layers then V layers):
+        # what kv_content() is keyed on, so a stage writes what decode checks
+        self.buf_ids = layers if mla else layers + [LAYERS + x for x in layers]
         # + one page: sglang's pools keep slot 0 (page 0) as padding.
         self.bufs = [np.zeros((self.size + PAGE, self.token_bytes), dtype=np.uint8)
-                     for _ in range(nbuf)]
+                     for _ in self.buf_ids]
 
     def get_contiguous_buf_infos(self):
         return ([b.ctypes.data for b in self.bufs], [b.nbytes for b in self.bufs],
@@ -367,10 +420,10 @@ class CpuHybridPool(CpuKVPool, SWAKVPool):
                 list(MAMBA_ITEMS))
 
 
-def kv_pool(mla, attn_tp, hybrid=False):
+def kv_pool(mla, attn_tp, hybrid=False, stage=(0, 1)):
     if hybrid:
         return CpuHybridPool(attn_tp)
-    return CpuMLAPool(True, attn_tp) if mla else CpuKVPool(False, attn_tp)
+    return CpuMLAPool(True, attn_tp, stage) if mla else CpuKVPool(False, attn_tp, stage)
 
 
 def _setup_state_kv_args_hybrid(real):
@@ -392,6 +445,9 @@ def _setup_state_kv_args_hybrid(real):
 
 
 sg_prefill.setup_state_kv_args = _setup_state_kv_args_hybrid(sg_prefill.setup_state_kv_args)
+# sglang's match_prefix_for_req over its RadixCache: the stand-in radix cache's
+sg_decode.match_prefix_for_req = lambda tree_cache, req, *a, **k: \
+    tree_cache.match_prefix_for_req(req)
 sg_decode.setup_state_kv_args = _setup_state_kv_args_hybrid(sg_decode.setup_state_kv_args)
 
 
@@ -429,7 +485,8 @@ class PagedAllocator(BaseTokenToKVPoolAllocator):
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
                      extend_num_tokens):
-        assert int(prefix_lens_cpu[0]) == 0, "no prefix reuse in these tests"
+        # decode's radix cache (prefix11) holds whole pages: the rest starts a page
+        assert int(prefix_lens_cpu[0]) % PAGE == 0, "a prefix of whole pages"
         return self.alloc_tokens(int(extend_num_tokens))
 
     def free_tokens(self, locs):
@@ -498,9 +555,36 @@ class HybridDecodeReqToTokenPool(DecodeReqToTokenPool):
 
 
 class FakeTreeCache:
-    def __init__(self, allocator, req_to_token_pool):
+    """The radix cache. Off (prefix_tokens 0, --disable-radix-cache): it only
+    frees a finished or failed request's pages and slot. On (decode,
+    prefix11: --disaggregation-decode-enable-radix-cache): it holds the first
+    prefix_tokens tokens of each request longer than that, as an earlier
+    request with the same prompt prefix left them in decode's pool (fill:
+    writes their KV into freshly taken pages), and
+    match_prefix_for_req gives them to sglang's DecodePreallocQueue (the
+    stand-in of sglang's match_prefix_for_req over a RadixCache, GPU tensors
+    and eviction); the request's end frees them with its own pages (the
+    cached node evicted at once)."""
+
+    def __init__(self, allocator, req_to_token_pool, prefix_tokens=0, fill=None):
         self.allocator, self.req_to_token_pool = allocator, req_to_token_pool
         self.released = 0
+        self.prefix_tokens, self.fill = prefix_tokens, fill
+        self.prefix_hits = 0
+
+    def match_prefix_for_req(self, req):
+        n = len(req.origin_input_ids)
+        p = self.prefix_tokens if n > self.prefix_tokens else 0
+        locs = torch.empty((0,), dtype=torch.int64)
+        if p:
+            locs = self.allocator.alloc_tokens(p)
+            self.fill(req, locs)
+            self.prefix_hits += 1
+        return _Obj(device_indices=locs, host_hit_length=0, last_device_node=req.rid,
+                    last_host_node=None)
+
+    def inc_lock_ref(self, *a, **k):
+        pass
 
     def supports_mamba(self):
         return False
@@ -544,7 +628,7 @@ def metadata_buffers():
     return RecordingMetadataBuffers(MD_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32)
 
 
-def server_args(ip, port, tp, dp, dev, decode=None):
+def server_args(ip, port, tp, dp, dev, decode=None, pp=1, radix=False):
     """decode (prefill only): decode's (attn TP, DP) sizes, given to prefill
     as sglang's --disaggregation-decode-tp / --disaggregation-decode-dp."""
     extra = {}
@@ -553,20 +637,25 @@ def server_args(ip, port, tp, dp, dev, decode=None):
                      disaggregation_decode_dp=decode[1])
     return ServerArgs(host=ip, port=30000, disaggregation_bootstrap_port=port,
                       disaggregation_transfer_backend="kvwire", disaggregation_ib_device=dev,
-                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, **extra)
+                      tp_size=tp * dp, dp_size=dp, enable_dp_attention=dp > 1, pp_size=pp,
+                      disaggregation_decode_enable_radix_cache=radix, **extra)
 
 
 class _Sched:
     """What both schedulers share: the attributes the queue code reads."""
 
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None, stage=(0, 1),
+                 radix=False):
         tp, dp, tp_rank, dp_rank, mla = lay
+        self.stage = stage
         self.mla, self.dp_rank, self.heads = mla, dp_rank, heads_of(mla, tp, tp_rank)
         self.hybrid = hybrid
         self.sliding_window_size = WINDOW if hybrid else None
         self.state_checked = 0  # hybrid: the state bytes verify() compared on decode
-        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode)
-        self.ps = _Obj(tp_rank=o.rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=0)
+        self.server_args = server_args(o.ip, port, tp, dp, o.dev, decode, stage[1], radix)
+        # a PP stage's TP rank is its attention TP rank (one TP rank a stage here)
+        self.tp_rank = o.rank if stage[1] == 1 else tp_rank
+        self.ps = _Obj(tp_rank=self.tp_rank, dp_rank=dp_rank, gpu_id=o.rank, pp_rank=stage[0])
         self.model_config = _Obj(num_hidden_layers=LAYERS,
                                  get_total_num_kv_heads=lambda: 1 if mla else MODEL_KV_HEADS)
         self.tp_worker = _Obj(is_hybrid_swa=False)
@@ -579,11 +668,11 @@ class _Sched:
 
 
 class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None):
-        super().__init__(o, lay, port, group, cp_group, hybrid, decode)
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, decode=None, stage=(0, 1)):
+        super().__init__(o, lay, port, group, cp_group, hybrid, decode, stage)
         tp, dp = lay[0], lay[1]
         self.enable_hicache_storage = False
-        self.pool = kv_pool(self.mla, tp, hybrid)
+        self.pool = kv_pool(self.mla, tp, hybrid, stage)
         self.token_to_kv_pool_allocator = PagedAllocator(self.pool)
         self.req_to_token_pool = PrefillReqToTokenPool()
         self.tree_cache = FakeTreeCache(self.token_to_kv_pool_allocator, self.req_to_token_pool)
@@ -593,9 +682,10 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
         self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue(
             token_to_kv_pool=self.pool, draft_token_to_kv_pool=None,
             req_to_metadata_buffer_idx_allocator=self.req_to_metadata_buffer_idx_allocator,
-            metadata_buffers=self.disagg_metadata_buffers, tp_rank=o.rank, tp_size=tp * dp,
-            gpu_id=o.rank, bootstrap_port=port, gloo_group=group,
-            max_total_num_tokens=POOL_PAGES * PAGE, scheduler=self, pp_rank=0, pp_size=1,
+            metadata_buffers=self.disagg_metadata_buffers, tp_rank=self.tp_rank,
+            tp_size=tp * dp, gpu_id=o.rank, bootstrap_port=port, gloo_group=group,
+            max_total_num_tokens=POOL_PAGES * PAGE, scheduler=self, pp_rank=stage[0],
+            pp_size=stage[1],
             transfer_backend=BACKEND)
 
     def forward(self, req, end):
@@ -609,7 +699,7 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
             assert locs is not None, "prefill pool full"
             self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = locs
         locs = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].numpy()
-        for b, buf in enumerate(self.pool.bufs):
+        for b, buf in zip(self.pool.buf_ids, self.pool.bufs):
             buf[locs] = kv_content(req.bootstrap_room, self.dp_rank, b,
                                    len(req.origin_input_ids), self.mla, self.heads)[start:end]
         if self.hybrid:  # the SWA layers' KV, and at the end the Mamba state
@@ -627,8 +717,17 @@ class PrefillSched(_Sched, SchedulerDisaggregationPrefillMixin):
 
 
 class DecodeSched(_Sched):
-    def __init__(self, o, lay, port, group, cp_group, hybrid=False):
-        super().__init__(o, lay, port, group, cp_group, hybrid)
+    def cached_prefix(self, req, locs):
+        """What the radix cache holds of req (FakeTreeCache, prefix11): the KV
+        of its first len(locs) tokens, as prefill's forward pass writes them
+        (an earlier request with the same prompt prefix left it here)."""
+        n = len(req.origin_input_ids)
+        for b, buf in zip(self.pool.buf_ids, self.pool.bufs):
+            buf[locs.numpy()] = kv_content(req.bootstrap_room, 0, b, n, self.mla,
+                                           self.heads)[:len(locs)]
+
+    def __init__(self, o, lay, port, group, cp_group, hybrid=False, prefix_tokens=0):
+        super().__init__(o, lay, port, group, cp_group, hybrid, radix=prefix_tokens > 0)
         tp, dp = lay[0], lay[1]
         self.running_batch = _Obj(reqs=[], batch_is_full=False)
         self.waiting_queue, self.last_batch = [], None
@@ -641,7 +740,8 @@ class DecodeSched(_Sched):
         rtp = HybridDecodeReqToTokenPool if hybrid else DecodeReqToTokenPool
         self.req_to_token_pool = rtp(size=MD_SLOTS, max_context_len=MAX_CTX, device="cpu",
                                      enable_memory_saver=False, pre_alloc_size=MD_SLOTS)
-        self.tree_cache = FakeTreeCache(self.allocator, self.req_to_token_pool)
+        self.tree_cache = FakeTreeCache(self.allocator, self.req_to_token_pool,
+                                        prefix_tokens, self.cached_prefix)
         self.md = metadata_buffers()
         self.md_alloc = ReqToMetadataIdxAllocator(MD_SLOTS)
         self.transfer_queue = DecodeTransferQueue(
@@ -666,23 +766,30 @@ def failed(reason):
 
 def prefill_case(o, case, groups, world_group):
     lay = layout(case, "prefill", o.rank)
-    port = [None]
-    if o.rank == 0:
-        port = [free_port(o.ip)]
-        server = get_kv_class(BACKEND, KVClassType.BOOTSTRAP_SERVER)(host=o.ip, port=port[0])
-    dist.broadcast_object_list(port, src=0, group=world_group)
-    port = port[0]
+    # sglang's bootstrap server runs in its own process (bootstrap_main), as
+    # sglang runs it in the HTTP server's process, not in a scheduler's.
+    path = os.path.join(o.rendezvous, f"{case}.bootstrap")
+    wait_file(path)
+    port = int(open(path).read().strip().rsplit(":", 1)[1])
     if lay is None:
         dist.barrier(group=world_group)
         return True
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
     set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
-    group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]  # the attention TP group
+    stage = pp_stage(case, "prefill", o.rank)
+    # the attention TP group (a PP stage: its own rank, one TP rank a stage)
+    group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))] if stage[1] == 1 else \
+        groups[(o.rank,)]
+    saved = dict(os.environ)
+    if case in REFUSALS:  # read when the manager (and its engine) is made
+        # decode's refused handshake (the layouts differ: hybrid21's SWA items)
+        # names no room: prefill's requests end by sglang's bootstrap timeout
+        os.environ["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] = str(REFUSED_BOOTSTRAP_S)
     s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
-                     decode=CASES[case][2])
-    if o.rank == 0:
-        publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
+                     decode=CASES[case][2], stage=stage)
+    os.environ.clear()
+    os.environ.update(saved)
     bq = s.disagg_prefill_bootstrap_queue
     fan = CASES[case][2][0] > tp  # decode attn TP > this side's: one sender serves several
     # Each DP rank gets the rooms sglang's router sends it (follow_bootstrap_room).
@@ -741,7 +848,10 @@ def prefill_case(o, case, groups, world_group):
         good = why != "stuck" and failed(why) != expect_success(case, r.bootstrap_room)
         got = r.time_stats.metric_bytes
         if good and not failed(why):  # sglang's count: pages sent x item bytes; 0 if asked none
-            full = -(-len(r.origin_input_ids) // PAGE) * sum(s.pool.get_contiguous_buf_infos()[2])
+            # prefix11: only the pages after decode's cached prefix are sent
+            n = len(r.origin_input_ids)
+            pages = -(-n // PAGE) - prefix_len(case, n) // PAGE
+            full = pages * sum(s.pool.get_contiguous_buf_infos()[2])
             # hybrid: + the state. Fan-out (decode TP > prefill TP): MLA's latent counted
             # once per decode rank (sglang's replica factor), MHA's head slices once.
             copies = CASES[case][2][0] // tp if fan and s.mla else 1
@@ -764,8 +874,6 @@ def prefill_case(o, case, groups, world_group):
     wait_file(os.path.join(o.rendezvous, f"{case}.done"))
     bq.kv_manager.close()
     dist.barrier(group=world_group)
-    if o.rank == 0:
-        server.close()
     return ok
 
 
@@ -790,9 +898,15 @@ def decode_case(o, case, groups, world_group):
         # sglang's heartbeat at its minimum
         os.environ.update(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL="2",
                           SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE="2")
-    if case == "freeze22":  # kvwire would notice a silent peer in 2 s: let sglang's heartbeat
-        os.environ.update(KVW_PEER_TIMEOUT_MS="60000", KVW_IDLE_HEARTBEAT_MS="60000")
-    s = DecodeSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID)
+    if case == "freeze22":
+        # The bootstrap server (its own process) keeps answering sglang's
+        # heartbeat while the prefill schedulers are frozen: sglang's waiting
+        # timeout fails the requests. kvwire would notice a silent peer in
+        # 2 s: its timers longer, so that the verdict is sglang's.
+        os.environ.update(SGLANG_DISAGGREGATION_WAITING_TIMEOUT=str(FREEZE_WAITING_S),
+                          KVW_PEER_TIMEOUT_MS="30000", KVW_IDLE_HEARTBEAT_MS="30000")
+    s = DecodeSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
+                    PREFIX_TOKENS.get(case, 0))
     os.environ.clear()
     os.environ.update(saved)
     pq, tq = s.prealloc_queue, s.transfer_queue
@@ -825,6 +939,11 @@ def decode_case(o, case, groups, world_group):
         if failed(why):
             out.setdefault(rid, f"Failed: {why.message}")
     ok = wrong_total == 0
+    if case in PREFIX_TOKENS:  # every request longer than the prefix matched it
+        hits = sum(1 for r in reqs if prefix_len(case, len(r.origin_input_ids)))
+        ok &= s.tree_cache.prefix_hits == hits > 0
+        say(f"decode {case} rank {o.rank}: {s.tree_cache.prefix_hits} of {len(reqs)} requests "
+            f"matched a cached prefix of {PREFIX_TOKENS[case]} tokens")
     for r in reqs:
         got = out.get(r.rid, "stuck")
         good = got.startswith("Success" if expect_success(case, r.bootstrap_room) else "Failed")
@@ -836,7 +955,7 @@ def decode_case(o, case, groups, world_group):
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size(),
              MD_SLOTS * 2 - s.req_to_token_pool.available_size())
     ok &= leaks == (0, 0, 0) and state_leaks(s) == (0, 0)
-    if s.hybrid:  # every request's state was there to check
+    if s.hybrid and case not in REFUSALS:  # every request's state was there to check
         ok &= s.state_checked > 0 and len(out) == len(reqs)
         say(f"decode {case} rank {o.rank}: {s.state_checked} state bytes checked (SWA window, "
             f"Mamba slot), SWA pages/Mamba slots still held {state_leaks(s)}")
@@ -884,39 +1003,43 @@ def decode_lost(o, case, s, reqs, world_group):
         time.sleep(0.02)
     took = time.monotonic() - t0
     mgr = pq.kv_manager
-    per_try = mgr.heartbeat_interval + (5 if case == "freeze22" else 0)
-    bound = per_try * mgr.max_failures + 10
     if case == "freeze22":
-        # sglang's verdict aborts kvwire's receivers, and the pages are
-        # released only once their abort barrier has passed: a frozen
-        # prefill never confirms, so the connection is declared dead after
-        # kvwire's peer timeout (60 s for this case, read by the engine)
-        bound += mgr.peer_timeout_ms / 1000
+        # sglang's waiting timeout (from send_metadata, before the freeze)
+        # aborts kvwire's receivers, and the pages are released only once
+        # their abort barrier has passed: a frozen prefill never confirms,
+        # so the connection is declared dead after kvwire's peer timeout
+        # (30 s for this case, read by the engine); + 10 s of slack
+        bound = mgr.waiting_timeout + mgr.peer_timeout_ms / 1000 + 10
+        limit = f"waiting timeout {mgr.waiting_timeout:g} s + kvwire's peer timeout"
+    else:  # the whole prefill server is gone: sglang's heartbeat or kvwire's peer loss
+        bound = mgr.heartbeat_interval * mgr.max_failures + 10
+        limit = f"heartbeat {mgr.heartbeat_interval:g} s x {mgr.max_failures}"
     whys = [why.message for _, why in s.streamed if failed(why)]
     leaks = (POOL_PAGES - len(s.allocator.free_pages), MD_SLOTS - s.md_alloc.available_size())
     ok = not tq.queue and len(whys) == len(reqs) and took < bound and leaks == (0, 0)
-    # sglang's heartbeat on this rank, or the all-reduce from a rank whose heartbeat fired
+    # sglang's waiting timeout / heartbeat on this rank, or the all-reduce
+    # from a rank whose verdict came first
     hb = sum("Lost connection with prefill instance" in w for w in whys)
+    timed_out = sum("timed out after" in w for w in whys)
     if case == "freeze22":
-        ok &= all("Lost connection with prefill instance" in w or "failed on another rank" in w
-                  for w in whys)
+        ok &= hb == 0 and all("timed out after" in w or "failed on another rank" in w
+                              for w in whys)
     what = "killed" if case == "kill22" else "stopped"
-    say(f"decode {case} rank {o.rank}: {hb} by this rank's heartbeat, the rest by the "
-        "all-reduce or kvwire")
+    say(f"decode {case} rank {o.rank}: {hb} by this rank's heartbeat, {timed_out} by its "
+        "waiting timeout, the rest by the all-reduce or kvwire")
     say(f"decode {case} rank {o.rank}: {len(whys)}/{len(reqs)} requests Failed {took:.1f} s "
-        f"after prefill was {what} (bound {bound:.0f} s: heartbeat {mgr.heartbeat_interval:g} s "
-        f"x {mgr.max_failures}), pages/metadata slots still held {leaks}; first reason: "
-        f"{whys[0] if whys else '-'}")
+        f"after prefill was {what} (bound {bound:.0f} s: {limit}), pages/metadata slots "
+        f"still held {leaks}; first reason: {whys[0] if whys else '-'}")
     say(f"decode {case} rank {o.rank}: as expected: {ok}")
     if case == "freeze22":  # the test resumes prefill (before close: acks of the aborts)
         dist.barrier(group=world_group)
         if o.rank == 0:
             publish(os.path.join(o.rendezvous, "freeze22.failed"), "")
     mgr.close()
-    if case == "freeze22":  # prefill then ends its requests and its case
-        dist.barrier(group=world_group)
-        if o.rank == 0:
-            publish(os.path.join(o.rendezvous, "freeze22.done"), "")
+    # freeze22: prefill then ends its requests and its case
+    dist.barrier(group=world_group)
+    if o.rank == 0:
+        publish(os.path.join(o.rendezvous, f"{case}.done"), "")
     return ok
 
 
@@ -935,7 +1058,7 @@ def verify(s, req, dp_rank):
     n = len(req.origin_input_ids)
     locs = s.req_to_token_pool.req_to_token[req.req_pool_idx, :n].numpy()
     wrong = 0
-    for b, buf in enumerate(s.pool.bufs):
+    for b, buf in zip(s.pool.buf_ids, s.pool.bufs):
         want = kv_content(req.bootstrap_room, dp_rank, b, n, s.mla, s.heads)
         wrong += int((buf[locs] != want).sum())
     room = req.bootstrap_room
@@ -1003,44 +1126,84 @@ def run_rank(o):
     return 0 if ok else 1
 
 
+def bootstrap_main(o):
+    """sglang's bootstrap server in a process of its own, as sglang runs it
+    (in the HTTP server's process): one server per case, on prefill's
+    address, published as CASE.bootstrap, closed once decode published
+    CASE.done. kill22 (last) ends with the test SIGKILLing it beside the
+    prefill ranks (the whole prefill server gone)."""
+    for case in o.cases.split(","):
+        port = free_port(o.ip)
+        server = get_kv_class(BACKEND, KVClassType.BOOTSTRAP_SERVER)(host=o.ip, port=port)
+        publish(os.path.join(o.rendezvous, f"{case}.bootstrap"), f"{o.ip}:{port}")
+        say(f"bootstrap {case}: sglang's bootstrap server on {o.ip}:{port}")
+        wait_file(os.path.join(o.rendezvous, f"{case}.done"), 900)
+        server.close()
+    return 0
+
+
+def child_main(role, rank, o):
+    """A process of the launcher's (started with multiprocessing's spawn,
+    as sglang starts its schedulers: it imported this module afresh, so
+    install() ran here as the plugin runs it in a spawned scheduler): its
+    log in the rendezvous directory, its exit code as run_rank's."""
+    code = 1
+    try:
+        fd = os.open(os.path.join(o.rendezvous, f"{role}{rank}.log"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        say(f"{role} rank {rank}: imports took {time.monotonic() - T0:.1f} s (spawned)")
+        if role == "bootstrap":
+            code = bootstrap_main(o)
+        else:
+            code = run_rank(argparse.Namespace(role=role, rank=rank, world=o.world, ip=o.ip,
+                                               dev=o.dev, rendezvous=o.rendezvous,
+                                               cases=o.cases))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def launch(o):
-    """Fork one process per rank and side after the imports (torch's import
-    alone costs a minute in a TCG guest; nothing has run that a fork could
-    break: no thread, no socket, no torch op). Each rank writes ROLE RANK.log
-    and, once ended, ROLE RANK.rc in the rendezvous directory; pids lists
-    them (the test SIGSTOPs / SIGKILLs prefill's for freeze22 / kill22)."""
+    """Start one process per rank and side, and sglang's bootstrap server's
+    own, with multiprocessing's spawn (sglang's start method: each imports
+    this module, hence sglang and kvwire, afresh). Each rank writes ROLE
+    RANK.log and, once ended, ROLE RANK.rc in the rendezvous directory; pids
+    lists them (the test SIGSTOPs / SIGKILLs prefill's, and the bootstrap
+    server's for kill22)."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait as mp_wait
+
     say(f"launcher: imports took {time.monotonic() - T0:.1f} s")
-    ranks = [("prefill", r, o.ip0, o.dev0) for r in range(o.world)]
+    ctx = mp.get_context("spawn")
+    ranks = [("bootstrap", 0, o.ip0, o.dev0)]
+    ranks += [("prefill", r, o.ip0, o.dev0) for r in range(o.world)]
     ranks += [("decode", r, o.ip1, o.dev1) for r in range(o.world)]
-    pids = {}
+    procs = {}
     for role, r, ip, dev in ranks:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                fd = os.open(os.path.join(o.rendezvous, f"{role}{r}.log"),
-                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.environ.update(KVWIRE_LOCAL_IP=ip, SGLANG_HOST_IP=ip)
-                code = run_rank(argparse.Namespace(role=role, rank=r, world=o.world, ip=ip,
-                                                   dev=dev, rendezvous=o.rendezvous,
-                                                   cases=o.cases))
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = (role, r)
+        # read by the child's imports and its managers (the environment is inherited)
+        os.environ.update(KVWIRE_LOCAL_IP=ip, SGLANG_HOST_IP=ip)
+        args = argparse.Namespace(world=o.world, ip=ip, dev=dev, rendezvous=o.rendezvous,
+                                  cases=o.cases)
+        p = ctx.Process(target=child_main, args=(role, r, args), name=f"{role}{r}")
+        p.start()
+        procs[p.sentinel] = (p, role, r)
     publish(os.path.join(o.rendezvous, "pids"),
-            "".join(f"{role} {r} {pid}\n" for pid, (role, r) in pids.items()))
-    while pids:
-        pid, status = os.wait()
-        role, r = pids.pop(pid)
-        rc = os.waitstatus_to_exitcode(status)
-        publish(os.path.join(o.rendezvous, f"{role}{r}.rc"), str(rc))
-        say(f"launcher: {role} rank {r} ended ({rc}) {time.monotonic() - T0:.1f} s after start")
+            "".join(f"{role} {r} {p.pid}\n" for p, role, r in procs.values()))
+    while procs:
+        if all(role == "bootstrap" for _, role, _ in procs.values()):
+            for p, _, _ in procs.values():  # every rank ended: its cases too
+                p.terminate()
+        for sentinel in mp_wait(list(procs)):
+            p, role, r = procs.pop(sentinel)
+            p.join()
+            publish(os.path.join(o.rendezvous, f"{role}{r}.rc"), str(p.exitcode))
+            say(f"launcher: {role} rank {r} ended ({p.exitcode}) "
+                f"{time.monotonic() - T0:.1f} s after start")
     return 0
 
 

@@ -3,8 +3,10 @@
 send_kv_chunk and the prefill inflight queue; DecodePreallocQueue and
 DecodeTransferQueue; gloo groups for their all-reduced polls; sglang's HTTP
 bootstrap server; kvwire on real rxe. Separate processes, one per rank and
-side (2 prefill + 2 decode, forked by one launcher after its imports, shared
-by the cases; each case is its own test below). What is real and every
+side (2 prefill + 2 decode) and one for sglang's bootstrap server (as sglang
+runs it in the HTTP server's process), all started by one launcher with
+multiprocessing's spawn (sglang's start method: each imports sglang and
+kvwire afresh), shared by the cases; each case is its own test below. What is real and every
 stand-in, with why, are listed in sglang_queues_harness.py's docstring:
 FakeReq, CpuKVPool, PagedAllocator, PrefillReqToTokenPool, FakeTreeCache,
 RecordingMetadataBuffers (records the bootstrap_room read), PrefillSched /
@@ -30,7 +32,8 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = "tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,freeze22,kill22"
+CASES = ("tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,hybrid21,prefix11,pp21,"
+         "freeze22,kill22")
 
 
 def _report(text, tag):
@@ -42,10 +45,10 @@ def _report(text, tag):
                     f.write(f"sglang queues ({tag}) {line}\n")
 
 
-def _signal_prefill(tmp, sig):
+def _signal_prefill(tmp, sig, roles=("prefill",)):
     for line in (tmp / "pids").read_text().splitlines():
         role, _, pid = line.split()
-        if role == "prefill":
+        if role in roles:
             os.kill(int(pid), sig)
 
 
@@ -70,12 +73,13 @@ def _stop_prefill_when_ready(tmp, launcher, secs):
     if _wait(tmp, _ready("freeze22"), launcher, end):
         _signal_prefill(tmp, signal.SIGSTOP)
         (tmp / "freeze22.stopped").write_text("")
-        # heartbeat (about 14 s) + kvwire's abort barrier (peer timeout, 60 s)
+        # waiting timeout (12 s) + kvwire's abort barrier (peer timeout, 30 s)
         _wait(tmp, ["freeze22.failed"], launcher, time.monotonic() + 200)
         _signal_prefill(tmp, signal.SIGCONT)
         (tmp / "freeze22.release").write_text("")
     if _wait(tmp, _ready("kill22"), launcher, end):
-        _signal_prefill(tmp, signal.SIGKILL)
+        # the whole prefill server: its schedulers and its bootstrap server
+        _signal_prefill(tmp, signal.SIGKILL, ("prefill", "bootstrap"))
         (tmp / "kill22.stopped").write_text("")
 
 
@@ -97,7 +101,7 @@ def run(tmp_path_factory):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:
-        _stop_prefill_when_ready(tmp, launcher, 600)
+        _stop_prefill_when_ready(tmp, launcher, 900)  # spawned imports: 130 to 210 s in a TCG guest
         out = launcher.communicate(timeout=240)[0]
     finally:
         if launcher.poll() is None:  # a rank hung: end them all
@@ -115,6 +119,8 @@ def run(tmp_path_factory):
             log, rc = tmp / f"{role}{r}.log", tmp / f"{role}{r}.rc"
             text += log.read_text() + "\n" if log.exists() else f"{role} rank {r}: no log\n"
             codes[(role, r)] = int(rc.read_text()) if rc.exists() else None
+    log = tmp / "bootstrap0.log"
+    text += log.read_text() + "\n" if log.exists() else "bootstrap server: no log\n"
     text += out + f"(all ranks ended {time.monotonic() - t0:.1f} s after the launcher started)"
     print(text)
     _report(text, f"{time.monotonic() - t0:.0f} s")
@@ -228,30 +234,72 @@ def test_hybrid_mamba_swa(run):
         assert m and int(m.group(1)) > 0, (r, run[1][-4000:])
 
 
-def test_prefill_frozen_fails_by_sglangs_heartbeat(run):
-    """Both prefill ranks SIGSTOPped while decode's requests wait in sglang's
-    transfer queue, kvwire's own peer timers set to 60 s: each decode rank
-    fails them all through sglang's heartbeat ("Lost connection with
-    prefill instance"; 2 s x 2 here, each try also waiting out the 2 s + 3 s
-    HTTP timeouts, + 10 s) and frees their pages once kvwire's abort
-    barrier has passed (a frozen prefill never confirms: kvwire's peer
-    timeout, 60 s here, declares the connection dead); resumed, prefill
-    fails its side too."""
+def test_hybrid_2_to_1_refused_with_the_reason(run):
+    """Not served: a hybrid model (Mamba, SWA) with prefill TP 2 -> decode
+    TP 1 (sglang slices Mamba's state by state_dim_per_tensor; kvwire writes
+    a state item whole from one rank): every request fails at once on
+    decode, the reason naming both TP sizes and the missing state slicing;
+    on prefill by sglang's bootstrap timeout (10 s here: kvwire's handshake
+    refused the layouts, the SWA items differing, and names no room); no
+    page, slot or state left held."""
+    _case_ok(run, "hybrid21", 2, 1)
+    assert len(re.findall(r"decode hybrid21 rank 0\| room \d+: Failed: .*not sliced across "
+                          r"TP sizes", run[1])) == 5, run[1][-4000:]
+
+
+def test_decode_prefix_reuse(run):
+    """Decode's radix cache on, holding the first 8 tokens (2 pages) of each
+    request longer than that (a stand-in radix cache behind sglang's
+    match_prefix_for_req): sglang's DecodePreallocQueue allocates only the
+    rest, sends decode_prefix_len 8 and those pages' indices; prefill's own
+    queues (pop_decode_prefix_len() is 0 under kvwire) hand over every page
+    and kvwire writes only the pages decode asked for: sglang's transfer
+    metric on prefill counts exactly those (the harness checks it), and
+    every byte of the request on decode, prefix and rest, is right."""
+    _case_ok(run, "prefix11", 1, 1)
+    m = re.search(r"decode prefix11 rank 0: (\d+) of (\d+) requests matched a cached prefix",
+                  run[1])
+    assert m and int(m.group(1)) == 4 and int(m.group(2)) == 5, run[1][-4000:]
+
+
+def test_pp2_prefill_to_pp1_decode(run):
+    """Prefill PP 2 (two processes, each its PrefillBootstrapQueue with
+    pp_rank 0 / 1 and a KV pool of its one layer, registered with sglang's
+    bootstrap server as PP ranks), decode PP 1 (both layers): sglang's
+    rank mapping gives decode both stages (target_pp_ranks), kvwire
+    gathers each stage's layer into decode's pool; every byte of both
+    layers, the first token and bootstrap_room (the last stage's
+    metadata) right; nothing left held on either side."""
+    _case_ok(run, "pp21", 2, 1)
+
+
+def test_prefill_frozen_fails_by_sglangs_waiting_timeout(run):
+    """Both prefill schedulers SIGSTOPped while decode's requests wait in
+    sglang's transfer queue; the bootstrap server (its own process) keeps
+    answering sglang's heartbeat, kvwire's own peer timers are set to 30 s:
+    each decode rank fails them all by sglang's waiting timeout
+    (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 12 s here; "timed out after")
+    and frees their pages once kvwire's abort barrier has passed (a frozen
+    prefill never confirms: kvwire's peer timeout declares the connection
+    dead); no heartbeat verdict; resumed, prefill fails its side too."""
     codes, text = run
     for r in range(WORLD):
         assert codes[("decode", r)] == 0, text[-4000:]
         assert f"decode freeze22 rank {r}: as expected: True" in text, text[-4000:]
         assert re.search(f"prefill freeze22 rank {r}: .*still held \\(0, 0\\), as expected: True",
                          text), text[-4000:]
-    # at least one decode rank's heartbeat fired; the all-reduce fails the rest
-    hb = [int(n) for n in re.findall(r"decode freeze22 rank \d: (\d+) by this rank's heartbeat",
-                                     text)]
-    assert len(hb) == WORLD and max(hb) > 0, hb
+    # no heartbeat verdict (the bootstrap server answers); at least one decode
+    # rank's waiting timeout fired, the all-reduce fails the rest
+    got = re.findall(r"decode freeze22 rank \d: (\d+) by this rank's heartbeat, (\d+) by its "
+                     r"waiting timeout", text)
+    assert len(got) == WORLD, got
+    assert all(int(hb) == 0 for hb, _ in got) and max(int(t) for _, t in got) > 0, got
     assert not [x for x in text.splitlines() if " freeze22 rank " in x and "<-- unexpected" in x]
 
 
 def test_prefill_killed_reaches_failed(run):
-    """Both prefill ranks SIGKILLed while decode's requests wait in sglang's
+    """The whole prefill server (both scheduler ranks and the bootstrap
+    server's process) SIGKILLed while decode's requests wait in sglang's
     transfer queue: each decode rank fails them all within sglang's
     heartbeat bound (2 s x 2 here, + 10 s) and frees their pages (kvwire
     sees the control connection close first)."""

@@ -27,6 +27,7 @@ class ServerArgs:
     kv_cache_dtype: str = "auto"
     load_balance_method: str = "follow_bootstrap_room"
     enable_dsa_cache_layer_split: bool = False
+    enable_memory_saver: bool = False  # RL memory release (torch_memory_saver)
     # read by the scheduler queues (decode.py)
     disable_radix_cache: bool = True
     disaggregation_decode_enable_radix_cache: bool = False

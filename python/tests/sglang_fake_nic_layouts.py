@@ -1,0 +1,291 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Layouts kvwire's sglang backend serves beyond equal TP, all ranks in one
+process, on the fake NIC (libkvwire built with tests/support/fake_nic.c:
+`make python-fake-nic`, loaded as KVWIRE_LIB; the fake NIC is
+process-wide; run by test_sglang_fake_nic.py) or on the test bed's rxe
+devices (KVW_TB_DEV0/IP0 prefill, KVW_TB_DEV1/IP1 decode; run by
+guest/test_sglang_layouts_on_rxe.py), one scenario per process. Prints one
+JSON line.
+
+    KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
+        python3 sglang_fake_nic_layouts.py prefix|pp21|pp22|pp21_tp_mismatch|tp12_noflag
+
+Real: sglang's CommonKVManager / Sender / Receiver / BootstrapServer from
+the pinned snapshot under kvwire's classes (get_kv_class), its rank
+mapping (try_ensure_parallel_info: target_pp_ranks, bootstrap_infos) and
+kvwire's engines. Stand-ins: the rest of sglang (sglang_stubs), the KV pool
+(numpy pages, MHA: K layers then V layers, one page per item), and the
+scheduler: the calls below are those of sglang's queues in their order
+(prefill: PrefillBootstrapQueue.pop_bootstrapped's poll, then
+pop_decode_prefix_len and init with the page count it computes, then
+send_kv_chunk's send per chunk from req.start_send_idx; decode:
+DecodePreallocQueue's init and send_metadata with the delta pages and
+decode_prefix_len as pop_preallocated computes them, then
+DecodeTransferQueue's poll).
+
+Scenarios:
+  prefix  decode prefix reuse: decode holds the request's first 2 of 6 pages
+          (decode_prefix_len = 2 pages of tokens) and asks for the other 4;
+          prefill hands over all 6 in 2 chunks; decode's 4 pages get the
+          last 4 of prefill's, its 2 prefix pages are never written;
+  pp21    prefill PP 2 (stage 0: layers 0-1, stage 1: layers 2-3), decode
+          PP 1 (layers 0-3): decode gathers both stages, the aux item
+          (metadata) from the last stage only;
+  pp22    prefill PP 2 -> decode PP 2: stage to stage;
+  pp21_tp_mismatch  prefill PP 2 with attn TP 1 -> decode PP 1 with attn
+          TP 2 is refused on decode, the reason naming the sizes;
+  tp12_noflag  MLA, prefill TP 1 not told decode's TP (no
+          --disaggregation-decode-tp), decode TP 2: one decode rank is
+          served, the other fails at once, naming the flag (not served:
+          kvwire's request does not carry decode's rank count).
+"""
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # python/
+import ctypes  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import sglang_ref  # noqa: E402
+
+SCENARIO = sys.argv[1]
+# The fake NIC (host, make python-test) or the test bed's rxe devices
+# (guest/test_sglang_layouts_on_rxe.py: KVW_TB_DEV0/IP0 for prefill,
+# KVW_TB_DEV1/IP1 for decode).
+FAKE = "KVW_TB_DEV0" not in os.environ
+if FAKE:
+    DEV_P, IP_P, DEV_D, IP_D = "fake0", "127.0.0.1", "fake1", "127.0.0.1"
+else:
+    DEV_P, IP_P = os.environ["KVW_TB_DEV0"], os.environ["KVW_TB_IP0"]
+    DEV_D = os.environ.get("KVW_TB_DEV1", DEV_P)
+    IP_D = os.environ.get("KVW_TB_IP1", IP_P)
+sglang_ref.enter()
+nic = ctypes.CDLL(os.environ["KVWIRE_LIB"]) if FAKE else None
+import kvwire.sglang as ks  # noqa: E402
+
+ks.install("kvwire")
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+from sglang.srt.disaggregation.utils import (DisaggregationMode, KVClassType,  # noqa: E402
+                                             TransferBackend, get_kv_class)
+from sglang.srt.runtime_context import set_rank  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+B = TransferBackend("kvwire")
+KVArgs, Manager, Sender, Receiver, Server = (get_kv_class(B, k) for k in (
+    KVClassType.KVARGS, KVClassType.MANAGER, KVClassType.SENDER, KVClassType.RECEIVER,
+    KVClassType.BOOTSTRAP_SERVER))
+POOL, ITEM, LAYERS, AUX_SLOTS, ROOM = 16, 256, 4, 4, 11
+HEADS, PAGE = 2, 1  # KV heads per rank, tokens per page
+P, D = DisaggregationMode.PREFILL, DisaggregationMode.DECODE
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind((IP_P, 0))
+        return s.getsockname()[1]
+
+
+class Rank:
+    """One rank's KV pool (K layers then V layers over `layers`) and aux."""
+
+    def __init__(self, mode, layers, fill, pp_size=1, pp_rank=0, attn_tp=1, port=0,
+                 tp_rank=0, mla=False):
+        self.layers = list(layers)
+        rng = np.random.default_rng(100 + pp_rank)
+        mk = (lambda: rng.integers(1, 256, POOL * ITEM, dtype=np.uint8)) if fill else (
+            lambda: np.zeros(POOL * ITEM, dtype=np.uint8))
+        self.k = [mk() for _ in self.layers]
+        self.v = [mk() for _ in self.layers]
+        self.aux = [np.zeros(AUX_SLOTS, dtype=np.int64)]
+        kv = self.k if mla else self.k + self.v
+        a = KVArgs()
+        a.engine_rank, a.gpu_id, a.page_size, a.system_dp_rank = 0, 0, PAGE, 0
+        a.pp_rank, a.prefill_start_layer = pp_rank, self.layers[0]
+        a.engine_rank = tp_rank
+        a.kv_data_ptrs, a.kv_data_lens = [x.ctypes.data for x in kv], [x.nbytes for x in kv]
+        a.kv_item_lens = [ITEM] * len(kv)
+        if mode == P and not mla:
+            a.kv_head_num, a.total_kv_head_num = HEADS, HEADS * attn_tp
+        a.aux_data_ptrs = [x.ctypes.data for x in self.aux]
+        a.aux_data_lens = [x.nbytes for x in self.aux]
+        a.aux_item_lens = [x.nbytes // AUX_SLOTS for x in self.aux]
+        a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
+        a.ib_device = DEV_P if mode == P else DEV_D
+        # each side's address on the RDMA network (read at manager creation)
+        os.environ["KVWIRE_LOCAL_IP"] = IP_P if mode == P else IP_D
+        set_rank(attn_tp_size=attn_tp, attn_tp_rank=tp_rank)
+        from sglang.srt.configs import model_config
+
+        model_config.set_model(HEADS * attn_tp)
+        sa = ServerArgs(host=IP_P, port=30000, disaggregation_bootstrap_port=port,
+                        disaggregation_transfer_backend="kvwire", tp_size=attn_tp, dp_size=1,
+                        pp_size=pp_size)
+        self.mgr = Manager(a, mode, sa, mla)
+
+    def page(self, kind, layer, pg):
+        buf = (self.k if kind == "k" else self.v)[self.layers.index(layer)]
+        return buf[pg * ITEM:(pg + 1) * ITEM]
+
+
+def wait(cond, secs, what):
+    end = time.monotonic() + secs
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError(what)
+        time.sleep(0.001)
+
+
+def pp_layers(pp_size, rank):
+    per = LAYERS // pp_size
+    return range(rank * per, LAYERS if rank == pp_size - 1 else (rank + 1) * per)
+
+
+def run_tp12_noflag(out, port, addr):
+    """MLA, prefill TP 1 without --disaggregation-decode-tp, decode TP 2:
+    both decode ranks ask the one prefill rank for the room; it serves one,
+    the other fails at once, its reason naming the flag."""
+    pre = Rank(P, range(LAYERS), True, port=port, mla=True)
+    dec = [Rank(D, range(LAYERS), False, attn_tp=2, tp_rank=t, mla=True) for t in range(2)]
+    try:
+        s = Sender(mgr=pre.mgr, bootstrap_addr=addr, bootstrap_room=ROOM, dest_tp_ranks=[0],
+                   pp_rank=0)
+        recvs = [Receiver(mgr=d.mgr, bootstrap_addr=addr, bootstrap_room=ROOM) for d in dec]
+        for d in dec:
+            wait(lambda: d.mgr.try_ensure_parallel_info(addr), 20, "parallel info")
+        for r in recvs:
+            r.init(0)
+            r.send_metadata(np.array([1, 2], dtype=np.int64), 1)
+        wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput")
+        s.init(2, 2)
+        s.send(np.array([3, 4], dtype=np.int64))
+        end = time.monotonic() + 20
+        polls = [int(r.poll()) for r in recvs]
+        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
+            if time.monotonic() > end:
+                break
+            time.sleep(0.002)
+            polls = [int(r.poll()) for r in recvs]
+        out["decode_polls"] = polls
+        out["reasons"] = []
+        for r, p in zip(recvs, polls):
+            if p == KVPoll.Failed:
+                try:
+                    r.failure_exception()
+                except Exception as e:
+                    out["reasons"].append(str(e))
+        for x in recvs + [s]:
+            x.clear()
+    finally:
+        for r in [pre] + dec:
+            r.mgr.close()
+
+
+def run(out, port, addr):
+    if SCENARIO == "tp12_noflag":
+        return run_tp12_noflag(out, port, addr)
+    prefix_pages = 2 if SCENARIO == "prefix" else 0
+    npages = 6
+    pp_p = 1 if SCENARIO == "prefix" else 2
+    pp_d = 2 if SCENARIO == "pp22" else 1
+    d_tp = 2 if SCENARIO == "pp21_tp_mismatch" else 1
+    pre = [Rank(P, pp_layers(pp_p, s), True, pp_p, s, port=port) for s in range(pp_p)]
+    dec = [Rank(D, pp_layers(pp_d, s), False, pp_d, s, attn_tp=d_tp) for s in range(pp_d)]
+    ranks = pre + dec
+    try:
+        for s, r in enumerate(pre):  # each stage's metadata: its stage number + 1000
+            r.aux[0][2] = 1000 + s
+        senders = [Sender(mgr=r.mgr, bootstrap_addr=addr, bootstrap_room=ROOM, dest_tp_ranks=[0],
+                          pp_rank=s) for s, r in enumerate(pre)]
+        recvs = [Receiver(mgr=r.mgr, bootstrap_addr=addr, bootstrap_room=ROOM) for r in dec]
+        for r in dec:
+            wait(lambda: r.mgr.try_ensure_parallel_info(addr), 20, "parallel info")
+        for r in recvs:
+            r.init(0)
+        if SCENARIO == "pp21_tp_mismatch":
+            polls = [int(r.poll()) for r in recvs]
+            try:
+                recvs[0].failure_exception()
+            except Exception as e:
+                out["reason"] = str(e)
+            out["polls"] = polls
+            return
+        for r in recvs:
+            wait(lambda: r.poll() == KVPoll.WaitingForInput, 20, "decode WaitingForInput")
+        dst_pages = np.array([9, 3, 14, 5, 7, 1], dtype=np.int64)
+        src_pages = np.array([2, 4, 6, 8, 10, 12], dtype=np.int64)
+        for r in recvs:  # pop_preallocated: only the pages after decode's prefix
+            r.send_metadata(dst_pages[prefix_pages:], 1, None,
+                            decode_prefix_len=prefix_pages * PAGE)
+        out["popped_prefix_len"] = []
+        for s in senders:  # pop_bootstrapped
+            wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput")
+            start = s.pop_decode_prefix_len()
+            out["popped_prefix_len"].append(start)
+            s.init((npages * PAGE - start + PAGE - 1) // PAGE, 2)
+        for s in senders:  # send_kv_chunk from req.start_send_idx, two chunks
+            s.send(src_pages[:3])
+            s.send(src_pages[3:])
+        end = time.monotonic() + 20
+        polls = [int(r.poll()) for r in recvs]
+        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
+            if time.monotonic() > end:
+                break
+            time.sleep(0.002)
+            polls = [int(r.poll()) for r in recvs]
+        out["decode_polls"] = polls
+        wait(lambda: all(s.poll() in (KVPoll.Success, KVPoll.Failed) for s in senders), 20,
+             "prefill ended")
+        out["prefill_end"] = [int(s.poll()) for s in senders]
+        for i, p in enumerate(polls):
+            if p == KVPoll.Failed:
+                try:
+                    recvs[i].failure_exception()
+                except Exception as e:
+                    out.setdefault("reasons", []).append(str(e))
+        # every layer's every page on decode, against the prefill stage holding it
+        bad, checked = 0, 0
+        for d in dec:
+            for layer in d.layers:
+                src_rank = next(r for r in pre if layer in r.layers)
+                for kind in ("k", "v"):
+                    for j in range(npages):
+                        got = d.page(kind, layer, int(dst_pages[j]))
+                        if j < prefix_pages:  # decode's own prefix: never written
+                            bad += int((got != 0).sum())
+                        else:
+                            want = src_rank.page(kind, layer, int(src_pages[j]))
+                            bad += int((got != want).sum())
+                        checked += got.size
+        out["bytes_checked"], out["bytes_wrong"] = checked, bad
+        out["decode_aux"] = [int(d.aux[0][1]) for d in dec]
+        for x in recvs + senders:
+            x.clear()
+    finally:
+        for r in ranks:
+            r.mgr.close()
+
+
+def main():
+    if FAKE:
+        assert nic.kvw_test_fake_nic_start(2) == 0
+    port = free_port()
+    server = Server(host=IP_P, port=port)
+    out = {"scenario": SCENARIO, "nic": "fake" if FAKE else f"{DEV_P},{DEV_D}"}
+    try:
+        run(out, port, f"{IP_P}:{port}")
+    finally:
+        server.close()
+        if FAKE:
+            nic.kvw_test_fake_nic_stop()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
