@@ -490,6 +490,20 @@ typedef struct kvw_engine_counters {
     _Atomic uint64_t orphans, orphans_expired, aborts, abort_confirms;
 } kvw_engine_counters_t;
 
+/* The engine's request table (reqtab.c owns it; all under the engine
+ * lock): the room hash, the deadline heap, the control thread's work list
+ * and decode's token table. */
+typedef struct kvw_reqtab {
+    kvw_req_t **rooms; /* hash of the engine's requests by room */
+    size_t room_mask, num_reqs;
+    kvw_req_t **heap; /* requests with a deadline, earliest first */
+    size_t heap_len, heap_cap;
+    kvw_req_t *work_head, *work_tail; /* requests the control thread must look at */
+    kvw_req_t **tokens;               /* decode: slot -> receiver */
+    uint16_t *token_gen;
+    uint32_t token_hint;
+} kvw_reqtab_t;
+
 struct kvw_engine {
     kvw_role_t role;
     const kvw_role_ops_t *ops; /* the role's: kvw__prefill_ops or kvw__decode_ops */
@@ -573,24 +587,17 @@ struct kvw_engine {
     uint32_t next_serial;       /* control */
     kvw_peer_t *graveyard;      /* (lock) unpublished peers for the poller to free */
     atomic_bool graves_pending;
-    kvw_req_t *reqs, *reqs_tail;      /* oldest first */
-    kvw_req_t **rooms;                /* (lock) hash of reqs by room */
-    size_t room_mask, num_reqs;       /* (lock) */
-    kvw_req_t **heap;                 /* (lock) reqs with a deadline, earliest first */
-    size_t heap_len, heap_cap;        /* (lock) */
-    kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
-    kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
-    size_t npending, pending_cap;     /* (lock) */
-    _Atomic uint64_t drops;           /* control writes: messages dropped; anyone reads */
-    kvw_ratelog_t drop_log;           /* control: their log lines */
-    uint64_t control_due_ns;          /* (lock) when the control thread wakes at the latest */
-    _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
+    kvw_req_t *reqs, *reqs_tail;    /* oldest first */
+    kvw_reqtab_t tab;               /* (lock) the room hash, deadline heap, work list, tokens */
+    kvw_req_t **pending;            /* (lock) decode: receivers waiting for a new connection */
+    size_t npending, pending_cap;   /* (lock) */
+    _Atomic uint64_t drops;         /* control writes: messages dropped; anyone reads */
+    kvw_ratelog_t drop_log;         /* control: their log lines */
+    uint64_t control_due_ns;        /* (lock) when the control thread wakes at the latest */
+    _Atomic uint64_t control_wakes; /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending;   /* lets the spinning poller skip the lock */
     atomic_bool poller_sleeping; /* set before its last look and its sleep */
-    kvw_req_t **tokens;          /* decode: slot -> receiver */
-    uint16_t *token_gen;
-    uint32_t token_hint;
     kvw_engine_counters_t counters;
 };
 

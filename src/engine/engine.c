@@ -466,9 +466,9 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     if (p->bootstrap_addr)
         snprintf(e->bootstrap_addr, sizeof(e->bootstrap_addr), "%s", p->bootstrap_addr);
     if (e->role == KVW_ROLE_DECODE) {
-        e->tokens = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tokens));
-        e->token_gen = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->token_gen));
-        if (!e->tokens || !e->token_gen)
+        e->tab.tokens = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tab.tokens));
+        e->tab.token_gen = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tab.token_gen));
+        if (!e->tab.tokens || !e->tab.token_gen)
             return KVW_ERR_NO_MEMORY;
     }
     /* Twice the live cap: dead connections keep their slot until their
@@ -591,8 +591,8 @@ void kvw_engine_destroy(kvw_engine_t *e)
     while ((r = kvw__pop_work_locked(e))) /* the work list's references */
         kvw__req_unref(r);
     kvw__reqtab_fini(e);
-    free(e->tokens);
-    free(e->token_gen);
+    free(e->tab.tokens);
+    free(e->tab.token_gen);
     free(e->regions);
     free(e->mrs);
     kvw__layout_free(&e->layout);

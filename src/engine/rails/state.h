@@ -25,7 +25,7 @@ enum {
 struct kvw_req;
 
 /* A lane's way back into its connection after it failed (rails, docs/
- * topology.md "A rail that comes back"). The state is handed between the
+ * rails.md "A rail that comes back"). The state is handed between the
  * poller and the control thread through `rejoin`; the fields each state
  * lists belong to the thread that holds it. */
 typedef enum {
