@@ -117,6 +117,7 @@ struct kvw_copier {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stop;              /* (lock) */
+    _Atomic uint64_t jobs;  /* copies taken on (tests) */
     kvw_req_t *head, *tail; /* (lock) */
 };
 
@@ -138,6 +139,9 @@ static void *copier_main(void *arg)
             c->tail = NULL;
         r->stage.snext = NULL;
         pthread_mutex_unlock(&c->lock);
+        /* Counted before the request can end: whoever sees it ended sees
+         * the count. */
+        atomic_fetch_add_explicit(&c->jobs, 1, memory_order_relaxed);
         kvw__landing_finish(c->e, r);
         pthread_mutex_lock(&c->lock);
     }
@@ -189,4 +193,9 @@ void kvw__copier_stop(kvw_engine_t *e)
     pthread_mutex_destroy(&c->lock);
     free(c);
     e->copier = NULL;
+}
+
+uint64_t kvw__copier_jobs(kvw_engine_t *e)
+{
+    return e->copier ? atomic_load_explicit(&e->copier->jobs, memory_order_relaxed) : 0;
 }

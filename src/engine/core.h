@@ -767,6 +767,8 @@ void kvw__landing_finish(kvw_engine_t *e, kvw_req_t *r);
 kvw_status_t kvw__copier_start(kvw_engine_t *e);
 void kvw__copier_stop(kvw_engine_t *e);
 void kvw__copier_push(kvw_engine_t *e, kvw_req_t *r);
+/* Copies the copier's thread took on (tests: every scatter is one). */
+uint64_t kvw__copier_jobs(kvw_engine_t *e);
 /* What the buffer holds (tests): its bytes (0: none), those reserved
  * now, the scatters done (one per member landed), and 2D copies queued
  * (one per KV slot and run of contiguous pages). */
