@@ -115,7 +115,7 @@ PC        := $(BUILD)/kvwire.pc
 # Keep sanitizer objects between unit-test links.
 .SECONDARY: $(SAN_OBJS) $(TSAN_OBJS)
 
-.PHONY: all deps check doc-check unit tools-check etcd-check man abi-check abi-update python-test python-fake-nic integration tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
+.PHONY: all deps check doc-check unit tools-check etcd-check man abi-check abi-update python-test python-fake-nic integration compat-prev tsan chaos stream demo bench wrcost gpu-check install uninstall install-check clean format \
         fuzz fuzz-short fuzz-build fuzz-toolchain
 all: $(STATIC) $(SHARED) $(PC) $(TOOLS) $(TEST_TOOLS) $(BENCH_TOOLS) $(EXAMPLES) $(UNIT) $(INTEG)
 
@@ -244,7 +244,9 @@ unit: $(UNIT) abi-check
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
 
 # The public ABI's layout (every public struct's size and member offsets,
-# enum values, the version) against the record in tests/abi/kvwire-abi.txt:
+# enum values, the version) against the record in tests/abi/kvwire-abi.txt,
+# and each public function's symbol version against the release that added
+# it (tests/abi/kvwire-symbols.txt, check_symbols.py):
 # a change fails, saying which version bump it needs (docs/api-policy.md);
 # after the bump, `make abi-update` rewrites the record.
 # The dump program is generated from the header (tests/abi/gen_abi_dump.py),
@@ -254,8 +256,22 @@ $(ABI_DUMP): tests/abi/gen_abi_dump.py include/kvwire.h
 	$(PYTHON) tests/abi/gen_abi_dump.py '$(CC)' include $@.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-missing-prototypes $@.c -o $@
 
-abi-check: $(ABI_DUMP)
+abi-check: $(ABI_DUMP) $(SHARED) $(BUILD)/abi/old_node_test
 	$(PYTHON) tests/abi/check_abi.py $(ABI_DUMP) $(ABI_RECORD)
+	$(PYTHON) tests/abi/check_symbols.py $(SHARED) tests/abi/kvwire-symbols.txt include/kvwire.h
+	LD_LIBRARY_PATH=$(BUILD) $(BUILD)/abi/old_node_test
+
+# A program linked as those built against 1.1 .. 1.4 were (their map put
+# every function in KVWIRE_1.0; those releases had no aliases), run on
+# today's library by abi-check.
+$(BUILD)/abi/old/libkvwire.so.$(SONAME_MAJOR): $(LIB_OBJS) tests/abi/kvwire-1.0-pattern.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libkvwire.so.$(SONAME_MAJOR) \
+	    -Wl,--version-script=tests/abi/kvwire-1.0-pattern.map \
+	    $(filter-out %/symver.o,$(LIB_OBJS)) -o $@ $(LDLIBS)
+
+$(BUILD)/abi/old_node_test: tests/abi/old_node_test.c $(BUILD)/abi/old/libkvwire.so.$(SONAME_MAJOR)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/abi/old/libkvwire.so.$(SONAME_MAJOR) $(LDLIBS)
 
 abi-update: $(ABI_DUMP)
 	$(ABI_DUMP) > $(ABI_RECORD)
@@ -283,7 +299,13 @@ tsan: $(TSAN_TESTS)
 # The long chaos run: many more seeded fault schedules than make check's.
 chaos: $(BUILD)/unit/test_chaos
 	KVW_CHAOS_SCHEDULES=$${KVW_CHAOS_SCHEDULES:-20000} $(BUILD)/unit/test_chaos
-integration: $(INTEG) $(TOOLS) $(TEST_TOOLS) $(EXAMPLES) $(SHARED)
+# The previous minor release's kvw-xfer, built from this repository's own
+# history on the host (a shallow clone fails here, saying so), for
+# tests/integration/compat_scenarios.sh.
+compat-prev:
+	scripts/build-prev-release.sh $(BUILD)
+
+integration: $(INTEG) $(TOOLS) $(TEST_TOOLS) $(EXAMPLES) $(SHARED) compat-prev
 	tests/tools/kvw-testbed --devices 4 --timeout $${KVW_TESTBED_TIMEOUT:-3000} -- tests/integration/run-all.sh $(BUILD)
 
 # Two decode processes streaming back-to-back 12.6 MB requests from one

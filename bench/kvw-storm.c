@@ -190,7 +190,7 @@ static uint64_t storm(const opts_t *o, conn_t *c, const char *bs, const uint64_t
     return t0;
 }
 
-static void report(const opts_t *o, conn_t *c, uint64_t t0)
+static void report(const opts_t *o, conn_t *c, uint64_t t0, uint64_t engines_ns)
 {
     uint64_t *conn = calloc(o->engines, sizeof(uint64_t)), *bw = calloc(o->engines, 8);
     unsigned nconn = 0, ok = 0, failed = 0, shown = 0;
@@ -224,6 +224,15 @@ static void report(const opts_t *o, conn_t *c, uint64_t t0)
         printf("storm: time to connected: p50 %" PRIu64 " ms, p99 %" PRIu64 " ms, max %" PRIu64
                " ms (%u of %u connected)\n",
                pct(conn, nconn, 50), pct(conn, nconn, 99), conn[nconn - 1], nconn, o->engines);
+    /* Where decode's lookups happen: with KVW_REGISTRY each decode engine
+     * reads the ranks once at creation (a watch keeps them); with the
+     * bootstrap service each receiver asks it while the storm connects. */
+    bool registry = getenv("KVW_REGISTRY") != NULL;
+    uint64_t lookup_ms = registry ? engines_ns / 1000000 : (nconn ? conn[nconn - 1] : 0);
+    unsigned lookups = registry ? o->engines : nconn;
+    printf("storm: lookups (%s): %u in %" PRIu64 " ms, %.0f per second\n",
+           registry ? "registry reads at engine creation" : "bootstrap service, receivers", lookups,
+           lookup_ms, lookup_ms ? lookups * 1000.0 / (double)lookup_ms : 0.0);
     printf("storm: requests failed %u of %u, wrong bytes %zu\n", failed, o->engines, wrong);
     if (ok && bw[0])
         printf("storm: per-connection throughput MB/s: min %.1f, p50 %.1f, max %.1f, max/min "
@@ -265,12 +274,15 @@ int main(int argc, char **argv)
     kvw_engine_t *prefill = NULL;
     if (engine(&o, KVW_ROLE_PREFILL, o.dev0, o.ip0, kvw_bootstrap_addr(bs), skv, &cfg, &prefill))
         return 1;
+    uint64_t engines_ns = 0; /* decode engines' creation, senders excluded */
     for (unsigned i = 0; i < o.engines; i++) {
         c[i].mem = calloc(2, len);
         c[i].kv[0] = (kvw_region_t){c[i].mem, len, o.item};
         c[i].kv[1] = (kvw_region_t){c[i].mem + len, len, o.item};
+        uint64_t e0 = now_ns();
         if (engine(&o, KVW_ROLE_DECODE, o.dev1, o.ip1, NULL, c[i].kv, &cfg, &c[i].engine))
             return 1;
+        engines_ns += now_ns() - e0;
         if (kvw_sender_create(prefill, i + 1, &c[i].s) ||
             kvw_sender_init(c[i].s, o.pages, KVW_NO_AUX) ||
             kvw_sender_send(c[i].s, pages, o.pages)) {
@@ -279,7 +291,7 @@ int main(int argc, char **argv)
         }
     }
     uint64_t t0 = storm(&o, c, kvw_bootstrap_addr(bs), pages);
-    report(&o, c, t0);
+    report(&o, c, t0, engines_ns);
     int rc = 0;
     for (unsigned i = 0; i < o.engines; i++)
         rc |= c[i].final != KVW_POLL_SUCCESS;

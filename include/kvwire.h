@@ -645,11 +645,30 @@ typedef struct kvw_counters {
     /* Poller passes run by the caller's own thread (send, poll) because the
      * poller slept: each saved a wake-up on the request's critical path. */
     uint64_t caller_passes;
+    /* Since 1.5 (kvw_engine_counters_ex only): control-plane handshakes
+     * completed and refused (prefill: by it; decode: by its prefills). */
+    uint64_t handshakes;
+    uint64_t handshakes_refused;
 } kvw_counters_t;
 
 /* Snapshot the counters; thread-safe, values are each exact but not taken
- * atomically together. */
+ * atomically together. Fills the fields up to caller_passes (1.4's
+ * struct) only; kvw_engine_counters_ex() fills the rest. */
 KVW_API void kvw_engine_counters(const kvw_engine_t *engine, kvw_counters_t *counters_p);
+/* Sized outputs (since 1.5), as ibv_query_device_ex takes its size: the
+ * caller passes sizeof its own struct, and the library fills the first
+ * min(size, its own sizeof) bytes and writes nothing beyond them. New
+ * figures are appended to the struct (each marked with the release that
+ * added it), never inserted, so a program built against an older header
+ * keeps working with a newer library and the reverse: fields the library
+ * does not have are left as the caller set them (zero the struct first to
+ * read them as 0), and kvw_version() says which release filled it.
+ * KVW_ERR_INVALID for a NULL handle or output, or a size below the
+ * struct's first release's (KVW_COUNTERS_SIZE_1_0, KVW_REQ_METRICS_SIZE_1_0). */
+#define KVW_COUNTERS_SIZE_1_0 88u
+#define KVW_REQ_METRICS_SIZE_1_0 40u
+KVW_API kvw_status_t kvw_engine_counters_ex(const kvw_engine_t *engine, kvw_counters_t *counters_p,
+                                            size_t size);
 
 /* One rail (RDMA device) of an engine: KVW_DEVICES names several, else
  * the engine has one (docs/topology.md, "Several rails"). */
@@ -1014,6 +1033,12 @@ typedef struct kvw_req_metrics {
 KVW_API kvw_status_t kvw_sender_metrics(const kvw_sender_t *sender, kvw_req_metrics_t *metrics_p);
 KVW_API kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *receiver,
                                           kvw_req_metrics_t *metrics_p);
+/* The same as sized outputs (kvw_engine_counters_ex() says how): size is
+ * sizeof the caller's kvw_req_metrics_t. Since 1.5. */
+KVW_API kvw_status_t kvw_sender_metrics_ex(const kvw_sender_t *sender,
+                                           kvw_req_metrics_t *metrics_p, size_t size);
+KVW_API kvw_status_t kvw_receiver_metrics_ex(const kvw_receiver_t *receiver,
+                                             kvw_req_metrics_t *metrics_p, size_t size);
 
 /* Accepts NULL. A receiver that has not ended is aborted first, and destroy
  * waits for the abort's barrier (normally one control round trip; without

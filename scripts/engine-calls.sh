@@ -28,9 +28,10 @@
 #                                  (sets of requests; each role's control
 #                                   messages)
 #   6  control                     (the control thread)
-#   7  api_sender, api_receiver, engine
+#   7  api_sender, api_receiver, engine, outputs, symver
 #                                  (the public API: sender and receiver
-#                                   handles, create, destroy, the rest)
+#                                   handles, create, destroy, the sized
+#                                   outputs, the older symbol versions)
 #
 # A file may call files of its own rank or lower; a call to a higher rank is
 # a back-up call. Files not listed above get rank 4. Lower files reach the
@@ -56,7 +57,7 @@ for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing", "metr
                            ["poller", "stager", "stage_send", "stage_recv"],
                            ["sender", "receiver"],
                            ["txset", "rxset", "ctl_prefill", "ctl_decode"],
-                           ["control"], ["api_sender", "api_receiver", "engine"]]):
+                           ["control"], ["api_sender", "api_receiver", "engine", "outputs", "symver"]]):
     for n in names:
         rank[n] = r
 def rk(f):

@@ -353,6 +353,8 @@ class Counters(NamedTuple):
     requests_failed: int
     cq_sleeps: int
     caller_passes: int
+    handshakes: int  # control-plane handshakes completed, and refused (1.5)
+    handshakes_refused: int
 
 
 class ReqMetrics(NamedTuple):
@@ -490,7 +492,7 @@ class Engine(_Handle):
         """Snapshot of the engine's counters (each exact, not taken together)."""
         c = _lib.kvw_counters_t()
         with self._lock:
-            _c.kvw_engine_counters(self._get(), ctypes.byref(c))
+            _c.kvw_engine_counters_ex(self._get(), ctypes.byref(c), ctypes.sizeof(c))
         return Counters(*(getattr(c, n) for n, _ in c._fields_))
 
     def rails(self) -> List[dict]:

@@ -152,6 +152,8 @@ class kvw_counters_t(Structure):
             "requests_failed",
             "cq_sleeps",
             "caller_passes",
+            "handshakes",  # 1.5 (kvw_engine_counters_ex)
+            "handshakes_refused",
         )
     ]
 
@@ -295,6 +297,7 @@ REQUIRED = {
     "kvw_engine_gid_index": (c_int, [c_void_p]),
     "kvw_engine_endpoint": (_cp, [c_void_p]),
     "kvw_engine_counters": (None, [c_void_p, POINTER(kvw_counters_t)]),
+    "kvw_engine_counters_ex": (c_int, [c_void_p, POINTER(kvw_counters_t), c_size_t]),
     "kvw_sender_create": (c_int, [c_void_p, c_uint64, POINTER(c_void_p)]),
     "kvw_sender_init": (c_int, [c_void_p, c_size_t, c_uint32]),
     "kvw_sender_send": (c_int, [c_void_p, _u64p, c_size_t]),

@@ -100,6 +100,32 @@ static size_t region_len(const kvw_msg_t *m)
     return REGION_LEN + 4 * (size_t)hello_rails(m);
 }
 
+/* The version a message is written in. */
+static uint16_t msg_version(const kvw_msg_t *m)
+{
+    return m->version ? m->version : KVW_WIRE_VERSION_BASE;
+}
+
+enum { OFFER_LEN = 2 + 2 + 4 }; /* wire 12: min, max, capabilities */
+
+/* Whether a HELLO or HELLO_ACK carries its offer as the reason string: a
+ * version-11 message that offers one and is no refusal. */
+static int offer_as_text(const kvw_msg_t *m)
+{
+    return msg_version(m) < 12 && m->status == KVW_OK && m->u.hello.offer.max;
+}
+
+/* The reason string a HELLO or HELLO_ACK encodes (into buf if it is the
+ * offer). */
+static const char *hello_reason(const kvw_msg_t *m, char buf[KVW_WIRE_REASON_MAX])
+{
+    if (!offer_as_text(m))
+        return m->u.hello.reason;
+    snprintf(buf, KVW_WIRE_REASON_MAX, KVW_WIRE_OFFER_TEXT "%u..%u caps 0x%08x",
+             m->u.hello.offer.min, m->u.hello.offer.max, m->u.hello.offer.caps);
+    return buf;
+}
+
 static void put_qp(writer_t *w, const kvw_qp_info_t *q)
 {
     put_le(w, q->qpn, 4);
@@ -153,12 +179,15 @@ size_t kvw__wire_size(const kvw_msg_t *m)
         body = 4 + 4;
         break;
     case KVW_MSG_HELLO:
-    case KVW_MSG_HELLO_ACK:
+    case KVW_MSG_HELLO_ACK: {
+        char text[KVW_WIRE_REASON_MAX];
         body = 4 + 8 + 4 + (size_t)m->u.hello.num_qps * QP_INFO_LEN + 4 +
                (size_t)m->u.hello.num_groups * GROUP_LEN + 4 + 4 + LANDING_LEN + 1 +
                m->u.hello.num_qps + 4 * (size_t)hello_rails(m) + 2 +
-               strnlen(m->u.hello.reason, KVW_WIRE_REASON_MAX) + hello_regions(m) * region_len(m);
+               strnlen(hello_reason(m, text), KVW_WIRE_REASON_MAX) +
+               (msg_version(m) >= 12 ? OFFER_LEN : 0) + hello_regions(m) * region_len(m);
         break;
+    }
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 4 + KVW_WIRE_HEADS_LEN +
                8 * ((size_t)m->u.request.num_pages + m->u.request.num_state) + 4 +
@@ -249,7 +278,13 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
             put_le(w, m->u.hello.qp_rail[i], 1);
         for (uint32_t i = 0; i < hello_rails(m); i++)
             put_le(w, m->u.hello.rail_mbps[i], 4);
-        put_str(w, m->u.hello.reason, sizeof(m->u.hello.reason));
+        char text[KVW_WIRE_REASON_MAX];
+        put_str(w, hello_reason(m, text), sizeof(m->u.hello.reason));
+        if (msg_version(m) >= 12) { /* wire 12: the offer */
+            put_le(w, m->u.hello.offer.min, 2);
+            put_le(w, m->u.hello.offer.max, 2);
+            put_le(w, m->u.hello.offer.caps, 4);
+        }
         for (size_t i = 0; i < hello_regions(m); i++) {
             const kvw_wire_region_t *g = &m->u.hello.regions[i];
             put_le(w, g->addr, 8);
@@ -333,6 +368,8 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
         return KVW_ERR_INVALID;
     if (m->type == KVW_MSG_CREDIT && m->u.credit.num_qps > KVW_WIRE_MAX_QPS)
         return KVW_ERR_INVALID;
+    if (msg_version(m) < KVW_WIRE_VERSION_MIN || msg_version(m) > KVW_WIRE_VERSION)
+        return KVW_ERR_INVALID;
     if (m->type == KVW_MSG_REQUEST &&
         ((uint64_t)m->u.request.num_pages + m->u.request.num_state > KVW_WIRE_MAX_PAGES ||
          state_lists_bad(m, NULL, 0)))
@@ -342,7 +379,7 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
         return KVW_ERR_INVALID;
     writer_t w = {buf, buf + cap, 0};
     put_le(&w, KVW_WIRE_MAGIC, 4);
-    put_le(&w, KVW_WIRE_VERSION, 2);
+    put_le(&w, msg_version(m), 2);
     put_le(&w, m->type, 2);
     put_le(&w, size - KVW_WIRE_HEADER_LEN, 4);
     encode_body(&w, m);
@@ -364,6 +401,56 @@ static kvw_status_t fail(char *reason, size_t size, const char *fmt, ...)
         va_end(ap);
     }
     return KVW_ERR_PROTOCOL;
+}
+
+/* A version-11 offer, from the reason string: exactly the text
+ * hello_reason() writes. 0, or -1 with why. */
+static int parse_offer_text(kvw_msg_t *m, char *reason, size_t rsize)
+{
+    unsigned lo = 0, hi = 0, caps = 0;
+    int end = 0;
+    const char *text = m->u.hello.reason + strlen(KVW_WIRE_OFFER_TEXT);
+    if (sscanf(text, "%5u..%5u caps 0x%8x%n", &lo, &hi, &caps, &end) != 3 || text[end] != '\0' ||
+        lo > 0xffff || hi > 0xffff) {
+        fail(reason, rsize, "%s: bad wire offer \"%.60s\"", kvw__wire_type_name(m->type),
+             m->u.hello.reason);
+        return -1;
+    }
+    m->u.hello.offer = (kvw_wire_offer_t){(uint16_t)lo, (uint16_t)hi, caps};
+    /* Only the one spelling hello_reason() writes: the message must encode
+     * back to the same bytes. */
+    char canonical[KVW_WIRE_REASON_MAX];
+    if (strcmp(hello_reason(m, canonical), m->u.hello.reason) != 0) {
+        fail(reason, rsize, "%s: wire offer \"%.60s\" not in its one spelling",
+             kvw__wire_type_name(m->type), m->u.hello.reason);
+        return -1;
+    }
+    m->u.hello.reason[0] = '\0'; /* it was no reason */
+    return 0;
+}
+
+/* The offer of a HELLO or HELLO_ACK that is no refusal: wire 12's fields,
+ * or in a version-11 message its reason's text, or none (a 1.4.x peer;
+ * kvw__wire_hello_offer() reads that as 11..11). It must name the
+ * message's own version. 0, or -1 with why. */
+static int decode_offer(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
+{
+    kvw_wire_offer_t *o = &m->u.hello.offer;
+    if (m->version >= 12) {
+        o->min = (uint16_t)get_le(r, 2);
+        o->max = (uint16_t)get_le(r, 2);
+        o->caps = (uint32_t)get_le(r, 4);
+    } else if (m->status == KVW_OK &&
+               !strncmp(m->u.hello.reason, KVW_WIRE_OFFER_TEXT, strlen(KVW_WIRE_OFFER_TEXT))) {
+        if (parse_offer_text(m, reason, rsize))
+            return -1;
+    }
+    if (m->status == KVW_OK && o->max && (o->min > m->version || o->max < m->version)) {
+        fail(reason, rsize, "%s of wire version %u offers versions %u..%u",
+             kvw__wire_type_name(m->type), m->version, o->min, o->max);
+        return -1;
+    }
+    return 0;
 }
 
 static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
@@ -418,6 +505,8 @@ static kvw_status_t decode_hello(reader_t *r, kvw_msg_t *m, char *reason, size_t
                     (unsigned long long)m->u.hello.landing_len);
     if (!get_str(r, m->u.hello.reason, sizeof(m->u.hello.reason)))
         return fail(reason, rsize, "%s: bad reason string", kvw__wire_type_name(m->type));
+    if (decode_offer(r, m, reason, rsize))
+        return KVW_ERR_PROTOCOL;
     /* QPNs and PSNs are 24-bit; MTU is an enum ibv_mtu (256..4096). A
      * refusal (HELLO_ACK with an error) carries no QP to check. */
     for (uint32_t i = 0; m->status == KVW_OK && i < m->u.hello.num_qps; i++) {
@@ -647,9 +736,10 @@ kvw_status_t kvw__wire_decode(const uint8_t *buf, size_t len, kvw_msg_t *m_p, ch
     uint32_t body = (uint32_t)get_le(&r, 4);
     if (magic != KVW_WIRE_MAGIC)
         return fail(reason, reason_size, "bad magic 0x%08x (not a kvwire peer?)", magic);
-    if (version != KVW_WIRE_VERSION)
-        return fail(reason, reason_size, "peer speaks wire version %u, we speak %u", version,
-                    KVW_WIRE_VERSION);
+    if (version < KVW_WIRE_VERSION_MIN || version > KVW_WIRE_VERSION)
+        return fail(reason, reason_size, "peer speaks wire version %u, we speak %u..%u", version,
+                    KVW_WIRE_VERSION_MIN, KVW_WIRE_VERSION);
+    m.version = version;
     if (!type_known(m.type))
         return fail(reason, reason_size, "unknown message type %u", m.type);
     if (body != len - KVW_WIRE_HEADER_LEN || len > KVW_WIRE_MAX_MSG)
@@ -678,6 +768,33 @@ void kvw__wire_free(kvw_msg_t *m)
         free(m->u.request.pages);
         m->u.request.pages = NULL;
     }
+}
+
+const char *kvw__wire_request_lacks(const kvw_msg_t *m, uint32_t caps)
+{
+    uint32_t flags = m->u.request.heads_flags;
+    if (flags & KVW_WIRE_REQ_VERIFY && !(caps & KVW_WIRE_CAP_VERIFY))
+        return "verify";
+    if (flags & KVW_WIRE_HEADS_LANDING && !(caps & KVW_WIRE_CAP_LANDING))
+        return "landing buffer";
+    if (flags & KVW_WIRE_HEADS_RANGE && !(caps & KVW_WIRE_CAP_HEADS))
+        return "head slicing";
+    return NULL;
+}
+
+kvw_status_t kvw__wire_agree(const kvw_wire_offer_t *ours, const kvw_wire_offer_t *theirs,
+                             const char *our_role, const char *their_role, kvw_wire_offer_t *agreed,
+                             char *why, size_t why_size)
+{
+    uint16_t lo = ours->min > theirs->min ? ours->min : theirs->min;
+    uint16_t hi = ours->max < theirs->max ? ours->max : theirs->max;
+    if (lo > hi || !hi) {
+        snprintf(why, why_size, "no common wire version: %s speaks %u..%u, %s %u..%u", our_role,
+                 ours->min, ours->max, their_role, theirs->min, theirs->max);
+        return KVW_ERR_MISMATCH;
+    }
+    *agreed = (kvw_wire_offer_t){hi, hi, ours->caps & theirs->caps};
+    return KVW_OK;
 }
 
 const char *kvw__wire_type_name(uint16_t type)

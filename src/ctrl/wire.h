@@ -20,8 +20,37 @@
  * 11: LANE_DOWN and LANE_UP name the lane's life (prefill's PSN), REPLAY_ASK
  * never asks about the last epoch; DIGEST, and REQUEST's flag
  * KVW_WIRE_REQ_VERIFY (config verify);
- * CLOSING, the orderly end of a connection */
-#define KVW_WIRE_VERSION 11
+ * CLOSING, the orderly end of a connection; 12: HELLO and HELLO_ACK carry
+ * an offer (the lowest and highest version the sender speaks, its
+ * capabilities), and a connection speaks the highest version both ends
+ * speak with the capabilities both have (docs/control-plane.md,
+ * "Versions and capabilities"). */
+#define KVW_WIRE_VERSION 12     /* the newest version this build speaks */
+#define KVW_WIRE_VERSION_MIN 11 /* the oldest: 1.4.0's, which demands its own exactly */
+/* A message's header names the version of its own format: every message
+ * whose layout is unchanged since 11 is written as 11 (what a 1.4.0 peer
+ * reads), HELLO and HELLO_ACK in the version their sender chose. */
+#define KVW_WIRE_VERSION_BASE 11
+/* Capabilities: features a peer may lack. A connection uses one only when
+ * both ends offer it; a wire-11 peer (1.4.x, no offer) has every one of
+ * these. Bits this build does not know are ignored. */
+enum {
+    KVW_WIRE_CAP_VERIFY = 1u,  /* REQUEST's KVW_WIRE_REQ_VERIFY and DIGEST (config verify) */
+    KVW_WIRE_CAP_CLOSING = 2u, /* CLOSING, the orderly end of a connection */
+    KVW_WIRE_CAP_LANDING = 4u, /* decode's landing buffer (KVW_WIRE_HEADS_LANDING) */
+    KVW_WIRE_CAP_HEADS = 8u,   /* head slicing: REQUEST's head range (KVW_WIRE_HEADS_RANGE) */
+    KVW_WIRE_CAPS_V11 = 15u,   /* what every wire-11 peer has */
+    KVW_WIRE_CAPS_ALL = 15u,   /* every capability this build has */
+};
+/* The versions one side speaks and its capabilities (max 0: no offer). */
+typedef struct kvw_wire_offer {
+    uint16_t min, max;
+    uint32_t caps;
+} kvw_wire_offer_t;
+/* How a wire-11 HELLO carries an offer: as its reason string, which 1.4.0
+ * reads and ignores in a HELLO that is not a refusal ("kvwire-offer 11..12
+ * caps 0x0000000f"). */
+#define KVW_WIRE_OFFER_TEXT "kvwire-offer "
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
 #define KVW_WIRE_REASON_MAX 160
@@ -164,6 +193,9 @@ static inline uint32_t kvw__wire_region_rkey(const kvw_wire_region_t *g, uint32_
 
 typedef struct kvw_msg {
     uint16_t type;
+    /* The header's version: decode sets it; encode writes it, or
+     * KVW_WIRE_VERSION_BASE when 0. */
+    uint16_t version;
     int32_t status; /* BS_REGISTER_ACK, BS_LOOKUP_REPLY, HELLO_ACK, REQUEST_FAILED, ABORT, BYE,
                      * CLOSING */
     union {
@@ -192,7 +224,11 @@ typedef struct kvw_msg {
             uint8_t qp_rail[KVW_WIRE_MAX_QPS];
             uint32_t rail_mbps[KVW_WIRE_MAX_RAILS];
             char reason[KVW_WIRE_REASON_MAX]; /* HELLO_ACK refusal: why */
-            kvw_wire_region_t *regions;       /* every group's, in order; owned by the msg */
+            /* Wire 12: the sender's versions and capabilities (in a
+             * version-11 message, carried as the reason; max 0: none, 1.4.0's
+             * bytes, see kvw__wire_hello_offer()). A refusal's is not read. */
+            kvw_wire_offer_t offer;
+            kvw_wire_region_t *regions; /* every group's, in order; owned by the msg */
         } hello;
         struct {
             uint64_t room;
@@ -245,6 +281,14 @@ typedef struct kvw_msg {
     } u;
 } kvw_msg_t;
 
+/* The offer of a HELLO or HELLO_ACK that is no refusal: a message without
+ * one is a 1.4.x peer's, which speaks 11 alone and has every wire-11
+ * capability. */
+static inline kvw_wire_offer_t kvw__wire_hello_offer(const kvw_msg_t *m)
+{
+    return m->u.hello.offer.max ? m->u.hello.offer : (kvw_wire_offer_t){11, 11, KVW_WIRE_CAPS_V11};
+}
+
 /* Regions a HELLO's groups describe (UINT64_MAX if a group's count
  * overflows). */
 uint64_t kvw__wire_hello_regions(const kvw_msg_t *m);
@@ -259,6 +303,16 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
 kvw_status_t kvw__wire_decode(const uint8_t *buf, size_t len, kvw_msg_t *m_p, char *reason,
                               size_t reason_size);
 void kvw__wire_free(kvw_msg_t *m);
+/* The capability a REQUEST uses that caps (a connection's) lacks, by its
+ * name ("verify", "landing buffer", "head slicing"), or NULL. */
+const char *kvw__wire_request_lacks(const kvw_msg_t *m, uint32_t caps);
+/* Agree on a connection: the highest version both offers speak and the
+ * capabilities both have (agreed->min == agreed->max == that version). No
+ * common version: KVW_ERR_MISMATCH, and why names both ranges (ours as
+ * our_role's, theirs as their_role's). */
+kvw_status_t kvw__wire_agree(const kvw_wire_offer_t *ours, const kvw_wire_offer_t *theirs,
+                             const char *our_role, const char *their_role, kvw_wire_offer_t *agreed,
+                             char *why, size_t why_size);
 const char *kvw__wire_type_name(uint16_t type);
 
 #endif

@@ -182,6 +182,14 @@ struct kvw_peer {
      * prefill: decode's is). Prefill's BYE, once it has its completions,
      * ends it: news rather than trouble. */
     atomic_bool closing_said;
+    /* Wire 12: what the connection speaks, agreed in its handshake (the
+     * version, and the capabilities both ends have: KVW_WIRE_CAP_*), and
+     * whether the decode side offered (prefill: a HELLO without an offer
+     * is a 1.4.x engine's, answered in 1.4.0's own bytes). Set before the
+     * peer is published; read-only then. */
+    uint16_t wire_version;
+    uint32_t wire_caps;
+    bool wire_offered;
 
     /* control thread only */
     void *sock, *bs_sock; /* decode: DEALER to prefill, DEALER to bootstrap */
@@ -531,7 +539,11 @@ struct kvw_engine {
     struct kvw_landing *landing; /* decode's landing buffer (landing.c); NULL: none */
     struct kvw_copier *copier;   /* its copies' thread (copier.c); NULL: none */
     uint8_t verify_mode;         /* KVW_VERIFY_*: cfg.verify and who reads the memory */
-    uint64_t local_max[3];       /* items every local region of each kind holds (KVW_LAYOUT_*) */
+    /* The wire versions and capabilities this engine offers (all this
+     * build speaks; a test narrows them before connecting to play an
+     * older or a different build). */
+    kvw_wire_offer_t wire;
+    uint64_t local_max[3]; /* items every local region of each kind holds (KVW_LAYOUT_*) */
     uint64_t state_max[KVW_LAYOUT_MAX_GROUPS]; /* the same per state group */
     struct ibv_comp_channel *channel;          /* rail[0].channel */
     int poller_wake_fd, control_wake_fd;       /* eventfds */

@@ -237,7 +237,17 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
                        m->u.hello.reason[0] ? m->u.hello.reason : kvw_strerror(st));
         return;
     }
-    if (m->u.hello.num_qps > p->nlanes) {
+    /* Wire 12: prefill answers in the version it chose (one without an
+     * offer is a 1.4.x engine, 11 alone); we use what both have. */
+    kvw_wire_offer_t theirs = kvw__wire_hello_offer(m);
+    p->wire_version = m->version;
+    p->wire_caps = e->wire.caps & theirs.caps;
+    if (m->version < e->wire.min || m->version > e->wire.max) {
+        snprintf(why, sizeof(why),
+                 "prefill answered in wire version %u: it speaks %u..%u, we %u..%u", m->version,
+                 theirs.min, theirs.max, e->wire.min, e->wire.max);
+        st = KVW_ERR_MISMATCH;
+    } else if (m->u.hello.num_qps > p->nlanes) {
         snprintf(why, sizeof(why), "prefill connected %u QPs, we offered %u", m->u.hello.num_qps,
                  p->nlanes);
         st = KVW_ERR_PEER;
@@ -269,9 +279,10 @@ static void on_hello_ack(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         if (out & 1u << i)
             kvw__rejoin_say_down(p, i); /* prefill fails it over before any write */
     uint32_t lanes = m->u.hello.num_qps;
-    KVW_INFO("connected to prefill rank %u via %s as peer %u (%u QP%s, QPN %u -> %u)", p->rank,
-             p->bootstrap_addr, p->index, lanes, lanes > 1 ? "s" : "", p->lanes[0].qp->qp->qp_num,
-             m->u.hello.qps[0].qpn);
+    KVW_INFO("connected to prefill rank %u via %s as peer %u (%u QP%s, QPN %u -> %u, wire %u, "
+             "capabilities 0x%x)",
+             p->rank, p->bootstrap_addr, p->index, lanes, lanes > 1 ? "s" : "",
+             p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn, p->wire_version, p->wire_caps);
     pthread_mutex_lock(&e->lock);
     touch_waiting_locked(e, p); /* send the requests waiting for this peer */
     pthread_mutex_unlock(&e->lock);
@@ -583,6 +594,15 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     }
     if (r->rx.verify) /* wire 11: prefill sends its digest (engine/verify.h) */
         m.u.request.heads_flags |= KVW_WIRE_REQ_VERIFY;
+    const char *lacks = kvw__wire_request_lacks(&m, r->peer->wire_caps);
+    if (lacks) { /* wire 12: the connection uses only what both ends have */
+        kvw__req_fail(r, KVW_ERR_UNSUPPORTED,
+                      "the request needs %s, which prefill rank %u does not offer (wire "
+                      "capabilities 0x%x agreed)",
+                      lacks, r->rx.prefill_rank, r->peer->wire_caps);
+        r->rx.request_due = false;
+        return;
+    }
     /* Wire 6: each state group's own list (the indices are in group order). */
     m.u.request.num_state_lists = r->engine->layout.num_state_groups;
     for (uint32_t i = 0; i < m.u.request.num_state_lists; i++)
@@ -765,6 +785,8 @@ static bool say_closing(kvw_peer_t *p)
 {
     if (atomic_load(&p->state) != PEER_CONNECTED || atomic_load(&p->killing) || !p->sock)
         return false;
+    if (!(p->wire_caps & KVW_WIRE_CAP_CLOSING))
+        return false; /* prefill does not know CLOSING (wire 12): it ends on the closed socket */
     kvw_msg_t m = kvw__failure_msg(KVW_MSG_CLOSING, 0, 0, KVW_ERR_PEER, "its engine is destroyed");
     if (kvw__zsend(p->sock, &m, ZMQ_DONTWAIT))
         return false; /* its queue is full: it ends as before, on the closed socket */

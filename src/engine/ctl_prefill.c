@@ -145,12 +145,17 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
         return;
     KVW_DEBUG("HELLO from decode engine %016llx (%u QPs offered)",
               (unsigned long long)m->u.hello.engine_id, m->u.hello.num_qps);
+    kvw_wire_offer_t theirs = kvw__wire_hello_offer(m), agreed;
+    char why[KVW_WIRE_REASON_MAX] = "";
+    if (kvw__wire_agree(&e->wire, &theirs, "prefill", "decode", &agreed, why, sizeof(why))) {
+        reject_hello(e, id, KVW_ERR_MISMATCH, why);
+        return;
+    }
     if (old) {
         atomic_fetch_add(&e->counters.reconnects, 1);
         kvw__peer_kill(old, KVW_ERR_PEER, "decode engine reconnected");
     }
     kvw_peer_t *p = NULL;
-    char why[KVW_WIRE_REASON_MAX] = "";
     /* Verbs calls (QP create and connect) happen before the lock. As many
      * QPs as both sides want (qps_per_peer on each of our rails): decode
      * connects that many of its own, the first ones it offered. Its rail d
@@ -163,6 +168,11 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
         rails[i] = (uint8_t)(m->u.hello.qp_rail[i] % e->nrails);
     uint32_t out = 0;
     kvw_status_t st = kvw__peer_create(e, lanes, rails, &p);
+    if (!st) { /* the layout's landing buffer needs the capabilities */
+        p->wire_version = agreed.max;
+        p->wire_caps = agreed.caps;
+        p->wire_offered = m->u.hello.offer.max != 0;
+    }
     if (!st)
         st = kvw__peer_accept_layout(p, m, why, sizeof(why));
     if (!st) /* a peer we would connect: its QPs prove which of ours are stale */
@@ -194,9 +204,10 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     kvw__wire_free(&ack);
     atomic_fetch_add(&e->counters.handshakes, 1);
     KVW_INFO("decode engine %016llx connected as peer %u (%u QP%s, QPN %u -> %u, %u receive "
-             "credits per QP)",
+             "credits per QP, wire %u, capabilities 0x%x)",
              (unsigned long long)m->u.hello.engine_id, p->index, lanes, lanes > 1 ? "s" : "",
-             p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn, m->u.hello.recv_credits);
+             p->lanes[0].qp->qp->qp_num, m->u.hello.qps[0].qpn, m->u.hello.recv_credits,
+             p->wire_version, p->wire_caps);
 }
 
 /* ------------------------------------------------------------ handshakes

@@ -486,6 +486,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
         (st = open_control(e)) || (st = open_registry(e)))
         return st;
     e->verify_mode = kvw__verify_mode(e); /* who reads the memory: its path decides */
+    e->wire = (kvw_wire_offer_t){KVW_WIRE_VERSION_MIN, KVW_WIRE_VERSION, KVW_WIRE_CAPS_ALL};
     return start_threads(e);
 }
 

@@ -177,12 +177,26 @@ void kvw__peer_destroy(kvw_peer_t *p)
     free(p);
 }
 
+/* Wire 12. Decode opens in the format of the oldest version it speaks,
+ * which any prefill of that version reads, offering its range. Prefill
+ * answers in the version agreed, offering its own range, or to a decode
+ * that offered none (a 1.4.x engine) exactly as 1.4.0 answers. */
+static void hello_offer(const kvw_peer_t *p, kvw_msg_t *m)
+{
+    const kvw_engine_t *e = p->engine;
+    bool decode = e->role == KVW_ROLE_DECODE;
+    m->version = decode ? e->wire.min : p->wire_version;
+    if (decode || p->wire_offered)
+        m->u.hello.offer = e->wire;
+}
+
 void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
 {
     const kvw_engine_t *e = p->engine;
     const kvw_layout_t *l = &e->layout;
     memset(m, 0, sizeof(*m));
     m->type = type;
+    hello_offer(p, m);
     /* Prefill's engine id is what its bootstrap registration is owned by
      * (renewal and unregistering): it stays between prefill and the
      * service, never handed to a decode peer. */
@@ -368,7 +382,8 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     /* rxe takes 8 MiB per message, mlx5 1 GiB: plan with the smaller. */
     p->max_msg_sz =
         h->u.hello.max_msg_sz < e->dev->max_msg_sz ? h->u.hello.max_msg_sz : e->dev->max_msg_sz;
-    if (e->role == KVW_ROLE_PREFILL) { /* decode's landing buffer, for REQUESTs asking for it */
+    /* decode's landing buffer, for REQUESTs asking for it (if both have them) */
+    if (e->role == KVW_ROLE_PREFILL && p->wire_caps & KVW_WIRE_CAP_LANDING) {
         p->landing_addr = h->u.hello.landing_addr;
         p->landing_len = h->u.hello.landing_len;
         p->landing_rkey = h->u.hello.landing_rkey;

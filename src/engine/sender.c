@@ -446,6 +446,11 @@ static kvw_status_t accept_heads(kvw_req_t *r, const kvw_peer_t *peer, const kvw
 kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, const kvw_msg_t *m,
                                                char *why, size_t size)
 {
+    const char *lacks = kvw__wire_request_lacks(m, peer->wire_caps);
+    if (lacks) { /* wire 12: only what the connection agreed */
+        snprintf(why, size, "the request uses %s, which the connection did not agree on", lacks);
+        return KVW_ERR_PROTOCOL;
+    }
     kvw_status_t st = check_request(r, peer, m, why, size);
     if (!st)
         st = kvw__verify_accept_locked(r, peer, m, why, size);

@@ -26,7 +26,8 @@ static bool hello_equal(const kvw_msg_t *a, const kvw_msg_t *b)
     if (x->engine_id != y->engine_id || x->num_qps != y->num_qps ||
         x->num_groups != y->num_groups || x->recv_credits != y->recv_credits ||
         x->max_msg_sz != y->max_msg_sz || strcmp(x->reason, y->reason) != 0 ||
-        x->num_rails != y->num_rails)
+        x->num_rails != y->num_rails || a->version != b->version || x->offer.min != y->offer.min ||
+        x->offer.max != y->offer.max || x->offer.caps != y->offer.caps)
         return false;
     for (uint32_t i = 0; i < x->num_qps; i++)
         if (!qp_equal(&x->qps[i], &y->qps[i]) || x->qp_rail[i] != y->qp_rail[i])

@@ -60,6 +60,13 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
     ADD(.type = KVW_MSG_BS_UNREGISTER, .u.bs = {.rank = 3, .engine_id = 0x77});
     fuzz_hello(&out[n++], KVW_MSG_HELLO, 0xdec0de, regions);
     fuzz_hello(&out[n++], KVW_MSG_HELLO_ACK, 0xfeed, regions);
+    /* Wire 12: decode's offer as a wire-11 HELLO's reason, prefill's
+     * answer in 12 with the offer's fields. */
+    fuzz_hello(&out[n], KVW_MSG_HELLO, 0xdec0de, regions);
+    out[n++].u.hello.offer = (kvw_wire_offer_t){11, 12, KVW_WIRE_CAPS_ALL};
+    fuzz_hello(&out[n], KVW_MSG_HELLO_ACK, 0xfeed, regions);
+    out[n].version = 12;
+    out[n++].u.hello.offer = (kvw_wire_offer_t){11, 12, KVW_WIRE_CAP_VERIFY};
     for (uint32_t i = 0; i < 4; i++)
         pages[i] = i * 3;
     /* 4 pages, then the state lists: Mamba slot 2, SWA pages 5 and 6. */
@@ -99,7 +106,9 @@ static size_t samples(kvw_msg_t *out, kvw_wire_region_t *regions, uint64_t *page
 
 static void file_name(char *buf, size_t size, const kvw_msg_t *m)
 {
-    snprintf(buf, size, "%s", kvw__wire_type_name(m->type));
+    /* A handshake with an offer (wire 12) beside the one without. */
+    bool offer = (m->type == KVW_MSG_HELLO || m->type == KVW_MSG_HELLO_ACK) && m->u.hello.offer.max;
+    snprintf(buf, size, "%s%s", kvw__wire_type_name(m->type), offer ? "_offer" : "");
     for (char *p = buf; *p; p++)
         *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
 }

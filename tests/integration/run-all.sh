@@ -14,6 +14,7 @@ for t in "$build"/integration/*_test; do
 done
 [ -x tests/integration/examples_scenarios.sh ] && { tests/integration/examples_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/engine_scenarios.sh ] && { tests/integration/engine_scenarios.sh "$build" || failed=$((failed + 1)); }
+[ -x tests/integration/compat_scenarios.sh ] && { tests/integration/compat_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/rails_scenarios.sh ] && { tests/integration/rails_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/rail_flap_scenarios.sh ] && { tests/integration/rail_flap_scenarios.sh "$build" || failed=$((failed + 1)); }
 [ -x tests/integration/fault_scenarios.sh ] && { tests/integration/fault_scenarios.sh "$build" || failed=$((failed + 1)); }

@@ -86,6 +86,7 @@ typedef struct storm {
     uint64_t *connected_ms, *done_ms;
     kvw_poll_t *final;
     uint64_t t0_ns;
+    uint64_t engines_ms; /* creating decode engines 1..n-1 */
 } storm_t;
 
 static uint64_t mono_ns(void)
@@ -117,8 +118,10 @@ static void storm_open(storm_t *s)
     assert_true(s->decode && s->rooms && s->connected_ms && s->done_ms && s->final);
     assert_int_equal(pair_open(&pair, &cfg), KVW_OK);
     s->decode[0] = pair.decode;
+    uint64_t t0 = pair_now_ms();
     for (unsigned i = 1; i < s->n; i++)
         assert_int_equal(pair_add_decode(&pair, &s->decode[i]), KVW_OK);
+    s->engines_ms = pair_now_ms() - t0;
     /* Every room writes the same bytes to the same decode pages (the
      * engines share them): landing twice is harmless, and every room's
      * bytes can be checked. Senders first, sent: only the handshakes wait. */
@@ -189,6 +192,16 @@ static void storm_report(const storm_t *s, uint64_t created_ms)
     }
     qsort(c, connected, sizeof(*c), cmp_u64);
     qsort(x, ok, sizeof(*x), cmp_u64);
+    /* Where decode's lookups happen: with KVW_REGISTRY each decode engine
+     * reads the ranks once at creation (a watch keeps them); with the
+     * bootstrap service each receiver asks it while the storm connects. */
+    bool registry = getenv("KVW_REGISTRY") != NULL;
+    uint64_t lookup_ms = registry ? s->engines_ms : (connected ? c[connected - 1] : 0);
+    unsigned lookups = registry ? s->n - 1 : connected;
+    print_message("storm lookups (%s): %u in %llu ms, %.0f per second\n",
+                  registry ? "registry reads at engine creation" : "bootstrap service, receivers",
+                  lookups, (unsigned long long)lookup_ms,
+                  lookup_ms ? lookups * 1000.0 / (double)lookup_ms : 0.0);
     print_message("storm (fake NIC, not RDMA): %u decode engines, receivers created in %llu ms; "
                   "connected %u, p50 %llu ms, p99 %llu ms, max %llu ms; requests ok %u, failed "
                   "%u, unfinished %u; connected->done p50 %llu ms, max %llu ms; wrong bytes %zu; "

@@ -144,6 +144,11 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         for (uint32_t r = 0; r < a->u.hello.num_rails; r++)
             assert_int_equal(a->u.hello.rail_mbps[r], b->u.hello.rail_mbps[r]);
         assert_string_equal(a->u.hello.reason, b->u.hello.reason);
+        if (a->status == KVW_OK) { /* wire 12: the offer */
+            assert_int_equal(a->u.hello.offer.min, b->u.hello.offer.min);
+            assert_int_equal(a->u.hello.offer.max, b->u.hello.offer.max);
+            assert_int_equal(a->u.hello.offer.caps, b->u.hello.offer.caps);
+        }
         for (size_t i = 0; i < kvw__wire_hello_regions(a); i++) {
             const kvw_wire_region_t *x = &a->u.hello.regions[i], *y = &b->u.hello.regions[i];
             assert_int_equal(x->addr, y->addr);
@@ -221,7 +226,7 @@ static void roundtrip(const kvw_msg_t *m)
     size_t len = encode_ok(m, buf, sizeof(buf));
     /* Header: magic, version, type, body length. */
     assert_int_equal(buf[0] | buf[1] << 8 | buf[2] << 16 | (uint32_t)buf[3] << 24, KVW_WIRE_MAGIC);
-    assert_int_equal(buf[4] | buf[5] << 8, KVW_WIRE_VERSION);
+    assert_int_equal(buf[4] | buf[5] << 8, m->version ? m->version : KVW_WIRE_VERSION_BASE);
     assert_int_equal(buf[6] | buf[7] << 8, m->type);
     assert_int_equal(buf[8] | buf[9] << 8 | buf[10] << 16 | (uint32_t)buf[11] << 24,
                      len - KVW_WIRE_HEADER_LEN);
@@ -711,6 +716,9 @@ static void test_reject_bad_header(void **state)
     memcpy(bad, buf, len);
     put16(bad + 4, 0);
     expect_reject(bad, len);
+    memcpy(bad, buf, len); /* older than 1.4.0's */
+    put16(bad + 4, KVW_WIRE_VERSION_MIN - 1);
+    expect_reject(bad, len);
 
     static const uint16_t unknown[] = {0, 5, 9, 12, 19, 22, 29, 32, 0xffff};
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
@@ -1160,6 +1168,139 @@ static void test_encode_refuses(void **state)
     assert_true(kvw__wire_size(&m) < KVW_WIRE_MAX_MSG);
 }
 
+/* ------------------------------------------------------ version offers */
+
+/* Wire 12: a HELLO or HELLO_ACK of version 12 carries the offer as fields
+ * after the reason (8 bytes more than version 11's layout). */
+static void test_hello_offer_v12(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO_ACK);
+    m.status = KVW_OK;
+    size_t v11 = kvw__wire_size(&m);
+    m.version = 12;
+    m.u.hello.offer = (kvw_wire_offer_t){11, 12, KVW_WIRE_CAP_VERIFY | 0x80000000u};
+    assert_int_equal(kvw__wire_size(&m), v11 + 8);
+    roundtrip(&m);
+    m.type = KVW_MSG_HELLO;
+    roundtrip(&m);
+    /* A version-12 message whose offer does not name 12 is refused, and
+     * encode refuses a version this build does not speak. */
+    uint8_t buf[BUF_CAP];
+    m.u.hello.offer = (kvw_wire_offer_t){13, 14, 0};
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    m.u.hello.offer = (kvw_wire_offer_t){11, 11, 0};
+    expect_reject(buf, encode_ok(&m, buf, sizeof(buf)));
+    size_t len = 0;
+    m.version = KVW_WIRE_VERSION + 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    m.version = KVW_WIRE_VERSION_MIN - 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+}
+
+/* A HELLO opened at version 11 carries the offer as its reason string:
+ * byte for byte a 1.4.0 HELLO with that reason, which 1.4.0 reads and
+ * ignores (it reads a reason only in a refusal). */
+static void test_hello_offer_as_text(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_hello(KVW_MSG_HELLO);
+    m.u.hello.offer = (kvw_wire_offer_t){11, 12, 0xf};
+    roundtrip(&m);
+    uint8_t buf[BUF_CAP], old[BUF_CAP];
+    size_t len = encode_ok(&m, buf, sizeof(buf));
+    kvw_msg_t plain = sample_hello(KVW_MSG_HELLO);
+    snprintf(plain.u.hello.reason, sizeof(plain.u.hello.reason),
+             "kvwire-offer 11..12 caps 0x0000000f");
+    assert_int_equal(encode_ok(&plain, old, sizeof(old)), len);
+    assert_memory_equal(buf, old, len);
+    kvw_msg_t out;
+    decode_ok(buf, len, &out);
+    assert_string_equal(out.u.hello.reason, ""); /* an offer, not a reason */
+    kvw__wire_free(&out);
+
+    /* A 1.4.x peer's HELLO has none: 11 alone, every wire-11 capability. */
+    m.u.hello.offer = (kvw_wire_offer_t){0, 0, 0};
+    len = encode_ok(&m, buf, sizeof(buf));
+    decode_ok(buf, len, &out);
+    kvw_wire_offer_t o = kvw__wire_hello_offer(&out);
+    assert_int_equal(o.min, 11);
+    assert_int_equal(o.max, 11);
+    assert_int_equal(o.caps, KVW_WIRE_CAPS_V11);
+    kvw__wire_free(&out);
+
+    /* Texts that are not exactly an offer naming version 11. */
+    static const char *bad[] = {
+        "kvwire-offer 11..x caps 0x1",     "kvwire-offer 11..12 caps 0x1 and more",
+        "kvwire-offer 12..13 caps 0x1",    "kvwire-offer 9..10 caps 0x0",
+        "kvwire-offer 11..70000 caps 0x0", "kvwire-offer ",
+        "kvwire-offer 11..12 caps 0xf",    "kvwire-offer 011..12 caps 0x0000000f",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(plain.u.hello.reason, sizeof(plain.u.hello.reason), "%s", bad[i]);
+        expect_reject(buf, encode_ok(&plain, buf, sizeof(buf)));
+    }
+    /* A refusal's reason is a reason, whatever it says. */
+    plain.status = KVW_ERR_MISMATCH;
+    snprintf(plain.u.hello.reason, sizeof(plain.u.hello.reason), "kvwire-offer junk");
+    roundtrip(&plain);
+}
+
+static void expect_agree(kvw_wire_offer_t a, kvw_wire_offer_t b, uint16_t version, uint32_t caps)
+{
+    kvw_wire_offer_t got = {0};
+    char why[KVW_WIRE_REASON_MAX] = "";
+    assert_int_equal(kvw__wire_agree(&a, &b, "prefill", "decode", &got, why, sizeof(why)), KVW_OK);
+    assert_int_equal(got.min, version);
+    assert_int_equal(got.max, version);
+    assert_int_equal(got.caps, caps);
+    /* The same from the other side. */
+    assert_int_equal(kvw__wire_agree(&b, &a, "decode", "prefill", &got, why, sizeof(why)), KVW_OK);
+    assert_int_equal(got.max, version);
+    assert_int_equal(got.caps, caps);
+}
+
+/* The highest common version and the shared capabilities; no common
+ * version is refused with a reason naming both ranges. */
+static void test_wire_agree(void **state)
+{
+    (void)state;
+    /* Both new. */
+    expect_agree((kvw_wire_offer_t){11, 12, 0xf}, (kvw_wire_offer_t){11, 12, 0xf}, 12, 0xf);
+    /* 1.4.0 (no offer: 11 alone) and a new one. */
+    expect_agree((kvw_wire_offer_t){11, 11, KVW_WIRE_CAPS_V11}, (kvw_wire_offer_t){11, 12, 0xf}, 11,
+                 KVW_WIRE_CAPS_V11);
+    /* Ranges that overlap partly. */
+    expect_agree((kvw_wire_offer_t){10, 12, 0xf}, (kvw_wire_offer_t){12, 15, 0xf}, 12, 0xf);
+    expect_agree((kvw_wire_offer_t){11, 14, 0xf}, (kvw_wire_offer_t){9, 13, 0xf}, 13, 0xf);
+    /* A capability one side lacks is not shared; unknown bits neither. */
+    expect_agree((kvw_wire_offer_t){11, 12, 0xf}, (kvw_wire_offer_t){11, 12, 0xf0000000u | 0xe}, 12,
+                 0xe);
+    /* No overlap. */
+    kvw_wire_offer_t ours = {12, 13, 0xf}, theirs = {11, 11, 0xf}, got = {0};
+    char why[KVW_WIRE_REASON_MAX] = "";
+    assert_int_equal(kvw__wire_agree(&ours, &theirs, "prefill", "decode", &got, why, sizeof(why)),
+                     KVW_ERR_MISMATCH);
+    assert_string_equal(why, "no common wire version: prefill speaks 12..13, decode 11..11");
+    assert_int_equal(got.max, 0);
+}
+
+/* A REQUEST may use only the capabilities its connection agreed on. */
+static void test_request_lacks(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_request();
+    assert_null(kvw__wire_request_lacks(&m, 0));
+    m.u.request.heads_flags = KVW_WIRE_REQ_VERIFY;
+    assert_null(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_ALL));
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_ALL & ~KVW_WIRE_CAP_VERIFY),
+                        "verify");
+    m.u.request.heads_flags = KVW_WIRE_HEADS_RANGE | KVW_WIRE_HEADS_LANDING;
+    assert_null(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_HEADS | KVW_WIRE_CAP_LANDING));
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_HEADS), "landing buffer");
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_LANDING), "head slicing");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1185,6 +1326,10 @@ int main(void)
         cmocka_unit_test(test_hello_rails),
         cmocka_unit_test(test_reject_bad_strings),
         cmocka_unit_test(test_encode_refuses),
+        cmocka_unit_test(test_hello_offer_v12),
+        cmocka_unit_test(test_hello_offer_as_text),
+        cmocka_unit_test(test_wire_agree),
+        cmocka_unit_test(test_request_lacks),
         /* Last: until the use-after-free in decode_hello's region check is
          * fixed, ASan aborts the process here. */
         cmocka_unit_test(test_reject_bad_region),
