@@ -72,7 +72,7 @@ override CFLAGS   = $(KVW_CFLAGS) $(USER_CFLAGS)
 override LDLIBS   = $(LDFLAGS) $(KVW_LIBS) $(USER_LDLIBS)
 SAN       := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
-LIB_SRCS  := $(sort $(wildcard src/*/*.c))
+LIB_SRCS  := $(sort $(wildcard src/*/*.c src/*/*/*.c))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 SAN_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/san/%.o)
 TSAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/tsan/%.o)
@@ -496,7 +496,7 @@ install-check:
 	tests/install/venv_test.sh $(BUILD)
 
 format:
-	clang-format -i include/*.h src/*/*.c src/*/*.h tools/*.c bench/*.c tests/*/*.c tests/*/*.h
+	clang-format -i include/*.h src/*/*.c src/*/*.h src/*/*/*.c src/*/*/*.h tools/*.c bench/*.c tests/*/*.c tests/*/*.h
 
 clean:
 	rm -rf $(BUILD)

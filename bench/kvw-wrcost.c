@@ -26,7 +26,7 @@
 #include "kvwire.h"
 #include "kvw-tools.h"
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/poller.h"
 #include "verbs/device.h"
 
@@ -125,7 +125,7 @@ static void engine_setup(harness_t *h, const wopts_t *o)
     h->ops.poll_cq = null_poll_cq;
     h->dev.ops = &h->ops;
     h->dev.max_msg_sz = 1u << 30;
-    e->dev = e->rails[0] = &h->dev;
+    e->dev = e->rail[0].dev = &h->dev;
     e->nrails = 1;
     uint32_t nreg = e->layout.num_regions;
     p->regions = calloc(nreg, sizeof(*p->regions));
@@ -140,7 +140,7 @@ static void engine_setup(harness_t *h, const wopts_t *o)
     p->engine = e;
     p->nlanes = 1;
     p->nroutes = 1;
-    p->nsched = 1; /* the one lane's turn (sched[0] = 0) */
+    p->rails.nsched = 1; /* the one lane's turn (sched[0] = 0) */
     p->lanes[0].qp = &h->qp;
     p->lanes[0].regions = p->regions;
     h->qp.qp = (struct ibv_qp *)h; /* the null device never looks at them */

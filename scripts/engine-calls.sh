@@ -1,54 +1,69 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# Who calls whom inside src/engine/: for each object file of the engine, the
-# other engine files whose functions (kvw_/kvw__ symbols) it calls, read
-# with nm from the built objects (defined vs undefined symbols, each
-# undefined one mapped to the engine file that defines it). Prints the
-# file-to-file edges with their call counts (distinct functions), the
-# cycles (strongly connected components, mutual pairs, elementary cycles),
-# and the calls that go "up" against the intended order:
+# Who calls whom inside src/engine/ (and its subfolders, named folder/file):
+# for each object file of the engine, the other engine files whose
+# functions (kvw_/kvw__ symbols) it calls, read with nm from the built
+# objects (defined vs undefined symbols, each undefined one mapped to the
+# engine file that defines it). Prints the file-to-file edges with their
+# call counts (distinct functions), the cycles (strongly connected
+# components, mutual pairs, elementary cycles), and the calls that go "up"
+# against the intended order (docs/architecture.md):
 #
-#   0  wake, txq, reqtab, request, landing
-#                                 (thread wake-ups; one QP's send queue; the
-#                                  request table; a request's life; decode's
-#                                  landing buffer for head slicing)
-#   1  peer                        (connections, their QPs and slots)
-#   2  part, poller, rejoin; stager, stage_send, stage_recv
-#                                  (the data path: a sender's parts, the
-#                                  poller's pass and a failed lane's way
-#                                  back, the staging thread and its two
-#                                  halves)
-#   3  sender, receiver, ctl_frame, ctl_prefill, ctl_decode, ctl_rejoin
-#                                  (each role's logic)
-#   4  control                     (the control thread)
-#   5  engine, outputs, symver     (create, destroy, the public API glue: the
-#                                  sized outputs, the older symbol versions)
+#   0  wake, txq, reqtab, request, landing, metrics
+#                                  (the ground floor: thread wake-ups; one
+#                                   QP's send queue; the request table; a
+#                                   request's life; decode's landing buffer;
+#                                   the request-end counters)
+#   1  peer, verify, ctl_frame, copier
+#                                  (connections; verified transfers' digests;
+#                                   control messages' framing; the staging
+#                                   copy executor: its job queue and copies)
+#   2  rails/*, part              (failover, replay, REPLAY_ASK, LANE_*,
+#                                   rejoin; a sender's parts)
+#   3  poller, stager, stage_send, stage_recv
+#                                  (the poller's pass; the staging thread's
+#                                   loop above its two halves)
+#   4  sender, receiver            (one request's owner for each role)
+#   5  txset, rxset, ctl_prefill, ctl_decode
+#                                  (sets of requests; each role's control
+#                                   messages)
+#   6  control                     (the control thread)
+#   7  api_sender, api_receiver, engine, outputs, symver
+#                                  (the public API: sender and receiver
+#                                   handles, create, destroy, the sized
+#                                   outputs, the older symbol versions)
 #
 # A file may call files of its own rank or lower; a call to a higher rank is
-# a back-up call. Files not listed above get rank 3.
+# a back-up call. Files not listed above get rank 4. Lower files reach the
+# ones above only through hooks those register downward (kvw_role_ops_t,
+# a set's member_failed_locked).
 #
 # Usage: scripts/engine-calls.sh [OBJDIR]   (default build/obj/src/engine;
 # run `make all` first). Needs nm and python3.
 set -eu
 dir=${1:-build/obj/src/engine}
 [ -d "$dir" ] || { echo "engine-calls: no $dir (run make all first)" >&2; exit 1; }
-for o in "$dir"/*.o; do
-    f=$(basename "$o" .o)
+find "$dir" -name '*.o' | sort | while read -r o; do
+    f=${o#"$dir"/}
+    f=${f%.o}
     nm "$o" | awk -v f="$f" '$2 ~ /^[TDBR]$/ && $3 ~ /^kvw_/ { print "D", f, $3 }'
     nm -u "$o" | awk -v f="$f" '$2 ~ /^kvw_/ { print "U", f, $2 }'
 done | python3 -c '
 import sys, itertools
 rank = {}
-for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing"], ["peer"],
-                           ["part", "poller", "rejoin", "stager", "stage_send",
-                            "stage_recv"],
-                           ["sender", "receiver", "ctl_frame", "ctl_prefill", "ctl_decode",
-                            "ctl_rejoin"],
-                           ["control"], ["engine", "outputs", "symver"]]):
+for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing", "metrics"],
+                           ["peer", "verify", "ctl_frame", "copier"],
+                           ["part"],
+                           ["poller", "stager", "stage_send", "stage_recv"],
+                           ["sender", "receiver"],
+                           ["txset", "rxset", "ctl_prefill", "ctl_decode"],
+                           ["control"], ["api_sender", "api_receiver", "engine", "outputs", "symver"]]):
     for n in names:
         rank[n] = r
 def rk(f):
-    return rank.get(f, 3)
+    if f.startswith("rails/"):
+        return 2
+    return rank.get(f, 4)
 owner, uses = {}, {}
 for line in sys.stdin:
     k, f, s = line.split()

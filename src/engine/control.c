@@ -19,7 +19,7 @@
 #include "common/log.h"
 #include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
-#include "engine/rejoin.h"
+#include "engine/rails/rails.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -87,7 +87,7 @@ static void rail_down(kvw_engine_t *e, const kvw_dev_t *dev, const char *why)
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);
         for (uint32_t j = 0; p && atomic_load(&p->state) != PEER_DEAD && j < p->nlanes; j++)
-            if (e->rails[p->lanes[j].rail] == dev) {
+            if (e->rail[p->lanes[j].rail].dev == dev) {
                 kvw__qp_set_error(p->lanes[j].qp);
                 kvw__lane_mark_down(p, j, KVW_DOWN_PORT);
                 if (e->role == KVW_ROLE_DECODE) /* prefill's writes would run out of retries */
@@ -194,8 +194,8 @@ static void build_poll_set(kvw_engine_t *e, poll_set_t *ps)
     ps->n = 0;
     add_item(ps, NULL, e->control_wake_fd, NULL, ITEM_WAKE);
     for (uint32_t r = 0; r < e->nrails; r++) /* every rail's device events */
-        if (e->rails[r]->ctx->async_fd >= 0)
-            add_item(ps, NULL, e->rails[r]->ctx->async_fd, NULL, ITEM_ASYNC);
+        if (e->rail[r].dev->ctx->async_fd >= 0)
+            add_item(ps, NULL, e->rail[r].dev->ctx->async_fd, NULL, ITEM_ASYNC);
     if (e->router)
         add_item(ps, e->router, 0, NULL, ITEM_ROUTER);
     if (e->router_monitor)
@@ -230,8 +230,8 @@ static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
     }
     case ITEM_ASYNC: /* the rail whose device's fd it is */
         for (uint32_t r = 0; r < e->nrails; r++)
-            if (e->rails[r]->ctx->async_fd == ps->items[i].fd)
-                serve_async_events(e, e->rails[r]);
+            if (e->rail[r].dev->ctx->async_fd == ps->items[i].fd)
+                serve_async_events(e, e->rail[r].dev);
         break;
     case ITEM_ROUTER:
         kvw__prefill_serve_router(e);

@@ -7,7 +7,7 @@
 #ifndef KVW_ENGINE_CONTROL_H
 #define KVW_ENGINE_CONTROL_H
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 enum {
     KVW_CTL_MAX_ID = 255, /* ZeroMQ routing ids are at most 255 bytes */

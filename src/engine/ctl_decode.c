@@ -4,7 +4,7 @@
  * lookup, then a DEALER to prefill's ROUTER for the handshake, requests,
  * aborts, credits and heartbeats. */
 #include "engine/control.h"
-#include "engine/rejoin.h"
+#include "engine/rails/rails.h"
 #include "engine/stager.h"
 #include "engine/verify.h"
 
@@ -313,33 +313,6 @@ static void on_request_failed(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m
     pthread_mutex_unlock(&e->lock);
 }
 
-/* Prefill asks whether we completed an attempt of a request (a lane failed
- * while the attempt's final immediate was on it). Not yet: from now on no
- * immediate of that attempt counts, so prefill may replay it under the
- * next epoch. */
-static void on_replay_ask(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
-{
-    kvw_msg_t a = {.type = KVW_MSG_REPLAY_ANSWER};
-    a.u.replay = m->u.replay;
-    pthread_mutex_lock(&e->lock);
-    kvw_req_t *r = kvw__token_lookup_locked(e, m->u.replay.token);
-    if (!r || r->peer != p || r->room != m->u.replay.room)
-        a.u.replay.answer = KVW_WIRE_REPLAY_GONE;
-    else if (atomic_load(&r->state) == KVW_POLL_SUCCESS || (r->rx.v_landed && !kvw__req_ended(r)))
-        a.u.replay.answer = KVW_WIRE_REPLAY_DONE; /* verified: landed, its digest awaited */
-    else if (kvw__req_ended(r))
-        a.u.replay.answer = KVW_WIRE_REPLAY_GONE;
-    else {
-        if (r->rx.imm_epoch <= m->u.replay.epoch) {
-            r->rx.imm_epoch = m->u.replay.epoch + 1;
-            r->rx.imms_landed = 0;
-        }
-        a.u.replay.answer = KVW_WIRE_REPLAY_AGAIN;
-    }
-    pthread_mutex_unlock(&e->lock);
-    kvw__zsend(p->sock, &a, ZMQ_DONTWAIT);
-}
-
 /* Prefill's digest of what it wrote for a request we verify: Success or
  * KVW_ERR_CORRUPT once ours is in too (engine/verify.h). */
 static void on_digest(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
@@ -384,7 +357,7 @@ void kvw__decode_on_message(kvw_engine_t *e, kvw_peer_t *p)
         else if (m.type == KVW_MSG_LANE_RESET && atomic_load(&p->state) == PEER_CONNECTED)
             kvw__rejoin_on_reset(e, p, &m);
         else if (m.type == KVW_MSG_REPLAY_ASK && atomic_load(&p->state) == PEER_CONNECTED)
-            on_replay_ask(e, p, &m);
+            kvw__rails_on_replay_ask(e, p, &m);
         else if (m.type == KVW_MSG_DIGEST && atomic_load(&p->state) == PEER_CONNECTED)
             on_digest(e, p, &m);
         else if (m.type == KVW_MSG_BYE && atomic_load(&p->closing_said))

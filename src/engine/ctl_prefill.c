@@ -6,7 +6,7 @@
  * per-connection caps. */
 #include "engine/control.h"
 #include "engine/poller.h"
-#include "engine/rejoin.h"
+#include "engine/rails/rails.h"
 #include "engine/verify.h"
 
 #include "common/log.h"
@@ -609,48 +609,6 @@ static void on_abort(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
     kvw__wake(e->poller_wake_fd); /* stop feeding it */
 }
 
-/* REPLAY_ASK for each request the poller holds for decode's answer (a
- * lane failed while its final immediate was on it). */
-static void send_asks(kvw_engine_t *e, kvw_peer_t *p)
-{
-    if (!atomic_exchange(&p->asks_due, false))
-        return;
-    pthread_mutex_lock(&e->lock);
-    for (kvw_req_t *r = e->reqs; r; r = r->next) {
-        if (r->role != KVW_ROLE_PREFILL || r->peer != p || r->tx.ask != KVW_ASK_DUE)
-            continue;
-        kvw_msg_t m = {.type = KVW_MSG_REPLAY_ASK};
-        m.u.replay.room = r->room;
-        m.u.replay.token = r->token;
-        m.u.replay.epoch = r->tx.epoch;
-        r->tx.ask = KVW_ASK_SENT;
-        kvw__ctl_route(e, p->id, sizeof(p->id), &m);
-    }
-    pthread_mutex_unlock(&e->lock);
-}
-
-/* Decode's answer: the poller replays the request, ends it as landed, or
- * fails it. */
-static void on_replay_answer(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
-{
-    bool found = false;
-    pthread_mutex_lock(&e->lock);
-    for (kvw_req_t *r = e->reqs; r && !found; r = r->next)
-        if (r->role == KVW_ROLE_PREFILL && r->peer == p && r->room == m->u.replay.room &&
-            r->token == m->u.replay.token && r->tx.ask == KVW_ASK_SENT &&
-            r->tx.epoch == m->u.replay.epoch) {
-            r->tx.ask = KVW_ASK_SENT + (int)m->u.replay.answer;
-            found = true;
-        }
-    pthread_mutex_unlock(&e->lock);
-    if (!found) {
-        kvw__ctl_dropped(e, "REPLAY_ANSWER for room %llu, which nothing asked about",
-                         (unsigned long long)m->u.replay.room);
-        return;
-    }
-    kvw__wake(e->poller_wake_fd);
-}
-
 static void on_credit(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
 {
     /* Cumulative, so only ever raise it: a reordered or stale CREDIT is
@@ -706,7 +664,7 @@ static void dispatch(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m)
         kvw__rejoin_on_up(e, p, m);
         break;
     case KVW_MSG_REPLAY_ANSWER:
-        on_replay_answer(e, p, m);
+        kvw__rails_on_replay_answer(e, p, m);
         break;
     case KVW_MSG_PING: {
         kvw_msg_t pong = {.type = KVW_MSG_PONG}; /* engine id 0: see kvw__peer_hello */
@@ -867,7 +825,7 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
         else
             next = kvw__earliest(next, due + 1);
         next = kvw__earliest(next, kvw__rejoin_tick(e, p, now));
-        send_asks(e, p);
+        kvw__rails_send_asks(e, p);
     }
     if (e->probe_until_ns && now < e->probe_until_ns) {
         probe_connections(e);

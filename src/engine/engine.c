@@ -2,7 +2,7 @@
 /* Engine lifecycle: validate parameters, open the device, register every
  * region once, bind the control socket, publish it, start the threads; and
  * undo all of it in reverse order. */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/stager.h"
 #include "engine/verify.h"
 
@@ -204,9 +204,12 @@ static kvw_status_t register_regions(kvw_engine_t *e)
         return KVW_ERR_NO_MEMORY;
     for (uint32_t i = 0; i < n; i++) {
         kvw_mr_t mrs[KVW_MAX_RAILS];
+        kvw_dev_t *devs[KVW_MAX_RAILS];
+        for (uint32_t r = 0; r < e->nrails; r++)
+            devs[r] = e->rail[r].dev;
         kvw_status_t st =
-            kvw__mem_register_rails(&e->mem, e->rails, e->nrails, e->regions[i].addr,
-                                    e->regions[i].len, e->role == KVW_ROLE_DECODE, mrs);
+            kvw__mem_register_rails(&e->mem, devs, e->nrails, e->regions[i].addr, e->regions[i].len,
+                                    e->role == KVW_ROLE_DECODE, mrs);
         if (st)
             return st;
         for (uint32_t r = 0; r < e->nrails; r++)
@@ -222,17 +225,17 @@ static kvw_status_t register_regions(kvw_engine_t *e)
 static kvw_status_t open_channel(kvw_engine_t *e)
 {
     for (uint32_t r = 0; r < e->nrails; r++) {
-        kvw_dev_t *d = e->rails[r];
-        e->channels[r] = d->ops->create_comp_channel(d->ctx);
-        if (!e->channels[r]) {
+        kvw_dev_t *d = e->rail[r].dev;
+        e->rail[r].channel = d->ops->create_comp_channel(d->ctx);
+        if (!e->rail[r].channel) {
             KVW_ERROR("%s: ibv_create_comp_channel failed: %s", d->name, strerror(errno));
             return KVW_ERR_VERBS;
         }
         /* Non-blocking: the poller drains events after poll() says the fd is ready. */
-        int flags = fcntl(e->channels[r]->fd, F_GETFL);
-        fcntl(e->channels[r]->fd, F_SETFL, flags | O_NONBLOCK);
+        int flags = fcntl(e->rail[r].channel->fd, F_GETFL);
+        fcntl(e->rail[r].channel->fd, F_SETFL, flags | O_NONBLOCK);
     }
-    e->channel = e->channels[0];
+    e->channel = e->rail[0].channel;
     e->poller_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     e->control_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (e->poller_wake_fd < 0 || e->control_wake_fd < 0) {
@@ -384,7 +387,7 @@ static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
     if (n == 0) {
         /* near with no pick: the one device as without near, without logging twice */
         const char *device = near ? p->device : pick_device(e, p, picked, sizeof(picked));
-        st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->rails[0]);
+        st = kvw__dev_open(device, p->local_ip, e->cfg.ib_port, e->cfg.gid_index, &e->rail[0].dev);
         e->nrails = st ? 0 : 1;
     }
     /* One rail of several may be down (a node starting with a NIC out):
@@ -394,20 +397,20 @@ static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
     for (int r = 0; r < n && !st; r++) {
         bool on_ip = r == 0 && (n == 1 || near);
         st = open_dev(names[r], on_ip ? p->local_ip : NULL, e->cfg.ib_port, e->cfg.gid_index,
-                      &e->rails[r]);
+                      &e->rail[r].dev);
         e->nrails = st ? (uint32_t)r : (uint32_t)r + 1;
     }
     uint32_t up = 0;
     for (uint32_t r = 0; r < e->nrails && !st; r++) {
-        st = kvw__dev_check_limits(e->rails[r], e->cfg.sq_depth, e->cfg.rq_depth);
-        e->rail_mbps[r] = e->rails[r]->link_mbps;
-        up += !e->rails[r]->down_at_open;
+        st = kvw__dev_check_limits(e->rail[r].dev, e->cfg.sq_depth, e->cfg.rq_depth);
+        e->rail[r].mbps = e->rail[r].dev->link_mbps;
+        up += !e->rail[r].dev->down_at_open;
     }
     if (!st && !up) {
         KVW_ERROR("KVW_DEVICES=%s: no rail's port is up", e->cfg.devices);
         st = KVW_ERR_NO_DEVICE;
     }
-    e->dev = e->rails[0];
+    e->dev = e->rail[0].dev;
     if (!st && e->nrails > 1)
         KVW_INFO("%u rails (KVW_DEVICES=%s): requests are striped over them", e->nrails,
                  e->cfg.devices);
@@ -416,6 +419,8 @@ static kvw_status_t open_rails(kvw_engine_t *e, const kvw_engine_params_t *p)
 
 static kvw_status_t start_threads(kvw_engine_t *e)
 {
+    if (kvw__copier_start(e)) /* first: the poller hands it the landed copies */
+        return KVW_ERR_NO_MEMORY;
     if (pthread_create(&e->poller_thread, NULL, kvw__poller_main, e))
         return KVW_ERR_NO_MEMORY;
     e->poller_started = true;
@@ -461,9 +466,9 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
     if (p->bootstrap_addr)
         snprintf(e->bootstrap_addr, sizeof(e->bootstrap_addr), "%s", p->bootstrap_addr);
     if (e->role == KVW_ROLE_DECODE) {
-        e->tokens = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tokens));
-        e->token_gen = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->token_gen));
-        if (!e->tokens || !e->token_gen)
+        e->tab.tokens = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tab.tokens));
+        e->tab.token_gen = calloc(1u << KVW_TOKEN_BITS, sizeof(*e->tab.token_gen));
+        if (!e->tab.tokens || !e->tab.token_gen)
             return KVW_ERR_NO_MEMORY;
     }
     /* Twice the live cap: dead connections keep their slot until their
@@ -539,6 +544,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
         kvw__wake(e->poller_wake_fd);
         pthread_join(e->poller_thread, NULL);
     }
+    kvw__copier_stop(e); /* what the poller handed it is finished */
     fail_remaining(e);
     /* Requests handed to the poller after it stopped (parked ones failed
      * just above among them) still hold its reference. */
@@ -563,11 +569,11 @@ void kvw_engine_destroy(kvw_engine_t *e)
     if (e->zctx)
         zmq_ctx_term(e->zctx);
     for (uint32_t r = 0; r < e->nrails; r++) {
-        if (e->channels[r])
-            e->rails[r]->ops->destroy_comp_channel(e->channels[r]);
+        if (e->rail[r].channel)
+            e->rail[r].dev->ops->destroy_comp_channel(e->rail[r].channel);
         for (uint32_t i = 0; e->mrs && i < e->layout.num_regions; i++)
-            kvw__mem_deregister(e->rails[r], &e->mrs[(size_t)r * e->layout.num_regions + i]);
-        kvw__dev_close(e->rails[r]);
+            kvw__mem_deregister(e->rail[r].dev, &e->mrs[(size_t)r * e->layout.num_regions + i]);
+        kvw__dev_close(e->rail[r].dev);
     }
     if (e->poller_wake_fd >= 0)
         close(e->poller_wake_fd);
@@ -582,9 +588,12 @@ void kvw_engine_destroy(kvw_engine_t *e)
         r->prev = r->next = NULL;
         kvw__req_unref(r);
     }
+    kvw_req_t *r;
+    while ((r = kvw__pop_work_locked(e))) /* the work list's references */
+        kvw__req_unref(r);
     kvw__reqtab_fini(e);
-    free(e->tokens);
-    free(e->token_gen);
+    free(e->tab.tokens);
+    free(e->tab.token_gen);
     free(e->regions);
     free(e->mrs);
     kvw__layout_free(&e->layout);
@@ -629,11 +638,11 @@ void kvw_engine_counters(const kvw_engine_t *e, kvw_counters_t *c)
 uint32_t kvw_engine_rails(const kvw_engine_t *e, kvw_rail_t *rails, uint32_t max)
 {
     for (uint32_t r = 0; rails && r < e->nrails && r < max; r++) {
-        rails[r] = (kvw_rail_t){.gid_index = e->rails[r]->gid_index,
-                                .link_mbps = e->rail_mbps[r],
-                                .wrs_posted = atomic_load(&e->rail_wrs[r]),
-                                .bytes_posted = atomic_load(&e->rail_bytes[r])};
-        snprintf(rails[r].device, sizeof(rails[r].device), "%s", e->rails[r]->name);
+        rails[r] = (kvw_rail_t){.gid_index = e->rail[r].dev->gid_index,
+                                .link_mbps = e->rail[r].mbps,
+                                .wrs_posted = atomic_load(&e->rail[r].wrs),
+                                .bytes_posted = atomic_load(&e->rail[r].bytes)};
+        snprintf(rails[r].device, sizeof(rails[r].device), "%s", e->rail[r].dev->name);
     }
     return e->nrails;
 }
@@ -642,11 +651,11 @@ uint32_t kvw_engine_rail_health(const kvw_engine_t *e, kvw_rail_health_t *health
 {
     for (uint32_t r = 0; health && r < e->nrails && r < max; r++)
         health[r] =
-            (kvw_rail_health_t){.lanes_failed = (uint32_t)atomic_load(&e->rail_failed[r]),
-                                .lanes_rejoined = (uint32_t)atomic_load(&e->rail_rejoined[r]),
-                                .lanes_out = (uint32_t)atomic_load(&e->rail_out[r]),
-                                .probes = (uint32_t)atomic_load(&e->rail_probes[r]),
-                                .recovery_us_last = atomic_load(&e->rail_recovery_us[r]),
-                                .recovery_us_max = atomic_load(&e->rail_recovery_max_us[r])};
+            (kvw_rail_health_t){.lanes_failed = (uint32_t)atomic_load(&e->rail[r].failed),
+                                .lanes_rejoined = (uint32_t)atomic_load(&e->rail[r].rejoined),
+                                .lanes_out = (uint32_t)atomic_load(&e->rail[r].out),
+                                .probes = (uint32_t)atomic_load(&e->rail[r].probes),
+                                .recovery_us_last = atomic_load(&e->rail[r].recovery_us),
+                                .recovery_us_max = atomic_load(&e->rail[r].recovery_max_us)};
     return e->nrails;
 }

@@ -14,7 +14,7 @@
  * one per member at REQUEST time (never per block), released when the
  * member ends: Success after the copy, Failed only once nothing more can
  * land (the abort barrier). */
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #include "common/log.h"
 #include "plan/heads.h"
@@ -241,4 +241,22 @@ void kvw__landing_stats(kvw_engine_t *e, kvw_landing_stats_t *out)
     *out = (kvw_landing_stats_t){b->len, b->reserved, atomic_load(&b->scatters),
                                  atomic_load(&b->copies), b->gpu};
     pthread_mutex_unlock(&e->lock);
+}
+
+void kvw__landing_finish(kvw_engine_t *e, kvw_req_t *r)
+{
+    char why[200] = "";
+    kvw_status_t st = kvw__landing_scatter(e, r, why, sizeof(why));
+    pthread_mutex_lock(&e->lock);
+    r->stage.staging_in = false;
+    if (st)
+        kvw__req_fail(r, KVW_ERR_TRANSFER,
+                      "the data landed but copying it from the landing buffer failed: %s", why);
+    else if (r->rx.aborting)
+        kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
+    else
+        kvw__req_succeed(r);
+    kvw__landing_release_locked(e, r);
+    pthread_mutex_unlock(&e->lock);
+    kvw__req_unref(r);
 }

@@ -3,7 +3,7 @@
  * and what the counters alone do not keep: failures by cause, bytes by
  * outcome, the latency histograms. Family names and meanings:
  * docs/operations.md, "Metrics". */
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -242,12 +242,12 @@ static void write_rails(writer_t *w, const kvw_engine_t *e)
         family(w, fams[f].name, fams[f].type, fams[f].help);
         for (uint32_t r = 0; r < e->nrails; r++) {
             char dev[96], label[160], name[64];
-            escape(e->rails[r]->name, dev, sizeof(dev));
+            escape(e->rail[r].dev->name, dev, sizeof(dev));
             snprintf(label, sizeof(label), "rail=\"%u\",device=\"%s\"", r, dev);
-            uint64_t v[] = {load(&e->rail_bytes[r]),  load(&e->rail_wrs[r]),
-                            load(&e->rail_failed[r]), load(&e->rail_rejoined[r]),
-                            load(&e->rail_out[r]),    load(&e->rail_probes[r]),
-                            e->rail_mbps[r]};
+            uint64_t v[] = {load(&e->rail[r].bytes),  load(&e->rail[r].wrs),
+                            load(&e->rail[r].failed), load(&e->rail[r].rejoined),
+                            load(&e->rail[r].out),    load(&e->rail[r].probes),
+                            e->rail[r].mbps};
             snprintf(name, sizeof(name), "%s%s", fams[f].name,
                      fams[f].type[0] == 'c' ? "_total" : "");
             sample(w, name, label, v[f]);

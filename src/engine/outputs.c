@@ -4,7 +4,7 @@
  * holds. The entry points before them keep filling their first release's
  * fields only, so a program built then never has more written than its
  * struct holds. */
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #include <stddef.h>
 #include <string.h>

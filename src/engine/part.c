@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A sender's parts (kvw_seg_t, engine.h), which the sender, the poller
+/* A sender's parts (kvw_seg_t, core.h), which the sender, the poller
  * and the stager's prefill half each hold in turn: freeing them (with
  * their staging chunk) and the query of a part's producer event. */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/stager.h"
 
 #include <stdio.h>

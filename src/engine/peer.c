@@ -2,7 +2,7 @@
 /* Peers: one connection per (prefill engine, decode engine) pair, of
  * cfg.qps_per_peer RC QPs ("lanes"), created during the handshake, with the
  * two memory tables paired region by region. */
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #include "common/log.h"
 #include "ctrl/zsock.h"
@@ -26,7 +26,7 @@ static kvw_status_t lane_create(kvw_peer_t *p, kvw_lane_t *l, uint32_t rail)
      * then send a decode rank a slice of its heads (head slicing). */
     uint32_t sge = !decode && e->layout_heads ? KVW_HEADS_MAX_SGE : 1;
     l->rail = (uint8_t)rail;
-    return kvw__qp_create_sge(e->rails[rail], e->channels[rail], p, e->cfg.sq_depth,
+    return kvw__qp_create_sge(e->rail[rail].dev, e->rail[rail].channel, p, e->cfg.sq_depth,
                               decode ? e->cfg.rq_depth : 1, sge, decode, &l->qp);
 }
 
@@ -135,7 +135,7 @@ void kvw__peers_reap(kvw_engine_t *e)
     struct ibv_cq *cq;
     void *ctx;
     for (uint32_t r = 0; r < e->nrails; r++)
-        while (e->dev->ops->get_cq_event(e->channels[r], &cq, &ctx) == 0)
+        while (e->dev->ops->get_cq_event(e->rail[r].channel, &cq, &ctx) == 0)
             e->dev->ops->ack_cq_events(cq, 1);
     while (p) {
         kvw_peer_t *next = p->grave_next;
@@ -208,7 +208,7 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     }
     m->u.hello.num_rails = e->nrails;
     for (uint32_t r = 0; r < e->nrails; r++)
-        m->u.hello.rail_mbps[r] = e->rail_mbps[r];
+        m->u.hello.rail_mbps[r] = e->rail[r].mbps;
     /* The same on every lane: each got rq_depth receives before the HELLO. */
     m->u.hello.recv_credits = (uint32_t)atomic_load(&p->lanes[0].recvs_posted);
     m->u.hello.max_msg_sz = e->dev->max_msg_sz;
@@ -290,7 +290,7 @@ static void build_sched(kvw_peer_t *p, const kvw_msg_t *h, uint32_t used)
     const kvw_engine_t *e = p->engine;
     uint32_t w[KVW_MAX_LANES], max = 0, min = UINT32_MAX;
     for (uint32_t i = 0; i < used; i++) {
-        uint32_t a = e->rail_mbps[p->lanes[i].rail],
+        uint32_t a = e->rail[p->lanes[i].rail].mbps,
                  b = h->u.hello.rail_mbps[p->lanes[i].remote_rail];
         w[i] = a && b ? (a < b ? a : b) : (a ? a : b);
         max = w[i] > max ? w[i] : max;
@@ -307,20 +307,20 @@ static void build_sched(kvw_peer_t *p, const kvw_msg_t *h, uint32_t used)
         left[i] = t < 1 ? 1 : t > 4 ? 4 : t;
         total += left[i];
     }
-    p->nsched = 0;
-    while (total && p->nsched < KVW_MAX_SCHED)
-        for (uint32_t i = 0; i < used && p->nsched < KVW_MAX_SCHED; i++)
+    p->rails.nsched = 0;
+    while (total && p->rails.nsched < KVW_MAX_SCHED)
+        for (uint32_t i = 0; i < used && p->rails.nsched < KVW_MAX_SCHED; i++)
             if (left[i]) {
                 left[i]--;
                 total--;
-                p->sched[p->nsched++] = (uint8_t)i;
+                p->rails.sched[p->rails.nsched++] = (uint8_t)i;
             }
-    if (!p->nsched)
-        p->sched[p->nsched++] = 0;
-    p->sched_pos = 0;
-    p->next_lane = p->sched[0];
-    memcpy(p->sched_all, p->sched, p->nsched);
-    p->nsched_all = p->nsched;
+    if (!p->rails.nsched)
+        p->rails.sched[p->rails.nsched++] = 0;
+    p->rails.sched_pos = 0;
+    p->rails.next_lane = p->rails.sched[0];
+    memcpy(p->rails.sched_all, p->rails.sched, p->rails.nsched);
+    p->rails.nsched_all = p->rails.nsched;
 }
 
 /* Prefill, head slicing: for each KV slot (the same group in every
@@ -487,9 +487,10 @@ bool kvw__peer_other_rail_up(const kvw_peer_t *p, uint32_t lane, uint32_t down)
 
 void kvw__lane_mark_down(kvw_peer_t *p, uint32_t lane, uint8_t why)
 {
-    atomic_store(&p->lanes[lane].down_why, why); /* before: the poller reads it after down_due */
-    atomic_store(&p->lanes[lane].down_due, true);
-    atomic_store(&p->lanes_down, true);
+    atomic_store(&p->lanes[lane].health.down_why,
+                 why); /* before: the poller reads it after down_due */
+    atomic_store(&p->lanes[lane].health.down_due, true);
+    atomic_store(&p->rails.lanes_down, true);
     KVW_DEBUG_IN(KVW_SUB_RAIL, "connection %u: lane %u marked down (reason %u)", p->index, lane,
                  (unsigned)why);
 }
@@ -514,10 +515,10 @@ kvw_status_t kvw__peer_connect_lanes(kvw_peer_t *p, const kvw_qp_info_t *remote,
     *out = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvw_lane_t *l = &p->lanes[i];
-        const kvw_dev_t *dev = e->rails[l->rail];
+        const kvw_dev_t *dev = e->rail[l->rail].dev;
         l->remote = remote[i]; /* a rejoin connects to it again */
         pthread_mutex_lock(&e->lock);
-        l->peer_psn = remote[i].psn; /* the lane's first life, for LANE_DOWN */
+        l->health.peer_psn = remote[i].psn; /* the lane's first life, for LANE_DOWN */
         pthread_mutex_unlock(&e->lock);
         kvw_status_t st = kvw__dev_port_active(dev) ? kvw__qp_connect(l->qp, &remote[i], &e->cfg)
                                                     : KVW_ERR_NO_DEVICE;
@@ -561,14 +562,18 @@ static void finish_kill_locked(kvw_peer_t *p)
     for (kvw_req_t *r = e->reqs; r; r = r->next) {
         if (r->peer != p)
             continue;
-        hit += !kvw__req_ended(r) && !r->stage.staging_in; /* a landed one ends with its copy */
-        if (r->rx.aborting) /* it was being given up anyway: keep its own reason */
+        bool decode = r->role == KVW_ROLE_DECODE;
+        /* a landed one ends with its copy */
+        hit += !kvw__req_ended(r) && !(decode && r->stage.staging_in);
+        if (decode && r->rx.aborting) /* it was being given up anyway: keep its own reason */
             kvw__req_fail(r, r->rx.abort_status, "%s (then: %s)", r->rx.abort_reason,
                           p->dead_reason);
         else
             kvw__req_fail(r, p->dead_status, "%s", p->dead_reason);
-        r->rx.abort_due = false;
-        r->tx.notify_failure = false; /* the BYE below tells decode about all of them */
+        if (decode)
+            r->rx.abort_due = false;
+        else
+            r->tx.notify_failure = false; /* the BYE below tells decode about all of them */
         /* A parked one was handed back by its failure: with no peer, the
          * poller lets it go at once. */
         if (r->role == KVW_ROLE_DECODE && r->user_gone)

@@ -5,7 +5,8 @@
  * completions, and drives request states. When idle it spins briefly, then
  * sleeps on the completion channel so an idle engine burns no core. */
 #include "engine/poller.h"
-#include "engine/rejoin.h"
+#include "engine/pqueue.h"
+#include "engine/rails/rails.h"
 #include "engine/stager.h"
 #include "engine/verify.h"
 
@@ -21,33 +22,8 @@
 
 enum { WC_BATCH = 32, IDLE_SLEEP_MS = 1000 };
 
-static void queue_push(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
-{
-    r->qnext = NULL;
-    if (*tail)
-        (*tail)->qnext = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
-static kvw_req_t *queue_pop(kvw_req_t **head, kvw_req_t **tail)
-{
-    kvw_req_t *r = *head;
-    if (r) {
-        *head = r->qnext;
-        if (!*head)
-            *tail = NULL;
-        r->qnext = NULL;
-    }
-    return r;
-}
-
 static void release(kvw_req_t *r);
 static void retire_inflight(kvw_peer_t *p);
-static void restart_req(kvw_engine_t *e, kvw_req_t *r);
-static void refuse_req(kvw_engine_t *e, kvw_req_t *r, uint32_t lane);
-static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p);
 
 /* Requests whose both page lists are known, handed over by other threads.
  * Under the lock: a kill detaches requests from their peer, and a dead
@@ -65,7 +41,7 @@ static int drain_ready(kvw_engine_t *e)
         kvw_req_t *next = r->qnext;
         kvw_peer_t *p = r->peer;
         if (p && atomic_load(&p->state) != PEER_DEAD) {
-            queue_push(&p->active_head, &p->active_tail, r);
+            kvw__queue_push(&p->active_head, &p->active_tail, r);
         } else { /* its connection died before it was posted */
             r->qnext = orphaned;
             orphaned = r;
@@ -107,15 +83,15 @@ static void publish_outcomes(kvw_engine_t *e, kvw_txq_t *q)
 static void drop_queues(kvw_engine_t *e, kvw_peer_t *p)
 {
     kvw_req_t *r;
-    while ((r = queue_pop(&p->active_head, &p->active_tail)))
+    while ((r = kvw__queue_pop(&p->active_head, &p->active_tail)))
         release(r);
-    while ((r = queue_pop(&p->inflight_head, &p->inflight_tail)))
+    while ((r = kvw__queue_pop(&p->inflight_head, &p->inflight_tail)))
         release(r);
-    while ((r = queue_pop(&p->evwait_head, &p->evwait_tail))) {
+    while ((r = kvw__queue_pop(&p->evwait_head, &p->evwait_tail))) {
         atomic_fetch_sub(&e->ev_waiting, 1);
         release(r);
     }
-    while ((r = queue_pop(&p->asking_head, &p->asking_tail)))
+    while ((r = kvw__queue_pop(&p->rails.asking_head, &p->rails.asking_tail)))
         release(r);
     for (uint32_t i = 0; i < p->nlanes; i++) {
         kvw_lane_t *l = &p->lanes[i];
@@ -146,15 +122,15 @@ static void publish_rails(kvw_engine_t *e, kvw_peer_t *p, const uint64_t now[3],
                           const uint64_t before[3])
 {
     if (e->nrails == 1) {
-        atomic_fetch_add_explicit(&e->rail_wrs[0], now[1] - before[1], memory_order_relaxed);
-        atomic_fetch_add_explicit(&e->rail_bytes[0], now[2] - before[2], memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->rail[0].wrs, now[1] - before[1], memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->rail[0].bytes, now[2] - before[2], memory_order_relaxed);
         return;
     }
     for (uint32_t i = 0; i < p->nlanes; i++) {
         kvw_lane_t *l = &p->lanes[i];
-        atomic_fetch_add_explicit(&e->rail_wrs[l->rail], l->txq.wrs_posted - l->wrs_counted,
+        atomic_fetch_add_explicit(&e->rail[l->rail].wrs, l->txq.wrs_posted - l->wrs_counted,
                                   memory_order_relaxed);
-        atomic_fetch_add_explicit(&e->rail_bytes[l->rail], l->txq.bytes_posted - l->bytes_counted,
+        atomic_fetch_add_explicit(&e->rail[l->rail].bytes, l->txq.bytes_posted - l->bytes_counted,
                                   memory_order_relaxed);
         l->wrs_counted = l->txq.wrs_posted;
         l->bytes_counted = l->txq.bytes_posted;
@@ -169,13 +145,6 @@ static void publish_counters(kvw_engine_t *e, kvw_peer_t *p, const uint64_t befo
     atomic_fetch_add_explicit(&e->counters.chains, now[0] - before[0], memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.wrs, now[1] - before[1], memory_order_relaxed);
     atomic_fetch_add_explicit(&e->counters.bytes, now[2] - before[2], memory_order_relaxed);
-}
-
-static uint64_t seg_total(const kvw_seg_t *s)
-{
-    /* A final part with nothing to copy: one zero-length write carries the
-     * immediate. */
-    return s->final && !s->writes_total ? 1 : s->writes_total;
 }
 
 static int next_write(kvw_seg_t *s, kvw_write_t *w)
@@ -229,18 +198,13 @@ static int add_next(const kvw_peer_t *p, kvw_txq_t *q, kvw_seg_t *s, int with_im
 static kvw_seg_t *current_seg(kvw_req_t *r)
 {
     kvw_seg_t *s = r->tx.seg;
-    while (s->writes_built == seg_total(s) && !s->final) {
+    while (s->writes_built == kvw__seg_total(s) && !s->final) {
         kvw_seg_t *next = atomic_load_explicit(&s->next, memory_order_acquire);
         if (!next)
             break;
         s = r->tx.seg = next;
     }
     return s;
-}
-
-static bool fully_built(const kvw_req_t *r)
-{
-    return r->tx.seg->final && r->tx.seg->writes_built == seg_total(r->tx.seg);
 }
 
 /* An immediate consumes one receive decode posted on the lane; without a
@@ -260,51 +224,8 @@ static bool imm_room(kvw_peer_t *p, uint32_t lane)
 static void note_lane(kvw_peer_t *p, kvw_req_t *r, uint32_t lane, uint64_t seq)
 {
     r->tx.last_seq[lane] = seq;
-    r->tx.lane_life[lane] = p->lanes[lane].life;
+    r->tx.lane_life[lane] = p->lanes[lane].health.life;
     r->tx.lane_mask |= 1u << lane;
-}
-
-/* ---- a lane's lives ----
- *
- * A request's writes on a lane (its bit in lane_mask, last_seq) are of
- * the lane's life they were made in. When that life ends, its failover
- * looks at every request that used it: one whose writes there all landed
- * forgets the lane (forget_lane), any other starts over (which forgets
- * it), is asked about, or fails. So a request that still has a lane of an
- * earlier life in its mask was missed by that failover (a part handed
- * over meanwhile): what became of those writes is unknown (the rejoin made
- * their flushed sequence numbers read as completed), and it must start
- * over before its final immediate goes. */
-
-static bool of_this_life(const kvw_peer_t *p, const kvw_req_t *r, uint32_t lane)
-{
-    return r->tx.lane_life[lane] == p->lanes[lane].life;
-}
-
-/* r waits for nothing more of its writes on the lane: they all landed, or
- * they will never land and r starts over. */
-static void forget_lane(kvw_req_t *r, uint32_t lane)
-{
-    r->tx.lane_mask &= ~(1u << lane);
-    r->tx.last_seq[lane] = 0;
-}
-
-/* r's lanes whose writes will never be known landed: failed over and not
- * (all) landed, or of an earlier life. Dead lanes whose writes of r all
- * landed are settled on the way. */
-static uint32_t lanes_lost(const kvw_peer_t *p, kvw_req_t *r)
-{
-    uint32_t lost = 0;
-    for (uint32_t m = r->tx.lane_mask, j; m; m &= m - 1) {
-        j = (uint32_t)__builtin_ctz(m);
-        if (!of_this_life(p, r, j))
-            lost |= 1u << j;
-        else if (p->lanes[j].dead && r->tx.last_seq[j] >= p->lanes[j].txq.completed)
-            lost |= 1u << j;
-        else if (p->lanes[j].dead)
-            forget_lane(r, j);
-    }
-    return lost;
 }
 
 /* Plain writes of s that can go in as a span of whole runs (at most room,
@@ -313,7 +234,7 @@ static uint32_t lanes_lost(const kvw_peer_t *p, kvw_req_t *r)
  * the next write one at a time). */
 static uint32_t build_span(kvw_txq_t *q, kvw_seg_t *s, uint32_t room, uint64_t *bytes)
 {
-    uint64_t plain = seg_total(s) - s->writes_built - (s->final ? 1 : 0);
+    uint64_t plain = kvw__seg_total(s) - s->writes_built - (s->final ? 1 : 0);
     const kvw_plan_region_t *g;
     const kvw_wrun_t *runs;
     uint32_t n =
@@ -330,7 +251,7 @@ static uint32_t build_span(kvw_txq_t *q, kvw_seg_t *s, uint32_t room, uint64_t *
  * they completed. */
 static void seg_posted(kvw_peer_t *p, kvw_seg_t *s)
 {
-    if (s->chunk && s->writes_built == seg_total(s))
+    if (s->chunk && s->writes_built == kvw__seg_total(s))
         kvw__stager_chunk_posted(p, s);
 }
 
@@ -355,7 +276,7 @@ static bool finish_request(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, kvw_seg_t
     if (!r->tx.imm_lanes) { /* fix the lanes once: the count must not change */
         /* A failed-over lane's writes of r all landed (else r started
          * over): it needs no immediate, and could carry none. */
-        r->tx.imm_lanes = (r->tx.lane_mask & ~p->dead_lanes) | 1u << lane;
+        r->tx.imm_lanes = (r->tx.lane_mask & ~p->rails.dead_lanes) | 1u << lane;
         r->tx.final_lane = lane;
     }
     uint32_t count = (uint32_t)__builtin_popcount(r->tx.imm_lanes);
@@ -397,7 +318,7 @@ static int part_event(kvw_req_t *r, kvw_seg_t *s)
         kvw_engine_t *e = r->engine;
         pthread_mutex_lock(&e->lock);
         if (!kvw__req_ended(r))
-            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER, why);
+            r->engine->ops->fail_locked(r, KVW_ERR_TRANSFER, why);
         pthread_mutex_unlock(&e->lock);
     }
     return rc;
@@ -406,16 +327,6 @@ static int part_event(kvw_req_t *r, kvw_seg_t *s)
 /* Build r's next writes into the lane's open chain; returns how many.
  * Stops before a part whose producer's event has not completed
  * (r->tx.ev_blocked). */
-/* r may have lost writes on the `lost` lanes, and its final immediate is
- * not out: it starts over (or fails, replayed too often). */
-static void start_over(kvw_peer_t *p, kvw_req_t *r, uint32_t lost)
-{
-    if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
-        refuse_req(p->engine, r, (uint32_t)__builtin_ctz(lost));
-    else
-        restart_req(p->engine, r);
-}
-
 static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_t room)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
@@ -423,16 +334,16 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
     uint64_t bytes = 0;
     kvw_write_t w;
     bool restarted = false;
-    if ((r->tx.lane_mask & 1u << lane) && !of_this_life(p, r, lane)) {
+    if ((r->tx.lane_mask & 1u << lane) && !kvw__rails_of_this_life(p, r, lane)) {
         /* Its writes in the lane's earlier life were missed by that life's
          * failover: noting new ones would hide them. They may be lost. */
-        start_over(p, r, 1u << lane);
+        kvw__rails_start_over(p, r, 1u << lane);
         return 0;
     }
     kvw_seg_t *s = current_seg(r);
     use_lane_keys(p, lane, s);
     while (built < room) {
-        uint64_t total = seg_total(s);
+        uint64_t total = kvw__seg_total(s);
         if (s->writes_built == total) {
             kvw_seg_t *next = current_seg(r);
             if (s->final || next == s)
@@ -455,13 +366,13 @@ static uint32_t build_writes(kvw_peer_t *p, uint32_t lane, kvw_req_t *r, uint32_
             continue;
         }
         if (s->final && s->writes_built + 1 == total) {
-            uint32_t lost = r->tx.imm_lanes ? 0 : lanes_lost(p, r);
+            uint32_t lost = r->tx.imm_lanes ? 0 : kvw__rails_lanes_lost(p, r);
             if (lost) {
                 /* Missed by its lane's failover (a part handed over just
                  * then): a failed lane gets no immediate, nor does an
                  * earlier life's, so the writes it may have lost must go
                  * again. */
-                start_over(p, r, lost);
+                kvw__rails_start_over(p, r, lost);
                 restarted = true;
                 break;
             }
@@ -501,8 +412,8 @@ static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
     pthread_mutex_lock(&e->lock);
     /* Off the active queue before the lock is released: once it is marked
      * starved, another thread may hand it back (through qnext) at once. */
-    if (kvw__sender_starve_locked(r))
-        queue_pop(&p->active_head, &p->active_tail);
+    if (r->engine->ops->starve_locked(r))
+        kvw__queue_pop(&p->active_head, &p->active_tail);
     pthread_mutex_unlock(&e->lock);
 }
 
@@ -512,14 +423,14 @@ static void starve(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
  * flight any more: no completion will come for it, so look now. */
 static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
 {
-    queue_pop(&p->active_head, &p->active_tail);
+    kvw__queue_pop(&p->active_head, &p->active_tail);
     /* Nothing posted, in this attempt or (lane_mask) an earlier one whose
      * writes may still be in flight on a live lane. */
     if (!r->tx.writes_built && !r->tx.lane_mask) {
         release(r);
         return;
     }
-    queue_push(&p->inflight_head, &p->inflight_tail, r);
+    kvw__queue_push(&p->inflight_head, &p->inflight_tail, r);
     retire_inflight(p);
 }
 
@@ -527,8 +438,8 @@ static void drop_failed_active(kvw_peer_t *p, kvw_req_t *r)
  * often as its rail's speed says; 0, 1, ..., nlanes - 1 on equal rails). */
 static void advance_lane(kvw_peer_t *p)
 {
-    p->sched_pos = p->sched_pos + 1 >= p->nsched ? 0 : p->sched_pos + 1;
-    p->next_lane = p->sched[p->sched_pos];
+    p->rails.sched_pos = p->rails.sched_pos + 1 >= p->rails.nsched ? 0 : p->rails.sched_pos + 1;
+    p->rails.next_lane = p->rails.sched[p->rails.sched_pos];
 }
 
 static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
@@ -555,7 +466,7 @@ static bool lanes_ready(kvw_engine_t *e, kvw_peer_t *p)
 static kvw_status_t flush_lanes(kvw_peer_t *p)
 {
     kvw_status_t st = KVW_OK;
-    bool rotate = p->lanes[p->next_lane].txq.pending > 0;
+    bool rotate = p->lanes[p->rails.next_lane].txq.pending > 0;
     for (uint32_t i = 0; i < p->nlanes && !st; i++)
         if (p->lanes[i].txq.pending)
             st = kvw__txq_flush(&p->lanes[i].txq);
@@ -569,8 +480,8 @@ static kvw_status_t flush_lanes(kvw_peer_t *p)
  * out of send-queue credits: wait for completions. */
 static kvw_txq_t *pick_lane(kvw_peer_t *p, kvw_status_t *st)
 {
-    for (uint32_t tried = 0; tried < p->nsched; tried++) {
-        kvw_txq_t *q = &p->lanes[p->next_lane].txq;
+    for (uint32_t tried = 0; tried < p->rails.nsched; tried++) {
+        kvw_txq_t *q = &p->lanes[p->rails.next_lane].txq;
         if (kvw__txq_room(q))
             return q;
         if (q->pending && (*st = kvw__txq_flush(q)))
@@ -603,13 +514,13 @@ static int recheck_events(kvw_engine_t *e, kvw_peer_t *p)
 {
     kvw_req_t *r, *wait_head = NULL, *wait_tail = NULL;
     int moved = 0;
-    while ((r = queue_pop(&p->evwait_head, &p->evwait_tail))) {
+    while ((r = kvw__queue_pop(&p->evwait_head, &p->evwait_tail))) {
         if (atomic_load(&r->state) == KVW_POLL_TRANSFERRING && part_event(r, r->tx.seg) == 0) {
-            queue_push(&wait_head, &wait_tail, r);
+            kvw__queue_push(&wait_head, &wait_tail, r);
             continue;
         }
         atomic_fetch_sub(&e->ev_waiting, 1);
-        queue_push(&p->active_head, &p->active_tail, r);
+        kvw__queue_push(&p->active_head, &p->active_tail, r);
         moved++;
     }
     p->evwait_head = wait_head;
@@ -623,10 +534,10 @@ static int recheck_events(kvw_engine_t *e, kvw_peer_t *p)
  * is woken to sleep again no longer than KVW_EVENT_RECHECK_US. */
 static void wait_for_event(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
 {
-    queue_pop(&p->active_head, &p->active_tail);
+    kvw__queue_pop(&p->active_head, &p->active_tail);
     if (!p->evwait_head)
         p->evwait_due_ns = kvw__now_ns() + KVW_EVENT_RECHECK_US * 1000ull;
-    queue_push(&p->evwait_head, &p->evwait_tail, r);
+    kvw__queue_push(&p->evwait_head, &p->evwait_tail, r);
     atomic_fetch_add_explicit(&e->counters.event_waits, 1, memory_order_relaxed);
     if (atomic_fetch_add(&e->ev_waiting, 1) == 0)
         kvw__wake_poller(e);
@@ -642,8 +553,13 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
     int moved = p->evwait_head && kvw__now_ns() >= p->evwait_due_ns ? recheck_events(e, p) : 0;
     /* Before anything is posted, and on an idle connection too: its lanes'
      * rejoin starts from here. */
-    if (atomic_load_explicit(&p->lanes_down, memory_order_relaxed) && lanes_ready(e, p))
-        take_down_lanes(e, p);
+    if (atomic_load_explicit(&p->rails.lanes_down, memory_order_relaxed) && lanes_ready(e, p)) {
+        /* Parts handed over since this pass began: their requests join the
+         * active queue first, so that a failover sees them. */
+        drain_ready(e);
+        kvw__rails_take_down(e, p);
+        retire_inflight(p);
+    }
     if (!p->active_head || !lanes_ready(e, p))
         return moved;
     uint64_t before[3];
@@ -672,7 +588,7 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
         }
         if (!r->tx.seg)
             r->tx.seg = r->tx.segs_head; /* set before it was handed over */
-        uint32_t n = build_writes(p, p->next_lane, r, room);
+        uint32_t n = build_writes(p, p->rails.next_lane, r, room);
         work += (int)n;
         if (bounded)
             bytes += q->pending_bytes - pending_before;
@@ -687,11 +603,11 @@ static int post_peer(kvw_engine_t *e, kvw_peer_t *p, uint32_t budget, bool *more
                 wait_for_event(e, p, r);
             continue;
         }
-        if (fully_built(r)) {
-            queue_pop(&p->active_head, &p->active_tail);
-            queue_push(&p->inflight_head, &p->inflight_tail, r);
+        if (kvw__req_fully_built(r)) {
+            kvw__queue_pop(&p->active_head, &p->active_tail);
+            kvw__queue_push(&p->inflight_head, &p->inflight_tail, r);
         } else if (n < room && !p->credit_blocked &&
-                   current_seg(r)->writes_built == seg_total(current_seg(r))) {
+                   current_seg(r)->writes_built == kvw__seg_total(current_seg(r))) {
             starve(e, p, r); /* waits for its next part */
         }
     }
@@ -727,7 +643,7 @@ static void retire_inflight(kvw_peer_t *p)
 {
     kvw_req_t *r;
     while ((r = p->inflight_head) && req_landed(p, r)) {
-        queue_pop(&p->inflight_head, &p->inflight_tail);
+        kvw__queue_pop(&p->inflight_head, &p->inflight_tail);
         atomic_store_explicit(&r->tx.done_ns, kvw__now_ns(), memory_order_relaxed);
         kvw__req_succeed(r); /* unless it failed meanwhile */
         release(r);
@@ -743,351 +659,35 @@ static uint64_t room_of_seq(const kvw_peer_t *p, uint32_t lane, uint64_t seq)
 }
 
 /* RC completes in order: everything posted before the failing WR landed.
- * Retire those requests as Success first, then fail the connection. */
-/* ---- failover (rails) ----
- *
- * A lane's QP failed while lanes on another rail live: the connection goes
- * on without it. Each request whose writes on it are not all known landed
- * starts over on the live lanes (KV writes are idempotent: the same bytes
- * to the same place), its immediates under the next epoch, which makes
- * decode forget those of the attempt before. Only while its final
- * immediate on the failed lane was never posted: else decode may have
- * counted it, reported Success and reused the pages, and a replay would
- * write into them, so the request fails instead (the abort barrier tells
- * decode once nothing of it is in flight). */
-
-enum { REQ_UNTOUCHED, REQ_REPLAY, REQ_ASK, REQ_REFUSE };
-
-/* How long a request waits for decode's REPLAY_ANSWER before it fails. */
-enum { ASK_WAIT_MS = 5000 };
-
-/* Can p go on without `lane`: connected, not closing or being killed,
- * and another rail's lane live (kvw__peer_other_rail_up). */
-static bool can_fail_over(const kvw_peer_t *p, uint32_t lane)
-{
-    /* Killing: its QPs go to ERR before it turns DEAD, and their flushes
-     * are the kill's, not a rail's. */
-    if (atomic_load(&p->state) != PEER_CONNECTED || atomic_load(&p->closing) ||
-        atomic_load(&p->killing))
-        return false;
-    return kvw__peer_other_rail_up(p, lane, p->dead_lanes);
-}
-
-/* What r needs now that `lane` failed with every write before `landed`
- * landed; exact: none from there on did (else they may have: a write whose
- * ACK was lost, or one in flight when the QP was failed, reached decode).
- * Only the life that ended counts: writes of r in an earlier life of the
- * lane were settled by that life's failover. r forgets the lane when its
- * writes there all landed and no immediate is owed there. */
-static int req_after_lane_failed(const kvw_peer_t *p, kvw_req_t *r, uint32_t lane, uint64_t landed,
-                                 bool exact)
-{
-    if (atomic_load(&r->state) != KVW_POLL_TRANSFERRING)
-        return REQ_UNTOUCHED;
-    uint32_t bit = 1u << lane;
-    bool wrote = (r->tx.lane_mask & bit) && of_this_life(p, r, lane);
-    /* The final write or a zero-length immediate is on it (posted in
-     * this life: the finish fixed the lanes while it was live). */
-    bool imm_posted = (r->tx.imms_posted & bit) ||
-                      (r->tx.imm_lanes && r->tx.final_lane == lane && fully_built(r));
-    bool imm_owed = (r->tx.imm_lanes & bit) && !imm_posted;
-    bool all_landed = !wrote || r->tx.last_seq[lane] < landed;
-    if (all_landed && !imm_owed) { /* nothing of it lost, no immediate owed there */
-        if (wrote)
-            forget_lane(r, lane);
-        return REQ_UNTOUCHED;
-    }
-    /* An exact boundary (the peer refused the write, or it never left):
-     * nothing from it on landed, so neither did the immediate. */
-    if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
-        return REQ_REFUSE;
-    /* The immediate may have landed: decode may have reported Success and
-     * reused the pages, so only decode can say whether to replay. */
-    return imm_posted && !exact ? REQ_ASK : REQ_REPLAY;
-}
-
-/* r's writes start over from its first part, on the live lanes. */
-static void restart_req(kvw_engine_t *e, kvw_req_t *r)
-{
-    for (kvw_seg_t *s = r->tx.segs_head; s;
-         s = atomic_load_explicit(&s->next, memory_order_acquire)) {
-        s->cursor = (kvw_plan_cursor_t){0};
-        s->writes_built = 0;
-        s->hslot = 0;
-        s->hcursor = (kvw_heads_cursor_t){0, 0, 0};
-        s->slices_done = false;
-    }
-    r->tx.seg = r->tx.segs_head;
-    r->tx.writes_built = 0;
-    /* The live lanes keep what they carried: writes of the earlier attempt
-     * may still be in flight there, and r must not count as drained (nor
-     * decode be told it failed) before they completed. The failed lanes'
-     * writes, and those of a lane's earlier life, will never land:
-     * forgotten. */
-    kvw_peer_t *p = r->peer;
-    for (uint32_t m = r->tx.lane_mask, j; p && m; m &= m - 1) {
-        j = (uint32_t)__builtin_ctz(m);
-        if (p->lanes[j].dead || !of_this_life(p, r, j))
-            forget_lane(r, j);
-    }
-    r->tx.imm_lanes = r->tx.imms_posted = r->tx.final_lane = 0;
-    r->tx.epoch++;
-    atomic_fetch_add(&e->counters.replays, 1);
-}
-
-static void refuse_req(kvw_engine_t *e, kvw_req_t *r, uint32_t lane)
-{
-    char why[KVW_WIRE_REASON_MAX];
-    if (r->tx.epoch == KVW_WIRE_IMM_EPOCH_MASK)
-        snprintf(why, sizeof(why), "lane %u failed and the request was replayed too often", lane);
-    else
-        snprintf(why, sizeof(why),
-                 "lane %u failed after the request's final immediate went on it: decode may "
-                 "have it, so the writes are not replayed",
-                 lane);
-    atomic_fetch_add(&e->counters.replay_refused, 1);
-    pthread_mutex_lock(&e->lock);
-    if (!kvw__req_ended(r))
-        kvw__sender_fail_locked(r, KVW_ERR_TRANSFER, why);
-    pthread_mutex_unlock(&e->lock);
-}
-
-/* r goes on hold until decode answers whether it completed the attempt
- * (the control thread asks, kvw__prefill_asks). */
-static void hold_for_answer(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *r)
-{
-    atomic_fetch_add(&e->counters.replay_asks, 1);
-    pthread_mutex_lock(&e->lock);
-    r->tx.ask = KVW_ASK_DUE;
-    r->tx.ask_deadline_ns = kvw__now_ns() + kvw__ms_ns(ASK_WAIT_MS);
-    pthread_mutex_unlock(&e->lock);
-    queue_push(&p->asking_head, &p->asking_tail, r);
-    atomic_store(&p->asks_due, true);
-    kvw__wake(e->control_wake_fd);
-}
-
-/* The requests of one poller queue (active or in flight) that used the
- * lane: restarted (to the active queue), held for decode's answer, or
- * refused (kept where they are, to drain). */
-static void fail_over_list(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t **head, kvw_req_t **tail,
-                           uint32_t lane, uint64_t landed, bool exact)
-{
-    kvw_req_t *keep_head = NULL, *keep_tail = NULL, *replay_head = NULL, *replay_tail = NULL, *r;
-    while ((r = queue_pop(head, tail))) {
-        int what = req_after_lane_failed(p, r, lane, landed, exact);
-        if (what == REQ_REPLAY) {
-            restart_req(e, r);
-            queue_push(&replay_head, &replay_tail, r);
-            continue;
-        }
-        if (what == REQ_ASK) {
-            hold_for_answer(e, p, r);
-            continue;
-        }
-        if (what == REQ_REFUSE)
-            refuse_req(e, r, lane);
-        queue_push(&keep_head, &keep_tail, r);
-    }
-    *head = keep_head;
-    *tail = keep_tail;
-    while ((r = queue_pop(&replay_head, &replay_tail)))
-        queue_push(&p->active_head, &p->active_tail, r);
-}
-
-/* Requests waiting on a CUDA event have not posted their final
- * immediate: restarted in place (or refused, replayed too often). */
-static void fail_over_evwait(kvw_engine_t *e, kvw_peer_t *p, kvw_req_t *head, uint32_t lane,
-                             uint64_t landed, bool exact)
-{
-    for (kvw_req_t *r = head; r; r = r->qnext) {
-        int what = req_after_lane_failed(p, r, lane, landed, exact);
-        if (what == REQ_REPLAY)
-            restart_req(e, r);
-        else if (what != REQ_UNTOUCHED)
-            refuse_req(e, r, lane);
-    }
-}
-
-/* Requests parked between parts (on none of the poller's queues) that
- * used the lane: they start over and come back to the poller. */
-static void fail_over_parked(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, uint64_t landed)
-{
-    pthread_mutex_lock(&e->lock);
-    for (kvw_req_t *r = e->reqs; r; r = r->next) {
-        if (r->role != KVW_ROLE_PREFILL || r->peer != p || !r->tx.starved)
-            continue;
-        int what = req_after_lane_failed(p, r, lane, landed, false);
-        if (what == REQ_REPLAY) {
-            restart_req(e, r);
-            kvw__sender_unstarve_locked(r);
-        } else if (what == REQ_REFUSE) { /* replayed too often: its failure hands it back */
-            atomic_fetch_add(&e->counters.replay_refused, 1);
-            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER,
-                                    "a lane failed and the request was replayed too often");
-        }
-    }
-    pthread_mutex_unlock(&e->lock);
-}
-
-/* Whether an error completion fixes exactly what landed: the peer refused
- * the write (a NAK: it executes nothing after it) or it never left. A
- * transport timeout, or a flush of a QP failed from outside (its port
- * went down), may follow writes that reached decode unacknowledged. */
-static bool exact_boundary(enum ibv_wc_status st)
-{
-    return st != IBV_WC_RETRY_EXC_ERR && st != IBV_WC_WR_FLUSH_ERR && st != IBV_WC_FATAL_ERR &&
-           st != IBV_WC_RESP_TIMEOUT_ERR && st != IBV_WC_GENERAL_ERR;
-}
-
-static void fail_over(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const char *what, bool exact)
-{
-    /* Parts handed over since this pass began: their requests join the
-     * active queue first, so that the failover sees them. */
-    drain_ready(e);
-    kvw_lane_t *l = &p->lanes[lane];
-    kvw__rejoin_lane_failed(e, p, lane); /* out, until it rejoins (rejoin.c) */
-    kvw__rejoin_rebuild_turns(p);
-    KVW_WARN("connection %u: lane %u on %s failed (%s): its unfinished requests start over on "
-             "the other rails; the lane is probed back",
-             p->index, lane, e->rails[l->rail]->name, what);
-    uint64_t landed = l->txq.completed;
-    fail_over_list(e, p, &p->active_head, &p->active_tail, lane, landed, exact);
-    fail_over_list(e, p, &p->inflight_head, &p->inflight_tail, lane, landed, exact);
-    fail_over_evwait(e, p, p->evwait_head, lane, landed, exact);
-    fail_over_parked(e, p, lane, landed);
-}
-
-/* Requests held for decode's answer (hold_for_answer): replayed under
- * the next epoch, ended as landed (decode completed them), or failed
- * (decode no longer has them, no answer in time, or they failed
- * meanwhile). One that ends goes to the in-flight queue with nothing left
- * to wait for, so that it is retired and released in order. */
-static void serve_answers(kvw_engine_t *e, kvw_peer_t *p)
-{
-    kvw_req_t *keep_head = NULL, *keep_tail = NULL, *r;
-    uint64_t now = kvw__now_ns();
-    while ((r = queue_pop(&p->asking_head, &p->asking_tail))) {
-        pthread_mutex_lock(&e->lock);
-        int answer = r->tx.ask - KVW_ASK_SENT;
-        bool failed = atomic_load(&r->state) == KVW_POLL_FAILED;
-        if (!failed && answer <= 0 && now > r->tx.ask_deadline_ns) {
-            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER,
-                                    "a lane failed after the request's final immediate went on "
-                                    "it, and decode did not say in time whether it has it");
-            failed = true;
-        } else if (!failed && answer == KVW_WIRE_REPLAY_GONE) {
-            kvw__sender_fail_locked(r, KVW_ERR_TRANSFER,
-                                    "a lane failed and decode no longer has the request");
-            failed = true;
-        }
-        if (!failed && answer <= 0) { /* still waiting */
-            pthread_mutex_unlock(&e->lock);
-            queue_push(&keep_head, &keep_tail, r);
-            continue;
-        }
-        r->tx.ask = KVW_ASK_NONE;
-        pthread_mutex_unlock(&e->lock);
-        if (!failed && answer == KVW_WIRE_REPLAY_AGAIN) {
-            restart_req(e, r);
-            queue_push(&p->active_head, &p->active_tail, r);
-            continue;
-        }
-        if (!failed) { /* decode counted every lane's final immediate: all landed */
-            atomic_fetch_add(&e->counters.replay_done, 1);
-            r->tx.lane_mask = r->tx.imm_lanes = 0;
-        }
-        /* Failed: it is released (and decode told) only once its writes on
-         * the live lanes completed, as any failed request (the barrier). */
-        queue_push(&p->inflight_head, &p->inflight_tail, r);
-    }
-    p->asking_head = keep_head;
-    p->asking_tail = keep_tail;
-    retire_inflight(p);
-}
-
-static const char *down_reason(uint8_t why)
-{
-    return why == KVW_DOWN_HELLO  ? "the handshake could not connect it"
-           : why == KVW_DOWN_PEER ? "decode says its end is down"
-                                  : "its port went down";
-}
-
-/* Lanes whose rail's port went down (rail_down, control.c), that the
- * handshake could not connect, or whose decode end is down: failed over
- * before anything more is posted, or the connection killed when no other
- * rail is left. What they had posted may have landed. */
-static void take_down_lanes(kvw_engine_t *e, kvw_peer_t *p)
-{
-    if (!atomic_exchange(&p->lanes_down, false))
-        return;
-    for (uint32_t i = 0; i < p->nlanes; i++) {
-        kvw_lane_t *l = &p->lanes[i];
-        if (!atomic_load(&l->down_due) || l->dead || !l->txq_ready)
-            continue;
-        kvw__txq_fail_at(&l->txq, l->txq.completed);
-        if (can_fail_over(p, i))
-            fail_over(e, p, i, down_reason(atomic_load(&l->down_why)), false);
-        else if (atomic_load(&p->state) != PEER_DEAD)
-            kvw__peer_kill(p, KVW_ERR_TRANSFER, "lane %u on %s: %s, and no other rail is left", i,
-                           e->rails[l->rail]->name, down_reason(atomic_load(&l->down_why)));
-    }
-    retire_inflight(p);
-}
-
+ * Retire those requests as Success first; then the rails fail the lane
+ * over, or the connection fails. */
 static void on_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc)
 {
     kvw_txq_t *q = &p->lanes[lane].txq;
     bool first = !q->broken;
     kvw__txq_fail_at(q, wc->wr_id);
-    if (p->lanes[lane].dead) { /* out already: its drain, or a failed probe */
-        kvw__rejoin_reaped(p->engine, p, lane, wc->wr_id, false);
-        retire_inflight(p);
-        return;
-    }
-    if (first && can_fail_over(p, lane)) {
-        char what[96];
-        snprintf(what, sizeof(what), "%s, vendor error 0x%x", ibv_wc_status_str(wc->status),
-                 wc->vendor_err);
-        fail_over(p->engine, p, lane, what, exact_boundary(wc->status));
-        kvw__rejoin_reaped(p->engine, p, lane, wc->wr_id, false);
-        retire_inflight(p);
-        return;
-    }
+    if (first && !p->lanes[lane].health.dead) /* a failover must see parts handed over meanwhile */
+        drain_ready(p->engine);
+    bool carried_on = kvw__rails_send_error(p, lane, wc, first);
     retire_inflight(p);
-    if (first && !p->lanes[lane].dead && atomic_load(&p->state) != PEER_DEAD)
+    if (!carried_on && first && !p->lanes[lane].health.dead && atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER,
                        "RDMA write (room %llu) completed with %s (vendor error 0x%x)",
                        (unsigned long long)room_of_seq(p, lane, wc->wr_id),
                        ibv_wc_status_str(wc->status), wc->vendor_err);
 }
 
-/* Decode: a lane's QP failed and another rail lives: prefill finds the
- * failure on its side and replays on the other rails; no receive is
- * posted here any more. */
-static void decode_lane_failed(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
-                               const struct ibv_wc *wc)
-{
-    kvw__rejoin_lane_failed(e, p, lane);
-    KVW_WARN("connection %u: lane %u on %s failed (%s): the other rails carry on", p->index, lane,
-             e->rails[p->lanes[lane].rail]->name, ibv_wc_status_str(wc->status));
-}
-
 static void on_error_completion(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane,
                                 const struct ibv_wc *wc)
 {
     if (wc->status != IBV_WC_WR_FLUSH_ERR ||
-        (atomic_load(&p->state) != PEER_DEAD && !p->lanes[lane].dead))
+        (atomic_load(&p->state) != PEER_DEAD && !p->lanes[lane].health.dead))
         atomic_fetch_add(&e->counters.errors, 1); /* flushes after a kill are expected */
     if (e->role == KVW_ROLE_PREFILL) {
         on_send_error(p, lane, wc);
         return;
     }
-    kvw__rejoin_reaped(e, p, lane, wc->wr_id, false); /* decode: one receive fewer */
-    if (p->lanes[lane].dead || atomic_load(&p->lanes[lane].rejoin) == LANE_RESET_DUE)
-        ; /* a rail already given up on, or being reset */
-    else if (can_fail_over(p, lane))
-        decode_lane_failed(e, p, lane, wc);
-    else if (atomic_load(&p->state) != PEER_DEAD)
+    if (!kvw__rails_recv_error(e, p, lane, wc) && atomic_load(&p->state) != PEER_DEAD)
         kvw__peer_kill(p, KVW_ERR_TRANSFER, "receive completed with %s (vendor error 0x%x)",
                        ibv_wc_status_str(wc->status), wc->vendor_err);
 }
@@ -1122,27 +722,6 @@ static bool all_immediates_locked(kvw_req_t *r, uint32_t imm)
         r->rx.imms_landed = 0;
     }
     return ++r->rx.imms_landed >= (imm >> KVW_WIRE_IMM_COUNT_SHIFT) + 1;
-}
-
-/* Every write of r landed in its slice of the landing buffer: copy it
- * into the rows, then end r (and only then: its pages hold the heads once
- * Success is seen), giving the slice back. Outside the lock. */
-static void scatter_landed(kvw_engine_t *e, kvw_req_t *r)
-{
-    char why[200] = "";
-    kvw_status_t st = kvw__landing_scatter(e, r, why, sizeof(why));
-    pthread_mutex_lock(&e->lock);
-    r->stage.staging_in = false;
-    if (st)
-        kvw__req_fail(r, KVW_ERR_TRANSFER,
-                      "the data landed but copying it from the landing buffer failed: %s", why);
-    else if (r->rx.aborting)
-        kvw__req_fail(r, r->rx.abort_status, "%s", r->rx.abort_reason);
-    else
-        kvw__req_succeed(r);
-    kvw__landing_release_locked(e, r);
-    pthread_mutex_unlock(&e->lock);
-    kvw__req_unref(r);
 }
 
 /* (lock) Every write of verified r landed: the caller's digest is
@@ -1207,8 +786,8 @@ static void on_immediate(kvw_engine_t *e, kvw_peer_t *p, kvw_lane_t *l, const st
     } else
         KVW_INFO("immediate for unknown request token 0x%x (destroyed receiver?)", token);
     pthread_mutex_unlock(&e->lock);
-    if (scatter)
-        scatter_landed(e, scatter);
+    if (scatter) /* the copy into the rows: the copier's thread, not this one */
+        kvw__copier_push(e, scatter);
     if (check)
         kvw__verify_check_landed(e, check); /* outside the lock: a pass over its bytes */
     /* Give the receive back at once so the peer never meets an empty queue. */
@@ -1235,7 +814,7 @@ static int poll_lane(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, int *ok)
         ++*ok;
         if (e->role == KVW_ROLE_PREFILL) {
             kvw__txq_retire(&l->txq, wc[i].wr_id);
-            if (l->dead)
+            if (l->health.dead)
                 kvw__rejoin_reaped(e, p, lane, wc[i].wr_id, true);
         } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM)
             on_immediate(e, p, l, &wc[i]);
@@ -1289,14 +868,17 @@ static int run_once(kvw_engine_t *e, uint32_t budget, bool *more)
             continue;
         bool closing = atomic_load(&p->closing);
         if (atomic_load(&p->state) == PEER_CONNECTED && !closing &&
-            (p->dead_lanes || atomic_load_explicit(&p->rejoin_poll, memory_order_relaxed))) {
+            (p->rails.dead_lanes ||
+             atomic_load_explicit(&p->rails.rejoin_poll, memory_order_relaxed))) {
             uint64_t before[3]; /* a rejoin's probe write counts as posted */
             lane_totals(p, before);
             kvw__rejoin_poll(e, p);
             publish_counters(e, p, before);
         }
-        if (p->asking_head)
-            serve_answers(e, p);
+        if (p->rails.asking_head) {
+            kvw__rails_serve_answers(e, p);
+            retire_inflight(p);
+        }
         if (e->role == KVW_ROLE_PREFILL && atomic_load(&p->state) == PEER_CONNECTED && !closing)
             work += post_peer(e, p, budget, more);
         work += poll_peer(e, p);
@@ -1351,7 +933,7 @@ static void sleep_on_channel(kvw_engine_t *e)
     struct pollfd fds[KVW_MAX_RAILS + 1];
     uint32_t nr = e->nrails;
     for (uint32_t k = 0; k < nr; k++)
-        fds[k] = (struct pollfd){e->channels[k]->fd, POLLIN, 0};
+        fds[k] = (struct pollfd){e->rail[k].channel->fd, POLLIN, 0};
     fds[nr] = (struct pollfd){e->poller_wake_fd, POLLIN, 0};
     /* A part waiting on its producer's event: look again soon (no
      * completion or wake-up says when a CUDA event completes). */
@@ -1365,7 +947,7 @@ static void sleep_on_channel(kvw_engine_t *e)
     struct ibv_cq *cq;
     void *ctx;
     for (uint32_t k = 0; k < nr; k++)
-        while (fds[k].revents && e->dev->ops->get_cq_event(e->channels[k], &cq, &ctx) == 0)
+        while (fds[k].revents && e->dev->ops->get_cq_event(e->rail[k].channel, &cq, &ctx) == 0)
             e->dev->ops->ack_cq_events(cq, 1);
     uint64_t v;
     if (fds[nr].revents && read(e->poller_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)

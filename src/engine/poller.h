@@ -9,7 +9,7 @@
 #ifndef KVW_ENGINE_POLLER_H
 #define KVW_ENGINE_POLLER_H
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 /* One pass of the poller's loop: take handed-over requests, post and poll
  * every peer. Returns the work done (WRs built, completions, requests). */

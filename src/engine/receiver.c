@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Decode side of a request: the public receiver API. */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/stager.h"
 #include "engine/verify.h"
 
@@ -10,10 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-struct kvw_receiver {
-    kvw_req_t req;
-};
 
 void kvw__receiver_fail_unsent_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
@@ -84,6 +80,7 @@ void kvw__receiver_end(kvw_req_t *r)
 static void receiver_free(kvw_req_t *r)
 {
     kvw__stager_unreserve(r);
+    free(r->stage.slots);
     free(r->rx.pages);
     free(r->rx.state_n);
 }
@@ -95,13 +92,20 @@ static void receiver_failed_locked(kvw_req_t *r)
      * space may serve another request. */
     if (atomic_load(&r->state) == KVW_POLL_FAILED)
         kvw__landing_release_locked(r->engine, r);
-    if (r->rx.set)
-        kvw__rxset_member_failed_locked(r);
+    if (r->rx.member_failed_locked) /* the set's hook (rxset.c) */
+        r->rx.member_failed_locked(r);
+}
+
+/* (lock) Its ABORT is still to be sent. */
+static bool receiver_answer_owed_locked(kvw_req_t *r)
+{
+    return r->rx.abort_due;
 }
 
 const kvw_role_ops_t kvw__decode_ops = {
     .failed_locked = receiver_failed_locked,
     .free = receiver_free,
+    .answer_owed_locked = receiver_answer_owed_locked,
 };
 
 void kvw__receiver_destroy_one(kvw_req_t *r)
@@ -157,37 +161,6 @@ kvw_status_t kvw__receiver_create(kvw_engine_t *e, const char *addr, uint32_t pr
     return st;
 }
 
-static kvw_status_t receiver_create(kvw_engine_t *e, const char *addr, uint32_t prefill_rank,
-                                    uint64_t room, kvw_receiver_t **recv_p)
-{
-    kvw_req_t *r = NULL;
-    kvw_status_t st = kvw__receiver_create(e, addr, prefill_rank, room, false, &r);
-    if (!st)
-        *recv_p = (kvw_receiver_t *)r;
-    return st;
-}
-
-kvw_status_t kvw_receiver_create(kvw_engine_t *e, const char *bootstrap_addr, uint32_t prefill_rank,
-                                 uint64_t room, kvw_receiver_t **recv_p)
-{
-    if (!e || !recv_p || !bootstrap_addr || e->role != KVW_ROLE_DECODE ||
-        strlen(bootstrap_addr) >= KVW_WIRE_ENDPOINT_MAX - 6 || bootstrap_addr[0] == '@')
-        return KVW_ERR_INVALID;
-    return receiver_create(e, bootstrap_addr, prefill_rank, room, recv_p);
-}
-
-kvw_status_t kvw_receiver_create_at(kvw_engine_t *e, const char *endpoint, uint32_t prefill_rank,
-                                    uint64_t room, kvw_receiver_t **recv_p)
-{
-    if (!e || !recv_p || !endpoint || e->role != KVW_ROLE_DECODE ||
-        strncmp(endpoint, "tcp://", 6) != 0 || !endpoint[6] ||
-        strlen(endpoint) >= KVW_WIRE_ENDPOINT_MAX - 1)
-        return KVW_ERR_INVALID;
-    char addr[KVW_WIRE_ENDPOINT_MAX];
-    snprintf(addr, sizeof(addr), "@%s", endpoint);
-    return receiver_create(e, addr, prefill_rank, room, recv_p);
-}
-
 /* Check and copy a request's indices for the wire: pages, then each state
  * group's list (its own, or the shared one), with a count per state group. */
 static kvw_status_t copy_indices(const kvw_engine_t *e, const kvw_indices_t *x,
@@ -226,19 +199,6 @@ static uint64_t expected_bytes(const kvw_engine_t *e, const kvw_indices_t *x,
             bytes +=
                 (uint64_t)state_n[s] * e->regions[l->state_slots[l->state_first[s] + i]].item_len;
     return bytes;
-}
-
-kvw_status_t kvw_receiver_init_lists(kvw_receiver_t *rc, const kvw_indices_t *x,
-                                     const kvw_state_list_t *lists, size_t num_lists)
-{
-    if (!rc || !x || (x->num_pages && !x->pages) || (x->num_state && !x->state) ||
-        (num_lists && !lists))
-        return KVW_ERR_INVALID;
-    const char *caller_tag = kvw__log_set_engine(rc->req.engine->log_tag); /* its lines */
-    kvw_status_t st = rc->req.rx.set ? kvw__rxset_init(rc->req.rx.set, x, lists, num_lists)
-                                     : kvw__receiver_init_one(&rc->req, x, lists, num_lists);
-    kvw__log_set_engine(caller_tag);
-    return st;
 }
 
 kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
@@ -288,36 +248,6 @@ kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
     return st;
 }
 
-kvw_status_t kvw_receiver_init_indices(kvw_receiver_t *rc, const kvw_indices_t *x)
-{
-    return kvw_receiver_init_lists(rc, x, NULL, 0);
-}
-
-kvw_status_t kvw_receiver_init(kvw_receiver_t *rc, const uint64_t *pages, size_t n,
-                               uint32_t aux_index)
-{
-    kvw_indices_t x = {.pages = pages, .num_pages = n, .aux_index = aux_index};
-    return kvw_receiver_init_indices(rc, &x);
-}
-
-kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m)
-{
-    if (!rc || !m)
-        return KVW_ERR_INVALID;
-    if (rc->req.rx.set)
-        return kvw__rxset_metrics(rc->req.rx.set, m);
-    const kvw_req_t *r = &rc->req;
-    kvw_engine_t *e = r->engine;
-    pthread_mutex_lock(&e->lock);
-    uint64_t sent = r->rx.sent_ns, landed = atomic_load(&r->rx.landed_ns);
-    pthread_mutex_unlock(&e->lock);
-    *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
-                             .transfer_us = sent && landed > sent ? (landed - sent) / 1000 : 0,
-                             .start_ns = sent,
-                             .end_ns = landed};
-    return KVW_OK;
-}
-
 void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char *why)
 {
     kvw_engine_t *e = r->engine;
@@ -330,60 +260,16 @@ void kvw__receiver_start_abort_locked(kvw_req_t *r, kvw_status_t st, const char 
     kvw__req_touch_locked(r);
 }
 
-kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
+int kvw__receiver_landed_one(kvw_req_t *r)
 {
-    if (!rc)
-        return KVW_ERR_INVALID;
-    if (rc->req.rx.set)
-        return kvw__rxset_abort(rc->req.rx.set);
-    kvw_req_t *r = &rc->req;
-    kvw_engine_t *e = r->engine;
-    pthread_mutex_lock(&e->lock);
-    kvw_status_t st = kvw__req_ended(r) ? KVW_ERR_STATE : KVW_OK;
-    if (!st)
-        kvw__receiver_abort_locked(r, "aborted by the caller");
-    pthread_mutex_unlock(&e->lock);
-    return st;
-}
-
-kvw_poll_t kvw_receiver_poll(kvw_receiver_t *rc)
-{
-    if (rc->req.rx.set)
-        return kvw__rxset_poll(rc->req.rx.set);
-    return kvw__req_poll(&rc->req);
-}
-
-kvw_status_t kvw_receiver_failure(const kvw_receiver_t *rc, const char **reason_p)
-{
-    if (rc->req.rx.set)
-        return kvw__rxset_failure(rc->req.rx.set, reason_p);
-    return kvw__req_failure(&rc->req, reason_p);
-}
-
-void kvw_receiver_destroy(kvw_receiver_t *rc)
-{
-    if (rc && rc->req.rx.set)
-        kvw__rxset_destroy(rc->req.rx.set);
-    else if (rc)
-        kvw__receiver_destroy_one(&rc->req);
-}
-
-int kvw_receiver_landed(kvw_receiver_t *rc)
-{
-    if (!rc || rc->req.rx.set)
-        return 0;
-    kvw_req_t *r = &rc->req;
     pthread_mutex_lock(&r->engine->lock);
     int landed = r->rx.verify == KVW_VERIFY_CALLER && r->rx.v_landed && !kvw__req_ended(r);
     pthread_mutex_unlock(&r->engine->lock);
     return landed;
 }
 
-kvw_status_t kvw_receiver_verify(kvw_receiver_t *rc, uint64_t digest)
+kvw_status_t kvw__receiver_verify_one(kvw_req_t *r, uint64_t digest)
 {
-    if (!rc || rc->req.rx.set)
-        return KVW_ERR_INVALID;
-    kvw_req_t *r = &rc->req;
     kvw_engine_t *e = r->engine;
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = r->rx.verify != KVW_VERIFY_CALLER || !r->rx.v_landed || r->rx.v_have_local ||

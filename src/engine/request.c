@@ -2,7 +2,7 @@
 /* What senders (sender.c) and receivers (receiver.c) share: the request's
  * lifecycle, its state changes, and the checks of indices against the
  * registered regions. */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/verify.h"
 
 #include "common/log.h"
@@ -26,10 +26,14 @@ kvw_req_t *kvw__req_new_locked(kvw_engine_t *e, kvw_role_t role, uint64_t room)
     r->engine = e;
     r->role = role;
     r->room = room;
-    r->tx.aux_index = r->rx.aux = KVW_NO_AUX;
+    if (role == KVW_ROLE_PREFILL) {
+        r->tx.aux_index = KVW_NO_AUX;
+        r->tx.drained = true; /* nothing posted yet */
+    } else {
+        r->rx.aux = KVW_NO_AUX;
+    }
     atomic_init(&r->state, KVW_POLL_BOOTSTRAPPING);
     atomic_init(&r->refs, 1); /* the engine list's reference */
-    r->tx.drained = true;     /* nothing posted yet */
     r->listed = true;
     r->created_ns = kvw__now_ns();
     atomic_fetch_add_explicit(&e->counters.created, 1, memory_order_relaxed);
@@ -75,7 +79,6 @@ void kvw__req_unref(kvw_req_t *r)
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     r->engine->ops->free(r);
-    free(r->stage.slots);
     free(r);
 }
 
@@ -104,7 +107,8 @@ void kvw__req_attach_locked(kvw_req_t *r, kvw_peer_t *p)
 void kvw__req_fail(kvw_req_t *r, kvw_status_t st, const char *fmt, ...)
 {
     int s = atomic_load(&r->state);
-    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS || r->stage.staging_in)
+    if (s == KVW_POLL_FAILED || s == KVW_POLL_SUCCESS ||
+        (r->role == KVW_ROLE_DECODE && r->stage.staging_in))
         return;
     r->fail_status = st;
     va_list ap;
@@ -217,12 +221,7 @@ void kvw__req_release_handle_locked(kvw_req_t *r)
         kvw__req_touch_locked(r);
         return;
     }
-    if (r->role == KVW_ROLE_PREFILL && r->tx.caller_digest && !r->tx.digest_given)
-        r->tx.digest_due = false; /* verify: the caller's digest can no longer come */
-    bool answer_owed = r->role == KVW_ROLE_PREFILL
-                           ? atomic_load(&r->state) == KVW_POLL_FAILED || kvw__verify_owed_locked(r)
-                           : r->rx.abort_due;
-    if (answer_owed) {
+    if (r->engine->ops->answer_owed_locked(r)) {
         kvw__req_set_deadline_locked(r, kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms));
         kvw__req_touch_locked(r);
         return;

@@ -9,7 +9,7 @@
  * The set is Success once every member is; when one fails, the others are
  * aborted (the abort barrier of each), and the set is Failed once every
  * member ended, with the first failure's reason naming its rank. */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/stager.h"
 
 #include "common/log.h"
@@ -55,11 +55,9 @@ static void set_free(kvw_rxset_t *set)
     free(set);
 }
 
-kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *e, const kvw_receiver_params_t *params,
-                                       kvw_receiver_t **recv_p)
+kvw_status_t kvw__rxset_create(kvw_engine_t *e, const kvw_receiver_params_t *params,
+                               kvw_req_t **first_p)
 {
-    if (!e || !params || !recv_p || e->role != KVW_ROLE_DECODE)
-        return KVW_ERR_INVALID;
     kvw_receiver_params_t p = {.struct_size = sizeof(p)};
     size_t min = offsetof(kvw_receiver_params_t, ranks) + sizeof(p.ranks);
     if (kvw__sized_read("receiver params", &p, sizeof(p), min, params))
@@ -105,7 +103,9 @@ kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *e, const kvw_receiver_param
     for (uint32_t i = 0; i < p.num_ranks && !st; i++) {
         st = kvw__receiver_create(e, addrs[i], p.ranks[i].rank, p.room, true, &set->m[i]);
         if (!st) {
-            set->m[i]->rx.set = set; /* before any failure can look for it: not yet inited */
+            /* before any failure can look for it: not yet inited */
+            set->m[i]->rx.set = set;
+            set->m[i]->rx.member_failed_locked = kvw__rxset_member_failed_locked;
             set->n = i + 1;
         }
     }
@@ -113,7 +113,7 @@ kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *e, const kvw_receiver_param
         kvw__rxset_destroy(set);
         return st;
     }
-    *recv_p = (kvw_receiver_t *)set->m[0];
+    *first_p = set->m[0];
     return KVW_OK;
 }
 
@@ -284,8 +284,10 @@ void kvw__rxset_destroy(kvw_rxset_t *set)
     /* Plain receivers from here on: a member the engine keeps (its abort
      * unconfirmed) no longer points at the set. */
     pthread_mutex_lock(&e->lock);
-    for (uint32_t i = 0; i < set->n; i++)
+    for (uint32_t i = 0; i < set->n; i++) {
         set->m[i]->rx.set = NULL;
+        set->m[i]->rx.member_failed_locked = NULL;
+    }
     pthread_mutex_unlock(&e->lock);
     for (uint32_t i = 0; i < set->n; i++)
         kvw__receiver_destroy_one(set->m[i]);

@@ -7,7 +7,7 @@
  * layer) pair, with the state given, is the final one: it also writes the
  * aux item and the state, and its last write carries the immediate that
  * tells decode the whole request landed (RC delivers in order). */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/poller.h"
 #include "engine/stager.h"
 #include "engine/verify.h"
@@ -17,10 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct kvw_sender {
-    kvw_req_t req;
-};
 
 static void sender_free(kvw_req_t *r)
 {
@@ -231,13 +227,27 @@ void kvw__sender_unstarve_locked(kvw_req_t *r)
 static void sender_failed_locked(kvw_req_t *r)
 {
     kvw__sender_unstarve_locked(r);
-    if (r->tx.set)
-        kvw__txset_member_failed_locked(r);
+    if (r->tx.member_failed_locked) /* the set's hook (txset.c) */
+        r->tx.member_failed_locked(r);
+}
+
+/* (lock) Decode may still ask for a failed request, or wait for its
+ * digest. */
+static bool sender_answer_owed_locked(kvw_req_t *r)
+{
+    if (r->tx.caller_digest && !r->tx.digest_given)
+        r->tx.digest_due = false; /* verify: the caller's digest can no longer come */
+    return atomic_load(&r->state) == KVW_POLL_FAILED || kvw__verify_owed_locked(r);
 }
 
 const kvw_role_ops_t kvw__prefill_ops = {
     .failed_locked = sender_failed_locked,
     .free = sender_free,
+    .answer_owed_locked = sender_answer_owed_locked,
+    .fail_locked = kvw__sender_fail_locked,
+    .starve_locked = kvw__sender_starve_locked,
+    .unstarve_locked = kvw__sender_unstarve_locked,
+    .append_locked = kvw__sender_append_locked,
 };
 
 /* ----------------------------------------------------------- accepting */
@@ -494,10 +504,8 @@ void kvw__sender_adopt_locked(kvw_req_t *r)
     atomic_fetch_add(&r->refs, 1);
 }
 
-kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **sender_p)
+kvw_status_t kvw__sender_create_one(kvw_engine_t *e, uint64_t room, kvw_req_t **r_p)
 {
-    if (!e || !sender_p || e->role != KVW_ROLE_PREFILL)
-        return KVW_ERR_INVALID;
     pthread_mutex_lock(&e->lock);
     kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room);
     kvw_status_t st = KVW_OK;
@@ -522,18 +530,7 @@ kvw_status_t kvw_sender_create(kvw_engine_t *e, uint64_t room, kvw_sender_t **se
     }
     pthread_mutex_unlock(&e->lock);
     if (!st)
-        *sender_p = (kvw_sender_t *)r;
-    return st;
-}
-
-kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_index)
-{
-    if (!s)
-        return KVW_ERR_INVALID;
-    const char *caller_tag = kvw__log_set_engine(s->req.engine->log_tag); /* its lines */
-    kvw_status_t st = s->req.tx.set ? kvw__txset_init(s->req.tx.set, num_pages, aux_index)
-                                    : kvw__sender_init_one(&s->req, num_pages, aux_index);
-    kvw__log_set_engine(caller_tag);
+        *r_p = r;
     return st;
 }
 
@@ -702,19 +699,6 @@ static kvw_status_t check_event(const kvw_req_t *r, void *event)
     return KVW_ERR_UNSUPPORTED;
 }
 
-kvw_status_t kvw_sender_send_part_after(kvw_sender_t *sender, const kvw_part_t *part,
-                                        void *cuda_event)
-{
-    if (!sender || !part || (part->num_pages && !part->pages))
-        return KVW_ERR_INVALID;
-    const char *caller_tag = kvw__log_set_engine(sender->req.engine->log_tag);
-    kvw_status_t st = sender->req.tx.set
-                          ? kvw__txset_send_part(sender->req.tx.set, part, cuda_event)
-                          : kvw__sender_send_part_one(&sender->req, part, cuda_event);
-    kvw__log_set_engine(caller_tag);
-    return st;
-}
-
 kvw_status_t kvw__sender_send_part_one(kvw_req_t *r, const kvw_part_t *part, void *cuda_event)
 {
     kvw_status_t st = check_event(r, cuda_event);
@@ -725,24 +709,6 @@ kvw_status_t kvw__sender_send_part_one(kvw_req_t *r, const kvw_part_t *part, voi
     st = send_part_locked(r, part, cuda_event);
     pthread_mutex_unlock(&r->engine->lock);
     kvw__poller_help(r->engine);
-    return st;
-}
-
-kvw_status_t kvw_sender_send_part(kvw_sender_t *sender, const kvw_part_t *part)
-{
-    return kvw_sender_send_part_after(sender, part, NULL);
-}
-
-/* The next pages for every layer: a prefill chunk, or the whole request. */
-kvw_status_t kvw_sender_send_after(kvw_sender_t *sender, const uint64_t *pages, size_t n,
-                                   void *cuda_event)
-{
-    if (!sender || (n && !pages))
-        return KVW_ERR_INVALID;
-    const char *caller_tag = kvw__log_set_engine(sender->req.engine->log_tag);
-    kvw_status_t st = sender->req.tx.set ? kvw__txset_send(sender->req.tx.set, pages, n, cuda_event)
-                                         : kvw__sender_send_one(&sender->req, pages, n, cuda_event);
-    kvw__log_set_engine(caller_tag);
     return st;
 }
 
@@ -759,29 +725,6 @@ kvw_status_t kvw__sender_send_one(kvw_req_t *r, const uint64_t *pages, size_t n,
     st = send_part_locked(r, &part, cuda_event);
     pthread_mutex_unlock(&r->engine->lock);
     kvw__poller_help(r->engine);
-    return st;
-}
-
-kvw_status_t kvw_sender_send(kvw_sender_t *sender, const uint64_t *pages, size_t n)
-{
-    return kvw_sender_send_after(sender, pages, n, NULL);
-}
-
-kvw_status_t kvw_sender_send_state(kvw_sender_t *sender, const uint64_t *state, size_t n)
-{
-    return kvw_sender_send_state_lists(sender, state, n, NULL, 0);
-}
-
-kvw_status_t kvw_sender_send_state_lists(kvw_sender_t *sender, const uint64_t *state, size_t n,
-                                         const kvw_state_list_t *lists, size_t num_lists)
-{
-    if (!sender || (n && !state) || (num_lists && !lists))
-        return KVW_ERR_INVALID;
-    const char *caller_tag = kvw__log_set_engine(sender->req.engine->log_tag);
-    kvw_status_t st = sender->req.tx.set
-                          ? kvw__txset_send_state(sender->req.tx.set, state, n, lists, num_lists)
-                          : kvw__sender_send_state_one(&sender->req, state, n, lists, num_lists);
-    kvw__log_set_engine(caller_tag);
     return st;
 }
 
@@ -841,29 +784,6 @@ kvw_status_t kvw__sender_send_state_one(kvw_req_t *r, const uint64_t *state, siz
     return st;
 }
 
-kvw_poll_t kvw_sender_poll(kvw_sender_t *s)
-{
-    if (s && s->req.tx.set)
-        return kvw__txset_poll(s->req.tx.set);
-    return kvw__req_poll(&s->req);
-}
-
-kvw_status_t kvw_sender_failure(const kvw_sender_t *s, const char **reason_p)
-{
-    if (s && s->req.tx.set)
-        return kvw__txset_failure(s->req.tx.set, reason_p);
-    return kvw__req_failure(&s->req, reason_p);
-}
-
-kvw_status_t kvw_sender_requested(const kvw_sender_t *s, size_t *num_pages_p, uint32_t *aux_p)
-{
-    if (!s)
-        return KVW_ERR_INVALID;
-    if (s->req.tx.set)
-        return kvw__txset_requested(s->req.tx.set, num_pages_p, aux_p);
-    return kvw__sender_requested_one(&s->req, num_pages_p, aux_p);
-}
-
 kvw_status_t kvw__sender_requested_one(const kvw_req_t *r, size_t *num_pages_p, uint32_t *aux_p)
 {
     kvw_engine_t *e = r->engine;
@@ -882,22 +802,6 @@ kvw_status_t kvw__sender_requested_one(const kvw_req_t *r, size_t *num_pages_p, 
     return KVW_OK;
 }
 
-kvw_status_t kvw_sender_metrics(const kvw_sender_t *s, kvw_req_metrics_t *m)
-{
-    if (!s || !m)
-        return KVW_ERR_INVALID;
-    if (s->req.tx.set)
-        return kvw__txset_metrics(s->req.tx.set, m);
-    const kvw_req_t *r = &s->req;
-    uint64_t first = atomic_load(&r->tx.first_post_ns), done = atomic_load(&r->tx.done_ns);
-    *m = (kvw_req_metrics_t){.bytes = atomic_load(&r->bytes_posted),
-                             .writes = atomic_load(&r->tx.writes_posted),
-                             .transfer_us = first && done > first ? (done - first) / 1000 : 0,
-                             .start_ns = first,
-                             .end_ns = done};
-    return KVW_OK;
-}
-
 kvw_status_t kvw__sender_set_digest_locked(kvw_req_t *r, uint64_t digest)
 {
     /* After Success too: the writes may complete before the caller's
@@ -911,28 +815,6 @@ kvw_status_t kvw__sender_set_digest_locked(kvw_req_t *r, uint64_t digest)
     return KVW_OK;
 }
 
-kvw_status_t kvw_sender_set_digest(kvw_sender_t *s, uint64_t digest)
-{
-    if (!s)
-        return KVW_ERR_INVALID;
-    if (s->req.tx.set)
-        return kvw__txset_set_digest(s->req.tx.set, digest);
-    kvw_engine_t *e = s->req.engine;
-    pthread_mutex_lock(&e->lock);
-    kvw_status_t st = kvw__sender_set_digest_locked(&s->req, digest);
-    pthread_mutex_unlock(&e->lock);
-    return st;
-}
-
-kvw_status_t kvw_sender_abort(kvw_sender_t *s)
-{
-    if (!s)
-        return KVW_ERR_INVALID;
-    if (s->req.tx.set)
-        return kvw__txset_abort(s->req.tx.set);
-    return kvw__sender_abort_one(&s->req, "aborted by prefill");
-}
-
 kvw_status_t kvw__sender_abort_one(kvw_req_t *r, const char *why)
 {
     kvw_engine_t *e = r->engine;
@@ -943,16 +825,6 @@ kvw_status_t kvw__sender_abort_one(kvw_req_t *r, const char *why)
     pthread_mutex_unlock(&e->lock);
     kvw__wake(e->poller_wake_fd); /* stop feeding it now, not at the next completion */
     return st;
-}
-
-void kvw_sender_destroy(kvw_sender_t *s)
-{
-    if (!s)
-        return;
-    if (s->req.tx.set)
-        kvw__txset_destroy(s->req.tx.set);
-    else
-        kvw__sender_destroy_one(&s->req);
 }
 
 void kvw__sender_destroy_one(kvw_req_t *r)

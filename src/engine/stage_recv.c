@@ -148,7 +148,7 @@ void kvw__stager_landed_locked(kvw_req_t *r)
 {
     kvw_stager_t *st = r->engine->stager;
     pthread_mutex_lock(&st->lock);
-    r->stage.staging_in = true; /* under both locks (engine.h) */
+    r->stage.staging_in = true; /* under both locks (core.h) */
     kvw__stage_push_job_locked(st, r);
     pthread_mutex_unlock(&st->lock);
 }

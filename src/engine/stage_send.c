@@ -87,23 +87,6 @@ void kvw__stager_slice_regions(const kvw_req_t *r, const kvw_seg_t *s, kvw_plan_
 
 /* ---- prefill: chunks -------------------------------------------------------- */
 
-void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t id)
-{
-    kvw_stager_t *st = e->stager;
-    if (!st || !id)
-        return; /* the engine is being torn down */
-    pthread_mutex_lock(&st->lock);
-    st->free_chunks[st->nfree++] = id;
-    chunk_owner_t o = st->owner[id - 1];
-    peer_share_t *sh = &st->share[o.slot];
-    if (sh->serial == o.serial && sh->held) /* else its connection is gone */
-        sh->held--;
-    st->chunks_back++;
-    if (st->park_head)
-        pthread_cond_broadcast(&st->cond);
-    pthread_mutex_unlock(&st->lock);
-}
-
 void kvw__stager_drop_unposted(kvw_req_t *r)
 {
     kvw_engine_t *e = r->engine;
@@ -183,11 +166,11 @@ static void deliver(kvw_stager_t *st, kvw_req_t *r, kvw_seg_t *s, kvw_status_t e
     kvw_engine_t *e = st->e;
     pthread_mutex_lock(&e->lock);
     if (err && !kvw__req_ended(r))
-        kvw__sender_fail_locked(r, err, why);
+        r->engine->ops->fail_locked(r, err, why);
     if (kvw__req_ended(r))
         kvw__seg_free(e, s);
     else
-        kvw__sender_append_locked(r, s); /* frees s if it cannot plan it */
+        r->engine->ops->append_locked(r, s); /* frees s if it cannot plan it */
     pthread_mutex_unlock(&e->lock);
 }
 
@@ -280,7 +263,7 @@ static void fail_part(kvw_stager_t *st, kvw_req_t *r, kvw_status_t err, const ch
 {
     pthread_mutex_lock(&st->e->lock);
     if (!kvw__req_ended(r))
-        kvw__sender_fail_locked(r, err, why);
+        r->engine->ops->fail_locked(r, err, why);
     pthread_mutex_unlock(&st->e->lock);
 }
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The stager (engine/stager.h): the pool, the job queue and the thread's
- * loop, creation and teardown. Each role's half: stage_send.c (prefill)
- * and stage_recv.c (decode); stager_int.h holds what they share. */
+/* The stager (engine/stager.h): the thread's loop, above its two halves
+ * (stage_send.c for prefill, stage_recv.c for decode), creation and
+ * teardown. The job queue and the copies both halves use are copier.c's;
+ * stager_int.h holds what they share. */
 #include "engine/stager_int.h"
 
 #include "common/log.h"
@@ -11,79 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-uint32_t kvw__stage_region_kind(const kvw_layout_t *l, uint32_t region)
-{
-    for (uint32_t i = 0; i < l->num_groups; i++) {
-        const kvw_layout_group_t *g = &l->groups[i];
-        if (region >= g->first && region < g->first + g->num_layers * g->per_layer)
-            return g->kind;
-    }
-    return KVW_LAYOUT_KV;
-}
-
-void kvw__stage_append_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
-{
-    r->stage.snext = NULL;
-    if (*tail)
-        (*tail)->stage.snext = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
-void kvw__stage_queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
-{
-    atomic_fetch_add(&r->refs, 1);
-    kvw__stage_append_req(head, tail, r);
-}
-
-void kvw__stage_push_job_locked(kvw_stager_t *st, kvw_req_t *r)
-{
-    /* A parked one resumes when a chunk is back, one waiting on an event
-     * at its next look. */
-    if (r->stage.queued || r->stage.parked || r->stage.evwait)
-        return;
-    r->stage.queued = true;
-    kvw__stage_queue_req(&st->job_head, &st->job_tail, r);
-    pthread_cond_broadcast(&st->cond);
-}
-
-void kvw__stage_push_job(kvw_stager_t *st, kvw_req_t *r)
-{
-    pthread_mutex_lock(&st->lock);
-    kvw__stage_push_job_locked(st, r);
-    pthread_mutex_unlock(&st->lock);
-}
-
-kvw_req_t *kvw__stage_pop_job_locked(kvw_stager_t *st)
-{
-    kvw_req_t *r = st->job_head;
-    if (r) {
-        st->job_head = r->stage.snext;
-        if (!st->job_head)
-            st->job_tail = NULL;
-        r->stage.queued = false;
-    }
-    return r;
-}
-
-void kvw__stage_copy_runs(copy_arg_t *a, uint32_t k, const uint64_t *idx, size_t count,
-                          uint8_t *dst, bool to_gpu)
-{
-    const kvw_engine_t *e = a->st->e;
-    uint64_t item = e->regions[k].item_len;
-    uint8_t *gpu = e->regions[k].addr;
-    for (size_t i = 0; i < count && !a->err;) {
-        size_t run = 1;
-        while (i + run < count && idx[i + run] == idx[i] + run)
-            run++;
-        uint8_t *g = gpu + idx[i] * item, *h = dst + i * item;
-        a->err = kvw__staging_copy(a->st->pool, a->lane, e->mrs[k].cuda_ctx, to_gpu ? g : h,
-                                   to_gpu ? h : g, run * item, a->why, sizeof(a->why));
-        i += run;
-    }
-}
 
 /* ---- the thread ------------------------------------------------------------------ */
 
@@ -243,7 +171,7 @@ void kvw__stager_stop(kvw_engine_t *e)
     kvw_req_t *r;
     while ((r = kvw__stage_pop_job_locked(st))) { /* the thread is gone: no lock needed */
         /* A copy-in that never started: nothing was written. */
-        if (r->stage.staging_in) {
+        if (r->role == KVW_ROLE_DECODE && r->stage.staging_in) {
             pthread_mutex_lock(&e->lock);
             kvw__stage_copy_in_over_locked(st, r);
             kvw__req_fail(r, KVW_ERR_STATE, "engine destroyed");

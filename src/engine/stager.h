@@ -51,7 +51,7 @@
 #ifndef KVW_ENGINE_STAGER_H
 #define KVW_ENGINE_STAGER_H
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 /* At engine creation, after registration: a stager if any region took the
  * staging path (e->stager stays NULL otherwise). Logs and fails when the

@@ -9,7 +9,7 @@
  * fails, the others are failed at once (each tells its decode receiver once
  * its writes drained), and the set is Failed once every member ended, with
  * the first failure's reason naming its receiver. */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/stager.h"
 
 #include "common/log.h"
@@ -51,17 +51,13 @@ static void set_member_locked(kvw_txset_t *set, uint32_t i, kvw_req_t *r)
 {
     kvw__sender_adopt_locked(r);
     r->tx.set = set;
+    r->tx.member_failed_locked = kvw__txset_member_failed_locked;
     r->tx.set_index = i;
     set->m[i] = r;
 }
 
-kvw_status_t kvw_sender_create_fanout(kvw_engine_t *e, uint64_t room, uint32_t n,
-                                      kvw_sender_t **sender_p)
+kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_req_t **first_p)
 {
-    if (!e || !sender_p || e->role != KVW_ROLE_PREFILL || !n || n > KVW_MAX_DECODE_RECEIVERS)
-        return KVW_ERR_INVALID;
-    if (n == 1)
-        return kvw_sender_create(e, room, sender_p);
     if (kvw__stager_on(e)) {
         KVW_ERROR("room %llu: a sender over several decode receivers needs memory registered "
                   "directly (not staged)",
@@ -106,7 +102,7 @@ kvw_status_t kvw_sender_create_fanout(kvw_engine_t *e, uint64_t room, uint32_t n
             free(set);
         return st;
     }
-    *sender_p = (kvw_sender_t *)set->m[0];
+    *first_p = set->m[0];
     return KVW_OK;
 }
 
@@ -285,8 +281,10 @@ void kvw__txset_destroy(kvw_txset_t *set)
         fail_all_locked(set, KVW_ERR_ABORTED, "sender destroyed by the caller");
     /* Plain senders from here on: a member the engine keeps (its decode
      * receiver not told yet) no longer points at the set. */
-    for (uint32_t i = 0; i < set->n; i++)
+    for (uint32_t i = 0; i < set->n; i++) {
         set->m[i]->tx.set = NULL;
+        set->m[i]->tx.member_failed_locked = NULL;
+    }
     pthread_mutex_unlock(&e->lock);
     for (uint32_t i = 0; i < set->n; i++)
         kvw__sender_destroy_one(set->m[i]);

@@ -24,7 +24,7 @@
 #ifndef KVW_ENGINE_VERIFY_H
 #define KVW_ENGINE_VERIFY_H
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 enum {
     KVW_VERIFY_OFF = 0,

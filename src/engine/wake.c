@@ -3,7 +3,7 @@
  * deferred on a thread that may run the poller's pass itself. Below every
  * other engine file: requests, peers, the poller, the stager and the roles
  * all hand work over this way. */
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #include "common/log.h"
 

@@ -22,7 +22,7 @@
 #define KVW_TOPO_MAX_GPUS 32
 #define KVW_TOPO_PATH_MAX 384
 #define KVW_TOPO_REASON_MAX 256
-#define KVW_TOPO_MAX_RAILS 4 /* devices per engine (KVW_DEVICES, engine.h's KVW_MAX_RAILS) */
+#define KVW_TOPO_MAX_RAILS 4 /* devices per engine (KVW_DEVICES, rails/state.h's KVW_MAX_RAILS) */
 #define KVW_TOPO_NEAR_REASON_MAX 512
 
 /* How far two devices are apart, nearest first (nvidia-smi topo's PIX/PXB,

@@ -14,7 +14,7 @@
  * Every receiver here names a bootstrap address nothing listens on, so a
  * connection can only have come from etcd. */
 #include "ctrl/registry.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "support/engine_pair.h"
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/fake_nic.h"
 #include "verbs/ops.h"
 
@@ -346,7 +346,7 @@ void pair_destroy_room(pair_room_t *pr)
 size_t pair_table_size(kvw_engine_t *e)
 {
     pthread_mutex_lock(&e->lock);
-    size_t n = e->num_reqs;
+    size_t n = e->tab.num_reqs;
     pthread_mutex_unlock(&e->lock);
     return n;
 }

@@ -18,7 +18,7 @@
 #include "common/config.h"
 #include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 
 enum { ANSWER_MS = 300 };

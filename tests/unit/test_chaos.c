@@ -56,7 +56,7 @@
  *
  *     KVW_CHAOS_FLAPS_ONLY=1 ...            only the schedules that flap */
 #include "ctrl/zsock.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_cuda.h"
 #include "support/fake_nic.h"

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 

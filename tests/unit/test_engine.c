@@ -16,7 +16,7 @@
 
 #include "ctrl/bootstrap.h"
 #include "ctrl/zsock.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "plan/heads.h"
 #include "support/engine_pair.h"
 #include "support/fake_cuda.h"
@@ -419,6 +419,7 @@ static void xfer_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const ui
     kvw_sender_t *s[MAX_DECODE][MAX_PREFILL];
     kvw_receiver_t *r[MAX_DECODE];
     kvw_landing_stats_t before[MAX_DECODE];
+    uint64_t jobs_before[MAX_DECODE];
     for (uint32_t q = 0; q < dtp; q++) { /* the canary back where a request before landed */
         for (uint32_t g = 0; g < 2 * LAYERS; g++)
             memset(decode[q].buf[g], CANARY, decode[q].regions[g].len);
@@ -426,6 +427,7 @@ static void xfer_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const ui
     }
     for (uint32_t q = 0; q < dtp; q++) {
         before[q] = landing_of(q);
+        jobs_before[q] = kvw__copier_jobs(decode[q].engine);
         r[q] = create_set(&decode[q], ptp, base + q);
         assert_int_equal(kvw_receiver_init(r[q], dst, n, 2), KVW_OK);
         for (uint32_t k = 0; k < ptp; k++) {
@@ -480,9 +482,11 @@ static void xfer_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const ui
         assert_int_equal(rm.bytes, bytes);
         assert_int_equal(bytes, 2 * LAYERS * n * page_len(&decode[q].heads[0]) + AUX_ITEM);
         kvw_receiver_destroy(r[q]);
-        /* Each landed rank scattered once, and gave its space back. */
+        /* Each landed rank scattered once, on the copier's thread (not
+         * the poller's), and gave its space back. */
         kvw_landing_stats_t now = landing_of(q);
         assert_int_equal(now.scatters - before[q].scatters, landed ? strided : 0);
+        assert_int_equal(kvw__copier_jobs(decode[q].engine) - jobs_before[q], landed ? strided : 0);
         assert_int_equal(now.reserved, before[q].reserved);
     }
 }
@@ -584,12 +588,14 @@ static void test_landing_refused(void **state)
     for (uint32_t k = 0; k < 2; k++) {
         assert_int_equal(kvw_sender_create(prefills[k].engine, 810, &s[k]), KVW_OK);
         /* Rank 0 refuses decode's request as it meets it, which may be
-         * before this init or send: then the call finds the sender Failed. */
+         * before this init or send, and decode then aborts rank 1, which
+         * may come before rank 1's (its ABORT makes the request Failed
+         * before a sender exists): then the call finds the sender Failed. */
         kvw_status_t st = kvw_sender_init(s[k], 8, 1);
         if (st == KVW_OK)
             st = kvw_sender_send(s[k], contiguous, 8);
-        if (k == 0 && st == KVW_ERR_STATE)
-            assert_int_equal(kvw_sender_poll(s[0]), KVW_POLL_FAILED);
+        if (st == KVW_ERR_STATE)
+            assert_int_equal(kvw_sender_poll(s[k]), KVW_POLL_FAILED);
         else
             assert_int_equal(st, KVW_OK);
     }

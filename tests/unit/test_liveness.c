@@ -32,7 +32,7 @@
 
 #include "ctrl/wire.h"
 #include "ctrl/zsock.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 
 enum { WAIT_MS = 5000 };

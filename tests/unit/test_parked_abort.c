@@ -22,7 +22,7 @@
 #include <cmocka.h>
 
 #include "ctrl/zsock.h"
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 
@@ -476,7 +476,7 @@ static held_t held_now(void)
     kvw_engine_t *e = pair.prefill;
     held_t h = {0};
     pthread_mutex_lock(&e->lock);
-    h.reqs = e->num_reqs;
+    h.reqs = e->tab.num_reqs;
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);

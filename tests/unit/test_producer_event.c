@@ -28,7 +28,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "engine/stager.h"
 #include "support/engine_pair.h"
 #include "support/fake_cuda.h"

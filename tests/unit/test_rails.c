@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 #include "ctrl/zsock.h"
@@ -291,9 +291,9 @@ static void test_rail_port_down(void **state)
     /* The port stays down (its probes find it so): no rejoin meanwhile. */
     assert_int_equal(fake_nic_kill_device("fake2"), 0);
     assert_int_equal(fake_nic_raise_port_event("fake2", IBV_EVENT_PORT_ERR), 0);
-    for (int i = 0; i < 2000 && !atomic_load(&p->lanes[1].down_due); i++)
+    for (int i = 0; i < 2000 && !atomic_load(&p->lanes[1].health.down_due); i++)
         pair_sleep_ms(1);
-    assert_true(atomic_load(&p->lanes[1].down_due));
+    assert_true(atomic_load(&p->lanes[1].health.down_due));
     send_rooms(rooms);
     assert_all_landed(rooms);
     kvw_rail_t rails[KVW_MAX_RAILS];
@@ -840,7 +840,7 @@ static void create_with_rail_down(const char *dead)
     pair_set_down_at_open(dead, NULL);
     open_rails("fake0,fake2", "fake1,fake3", 1);
     kvw_engine_t *owner = strcmp(dead, "fake2") == 0 ? pair.prefill : pair.decode;
-    assert_true(owner->rails[1]->down_at_open);
+    assert_true(owner->rail[1].dev->down_at_open);
     transfer_rooms();
     assert_true(wait_health(1, offsetof(kvw_rail_health_t, lanes_out), 1));
     kvw_rail_t down[KVW_MAX_RAILS];
@@ -1197,11 +1197,11 @@ static void test_recv_post_fails_part_way(void **state)
     rail_up("fake2");
     /* The failed reconnect says LANE_DOWN: prefill's try fails at once. */
     assert_true(wait_counter(&c->lane_probes_failed, 1, WAIT_MS));
-    for (int i = 0; i < WAIT_MS && atomic_load(&dl->rq_flushed) < depth; i++)
+    for (int i = 0; i < WAIT_MS && atomic_load(&dl->health.rq_flushed) < depth; i++)
         pair_sleep_ms(1);
     assert_int_equal(fake_nic_quiesce(WAIT_MS), 0);
     pair_sleep_ms(50);
-    uint32_t flushed = atomic_load(&dl->rq_flushed);
+    uint32_t flushed = atomic_load(&dl->health.rq_flushed);
     print_message("receives counted flushed after the failed reconnect: %u (depth %u)\n", flushed,
                   depth);
     assert_int_equal(flushed, depth);

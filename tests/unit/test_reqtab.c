@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 enum { N = 10000 };
 
@@ -54,7 +54,7 @@ static void test_room_hash(void **state)
     kvw_engine_t *e = bare_engine();
     for (uint64_t i = 0; i < N; i++)
         assert_non_null(kvw__req_new_locked(e, KVW_ROLE_PREFILL, mix(i)));
-    assert_int_equal(e->num_reqs, N);
+    assert_int_equal(e->tab.num_reqs, N);
     for (uint64_t i = 0; i < N; i++) {
         kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, mix(i));
         assert_non_null(r);
@@ -64,7 +64,7 @@ static void test_room_hash(void **state)
     assert_null(kvw__req_find_locked(e, KVW_ROLE_PREFILL, mix(N)));
     for (uint64_t i = 0; i < N; i += 2)
         kvw__req_drop_locked(kvw__req_find_locked(e, KVW_ROLE_PREFILL, mix(i)));
-    assert_int_equal(e->num_reqs, N / 2);
+    assert_int_equal(e->tab.num_reqs, N / 2);
     for (uint64_t i = 0; i < N; i++)
         assert_true((kvw__req_find_locked(e, KVW_ROLE_PREFILL, mix(i)) != NULL) == (i % 2 == 1));
     free_engine(e);
@@ -91,7 +91,7 @@ static void test_deadline_heap(void **state)
     size_t expect = 0;
     for (uint64_t i = 0; i < N; i++)
         expect += i % 7 != 1 && i % 11 != 2;
-    assert_int_equal(e->heap_len, expect);
+    assert_int_equal(e->tab.heap_len, expect);
     uint64_t last = 0, popped = 0;
     assert_null(kvw__pop_expired_locked(e, 999)); /* nothing due yet */
     kvw_req_t *x;

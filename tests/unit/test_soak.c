@@ -10,7 +10,7 @@
  * On the fake NIC (tests/support/fake_nic.h): engine-level, not RDMA. The
  * same soak on real rxe runs in tests/integration/soak_scenarios.sh.
  * KVW_SOAK_CYCLES sets the number of cycles (default 10000). */
-#include "engine/engine.h"
+#include "engine/core.h"
 #include "support/engine_pair.h"
 #include "support/fake_nic.h"
 

@@ -1,8 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A lane that failed comes back into its connection (rails; docs/
- * topology.md "A rail that comes back").
+/* Rails (docs/rails.md): a connection's lanes over several devices, and
+ * what happens when one fails. The interface the poller and the control
+ * thread call (an error completion, a pass over a peer, a tick, a
+ * message); the state is the rails' own (state.h: a lane's health, a
+ * connection's turn of lanes, an engine rail's counters). Files:
+ * failover.c (the poller's failover, replay and hold for decode's
+ * answer), rejoin.c and ctl_rejoin.c (a failed lane's way back, each
+ * thread's half), ask.c (REPLAY_ASK / REPLAY_ANSWER on the control
+ * thread).
  *
- * Prefill owns the rejoin. A failed lane (poller.c's failover) is first
+ * A lane that failed comes back into its connection:
+ *
+ * Prefill owns the rejoin. A failed lane (failover.c) is first
  * drained: the poller waits until its last posted WR's completion was
  * reaped, so no completion of the QP's old life can arrive after the
  * reset. Then it is paused, and the control thread probes its rail's port
@@ -19,10 +28,10 @@
  * immediates prefill posted on the lane in all, and decode's fresh
  * receives are counted on top of it, so a CREDIT of the lane's old life is
  * never above the new count and changes nothing. */
-#ifndef KVW_ENGINE_REJOIN_H
-#define KVW_ENGINE_REJOIN_H
+#ifndef KVW_ENGINE_RAILS_RAILS_H
+#define KVW_ENGINE_RAILS_RAILS_H
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 enum {
     KVW_REJOIN_COOLDOWN_MIN_MS = 100,
@@ -41,16 +50,51 @@ static inline uint32_t kvw__rejoin_grown(uint32_t ms)
  * account for, so the schedule goes on as it was. */
 static inline uint32_t kvw__rejoin_cooldown_after_failure(kvw_lane_t *l)
 {
-    if (l->probe_early) {
-        l->probe_early = false;
-        return l->cooldown_ms;
+    if (l->health.probe_early) {
+        l->health.probe_early = false;
+        return l->health.cooldown_ms;
     }
-    return kvw__rejoin_grown(l->cooldown_ms);
+    return kvw__rejoin_grown(l->health.cooldown_ms);
 }
 
 static inline const char *kvw__rail_name(const kvw_engine_t *e, const kvw_lane_t *l)
 {
-    return e->rails[l->rail]->name;
+    return e->rail[l->rail].dev->name;
+}
+
+/* ---- the poller's interface (failover.c, rejoin.c) ----
+ *
+ * The poller calls in on an error completion, once per pass over a
+ * connected peer (lanes taken down, answers served, rejoins moved along),
+ * and when the peer died; it retires what landed itself afterwards. */
+
+/* Prefill: an error completion on `lane` (first: its send queue was not
+ * broken before it). true when the rails carried on (the lane was out
+ * already, or it failed over); false: the connection has to go. The
+ * poller drained the ready queue first, so that a failover sees every
+ * part handed over. */
+bool kvw__rails_send_error(kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc, bool first);
+/* Decode: an error completion on `lane`; false: the connection has to go. */
+bool kvw__rails_recv_error(kvw_engine_t *e, kvw_peer_t *p, uint32_t lane, const struct ibv_wc *wc);
+/* Prefill: fail over the lanes marked down (kvw__lane_mark_down), or kill
+ * the connection when no other rail is left. */
+void kvw__rails_take_down(kvw_engine_t *e, kvw_peer_t *p);
+/* Prefill: the requests held for decode's REPLAY_ANSWER that have one
+ * (or ran out of time): replayed, ended as landed, or failed. */
+void kvw__rails_serve_answers(kvw_engine_t *e, kvw_peer_t *p);
+/* Prefill, building r's writes: r may have lost writes on the `lost`
+ * lanes and its final immediate is not out: it starts over under the
+ * next epoch (or fails, replayed too often). */
+void kvw__rails_start_over(kvw_peer_t *p, kvw_req_t *r, uint32_t lost);
+/* r's lanes whose writes will never be known landed: failed over and not
+ * (all) landed, or of an earlier life of the lane. */
+uint32_t kvw__rails_lanes_lost(const kvw_peer_t *p, kvw_req_t *r);
+/* r's writes on `lane` are of the lane's current life (a request's
+ * lane_mask and last_seq mean something only for the life they were made
+ * in: see failover.c). */
+static inline bool kvw__rails_of_this_life(const kvw_peer_t *p, const kvw_req_t *r, uint32_t lane)
+{
+    return r->tx.lane_life[lane] == p->lanes[lane].health.life;
 }
 
 /* rejoin.c. Poller: the lane failed over (prefill) or was given up (decode). */
@@ -86,6 +130,12 @@ void kvw__rejoin_rail_up(kvw_engine_t *e, const kvw_dev_t *dev);
 void kvw__rejoin_on_up(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
 /* Control thread, decode: prefill's LANE_RESET. */
 void kvw__rejoin_on_reset(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
+/* ask.c. Prefill, control thread: REPLAY_ASK for each request the poller
+ * holds for decode's answer; decode's REPLAY_ANSWER handed to the poller. */
+void kvw__rails_send_asks(kvw_engine_t *e, kvw_peer_t *p);
+void kvw__rails_on_replay_answer(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
+/* Decode, control thread: prefill's REPLAY_ASK answered. */
+void kvw__rails_on_replay_ask(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
 /* Control thread, prefill: decode's LANE_READY. */
 void kvw__rejoin_on_ready(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *m);
 

@@ -1,11 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Engine internals shared by engine.c (lifecycle), wake.c (waking the
- * threads), peer.c (connections), request.c (a request's life, either
- * role), reqtab.c (the request table: room hash, deadline heap, work list,
- * tokens), sender.c and receiver.c (each role's API), control.c with
- * ctl_frame.c, ctl_prefill.c and ctl_decode.c (the ZeroMQ thread),
- * poller.c (the completion-queue thread) and the stager (stager.h).
- * docs/architecture.md maps them.
+/* The engine's ground floor: the types and declarations every engine
+ * file shares (the engine, a connection and its lanes, a request with its
+ * role's part, a sender's parts) and the lowest files' functions: wake.c
+ * (waking the threads), request.c (a request's life, either role),
+ * reqtab.c (the request table: room hash, deadline heap, work list,
+ * tokens), peer.c (connections), landing.c, metrics.c. The files above
+ * (the rails in rails/, the poller, the stager, each role's owner
+ * sender.c / receiver.c, the sets, the control thread and the public API
+ * in api_sender.c / api_receiver.c / engine.c) build on it and reach
+ * down only; what lower files need from upper ones goes through hooks
+ * registered downward (kvw_role_ops_t). docs/architecture.md maps them;
+ * scripts/engine-calls.sh checks the order. (It was engine.h.)
  *
  * Threads and ownership
  *   engine->lock guards the request list and table, the ready queue, the
@@ -18,11 +23,12 @@
  *   control thread alone touches ZeroMQ sockets and fills or clears peer
  *   slots. A request's state is atomic so poll() never waits for a lock:
  *   it at most tries the pass lock. */
-#ifndef KVW_ENGINE_ENGINE_H
-#define KVW_ENGINE_ENGINE_H
+#ifndef KVW_ENGINE_CORE_H
+#define KVW_ENGINE_CORE_H
 
 #include "common/clock.h"
 #include "ctrl/wire.h"
+#include "engine/rails/state.h"
 #include "engine/txq.h"
 #include "mem/mem.h"
 #include "plan/layout.h"
@@ -36,11 +42,6 @@
 enum {
     KVW_TOKEN_BITS = 16, /* receivers in flight per decode engine: 65536 */
     KVW_TOKEN_GEN_MASK = KVW_WIRE_TOKEN_MASK >> 16, /* the rest of the token: a generation */
-    KVW_MAX_LANES = KVW_WIRE_MAX_QPS,
-    KVW_MAX_RAILS = KVW_WIRE_MAX_RAILS, /* devices per engine (KVW_DEVICES) */
-    /* Prefill's weighted turn over a connection's lanes (kvw_peer_t.sched):
-     * a lane appears in it in proportion to its rail's link speed. */
-    KVW_MAX_SCHED = 64,
     KVW_IDENTITY_LEN = 12, /* decode DEALER routing id: engine id + connection serial */
     /* A part waiting on its producer's CUDA event (kvw_sender_send_part_after)
      * is looked at again this often by the thread that holds it (the
@@ -56,40 +57,8 @@ typedef struct kvw_peer kvw_peer_t;
 
 /* One QP of a connection; a connection has cfg.qps_per_peer of them (the
  * smaller count of the two sides is connected) and prefill stripes its
- * chains over them. */
-/* A lane's way back into its connection after it failed (rails, docs/
- * topology.md "A rail that comes back"). The state is handed between the
- * poller and the control thread through `rejoin`; the fields each state
- * lists belong to the thread that holds it. */
-typedef enum {
-    LANE_LIVE = 0, /* carries writes */
-    /* Prefill. */
-    LANE_DRAINING,   /* failed; the poller waits for its last completions */
-    LANE_PAUSED,     /* drained; the control thread probes its port at probe_at_ns */
-    LANE_RESETTING,  /* control: QP reset, LANE_RESET sent, LANE_READY awaited */
-    LANE_PROBING,    /* connected again: the poller sends a zero-length write */
-    LANE_PROBE_SENT, /* poller: that write landing brings the lane back */
-    /* Decode. Verbs calls that may block (RTR resolves the peer's address)
-     * are the control thread's, never the poller's. */
-    LANE_RESET_DUE, /* prefill asked for a reset: the poller fails the QP and drains it */
-    LANE_READY_DUE, /* drained: the control thread resets, connects, posts, says LANE_READY */
-    LANE_BACK_DUE,  /* done: the poller takes the lane back */
-} kvw_lane_rejoin_t;
-
-/* A request's REPLAY_ASK (kvw_req_t.tx.ask, under the engine lock). */
-enum {
-    KVW_ASK_NONE = 0,
-    KVW_ASK_DUE,  /* the poller holds it: the control thread sends the question */
-    KVW_ASK_SENT, /* asked: the answer comes as one of KVW_WIRE_REPLAY_* + KVW_ASK_SENT */
-};
-
-/* Why a lane's down_due was set (prefill; the poller's failover says it). */
-enum {
-    KVW_DOWN_PORT = 0, /* our rail's port went down (async event) */
-    KVW_DOWN_HELLO,    /* the handshake could not connect it */
-    KVW_DOWN_PEER,     /* decode said its end is down (LANE_DOWN) */
-};
-
+ * chains over them. Its health (failover, rejoin) is the rails' own
+ * (rails/state.h). */
 typedef struct kvw_lane {
     kvw_qp_t *qp;
     uint8_t rail;        /* the engine's rail (device) the QP lives on */
@@ -109,35 +78,9 @@ typedef struct kvw_lane {
     bool txq_ready;
     uint64_t imm_posted;                 /* prefill: immediates posted */
     uint64_t wrs_counted, bytes_counted; /* prefill: txq totals already in the rail counters */
-    bool dead; /* its QP failed and its rail has others: no more writes, nor turns, on it */
-    /* Which life of the lane this is: 0 from the handshake, one more each
-     * time it comes back after a failure (lane_in). Sequence numbers go on
-     * across lives, and a rejoin makes the old life's flushed ones read as
-     * completed, so a request's bookkeeping on the lane (last_seq, its bit
-     * in lane_mask) means something only for the life it was made in. */
-    uint32_t life;
-    /* Its rail's port went down (control thread): the poller fails it over
-     * before it posts again. */
-    atomic_bool down_due;
-    _Atomic uint8_t down_why; /* prefill: KVW_DOWN_*, set before down_due */
-    struct ibv_recv_wr *rwrs; /* decode: zero-SGE receives, set before publish */
-    /* Rejoining (kvw_lane_rejoin_t). */
-    _Atomic int rejoin;
-    kvw_qp_info_t remote; /* the peer's QP, from HELLO; a reset renews its PSN */
-    uint32_t cooldown_ms; /* prefill: the wait before the next probe, growing */
-    bool probe_early;     /* prefill: the current try was brought forward by a port event */
-    uint64_t failed_ns;   /* prefill poller: when it failed (time to recover) */
-    uint64_t rejoined_ns; /* prefill poller: when it last came back (flapping) */
-    uint64_t reaped_upto; /* prefill poller: completions reaped after the failure, up to */
-    uint64_t probe_seq;   /* prefill poller: the zero-length write's sequence number */
-    uint64_t probe_at_ns, reset_deadline_ns; /* prefill control */
-    _Atomic uint64_t imm_base;               /* prefill: imm_posted once drained, for LANE_RESET */
-    /* decode: receives flushed since they were posted (poller counts,
-     * the control thread restarts it when it reconnects the lane) */
-    _Atomic uint32_t rq_flushed;
-    bool err_set;      /* decode poller: the QP's current life was moved to ERR */
-    uint32_t peer_psn; /* decode (lock): prefill's PSN of the lane's life (HELLO_ACK, LANE_RESET) */
-    uint64_t peer_base; /* decode (lock): and its count of immediates */
+    struct ibv_recv_wr *rwrs;            /* decode: zero-SGE receives, set before publish */
+    kvw_qp_info_t remote;                /* the peer's QP, from HELLO; a reset renews its PSN */
+    kvw_lane_health_t health;            /* failover and rejoin (rails/) */
 } kvw_lane_t;
 
 /* One part of a sender's request (kvw_sender_send / send_part /
@@ -209,19 +152,8 @@ struct kvw_peer {
      * `regions` points at its route's. One rail on each side: one table. */
     kvw_plan_region_t *regions;
     uint32_t nroutes;
-    /* Prefill: the order lanes take chains in (lane indices, nsched of
-     * them, each lane in proportion to its route's link speed), fixed by
-     * the handshake; next_lane is sched[sched_pos]. */
-    uint8_t sched[KVW_MAX_SCHED];
-    uint32_t nsched;
-    /* The turn with every lane, as the handshake built it: a lane that
-     * rejoins takes its turns back (sched is this less the dead lanes). */
-    uint8_t sched_all[KVW_MAX_SCHED];
-    uint32_t nsched_all;
-    /* Lanes that need the control thread for their rejoin (prefill:
-     * PAUSED, RESETTING; decode: READY_DUE), a bit each, and decode lanes
-     * whose reset the poller owes (RESET_DUE). */
-    _Atomic uint32_t rejoin_ctl, rejoin_poll;
+    /* The lanes' turn and what failed lanes need (rails/state.h). */
+    kvw_rails_t rails;
     uint64_t remote_max[3]; /* items every remote region of each kind holds */
     /* items every remote region of each state group holds */
     uint64_t remote_state_max[KVW_LAYOUT_MAX_GROUPS];
@@ -282,15 +214,9 @@ struct kvw_peer {
 
     /* poller thread only */
     bool credit_blocked;                      /* the next immediate waits for a CREDIT */
-    uint32_t next_lane;                       /* prefill: the lane the next chain goes on */
-    uint32_t sched_pos;                       /* prefill: next_lane's place in sched */
-    uint32_t dead_lanes;                      /* lanes failed over (kvw_lane_t.dead), a bit each */
-    atomic_bool lanes_down;                   /* some lane's down_due is set */
-    atomic_bool asks_due;                     /* some request's ask is KVW_ASK_DUE */
     kvw_req_t *active_head, *active_tail;     /* writes left to post */
     uint32_t chunk_head, chunk_tail;          /* staging chunks + 1 posted, oldest first */
     kvw_req_t *inflight_head, *inflight_tail; /* all posted, awaiting completion */
-    kvw_req_t *asking_head, *asking_tail;     /* waiting for decode's REPLAY_ANSWER */
     /* Requests whose next part waits on its producer's CUDA event: off the
      * active queue so that they hold up no other request of the
      * connection; a pass looks at their events again once
@@ -362,6 +288,9 @@ typedef struct kvw_req_tx {
      * (lock) by the set's destroy; NULL for a plain sender. */
     struct kvw_txset *set;
     uint32_t set_index;
+    /* (lock) The set's hook, set and cleared with `set`: r failed, the
+     * set fails its other members (kvw__txset_member_failed_locked). */
+    void (*member_failed_locked)(kvw_req_t *r);
     /* Verified transfers (engine/verify.h). (lock, fixed once have_dst)
      * decode asked for the check; the caller gives the digest (GPU memory
      * kvwire does not read). (lock) digest_due: the DIGEST is still to be
@@ -401,6 +330,9 @@ typedef struct kvw_req_rx {
      * (lock): the REQUEST asks for heads only, and no_rest members leave
      * the aux item and the state to another rank. */
     struct kvw_rxset *set;
+    /* (lock) The set's hook, set and cleared with `set`: r failed, the
+     * set aborts its other members (kvw__rxset_member_failed_locked). */
+    void (*member_failed_locked)(kvw_req_t *r);
     bool heads_set, no_rest;
     kvw_head_range_t heads;
     /* (lock) Landing (path (b), landing.c): land_len bytes of the engine's
@@ -421,27 +353,34 @@ typedef struct kvw_req_rx {
 /* A request's staging through host memory (engine/stager.h), on engines
  * with GPU regions the NIC cannot reach; unused elsewhere. */
 typedef struct kvw_req_stage {
-    kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) prefill: parts not staged yet */
-    /* prefill, stager thread: the part being cut into slices, where in it
-     * the next slice starts (stage_send.c), and the connection whose share
-     * of the chunks it takes (peer slot and serial) */
-    kvw_seg_t *staging;
-    int step;
-    uint32_t layer;
-    size_t page;
-    uint32_t slot, serial;
     kvw_req_t *snext; /* on a stager queue */
     bool queued;      /* (stager lock) on its job queue */
-    bool parked;      /* (stager lock) prefill: waits for a chunk its connection may take */
-    bool evwait;      /* (stager lock) prefill: its part waits on the producer's CUDA event */
-    uint64_t *slots;  /* decode: a slot per page, per state index, then aux */
-    bool slots_held;  /* (stager lock) */
-    bool waiting;     /* (lock) decode: in the stager's queue for slots */
-    /* Decode: every write landed in the slots and the stager copies them to
-     * the GPU (queued or running); the request ends only when that copy is
-     * over. Written under both the lock and the stager lock, so either
-     * lock reads it. */
-    bool staging_in;
+    union {
+        struct {                                      /* prefill */
+            kvw_seg_t *unstaged_head, *unstaged_tail; /* (lock) parts not staged yet */
+            /* stager thread: the part being cut into slices, where in it
+             * the next slice starts (stage_send.c), and the connection
+             * whose share of the chunks it takes (peer slot and serial) */
+            kvw_seg_t *staging;
+            int step;
+            uint32_t layer;
+            size_t page;
+            uint32_t slot, serial;
+            bool parked; /* (stager lock) waits for a chunk its connection may take */
+            bool evwait; /* (stager lock) its part waits on the producer's CUDA event */
+        };
+        struct {             /* decode */
+            uint64_t *slots; /* a slot per page, per state index, then aux */
+            bool slots_held; /* (stager lock) */
+            bool waiting;    /* (lock) in the stager's queue for slots */
+            /* Every write landed in the slots and the stager copies them
+             * to the GPU (queued or running), or (landing.c) the landing
+             * buffer's copy into the rows runs; the request ends only
+             * when that copy is over. Written under both the lock and the
+             * stager lock, so either lock reads it. */
+            bool staging_in;
+        };
+    };
 } kvw_req_stage_t;
 
 /* One request, either role: the head every file shares (the table, the
@@ -476,9 +415,14 @@ struct kvw_req {
     _Atomic uint64_t bytes_posted;
     uint64_t created_ns; /* fixed at creation: the request latency's start */
 
-    kvw_req_tx_t tx;       /* prefill */
-    kvw_req_rx_t rx;       /* decode */
-    kvw_req_stage_t stage; /* staged engines, either role */
+    /* The role's own part: an engine has one role, and so have all its
+     * requests (r->role == engine->role); only the role's files, and code
+     * that checked r->role, touch it. */
+    union {
+        kvw_req_tx_t tx; /* prefill */
+        kvw_req_rx_t rx; /* decode */
+    };
+    kvw_req_stage_t stage; /* staged engines (and decode's landing copy), by role inside */
 };
 
 /* What the generic request code (request.c) asks of a request's role,
@@ -491,6 +435,19 @@ typedef struct kvw_role_ops {
     void (*failed_locked)(kvw_req_t *r);
     /* r's last reference went: free what its role holds (not r itself). */
     void (*free)(kvw_req_t *r);
+    /* (lock) r's handle is gone: does the other side still need an answer
+     * about it (prefill: its failure, or its digest; decode: its ABORT)? */
+    bool (*answer_owed_locked)(kvw_req_t *r);
+    /* Prefill's sender (sender.c), for the files below it that drive its
+     * requests (the poller, rails, staging), so that none calls up into
+     * it; NULL on decode. (lock) fail r and tell decode once drained
+     * (kvw__sender_fail_locked); park r between parts, or hand it back
+     * (kvw__sender_starve_locked, _unstarve_locked); append a staged
+     * slice (kvw__sender_append_locked). */
+    kvw_status_t (*fail_locked)(kvw_req_t *r, kvw_status_t st, const char *why);
+    bool (*starve_locked)(kvw_req_t *r);
+    void (*unstarve_locked)(kvw_req_t *r);
+    kvw_status_t (*append_locked)(kvw_req_t *r, kvw_seg_t *s);
 } kvw_role_ops_t;
 
 extern const kvw_role_ops_t kvw__prefill_ops; /* sender.c */
@@ -541,6 +498,20 @@ typedef struct kvw_engine_counters {
     _Atomic uint64_t orphans, orphans_expired, aborts, abort_confirms;
 } kvw_engine_counters_t;
 
+/* The engine's request table (reqtab.c owns it; all under the engine
+ * lock): the room hash, the deadline heap, the control thread's work list
+ * and decode's token table. */
+typedef struct kvw_reqtab {
+    kvw_req_t **rooms; /* hash of the engine's requests by room */
+    size_t room_mask, num_reqs;
+    kvw_req_t **heap; /* requests with a deadline, earliest first */
+    size_t heap_len, heap_cap;
+    kvw_req_t *work_head, *work_tail; /* requests the control thread must look at */
+    kvw_req_t **tokens;               /* decode: slot -> receiver */
+    uint16_t *token_gen;
+    uint32_t token_hint;
+} kvw_reqtab_t;
+
 struct kvw_engine {
     kvw_role_t role;
     const kvw_role_ops_t *ops; /* the role's: kvw__prefill_ops or kvw__decode_ops */
@@ -550,23 +521,13 @@ struct kvw_engine {
     kvw_config_t cfg;
     char local_ip[64];
     char bootstrap_addr[KVW_WIRE_ENDPOINT_MAX];
-    kvw_dev_t *dev; /* rails[0] */
+    kvw_dev_t *dev; /* rail[0].dev */
     /* Rails (KVW_DEVICES): every device the engine opened, each with its
-     * PD, completion channel and a registration of every region; nrails is
-     * 1 unless several devices were named. Fixed before the threads run. */
-    kvw_dev_t *rails[KVW_MAX_RAILS];
-    struct ibv_comp_channel *channels[KVW_MAX_RAILS]; /* channels[0] is channel */
-    uint32_t rail_mbps[KVW_MAX_RAILS];                /* link speed (0: unknown) */
+     * PD, completion channel and a registration of every region, and its
+     * counters (rails/state.h); nrails is 1 unless several devices were
+     * named. Fixed before the threads run. */
+    kvw_engine_rail_t rail[KVW_MAX_RAILS];
     uint32_t nrails;
-    /* Work requests and bytes posted on each rail (prefill; the poller
-     * adds once per pass and connection). */
-    _Atomic uint64_t rail_wrs[KVW_MAX_RAILS], rail_bytes[KVW_MAX_RAILS];
-    /* Per rail: lanes that failed, lanes that rejoined, lanes out of their
-     * connection now, port probes, and the time from a lane's failure to
-     * its rejoin (the last, the longest), in microseconds. */
-    _Atomic uint64_t rail_failed[KVW_MAX_RAILS], rail_rejoined[KVW_MAX_RAILS];
-    _Atomic uint64_t rail_out[KVW_MAX_RAILS], rail_probes[KVW_MAX_RAILS];
-    _Atomic uint64_t rail_recovery_us[KVW_MAX_RAILS], rail_recovery_max_us[KVW_MAX_RAILS];
     kvw_layout_t layout;
     bool layout_heads;     /* some KV group describes its heads (head slicing) */
     kvw_region_t *regions; /* layout.num_regions, group by group */
@@ -576,6 +537,7 @@ struct kvw_engine {
     kvw_mem_ctx_t mem;           /* how each region was registered; read-only once threads run */
     struct kvw_stager *stager;   /* GPU regions copied through host memory; NULL: none */
     struct kvw_landing *landing; /* decode's landing buffer (landing.c); NULL: none */
+    struct kvw_copier *copier;   /* its copies' thread (copier.c); NULL: none */
     uint8_t verify_mode;         /* KVW_VERIFY_*: cfg.verify and who reads the memory */
     /* The wire versions and capabilities this engine offers (all this
      * build speaks; a test narrows them before connecting to play an
@@ -583,8 +545,8 @@ struct kvw_engine {
     kvw_wire_offer_t wire;
     uint64_t local_max[3]; /* items every local region of each kind holds (KVW_LAYOUT_*) */
     uint64_t state_max[KVW_LAYOUT_MAX_GROUPS]; /* the same per state group */
-    struct ibv_comp_channel *channel;
-    int poller_wake_fd, control_wake_fd; /* eventfds */
+    struct ibv_comp_channel *channel;          /* rail[0].channel */
+    int poller_wake_fd, control_wake_fd;       /* eventfds */
     void *zctx, *router;
     /* CURVE for every socket of zctx (NULL: no cluster key, plain); set
      * before the threads start, read only after. */
@@ -637,24 +599,17 @@ struct kvw_engine {
     uint32_t next_serial;       /* control */
     kvw_peer_t *graveyard;      /* (lock) unpublished peers for the poller to free */
     atomic_bool graves_pending;
-    kvw_req_t *reqs, *reqs_tail;      /* oldest first */
-    kvw_req_t **rooms;                /* (lock) hash of reqs by room */
-    size_t room_mask, num_reqs;       /* (lock) */
-    kvw_req_t **heap;                 /* (lock) reqs with a deadline, earliest first */
-    size_t heap_len, heap_cap;        /* (lock) */
-    kvw_req_t *work_head, *work_tail; /* (lock) reqs the control thread must look at */
-    kvw_req_t **pending;              /* (lock) decode: receivers waiting for a new connection */
-    size_t npending, pending_cap;     /* (lock) */
-    _Atomic uint64_t drops;           /* control writes: messages dropped; anyone reads */
-    kvw_ratelog_t drop_log;           /* control: their log lines */
-    uint64_t control_due_ns;          /* (lock) when the control thread wakes at the latest */
-    _Atomic uint64_t control_wakes;   /* control loop iterations (tests: an idle loop sleeps) */
+    kvw_req_t *reqs, *reqs_tail;    /* oldest first */
+    kvw_reqtab_t tab;               /* (lock) the room hash, deadline heap, work list, tokens */
+    kvw_req_t **pending;            /* (lock) decode: receivers waiting for a new connection */
+    size_t npending, pending_cap;   /* (lock) */
+    _Atomic uint64_t drops;         /* control writes: messages dropped; anyone reads */
+    kvw_ratelog_t drop_log;         /* control: their log lines */
+    uint64_t control_due_ns;        /* (lock) when the control thread wakes at the latest */
+    _Atomic uint64_t control_wakes; /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
     atomic_bool ready_pending;   /* lets the spinning poller skip the lock */
     atomic_bool poller_sleeping; /* set before its last look and its sleep */
-    kvw_req_t **tokens;          /* decode: slot -> receiver */
-    uint16_t *token_gen;
-    uint32_t token_hint;
     kvw_engine_counters_t counters;
 };
 
@@ -769,9 +724,16 @@ kvw_status_t kvw__receiver_init_one(kvw_req_t *r, const kvw_indices_t *x,
 void kvw__receiver_abort_locked(kvw_req_t *r, const char *why);
 void kvw__receiver_end(kvw_req_t *r);
 void kvw__receiver_destroy_one(kvw_req_t *r);
+/* kvw_receiver_landed and kvw_receiver_verify of a plain receiver. */
+int kvw__receiver_landed_one(kvw_req_t *r);
+kvw_status_t kvw__receiver_verify_one(kvw_req_t *r, uint64_t digest);
 /* rxset.c: a receiver over several prefill ranks (kvw_receiver_create_ranks).
  * The public receiver calls on a set's handle (its member 0) land here. */
 typedef struct kvw_rxset kvw_rxset_t;
+/* A set over params' ranks (kvw_receiver_create_ranks, checked here):
+ * *first_p is member 0, whose handle is the caller's. */
+kvw_status_t kvw__rxset_create(kvw_engine_t *e, const kvw_receiver_params_t *params,
+                               kvw_req_t **first_p);
 kvw_status_t kvw__rxset_init(kvw_rxset_t *set, const kvw_indices_t *x,
                              const kvw_state_list_t *lists, size_t num_lists);
 kvw_poll_t kvw__rxset_poll(kvw_rxset_t *set);
@@ -804,6 +766,21 @@ void kvw__landing_release_locked(kvw_engine_t *e, kvw_req_t *r);
  * regions). No lock held; r's immediates all arrived. KVW_OK, or
  * KVW_ERR_TRANSFER with why. */
 kvw_status_t kvw__landing_scatter(kvw_engine_t *e, const kvw_req_t *r, char *why, size_t size);
+/* Every write of r landed in its slice of the buffer: copy it into the
+ * rows (kvw__landing_scatter), then end r (and only then: its pages hold
+ * the heads once Success is seen), giving the slice back and dropping
+ * the reference its hand-off took. No lock held; the copier's thread. */
+void kvw__landing_finish(kvw_engine_t *e, kvw_req_t *r);
+/* copier.c: the copy executor's thread for the landing buffer, off the
+ * poller (kvw__landing_finish per landed member, in landing order).
+ * Start: when the engine has a landing buffer (none: nothing); stop:
+ * once nothing pushes any more (the poller stopped), after finishing what
+ * is queued. Push: r with a reference of the caller's, handed over. */
+kvw_status_t kvw__copier_start(kvw_engine_t *e);
+void kvw__copier_stop(kvw_engine_t *e);
+void kvw__copier_push(kvw_engine_t *e, kvw_req_t *r);
+/* Copies the copier's thread took on (tests: every scatter is one). */
+uint64_t kvw__copier_jobs(kvw_engine_t *e);
 /* What the buffer holds (tests): its bytes (0: none), those reserved
  * now, the scatters done (one per member landed), and 2D copies queued
  * (one per KV slot and run of contiguous pages). */
@@ -815,6 +792,9 @@ void kvw__landing_stats(kvw_engine_t *e, kvw_landing_stats_t *out);
 
 /* sender.c, for txset.c: one member's calls (the public ones dispatch a
  * set's handle to txset.c, which calls these for each member). */
+/* A plain sender's request for room (a request decode sent ahead, or a
+ * new one): the caller's. */
+kvw_status_t kvw__sender_create_one(kvw_engine_t *e, uint64_t room, kvw_req_t **r_p);
 kvw_status_t kvw__sender_init_one(kvw_req_t *r, size_t num_pages, uint32_t aux_index);
 kvw_status_t kvw__sender_send_part_one(kvw_req_t *r, const kvw_part_t *part, void *event);
 kvw_status_t kvw__sender_send_one(kvw_req_t *r, const uint64_t *pages, size_t n, void *event);
@@ -833,6 +813,9 @@ void kvw__sender_adopt_locked(kvw_req_t *r);
  * (kvw_sender_create_fanout). The public sender calls on a set's handle
  * (its member 0) land here. */
 typedef struct kvw_txset kvw_txset_t;
+/* A set of n >= 2 members for room (kvw_sender_create_fanout): *first_p
+ * is member 0, whose handle is the caller's. */
+kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_req_t **first_p);
 kvw_status_t kvw__txset_init(kvw_txset_t *set, size_t num_pages, uint32_t aux_index);
 kvw_status_t kvw__txset_send_part(kvw_txset_t *set, const kvw_part_t *part, void *event);
 kvw_status_t kvw__txset_send(kvw_txset_t *set, const uint64_t *pages, size_t n, void *event);
