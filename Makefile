@@ -143,13 +143,15 @@ $(SHARED): $(LIB_OBJS) src/kvwire.map
 # The Python tests' libkvwire on the fake NIC (host only, never installed):
 # the library's objects, tests/support/fake_nic.c and the few calls of
 # python/tests/fake_nic/kvw_fake_nic.c that start its devices and delay its
-# writes. Tests load it as KVWIRE_LIB in a process of their own.
+# writes. Tests load it as KVWIRE_LIB in a process of their own. Without
+# the symbol map, so without symver.o's KVWIRE_1.0 aliases (which need it).
 FAKE_NIC_LIB := $(BUILD)/test/libkvwire-fakenic.so
 $(FAKE_NIC_LIB): python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c \
                  tests/support/fake_nic.h $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -shared -Wl,--no-undefined \
-	    python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c $(LIB_OBJS) -o $@ $(LDLIBS)
+	    python/tests/fake_nic/kvw_fake_nic.c tests/support/fake_nic.c \
+	    $(filter-out %/symver.o,$(LIB_OBJS)) -o $@ $(LDLIBS)
 
 # kvwire.pc from its template, src/kvwire.pc.in: the directories are baked
 # in (relative to ${prefix} where they are under it), so install
