@@ -757,15 +757,18 @@ kvw_status_t kvw__landing_scatter(kvw_engine_t *e, const kvw_req_t *r, char *why
  * the heads once Success is seen), giving the slice back and dropping
  * the reference its hand-off took. No lock held; the copier's thread. */
 void kvw__landing_finish(kvw_engine_t *e, kvw_req_t *r);
-/* copier.c: the copy executor's thread for the landing buffer, off the
- * poller (kvw__landing_finish per landed member, in landing order).
- * Start: when the engine has a landing buffer (none: nothing); stop:
+/* copier.c: the copy executor, one thread per engine off the poller, for
+ * the engine's staging jobs (the stager's loop) or its landing buffer's
+ * scatter (kvw__landing_finish per landed member, in landing order).
+ * Start: when the engine has a stager or a landing buffer (neither:
+ * nothing); stop: staging's from kvw__stager_stop, the landing buffer's
  * once nothing pushes any more (the poller stopped), after finishing what
- * is queued. Push: r with a reference of the caller's, handed over. */
+ * is queued. Push (landing): r with a reference of the caller's, handed
+ * over. */
 kvw_status_t kvw__copier_start(kvw_engine_t *e);
 void kvw__copier_stop(kvw_engine_t *e);
 void kvw__copier_push(kvw_engine_t *e, kvw_req_t *r);
-/* Copies the copier's thread took on (tests: every scatter is one). */
+/* Landing copies the executor took on (tests: every scatter is one). */
 uint64_t kvw__copier_jobs(kvw_engine_t *e);
 /* What the buffer holds (tests): its bytes (0: none), those reserved
  * now, the scatters done (one per member landed), and 2D copies queued
