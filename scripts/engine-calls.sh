@@ -14,15 +14,16 @@
 #                                   QP's send queue; the request table; a
 #                                   request's life; decode's landing buffer;
 #                                   the request-end counters)
-#   1  peer, verify, ctl_frame, copier
+#   1  peer, verify, ctl_frame, stage_jobs
 #                                  (connections; verified transfers' digests;
 #                                   control messages' framing; the staging
-#                                   copy executor: its job queue and copies)
+#                                   jobs: their queue and copies)
 #   2  rails/*, part              (failover, replay, REPLAY_ASK, LANE_*,
 #                                   rejoin; a sender's parts)
-#   3  poller, stager, stage_send, stage_recv
-#                                  (the poller's pass; the staging thread's
-#                                   loop above its two halves)
+#   3  poller, stager, stage_send, stage_recv, copier
+#                                  (the poller's pass; staging's two halves;
+#                                   the copy executor's thread: staging's
+#                                   loop and the landing buffer's scatter)
 #   4  sender, receiver            (one request's owner for each role)
 #   5  txset, rxset, ctl_prefill, ctl_decode
 #                                  (sets of requests; each role's control
@@ -52,9 +53,9 @@ done | python3 -c '
 import sys, itertools
 rank = {}
 for r, names in enumerate([["wake", "txq", "reqtab", "request", "landing", "metrics"],
-                           ["peer", "verify", "ctl_frame", "copier"],
+                           ["peer", "verify", "ctl_frame", "stage_jobs"],
                            ["part"],
-                           ["poller", "stager", "stage_send", "stage_recv"],
+                           ["poller", "stager", "stage_send", "stage_recv", "copier"],
                            ["sender", "receiver"],
                            ["txset", "rxset", "ctl_prefill", "ctl_decode"],
                            ["control"], ["api_sender", "api_receiver", "engine", "outputs", "symver"]]):

@@ -200,8 +200,8 @@ static void build_poll_set(kvw_engine_t *e, poll_set_t *ps)
         add_item(ps, e->router, 0, NULL, ITEM_ROUTER);
     if (e->router_monitor)
         add_item(ps, e->router_monitor, 0, NULL, ITEM_ROUTER_MONITOR);
-    if (e->registrar)
-        add_item(ps, kvw__registrar_socket(e->registrar), 0, NULL, ITEM_REGISTRAR);
+    if (e->ctl->registrar)
+        add_item(ps, kvw__registrar_socket(e->ctl->registrar), 0, NULL, ITEM_REGISTRAR);
     uint32_t np = atomic_load(&e->num_peers);
     for (uint32_t i = 0; i < np; i++) {
         kvw_peer_t *p = kvw__peer_at(e, i);
@@ -240,7 +240,7 @@ static void serve_item(kvw_engine_t *e, poll_set_t *ps, int i)
         kvw__prefill_on_monitor(e);
         break;
     case ITEM_REGISTRAR:
-        kvw__registrar_on_readable(e->registrar);
+        kvw__registrar_on_readable(e->ctl->registrar);
         break;
     case ITEM_BOOTSTRAP:
         kvw__decode_on_bootstrap(e, ps->peer[i]);
@@ -304,6 +304,22 @@ static bool grow_poll_set(poll_set_t *ps, int need)
     return true;
 }
 
+kvw_status_t kvw__ctl_create(kvw_engine_t *e)
+{
+    e->ctl = calloc(1, sizeof(*e->ctl));
+    return e->ctl ? KVW_OK : KVW_ERR_NO_MEMORY;
+}
+
+void kvw__ctl_destroy(kvw_engine_t *e)
+{
+    if (!e->ctl)
+        return;
+    /* A clean exit frees the rank at once (only a crash waits out the lease). */
+    kvw__registrar_destroy(e->ctl->registrar, true);
+    free(e->ctl); /* the hellos went with the thread (kvw__prefill_fini_handshakes) */
+    e->ctl = NULL;
+}
+
 void *kvw__control_main(void *arg)
 {
     kvw_engine_t *e = arg;
@@ -335,8 +351,8 @@ void *kvw__control_main(void *arg)
          * one's next tick. */
         peers_due = e->role == KVW_ROLE_PREFILL ? kvw__prefill_peers_tick(e, now)
                                                 : kvw__decode_peers_tick(e, now);
-        if (e->registrar) /* re-register: a restarted bootstrap service relearns us */
-            peers_due = kvw__earliest(peers_due, kvw__registrar_tick(e->registrar, now));
+        if (e->ctl->registrar) /* re-register: a restarted bootstrap service relearns us */
+            peers_due = kvw__earliest(peers_due, kvw__registrar_tick(e->ctl->registrar, now));
         if (e->role == KVW_ROLE_DECODE)
             kvw__decode_connect_pending(e);
         kvw__peer_finish_kills(e);

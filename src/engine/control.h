@@ -13,6 +13,29 @@ enum {
     KVW_CTL_MAX_ID = 255, /* ZeroMQ routing ids are at most 255 bytes */
 };
 
+/* The control thread's state: only the control thread reads or writes it
+ * while the engine runs (engine.c creates it before the thread starts and
+ * frees it after the thread ended). */
+typedef struct kvw_ctl {
+    struct kvw_registrar *registrar; /* prefill with a bootstrap address; NULL: none */
+    uint64_t probe_until_ns;         /* probe peers' connections until then */
+    /* Router connections that failed their ZMTP (CURVE) handshake and
+     * whose DISCONNECTED has not come yet: those closings concern no peer
+     * and start no probe (kvw__prefill_on_monitor). */
+    uint64_t unhandshaken_closes;
+    /* Prefill: connections whose decode engine said CLOSING and got our
+     * BYE, which it closes next: those closings start no probe either
+     * (each DISCONNECTED takes one), until closes_expected_until_ns (a
+     * count never matched must not hide a crashed peer for long). */
+    uint64_t closes_expected, closes_expected_until_ns;
+    /* Prefill: HELLOs received and not yet served, in arrival order from
+     * hellos[hello_head] (ctl_prefill.c, max_handshakes). */
+    struct kvw_pending_hello *hellos;
+    uint32_t hello_head, hello_count, hello_cap;
+    uint32_t next_serial;   /* the next peer's serial (never reused) */
+    kvw_ratelog_t drop_log; /* the log lines of dropped messages (e->drops) */
+} kvw_ctl_t;
+
 /* The earlier of two due times, 0 meaning none. */
 static inline uint64_t kvw__earliest(uint64_t a, uint64_t b)
 {

@@ -1,105 +1,100 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The stager's copy executor, below the thread's loop (stager.c) and its
- * two halves (stage_send.c, stage_recv.c): the job queue the thread
- * serves, the copies between GPU regions and the host pool, and the
- * chunks given back to the pool (by the poller once a slice's writes
- * completed, or by a part freed unposted); and the landing buffer's copy
- * into the rows (its own thread, off the poller). */
+/* The copy executor: one thread per engine (kvw-copier), off the poller,
+ * for every copy between the memory the NIC reaches and the caller's:
+ * staging (its loop here, above the stager's two halves, stage_send.c and
+ * stage_recv.c; its job queue and copies in stage_jobs.c) and the landing
+ * buffer's scatter into the rows (landing.c). An engine has at most one of
+ * the two (a landing engine is never staged), so the thread serves the
+ * one its engine has, each with its own queue and lock. */
 #include "engine/stager_int.h"
 
 #include "common/log.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
-uint32_t kvw__stage_region_kind(const kvw_layout_t *l, uint32_t region)
+struct kvw_copier {
+    kvw_engine_t *e;
+    pthread_t thread;
+    /* The landing buffer's queue (staging's is the stager's, under its
+     * own lock). */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool stop;              /* (lock) */
+    _Atomic uint64_t jobs;  /* landing copies taken on (tests) */
+    kvw_req_t *head, *tail; /* (lock) */
+};
+
+/* ---- staging ---------------------------------------------------------------------- */
+
+static void unref_list(kvw_req_t *r)
 {
-    for (uint32_t i = 0; i < l->num_groups; i++) {
-        const kvw_layout_group_t *g = &l->groups[i];
-        if (region >= g->first && region < g->first + g->num_layers * g->per_layer)
-            return g->kind;
+    while (r) {
+        kvw_req_t *next = r->stage.snext;
+        kvw__req_unref(r);
+        r = next;
     }
-    return KVW_LAYOUT_KV;
 }
 
-void kvw__stage_append_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
-{
-    r->stage.snext = NULL;
-    if (*tail)
-        (*tail)->stage.snext = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
-void kvw__stage_queue_req(kvw_req_t **head, kvw_req_t **tail, kvw_req_t *r)
-{
-    atomic_fetch_add(&r->refs, 1);
-    kvw__stage_append_req(head, tail, r);
-}
-
-void kvw__stage_push_job_locked(kvw_stager_t *st, kvw_req_t *r)
-{
-    /* A parked one resumes when a chunk is back, one waiting on an event
-     * at its next look. */
-    if (r->stage.queued || (r->role == KVW_ROLE_PREFILL && (r->stage.parked || r->stage.evwait)))
-        return;
-    r->stage.queued = true;
-    kvw__stage_queue_req(&st->job_head, &st->job_tail, r);
-    pthread_cond_broadcast(&st->cond);
-}
-
-void kvw__stage_push_job(kvw_stager_t *st, kvw_req_t *r)
+static void run_staging(kvw_stager_t *st)
 {
     pthread_mutex_lock(&st->lock);
-    kvw__stage_push_job_locked(st, r);
-    pthread_mutex_unlock(&st->lock);
-}
-
-kvw_req_t *kvw__stage_pop_job_locked(kvw_stager_t *st)
-{
-    kvw_req_t *r = st->job_head;
-    if (r) {
-        st->job_head = r->stage.snext;
-        if (!st->job_head)
-            st->job_tail = NULL;
-        r->stage.queued = false;
+    while (!st->stop) {
+        if (st->slots_freed) {
+            st->slots_freed = false;
+            pthread_mutex_unlock(&st->lock);
+            kvw__stage_grant_waiters(st);
+            pthread_mutex_lock(&st->lock);
+            continue;
+        }
+        if (st->park_head && st->chunks_back != st->park_gen) {
+            kvw_req_t *drop = kvw__stage_unpark_all_locked(st);
+            pthread_mutex_unlock(&st->lock);
+            unref_list(drop);
+            pthread_mutex_lock(&st->lock);
+            continue;
+        }
+        if (st->ev_head && kvw__now_ns() >= st->ev_due_ns) {
+            kvw__stage_requeue_events_locked(st);
+            continue;
+        }
+        kvw_req_t *r = kvw__stage_pop_job_locked(st);
+        if (!r && st->npend) { /* nothing more to overlap with: finish them */
+            pthread_mutex_unlock(&st->lock);
+            kvw__stage_finish_all(st);
+            pthread_mutex_lock(&st->lock);
+            continue;
+        }
+        if (!r && st->ev_head) { /* until the next look at the events */
+            struct timespec due = {(time_t)(st->ev_due_ns / 1000000000ull),
+                                   (long)(st->ev_due_ns % 1000000000ull)};
+            pthread_cond_timedwait(&st->cond, &st->lock, &due);
+            continue;
+        }
+        if (!r) {
+            pthread_cond_wait(&st->cond, &st->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&st->lock);
+        slice_rc_t rc = SLICE_OK;
+        if (st->e->role == KVW_ROLE_DECODE)
+            kvw__stage_copy_in(st, r);
+        else
+            rc = kvw__stage_parts(st, r);
+        if (rc == SLICE_WAIT) {
+            kvw__stage_park(st, r); /* the thread goes on with the other requests */
+            r = NULL;
+        } else if (rc == SLICE_EVENT) {
+            kvw__stage_wait_event(st, r);
+            r = NULL;
+        }
+        if (r)
+            kvw__req_unref(r);
+        pthread_mutex_lock(&st->lock);
     }
-    return r;
-}
-
-void kvw__stage_copy_runs(copy_arg_t *a, uint32_t k, const uint64_t *idx, size_t count,
-                          uint8_t *dst, bool to_gpu)
-{
-    const kvw_engine_t *e = a->st->e;
-    uint64_t item = e->regions[k].item_len;
-    uint8_t *gpu = e->regions[k].addr;
-    for (size_t i = 0; i < count && !a->err;) {
-        size_t run = 1;
-        while (i + run < count && idx[i + run] == idx[i] + run)
-            run++;
-        uint8_t *g = gpu + idx[i] * item, *h = dst + i * item;
-        a->err = kvw__staging_copy(a->st->pool, a->lane, e->mrs[k].cuda_ctx, to_gpu ? g : h,
-                                   to_gpu ? h : g, run * item, a->why, sizeof(a->why));
-        i += run;
-    }
-}
-
-void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t id)
-{
-    kvw_stager_t *st = e->stager;
-    if (!st || !id)
-        return; /* the engine is being torn down */
-    pthread_mutex_lock(&st->lock);
-    st->free_chunks[st->nfree++] = id;
-    chunk_owner_t o = st->owner[id - 1];
-    peer_share_t *sh = &st->share[o.slot];
-    if (sh->serial == o.serial && sh->held) /* else its connection is gone */
-        sh->held--;
-    st->chunks_back++;
-    if (st->park_head)
-        pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
+    kvw__stage_finish_all(st); /* their requests fail with the engine */
 }
 
 /* ---- the landing buffer's copies ----
@@ -111,20 +106,8 @@ void kvw__stager_put_chunk(kvw_engine_t *e, uint32_t id)
  * is never staged, so the staging fields are free), each with the
  * reference the poller took. */
 
-struct kvw_copier {
-    kvw_engine_t *e;
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool stop;              /* (lock) */
-    _Atomic uint64_t jobs;  /* copies taken on (tests) */
-    kvw_req_t *head, *tail; /* (lock) */
-};
-
-static void *copier_main(void *arg)
+static void run_landing(struct kvw_copier *c)
 {
-    struct kvw_copier *c = arg;
-    kvw__log_set_engine(c->e->log_tag);
     pthread_mutex_lock(&c->lock);
     for (;;) {
         kvw_req_t *r = c->head;
@@ -146,13 +129,25 @@ static void *copier_main(void *arg)
         pthread_mutex_lock(&c->lock);
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- the thread ------------------------------------------------------------------- */
+
+static void *copier_main(void *arg)
+{
+    struct kvw_copier *c = arg;
+    kvw__log_set_engine(c->e->log_tag);
+    if (c->e->stager)
+        run_staging(c->e->stager);
+    else
+        run_landing(c);
     return NULL;
 }
 
 kvw_status_t kvw__copier_start(kvw_engine_t *e)
 {
-    if (!e->landing)
-        return KVW_OK;
+    if (!e->landing && !e->stager)
+        return KVW_OK; /* nothing to copy */
     struct kvw_copier *c = calloc(1, sizeof(*c));
     if (!c)
         return KVW_ERR_NO_MEMORY;
@@ -184,10 +179,18 @@ void kvw__copier_stop(kvw_engine_t *e)
     struct kvw_copier *c = e->copier;
     if (!c)
         return;
-    pthread_mutex_lock(&c->lock);
-    c->stop = true;
-    pthread_cond_signal(&c->cond);
-    pthread_mutex_unlock(&c->lock);
+    if (e->stager) { /* staging: what is queued is the stager's to drain */
+        kvw_stager_t *st = e->stager;
+        pthread_mutex_lock(&st->lock);
+        st->stop = true;
+        pthread_cond_broadcast(&st->cond);
+        pthread_mutex_unlock(&st->lock);
+    } else {
+        pthread_mutex_lock(&c->lock);
+        c->stop = true;
+        pthread_cond_signal(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+    }
     pthread_join(c->thread, NULL);
     pthread_cond_destroy(&c->cond);
     pthread_mutex_destroy(&c->lock);

@@ -551,23 +551,11 @@ struct kvw_engine {
     /* CURVE for every socket of zctx (NULL: no cluster key, plain); set
      * before the threads start, read only after. */
     struct kvw_zsecurity *zsec;
-    struct kvw_registrar *registrar; /* prefill with a bootstrap: control thread */
-    struct kvw_registry *registry;   /* KVW_REGISTRY's store, NULL: none; its own thread */
-    void *router_monitor;            /* PAIR receiving the router's disconnect events */
-    uint64_t probe_until_ns;         /* control: probe peers' connections until then */
-    /* control: router connections that failed their ZMTP (CURVE) handshake
-     * and whose DISCONNECTED has not come yet: those closings concern no
-     * peer and start no probe (kvw__prefill_on_monitor). */
-    uint64_t unhandshaken_closes;
-    /* control (prefill): connections whose decode engine said CLOSING and
-     * got our BYE, which it closes next: those closings start no probe
-     * either (each DISCONNECTED takes one), until closes_expected_until_ns
-     * (a count never matched must not hide a crashed peer for long). */
-    uint64_t closes_expected, closes_expected_until_ns;
-    /* control (prefill): HELLOs received and not yet served, in arrival
-     * order from hellos[hello_head] (ctl_prefill.c, max_handshakes). */
-    struct kvw_pending_hello *hellos;
-    uint32_t hello_head, hello_count, hello_cap;
+    struct kvw_registry *registry; /* KVW_REGISTRY's store, NULL: none; its own thread */
+    void *router_monitor;          /* PAIR receiving the router's disconnect events */
+    /* The control thread's own state (engine/control.h): only its files
+     * (control.c, ctl_*.c) touch it; engine.c creates and frees it. */
+    struct kvw_ctl *ctl;
     char endpoint[KVW_WIRE_ENDPOINT_MAX];
     pthread_t control_thread, poller_thread;
     bool control_started, poller_started;
@@ -596,7 +584,6 @@ struct kvw_engine {
     uint32_t peer_slots;        /* capacity: live ones are capped at cfg.max_peers */
     _Atomic uint32_t num_peers; /* slots in use so far (high-water mark) */
     uint32_t live_peers;        /* (lock) published and not dead */
-    uint32_t next_serial;       /* control */
     kvw_peer_t *graveyard;      /* (lock) unpublished peers for the poller to free */
     atomic_bool graves_pending;
     kvw_req_t *reqs, *reqs_tail;    /* oldest first */
@@ -604,7 +591,6 @@ struct kvw_engine {
     kvw_req_t **pending;            /* (lock) decode: receivers waiting for a new connection */
     size_t npending, pending_cap;   /* (lock) */
     _Atomic uint64_t drops;         /* control writes: messages dropped; anyone reads */
-    kvw_ratelog_t drop_log;         /* control: their log lines */
     uint64_t control_due_ns;        /* (lock) when the control thread wakes at the latest */
     _Atomic uint64_t control_wakes; /* control loop iterations (tests: an idle loop sleeps) */
     kvw_req_t *ready_head, *ready_tail;
@@ -771,15 +757,18 @@ kvw_status_t kvw__landing_scatter(kvw_engine_t *e, const kvw_req_t *r, char *why
  * the heads once Success is seen), giving the slice back and dropping
  * the reference its hand-off took. No lock held; the copier's thread. */
 void kvw__landing_finish(kvw_engine_t *e, kvw_req_t *r);
-/* copier.c: the copy executor's thread for the landing buffer, off the
- * poller (kvw__landing_finish per landed member, in landing order).
- * Start: when the engine has a landing buffer (none: nothing); stop:
+/* copier.c: the copy executor, one thread per engine off the poller, for
+ * the engine's staging jobs (the stager's loop) or its landing buffer's
+ * scatter (kvw__landing_finish per landed member, in landing order).
+ * Start: when the engine has a stager or a landing buffer (neither:
+ * nothing); stop: staging's from kvw__stager_stop, the landing buffer's
  * once nothing pushes any more (the poller stopped), after finishing what
- * is queued. Push: r with a reference of the caller's, handed over. */
+ * is queued. Push (landing): r with a reference of the caller's, handed
+ * over. */
 kvw_status_t kvw__copier_start(kvw_engine_t *e);
 void kvw__copier_stop(kvw_engine_t *e);
 void kvw__copier_push(kvw_engine_t *e, kvw_req_t *r);
-/* Copies the copier's thread took on (tests: every scatter is one). */
+/* Landing copies the executor took on (tests: every scatter is one). */
 uint64_t kvw__copier_jobs(kvw_engine_t *e);
 /* What the buffer holds (tests): its bytes (0: none), those reserved
  * now, the scatters done (one per member landed), and 2D copies queued
@@ -999,6 +988,10 @@ kvw_status_t kvw__set_failure(kvw_engine_t *e, kvw_poll_t state, const kvw_set_f
 /* (lock) Has any of the n members not ended yet? */
 bool kvw__members_live(kvw_req_t *const *m, uint32_t n);
 void *kvw__control_main(void *arg);
+/* control.c: the control thread's state (e->ctl), before the control
+ * socket opens; destroy also ends the registrar (safe on a NULL ctl). */
+kvw_status_t kvw__ctl_create(kvw_engine_t *e);
+void kvw__ctl_destroy(kvw_engine_t *e);
 void *kvw__poller_main(void *arg);
 
 #endif

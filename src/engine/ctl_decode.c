@@ -731,7 +731,7 @@ static void connect_receiver(kvw_engine_t *e, kvw_req_t *r)
     pthread_mutex_lock(&e->lock);
     if (!st) {
         p->rank = r->rx.prefill_rank;
-        p->serial = e->next_serial++;
+        p->serial = e->ctl->next_serial++;
         snprintf(p->bootstrap_addr, sizeof(p->bootstrap_addr), "%s", r->rx.bootstrap_addr);
         atomic_store(&p->state, PEER_LOOKUP);
         p->deadline_ns = kvw__now_ns() + kvw__ms_ns(e->cfg.bootstrap_timeout_ms);

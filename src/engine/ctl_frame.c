@@ -26,7 +26,7 @@ kvw_msg_t kvw__failure_msg(uint16_t type, uint64_t room, uint32_t token, kvw_sta
 void kvw__ctl_dropped(kvw_engine_t *e, const char *fmt, ...)
 {
     uint64_t drops = atomic_fetch_add(&e->drops, 1) + 1;
-    if (!kvw__ratelog_hit(&e->drop_log, kvw__now_ns(), kvw__ms_ns(DROP_LOG_MS)))
+    if (!kvw__ratelog_hit(&e->ctl->drop_log, kvw__now_ns(), kvw__ms_ns(DROP_LOG_MS)))
         return;
     char why[KVW_WIRE_REASON_MAX];
     va_list ap;

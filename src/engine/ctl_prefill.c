@@ -182,7 +182,7 @@ static void on_hello(kvw_engine_t *e, const uint8_t *id, const kvw_msg_t *m)
     if (!st) {
         memcpy(p->id, id, KVW_IDENTITY_LEN);
         p->hello_qpn = m->u.hello.num_qps ? m->u.hello.qps[0].qpn : 0;
-        p->serial = e->next_serial++;
+        p->serial = e->ctl->next_serial++;
         p->last_seen_ns = kvw__now_ns();
         for (uint32_t i = 0; i < lanes; i++)
             atomic_store(&p->lanes[i].imm_limit, m->u.hello.recv_credits);
@@ -244,8 +244,8 @@ static void nudge(kvw_engine_t *e, struct kvw_pending_hello *h, uint64_t now)
 
 static struct kvw_pending_hello *queued_hello(kvw_engine_t *e, const uint8_t *id)
 {
-    for (uint32_t i = 0; i < e->hello_count; i++) {
-        struct kvw_pending_hello *h = &e->hellos[e->hello_head + i];
+    for (uint32_t i = 0; i < e->ctl->hello_count; i++) {
+        struct kvw_pending_hello *h = &e->ctl->hellos[e->ctl->hello_head + i];
         if (memcmp(h->id, id, KVW_IDENTITY_LEN) == 0)
             return h;
     }
@@ -255,18 +255,19 @@ static struct kvw_pending_hello *queued_hello(kvw_engine_t *e, const uint8_t *id
 /* Room at the end of the array: reuse what the served head left. */
 static bool hello_room(kvw_engine_t *e)
 {
-    if (e->hello_head && e->hello_head + e->hello_count == e->hello_cap) {
-        memmove(e->hellos, e->hellos + e->hello_head, e->hello_count * sizeof(*e->hellos));
-        e->hello_head = 0;
+    if (e->ctl->hello_head && e->ctl->hello_head + e->ctl->hello_count == e->ctl->hello_cap) {
+        memmove(e->ctl->hellos, e->ctl->hellos + e->ctl->hello_head,
+                e->ctl->hello_count * sizeof(*e->ctl->hellos));
+        e->ctl->hello_head = 0;
     }
-    if (e->hello_head + e->hello_count < e->hello_cap)
+    if (e->ctl->hello_head + e->ctl->hello_count < e->ctl->hello_cap)
         return true;
-    uint32_t cap = e->hello_cap ? 2 * e->hello_cap : 64;
-    struct kvw_pending_hello *n = realloc(e->hellos, cap * sizeof(*n));
+    uint32_t cap = e->ctl->hello_cap ? 2 * e->ctl->hello_cap : 64;
+    struct kvw_pending_hello *n = realloc(e->ctl->hellos, cap * sizeof(*n));
     if (!n)
         return false;
-    e->hellos = n;
-    e->hello_cap = cap;
+    e->ctl->hellos = n;
+    e->ctl->hello_cap = cap;
     return true;
 }
 
@@ -281,13 +282,13 @@ static void queue_hello(kvw_engine_t *e, const uint8_t *id, kvw_msg_t *m)
         h->m = *m;
         return;
     }
-    if (e->hello_count >= 2 * e->cfg.max_peers || !hello_room(e)) {
+    if (e->ctl->hello_count >= 2 * e->cfg.max_peers || !hello_room(e)) {
         reject_hello(e, id, KVW_ERR_LIMIT,
                      "prefill has too many handshakes waiting (twice max_peers)");
         kvw__wire_free(m);
         return;
     }
-    h = &e->hellos[e->hello_head + e->hello_count++];
+    h = &e->ctl->hellos[e->ctl->hello_head + e->ctl->hello_count++];
     memcpy(h->id, id, KVW_IDENTITY_LEN);
     h->m = *m;
     h->nudged_ns = 0; /* told to wait only if this pass's batch leaves it waiting */
@@ -296,13 +297,13 @@ static void queue_hello(kvw_engine_t *e, const uint8_t *id, kvw_msg_t *m)
 /* Takes the HELLO queued for id out of the queue (into *out). */
 static bool take_hello(kvw_engine_t *e, const uint8_t *id, struct kvw_pending_hello *out)
 {
-    struct kvw_pending_hello *h = e->hello_count ? queued_hello(e, id) : NULL;
+    struct kvw_pending_hello *h = e->ctl->hello_count ? queued_hello(e, id) : NULL;
     if (!h)
         return false;
     *out = *h;
-    struct kvw_pending_hello *end = &e->hellos[e->hello_head + e->hello_count];
+    struct kvw_pending_hello *end = &e->ctl->hellos[e->ctl->hello_head + e->ctl->hello_count];
     memmove(h, h + 1, (size_t)(end - (h + 1)) * sizeof(*h));
-    e->hello_count--;
+    e->ctl->hello_count--;
     return true;
 }
 
@@ -341,20 +342,20 @@ static uint64_t serve_handshakes(kvw_engine_t *e, uint64_t now)
      * batch must still end well before waiting decode engines give up. */
     uint64_t stop = now + kvw__ms_ns(e->cfg.heartbeat_ms) / 2;
     for (uint32_t n = 0;
-         n < e->cfg.max_handshakes && e->hello_count && (!n || kvw__now_ns() < stop); n++) {
-        struct kvw_pending_hello h = e->hellos[e->hello_head++];
-        e->hello_count--;
+         n < e->cfg.max_handshakes && e->ctl->hello_count && (!n || kvw__now_ns() < stop); n++) {
+        struct kvw_pending_hello h = e->ctl->hellos[e->ctl->hello_head++];
+        e->ctl->hello_count--;
         on_hello(e, h.id, &h.m);
         kvw__wire_free(&h.m);
     }
-    if (!e->hello_count) {
-        e->hello_head = 0;
+    if (!e->ctl->hello_count) {
+        e->ctl->hello_head = 0;
         return 0;
     }
     now = kvw__now_ns();
     uint64_t every = kvw__ms_ns(e->cfg.heartbeat_ms);
-    for (uint32_t i = 0; i < e->hello_count; i++) {
-        struct kvw_pending_hello *h = &e->hellos[e->hello_head + i];
+    for (uint32_t i = 0; i < e->ctl->hello_count; i++) {
+        struct kvw_pending_hello *h = &e->ctl->hellos[e->ctl->hello_head + i];
         if (!h->nudged_ns || now - h->nudged_ns >= every)
             nudge(e, h, now);
     }
@@ -363,11 +364,11 @@ static uint64_t serve_handshakes(kvw_engine_t *e, uint64_t now)
 
 void kvw__prefill_fini_handshakes(kvw_engine_t *e)
 {
-    for (uint32_t i = 0; i < e->hello_count; i++)
-        kvw__wire_free(&e->hellos[e->hello_head + i].m);
-    free(e->hellos);
-    e->hellos = NULL;
-    e->hello_head = e->hello_count = e->hello_cap = 0;
+    for (uint32_t i = 0; i < e->ctl->hello_count; i++)
+        kvw__wire_free(&e->ctl->hellos[e->ctl->hello_head + i].m);
+    free(e->ctl->hellos);
+    e->ctl->hellos = NULL;
+    e->ctl->hello_head = e->ctl->hello_count = e->ctl->hello_cap = 0;
 }
 
 /* (lock) Would one more record for a room without a sender, holding
@@ -750,9 +751,9 @@ static void probe_connections(kvw_engine_t *e)
 /* A disconnect that an orderly close announced (CLOSING, then our BYE). */
 static bool close_expected(kvw_engine_t *e)
 {
-    if (e->closes_expected && kvw__now_ns() >= e->closes_expected_until_ns)
-        e->closes_expected = 0; /* not come in time: probe for what comes */
-    return e->closes_expected > 0;
+    if (e->ctl->closes_expected && kvw__now_ns() >= e->ctl->closes_expected_until_ns)
+        e->ctl->closes_expected = 0; /* not come in time: probe for what comes */
+    return e->ctl->closes_expected > 0;
 }
 
 /* Only the closing of a connection that completed its handshake starts a
@@ -771,11 +772,11 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
     while ((ev = kvw__zmonitor_event(e->router_monitor)) != 0) {
         if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
             ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-            e->unhandshaken_closes++;
-        else if (ev == ZMQ_EVENT_DISCONNECTED && e->unhandshaken_closes)
-            e->unhandshaken_closes--;
+            e->ctl->unhandshaken_closes++;
+        else if (ev == ZMQ_EVENT_DISCONNECTED && e->ctl->unhandshaken_closes)
+            e->ctl->unhandshaken_closes--;
         else if (ev == ZMQ_EVENT_DISCONNECTED && close_expected(e))
-            e->closes_expected--;
+            e->ctl->closes_expected--;
         else if (ev == ZMQ_EVENT_DISCONNECTED)
             disconnected = true;
     }
@@ -783,7 +784,7 @@ void kvw__prefill_on_monitor(kvw_engine_t *e)
         return;
     /* The router drops the identity's pipe a few command rounds after the
      * event: keep probing for a short window. */
-    e->probe_until_ns = kvw__now_ns() + kvw__ms_ns(PROBE_WINDOW_MS);
+    e->ctl->probe_until_ns = kvw__now_ns() + kvw__ms_ns(PROBE_WINDOW_MS);
     probe_connections(e);
 }
 
@@ -793,8 +794,8 @@ void kvw__prefill_say_bye(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_t *bye)
     /* Decode closes its connection on this BYE (unroutable: it is gone
      * already, its disconnect came before). */
     if (!st && atomic_load(&p->closing_said)) {
-        e->closes_expected++;
-        e->closes_expected_until_ns = kvw__now_ns() + kvw__ms_ns(CLOSE_EXPECT_MS);
+        e->ctl->closes_expected++;
+        e->ctl->closes_expected_until_ns = kvw__now_ns() + kvw__ms_ns(CLOSE_EXPECT_MS);
     }
 }
 
@@ -827,11 +828,11 @@ uint64_t kvw__prefill_peers_tick(kvw_engine_t *e, uint64_t now)
         next = kvw__earliest(next, kvw__rejoin_tick(e, p, now));
         kvw__rails_send_asks(e, p);
     }
-    if (e->probe_until_ns && now < e->probe_until_ns) {
+    if (e->ctl->probe_until_ns && now < e->ctl->probe_until_ns) {
         probe_connections(e);
         next = kvw__earliest(next, now + kvw__ms_ns(PROBE_TICK_MS));
     } else {
-        e->probe_until_ns = 0;
+        e->ctl->probe_until_ns = 0;
     }
     return next;
 }

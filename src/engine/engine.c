@@ -2,6 +2,7 @@
 /* Engine lifecycle: validate parameters, open the device, register every
  * region once, bind the control socket, publish it, start the threads; and
  * undo all of it in reverse order. */
+#include "engine/control.h"
 #include "engine/core.h"
 #include "engine/stager.h"
 #include "engine/verify.h"
@@ -279,8 +280,8 @@ static kvw_status_t open_control(kvw_engine_t *e)
     if (!e->bootstrap_addr[0])
         return KVW_OK;
     st = kvw__registrar_create(e->zctx, e->zsec, e->bootstrap_addr, e->rank, e->endpoint, e->id,
-                               e->cfg.bootstrap_refresh_ms, &e->registrar);
-    return st ? st : kvw__registrar_register(e->registrar, e->cfg.bootstrap_timeout_ms);
+                               e->cfg.bootstrap_refresh_ms, &e->ctl->registrar);
+    return st ? st : kvw__registrar_register(e->ctl->registrar, e->cfg.bootstrap_timeout_ms);
 }
 
 /* KVW_REGISTRY: prefill puts its rank there (besides any bootstrap
@@ -475,7 +476,7 @@ static kvw_status_t init_engine(kvw_engine_t *e, const kvw_engine_params_t *p)
      * writes drained and their BYE went out. */
     e->peer_slots = 2 * e->cfg.max_peers;
     e->peers = calloc(e->peer_slots, sizeof(*e->peers));
-    if (!e->peers)
+    if (!e->peers || kvw__ctl_create(e))
         return KVW_ERR_NO_MEMORY;
     if ((st = copy_layout(e, p)))
         return st;
@@ -559,8 +560,7 @@ void kvw_engine_destroy(kvw_engine_t *e)
     free((void *)e->peers);
     kvw__stager_destroy(e);  /* no QP reads the pool any more */
     kvw__landing_destroy(e); /* nor writes the landing buffer */
-    /* A clean exit frees the rank at once (only a crash waits out the lease). */
-    kvw__registrar_destroy(e->registrar, true);
+    kvw__ctl_destroy(e);     /* its registrar: before the ZeroMQ context ends */
     kvw__registry_close(e->registry, true);
     kvw__zmonitor_close(e->router, e->router_monitor);
     if (e->router)

@@ -1,91 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The stager (engine/stager.h): the thread's loop, above its two halves
- * (stage_send.c for prefill, stage_recv.c for decode), creation and
- * teardown. The job queue and the copies both halves use are copier.c's;
- * stager_int.h holds what they share. */
+/* The stager (engine/stager.h): creation and teardown. Its jobs run on
+ * the engine's copy executor (copier.c, the loop above the two halves,
+ * stage_send.c for prefill and stage_recv.c for decode); the job queue and
+ * the copies both halves use are stage_jobs.c's; stager_int.h holds what
+ * they share. */
 #include "engine/stager_int.h"
 
 #include "common/log.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* ---- the thread ------------------------------------------------------------------ */
-
-static void unref_list(kvw_req_t *r)
-{
-    while (r) {
-        kvw_req_t *next = r->stage.snext;
-        kvw__req_unref(r);
-        r = next;
-    }
-}
-
-static void *stager_main(void *arg)
-{
-    kvw_stager_t *st = arg;
-    kvw__log_set_engine(st->e->log_tag);
-    pthread_mutex_lock(&st->lock);
-    while (!st->stop) {
-        if (st->slots_freed) {
-            st->slots_freed = false;
-            pthread_mutex_unlock(&st->lock);
-            kvw__stage_grant_waiters(st);
-            pthread_mutex_lock(&st->lock);
-            continue;
-        }
-        if (st->park_head && st->chunks_back != st->park_gen) {
-            kvw_req_t *drop = kvw__stage_unpark_all_locked(st);
-            pthread_mutex_unlock(&st->lock);
-            unref_list(drop);
-            pthread_mutex_lock(&st->lock);
-            continue;
-        }
-        if (st->ev_head && kvw__now_ns() >= st->ev_due_ns) {
-            kvw__stage_requeue_events_locked(st);
-            continue;
-        }
-        kvw_req_t *r = kvw__stage_pop_job_locked(st);
-        if (!r && st->npend) { /* nothing more to overlap with: finish them */
-            pthread_mutex_unlock(&st->lock);
-            kvw__stage_finish_all(st);
-            pthread_mutex_lock(&st->lock);
-            continue;
-        }
-        if (!r && st->ev_head) { /* until the next look at the events */
-            struct timespec due = {(time_t)(st->ev_due_ns / 1000000000ull),
-                                   (long)(st->ev_due_ns % 1000000000ull)};
-            pthread_cond_timedwait(&st->cond, &st->lock, &due);
-            continue;
-        }
-        if (!r) {
-            pthread_cond_wait(&st->cond, &st->lock);
-            continue;
-        }
-        pthread_mutex_unlock(&st->lock);
-        slice_rc_t rc = SLICE_OK;
-        if (st->e->role == KVW_ROLE_DECODE)
-            kvw__stage_copy_in(st, r);
-        else
-            rc = kvw__stage_parts(st, r);
-        if (rc == SLICE_WAIT) {
-            kvw__stage_park(st, r); /* the thread goes on with the other requests */
-            r = NULL;
-        } else if (rc == SLICE_EVENT) {
-            kvw__stage_wait_event(st, r);
-            r = NULL;
-        }
-        if (r)
-            kvw__req_unref(r);
-        pthread_mutex_lock(&st->lock);
-    }
-    pthread_mutex_unlock(&st->lock);
-    kvw__stage_finish_all(st); /* their requests fail with the engine */
-    return NULL;
-}
 
 /* ---- creation ------------------------------------------------------------------ */
 
@@ -145,29 +70,20 @@ kvw_status_t kvw__stager_create(kvw_engine_t *e)
         kvw__staging_create(e->dev, len, decode, ctxs, nctx, (int)e->cfg.staging_lanes, &st->pool);
     if (!rc)
         rc = decode ? kvw__stage_setup_slots(st) : kvw__stage_setup_chunks(st);
-    if (!rc && pthread_create(&st->thread, NULL, stager_main, st))
-        rc = KVW_ERR_NO_MEMORY;
     if (rc) {
         stager_free(st);
         return rc;
     }
-    st->started = true;
-    pthread_setname_np(st->thread, "kvw-stager");
-    e->stager = st;
+    e->stager = st; /* the copy executor starts with the engine's threads */
     return KVW_OK;
 }
 
 void kvw__stager_stop(kvw_engine_t *e)
 {
     kvw_stager_t *st = e->stager;
-    if (!st || !st->started)
+    if (!st)
         return;
-    pthread_mutex_lock(&st->lock);
-    st->stop = true;
-    pthread_cond_broadcast(&st->cond);
-    pthread_mutex_unlock(&st->lock);
-    pthread_join(st->thread, NULL);
-    st->started = false;
+    kvw__copier_stop(e); /* the executor's thread runs this stager's loop */
     kvw_req_t *r;
     while ((r = kvw__stage_pop_job_locked(st))) { /* the thread is gone: no lock needed */
         /* A copy-in that never started: nothing was written. */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The stager's insides, shared by its three files: stager.c (the pool,
- * the job queue, the thread's loop, creation), stage_send.c (prefill:
- * chunks, slices and copies out of the GPU) and stage_recv.c (decode:
- * slots and copies into the GPU). Not for the rest of the engine, which
+/* The stager's insides, shared by its files: stager.c (creation and
+ * teardown), stage_jobs.c (the job queue, the copies, the pool's chunks),
+ * copier.c (the copy executor's thread, whose loop serves the jobs),
+ * stage_send.c (prefill: chunks, slices and copies out of the GPU) and
+ * stage_recv.c (decode: slots and copies into the GPU). Not for the rest of the engine, which
  * uses engine/stager.h. */
 #ifndef KVW_ENGINE_STAGER_INT_H
 #define KVW_ENGINE_STAGER_INT_H
@@ -33,8 +34,6 @@ struct kvw_stager {
     kvw_engine_t *e;
     kvw_staging_t *pool;
     bool kind[3]; /* staged kinds (KVW_LAYOUT_*) */
-    pthread_t thread;
-    bool started;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stop;                      /* (lock) */
@@ -94,7 +93,7 @@ typedef struct {
  * aside and looked at again KVW_EVENT_RECHECK_US later. */
 typedef enum { SLICE_OK, SLICE_FAILED, SLICE_WAIT, SLICE_EVENT } slice_rc_t;
 
-/* stager.c */
+/* stage_jobs.c */
 uint32_t kvw__stage_region_kind(const kvw_layout_t *l, uint32_t region);
 /* Append r to a queue linked through stage.snext; the caller hands over
  * the reference the queue holds. */
