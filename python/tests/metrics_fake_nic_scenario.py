@@ -4,7 +4,7 @@ built with tests/support/fake_nic.c: `make python-fake-nic`, loaded as
 KVWIRE_LIB), TRANSFERS transfers, then the engines' metrics scraped through
 kvwire.metrics; run by test_metrics.py, one mode per process (the fake NIC
 is process-wide). Prints one JSON line. Not RDMA: the scrape of a live pair
-on rxe is guest/test_metrics.py.
+on rxe is guest/test_metrics_on_rxe.py.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so python3 metrics_fake_nic_scenario.py \\
         registry|multiprocess

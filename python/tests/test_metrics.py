@@ -5,7 +5,7 @@ thread sglang's --enable-metrics needs), parsed back with prometheus_client's
 parser; counts equal to the transfers made. One process per mode
 (metrics_fake_nic_scenario.py: the fake NIC is process-wide). Needs
 $KVWIRE_FAKE_NIC_LIB (make python-fake-nic; make python-test passes it) and
-python3-prometheus-client. Not RDMA: guest/test_metrics.py scrapes rxe."""
+python3-prometheus-client. Not RDMA: guest/test_metrics_on_rxe.py scrapes rxe."""
 import json
 import os
 import subprocess

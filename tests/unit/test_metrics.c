@@ -2,7 +2,7 @@
 /* kvw_engine_metrics_text on the fake NIC: the families an operator
  * scrapes, with counts equal to what the test did (transfers, an orphan,
  * an abort), and the buffer protocol. Not RDMA: see tests/support; the
- * scrape of a live pair on rxe is python/tests/guest/test_metrics.py. */
+ * scrape of a live pair on rxe is python/tests/guest/test_metrics_on_rxe.py. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
