@@ -902,6 +902,29 @@ static void send_staged(const req_spec_t *q, kvw_sender_t *s)
     assert_int_equal(kvw_sender_send_state(s, q->src_state, 1), KVW_OK);
 }
 
+/* Prefill's connection's lanes: how many, and the WRs each posted. Read
+ * under the engine lock: a connection is unpublished under it before the
+ * poller frees it (decode's teardown ends it), so the read happens before. */
+typedef struct lanes_seen {
+    uint32_t nlanes;
+    uint64_t wrs_posted[KVW_MAX_LANES], imm_posted[KVW_MAX_LANES];
+} lanes_seen_t;
+
+static lanes_seen_t prefill_lanes(void)
+{
+    lanes_seen_t seen = {0};
+    pthread_mutex_lock(&lp.prefill->lock);
+    const kvw_peer_t *p = kvw__peer_at(lp.prefill, 0);
+    assert_non_null(p);
+    seen.nlanes = p->nlanes;
+    for (uint32_t i = 0; i < p->nlanes; i++) {
+        seen.wrs_posted[i] = p->lanes[i].txq.wrs_posted;
+        seen.imm_posted[i] = p->lanes[i].imm_posted;
+    }
+    pthread_mutex_unlock(&lp.prefill->lock);
+    return seen;
+}
+
 static void assert_pools_free(void)
 {
     kvw_stager_stats_t ps, ds;
@@ -1063,19 +1086,18 @@ static void striped_round(uint32_t qp, uint32_t qd, bool one_device, uint64_t ro
     assert_int_equal(wait_end(poll_s, s), KVW_POLL_SUCCESS);
     assert_int_equal(wrong_bytes(&q), 0);
     uint32_t want = qp < qd ? qp : qd;
-    kvw_peer_t *p = kvw__peer_at(lp.prefill, 0);
-    assert_non_null(p);
-    assert_int_equal(p->nlanes, want);
+    lanes_seen_t seen = prefill_lanes();
+    assert_int_equal(seen.nlanes, want);
     char line[160];
     int at = snprintf(line, sizeof(line), "%u QP%s (%s): WRs per QP", want, want > 1 ? "s" : "",
                       one_device ? "one device" : "two devices");
     for (uint32_t i = 0; i < want; i++) {
         /* every QP carried writes (a whole chain, or the last write), and
          * ended the request with an immediate */
-        assert_true(p->lanes[i].txq.wrs_posted >= 1);
-        assert_int_equal(p->lanes[i].imm_posted, 1);
+        assert_true(seen.wrs_posted[i] >= 1);
+        assert_int_equal(seen.imm_posted[i], 1);
         at += snprintf(line + at, sizeof(line) - (size_t)at, " %llu",
-                       (unsigned long long)p->lanes[i].txq.wrs_posted);
+                       (unsigned long long)seen.wrs_posted[i]);
     }
     print_message("%s\n", line);
     kvw_sender_destroy(s);
@@ -1101,10 +1123,10 @@ static void test_staged_striped(void **state)
         send_staged(&q, s);
         finish(&q, s, r);
     }
-    kvw_peer_t *p = kvw__peer_at(lp.prefill, 0);
-    assert_int_equal(p->nlanes, 3);
+    lanes_seen_t seen = prefill_lanes();
+    assert_int_equal(seen.nlanes, 3);
     for (uint32_t i = 0; i < 3; i++)
-        assert_true(p->lanes[i].txq.wrs_posted > 0);
+        assert_true(seen.wrs_posted[i] > 0);
     assert_pools_free();
 }
 
