@@ -195,8 +195,17 @@ kvw_status_t pair_open_staged(engine_pair_t *p, const kvw_config_t *cfg,
     return st;
 }
 
+void pair_order_peeks(kvw_engine_t *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->lock);
+    pthread_mutex_unlock(&e->lock);
+}
+
 void pair_close(engine_pair_t *p)
 {
+    pair_order_peeks(p->prefill);
     kvw_engine_destroy(p->decode);
     kvw_engine_destroy(p->prefill);
     kvw_bootstrap_destroy(p->bootstrap);

@@ -72,6 +72,13 @@ void pair_set_down_at_open(const char *a, const char *b);
 /* Destroy engines and bootstrap, restore the real ops, fake_nic_fini.
  * Fills *p->final_stats first when it is set. */
 void pair_close(engine_pair_t *p);
+/* Tests peek at an engine's connections (kvw__peer_at) without its lock.
+ * When the other engine goes, this one's poller frees the connection after
+ * unpublishing it under the engine lock; taking that lock once before
+ * orders every earlier peek before the free (as ThreadSanitizer requires).
+ * pair_close() does it for prefill; rigs of their own call it before they
+ * destroy decode. */
+void pair_order_peeks(kvw_engine_t *e);
 
 /* One request on both sides. */
 typedef struct pair_room {

@@ -167,6 +167,7 @@ static void free_side(side_t *s)
 static int teardown(void **state)
 {
     (void)state;
+    pair_order_peeks(lp.prefill); /* peeks at its connections, before they go */
     kvw_engine_destroy(lp.decode);
     kvw_engine_destroy(lp.prefill);
     kvw_engine_destroy(prefill2);

@@ -167,6 +167,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    pair_order_peeks(rig.prefill); /* peeks at its connections, before they go */
     kvw_engine_destroy(rig.decode);
     kvw_engine_destroy(rig.prefill);
     kvw_bootstrap_destroy(rig.bs);

@@ -138,6 +138,7 @@ static int teardown(void **state)
     atomic_store(&kvw__zdrop_hook, NULL);
     fake_cuda_gate_to_gpu(false); /* a held copy would hold the stager's thread */
     fake_nic_set_faults(NULL);
+    pair_order_peeks(rig.prefill); /* peeks at its connections, before they go */
     kvw_engine_destroy(rig.decode2);
     kvw_engine_destroy(rig.decode);
     kvw_engine_destroy(rig.prefill);
