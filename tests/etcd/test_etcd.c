@@ -238,7 +238,7 @@ static void test_prefill_killed(void **state)
     set_registry("killed", NULL);
     kvw_engine_t *d = NULL;
     assert_int_equal(pair_add_decode(&p, &d), KVW_OK);
-    assert_true(wait_rank0(d, child_ep, 1000));
+    assert_true(wait_rank0(d, child_ep, WAIT_MS));
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     uint64_t t0 = pair_now_ms();
