@@ -1133,9 +1133,9 @@ class KVWireKVReceiver(CommonKVReceiver):
             return ""
         return (f" (decode attn TP size {self.kv_mgr.attn_tp_size} > prefill attn TP size "
                 f"{info.attn_tp_size}: start prefill with --disaggregation-decode-tp "
-                "(and --disaggregation-decode-dp), so that each prefill rank serves every "
-                "decode rank of its range, or use kvwire 1.5 or later on both sides, whose "
-                "request carries decode's rank count)")
+                "(and --disaggregation-decode-dp) naming decode's sizes, so that each prefill "
+                "rank serves every decode rank of its range, or without it and kvwire 1.5 or "
+                "later on both sides, whose request carries decode's rank count)")
 
     def _verify_landed(self, r: kvwire.Receiver, dummy: bool) -> None:
         """Verified, with the caller's digests: once r landed, the digest of
