@@ -1100,6 +1100,9 @@ typedef struct kvw_receiver_params {
     uint64_t room;
     uint32_t num_ranks; /* 1..KVW_MAX_PREFILL_RANKS */
     const kvw_prefill_rank_t *ranks;
+    /* Since 1.5: how many decode receivers ask each of these prefill ranks
+     * for the room, as kvw_receiver_set_room_receivers(); 0: not said. */
+    uint32_t room_receivers;
     /* New fields only at the end (sized structs, above). */
 } kvw_receiver_params_t;
 
@@ -1130,6 +1133,17 @@ KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
                                                const kvw_receiver_params_t *params,
                                                kvw_receiver_t **receiver_p);
 
+/* Decode side, before kvw_receiver_init*(): how many decode receivers ask
+ * this receiver's prefill rank (each rank of a receiver over several) for
+ * the room, this one included (decode TP > prefill TP: sglang's
+ * required_dst_info_num), 1..KVW_MAX_DECODE_RECEIVERS; 0 (the default):
+ * not said. The request carries it where the connection agreed on wire
+ * 12's KVW_WIRE_CAP_FANOUT, and prefill's sender learns its receiver count
+ * from it (kvw_sender_create_learn) or checks it. KVW_ERR_INVALID for
+ * NULL or more than KVW_MAX_DECODE_RECEIVERS, KVW_ERR_STATE after init or
+ * once the receiver ended. Since 1.5. */
+KVW_API kvw_status_t kvw_receiver_set_room_receivers(kvw_receiver_t *receiver, uint32_t n);
+
 /* Prefill over several decode receivers (decode TP > prefill TP: one
  * prefill rank holds what num_receivers decode ranks each need, the same
  * room for all of them, as sglang's decode ranks ask): one sender for room
@@ -1152,7 +1166,11 @@ KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
  * Requests decode sent before the sender existed are adopted, up to
  * num_receivers. kvw_sender_requested() answers for the first request to
  * arrive; kvw_sender_metrics() sums bytes and writes over the requests.
- * num_receivers 1 is kvw_sender_create(). KVW_ERR_INVALID for 0 or more
+ * With num_receivers 2 or more, a request that says another receiver
+ * count (wire 12, kvw_receiver_set_room_receivers) fails the room (see
+ * kvw_sender_create_learn() below). num_receivers 1 is kvw_sender_create(),
+ * which checks no count.
+ * KVW_ERR_INVALID for 0 or more
  * than KVW_MAX_DECODE_RECEIVERS, or a decode engine; KVW_ERR_EXISTS as
  * kvw_sender_create(); KVW_ERR_UNSUPPORTED on an engine staging GPU memory
  * (KVW_GPU_PATH=staging). Thread safety as any sender: one thread at a time
@@ -1161,6 +1179,27 @@ KVW_API kvw_status_t kvw_receiver_create_ranks(kvw_engine_t *engine,
 #define KVW_MAX_DECODE_RECEIVERS 64
 KVW_API kvw_status_t kvw_sender_create_fanout(kvw_engine_t *engine, uint64_t room,
                                               uint32_t num_receivers, kvw_sender_t **sender_p);
+
+/* Prefill, when it does not know how many decode receivers ask for the
+ * room (sglang without --disaggregation-decode-tp): a sender as
+ * kvw_sender_create_fanout()'s whose num_receivers is the count the first
+ * decode request for the room says (kvw_receiver_set_room_receivers() on
+ * decode; 1 when the request says none: a decode engine before 1.5, or a
+ * connection that did not agree on wire 12's KVW_WIRE_CAP_FANOUT, so a
+ * decode rank that reads alone is served as by kvw_sender_create()).
+ * Requests that arrived before the sender existed count: the first of
+ * them says. A request that says another count than the sender serves
+ * (the first request's, or kvw_sender_create_fanout()'s num_receivers)
+ * fails the room for every receiver with KVW_ERR_MISMATCH, the reason
+ * naming both counts ("a request says 3 decode receivers ask for it, the
+ * room's sender serves 2"). Until the first request arrived the sender is
+ * Bootstrapping and its calls that hand work over (init, send, send_part,
+ * send_state and their _after forms) return KVW_ERR_STATE without any
+ * change: make them once poll() says WaitingForInput (every receiver
+ * asked), as sglang does. Otherwise as kvw_sender_create_fanout(): its
+ * errors, thread safety and ownership. Since 1.5. */
+KVW_API kvw_status_t kvw_sender_create_learn(kvw_engine_t *engine, uint64_t room,
+                                             kvw_sender_t **sender_p);
 
 /* Prefill side: what decode asked for in the request for this sender's
  * room, once it has arrived: its page count and whether it wants the aux

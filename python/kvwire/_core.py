@@ -45,7 +45,9 @@ def features() -> Dict[str, bool]:
     ranks, head slicing), sender_fanout, verify_digests (the caller's
     digests of a verified transfer: Sender.set_digest, Receiver.landed,
     Receiver.verify), metrics_text (Engine.metrics_text and the
-    prometheus_client collector, kvwire.metrics). A
+    prometheus_client collector, kvwire.metrics), sender_learn
+    (Engine.sender(receivers=None) and Receiver.set_room_receivers: the
+    decode receiver count from decode's requests). A
     missing one makes only the method that needs it
     raise Error(KVW_ERR_UNSUPPORTED)."""
     return {
@@ -58,6 +60,8 @@ def features() -> Dict[str, bool]:
         "state_lists": _L.has("kvw_receiver_init_lists") and _L.has("kvw_sender_send_state_lists"),
         "receiver_ranks": _L.has("kvw_receiver_create_ranks"),
         "sender_fanout": _L.has("kvw_sender_create_fanout"),
+        "sender_learn": (_L.has("kvw_sender_create_learn")
+                         and _L.has("kvw_receiver_set_room_receivers")),
         "verify_digests": (_L.has("kvw_sender_set_digest") and _L.has("kvw_receiver_landed")
                            and _L.has("kvw_receiver_verify")),
         "metrics_text": _L.has("kvw_engine_metrics_text"),

@@ -549,13 +549,17 @@ class Engine(_Handle):
         with self._lock:
             self._children.pop(id(cell), None)
 
-    def sender(self, room: int, receivers: int = 1) -> "Sender":
+    def sender(self, room: int, receivers: Optional[int] = 1) -> "Sender":
         """Prefill: a Sender for room (kvw_sender_create). receivers > 1:
         one sender serving the room to that many decode receivers, one per
         decode engine (kvw_sender_create_fanout: decode TP > prefill TP,
         each decode rank getting its heads, or MLA's replicated latent, and
         its own aux item); the calls apply to each request, Success once
-        every one is delivered, a failure of any fails them all."""
+        every one is delivered, a failure of any fails them all.
+        receivers=None: as many as the first decode request for the room
+        says (kvw_sender_create_learn; Receiver.set_room_receivers on
+        decode, 1 when it says none); init and send only once poll() left
+        BOOTSTRAPPING."""
         return Sender(self, room, receivers)
 
     def receiver(self, bootstrap_addr: str, prefill_rank: int, room: int) -> "Receiver":
@@ -675,15 +679,20 @@ class Sender(_Request):
 
     _what = "kvwire.Sender"
 
-    def __init__(self, engine: Engine, room: int, receivers: int = 1):
+    def __init__(self, engine: Engine, room: int, receivers: Optional[int] = 1):
         self._engine = engine
         self.room = _uint(room, _U64_MAX, "kvwire.Sender: room")
-        self.receivers = _uint(receivers, _U32_MAX, "kvwire.Sender: receivers")
-        if not 1 <= self.receivers <= _lib.MAX_DECODE_RECEIVERS:
-            raise ValueError(f"kvwire: receivers {self.receivers} is outside "
-                             f"1..{_lib.MAX_DECODE_RECEIVERS}")
+        # None: as many as decode's requests say
+        self.receivers: Optional[int] = None
+        if receivers is None:
+            self._create_learn(engine)
+            return
+        n = _uint(receivers, _U32_MAX, "kvwire.Sender: receivers")
+        if not 1 <= n <= _lib.MAX_DECODE_RECEIVERS:
+            raise ValueError(f"kvwire: receivers {n} is outside 1..{_lib.MAX_DECODE_RECEIVERS}")
+        self.receivers = n
         fan = None
-        if self.receivers > 1:
+        if n > 1:
             fan = _L.optional.get("kvw_sender_create_fanout")
             if fan is None:
                 raise _unsupported("kvw_sender_create_fanout", "kvwire.Engine.sender(receivers>1)")
@@ -693,8 +702,18 @@ class Sender(_Request):
                 _call(_c.kvw_sender_create, f"kvw_sender_create(room {self.room})",
                       engine._get(), self.room, ctypes.byref(h))
             else:
-                _call(fan, f"kvw_sender_create_fanout(room {self.room}, {self.receivers} "
-                      "receivers)", engine._get(), self.room, self.receivers, ctypes.byref(h))
+                _call(fan, f"kvw_sender_create_fanout(room {self.room}, {n} receivers)",
+                      engine._get(), self.room, n, ctypes.byref(h))
+            self._cell = engine._adopt(h.value, "sender")
+
+    def _create_learn(self, engine: Engine) -> None:
+        fn = _L.optional.get("kvw_sender_create_learn")
+        if fn is None:
+            raise _unsupported("kvw_sender_create_learn", "kvwire.Engine.sender(receivers=None)")
+        h = ctypes.c_void_p()
+        with engine._lock:
+            _call(fn, f"kvw_sender_create_learn(room {self.room})", engine._get(), self.room,
+                  ctypes.byref(h))
             self._cell = engine._adopt(h.value, "sender")
 
     def init(self, num_pages: int, aux_index: Optional[int] = None) -> None:
@@ -844,6 +863,24 @@ class Receiver(_Request):
             _call(_c.kvw_receiver_create, f"kvw_receiver_create(room {self.room})",
                   engine._get(), addr, self.prefill_rank, self.room, ctypes.byref(h))
             self._cell = engine._adopt(h.value, "receiver")
+
+    def set_room_receivers(self, n: int) -> None:
+        """Before init(): how many decode receivers ask this receiver's
+        prefill rank for the room, this one included (decode TP > prefill
+        TP), 1..KVW_MAX_DECODE_RECEIVERS (0: not said). The request carries
+        it where both engines speak wire 12 with its capability, and a
+        prefill sender made with receivers=None learns its count from it
+        (kvw_receiver_set_room_receivers)."""
+        fn = _L.optional.get("kvw_receiver_set_room_receivers")
+        if fn is None:
+            raise _unsupported("kvw_receiver_set_room_receivers",
+                               "kvwire.Receiver.set_room_receivers")
+        n = _uint(n, _U32_MAX, "kvwire.Receiver.set_room_receivers: n")
+        if n > _lib.MAX_DECODE_RECEIVERS:
+            raise ValueError(f"kvwire: {n} decode receivers is outside "
+                             f"0..{_lib.MAX_DECODE_RECEIVERS}")
+        with self._cell.lock:
+            _call(fn, f"kvw_receiver_set_room_receivers(room {self.room}, {n})", self._get(), n)
 
     def init(self, pages: Any, aux_index: Optional[int] = None, state: Any = None,
              state_lists: Optional[Mapping[int, Any]] = None) -> None:

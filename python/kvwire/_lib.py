@@ -251,6 +251,7 @@ class kvw_receiver_params_t(Structure):
         ("room", c_uint64),
         ("num_ranks", c_uint32),
         ("ranks", POINTER(kvw_prefill_rank_t)),
+        ("room_receivers", c_uint32),  # 1.5
     ]
 
 
@@ -336,6 +337,9 @@ OPTIONAL = {
                                           POINTER(c_void_p)]),
     # Prefill over several decode receivers (decode TP > prefill TP).
     "kvw_sender_create_fanout": (c_int, [c_void_p, c_uint64, c_uint32, POINTER(c_void_p)]),
+    # ... with the count decode's requests say (1.5, wire 12).
+    "kvw_sender_create_learn": (c_int, [c_void_p, c_uint64, POINTER(c_void_p)]),
+    "kvw_receiver_set_room_receivers": (c_int, [c_void_p, c_uint32]),
     # An engine's rails (KVW_DEVICES, 1.2).
     "kvw_engine_rails": (c_uint32, [c_void_p, POINTER(kvw_rail_t), c_uint32]),
     "kvw_engine_rail_health": (c_uint32, [c_void_p, POINTER(kvw_rail_health_t), c_uint32]),

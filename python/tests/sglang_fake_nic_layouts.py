@@ -8,7 +8,8 @@ guest/test_sglang_layouts_on_rxe.py), one scenario per process. Prints one
 JSON line.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
-        python3 sglang_fake_nic_layouts.py prefix|pp21|pp22|pp21_tp_mismatch|tp12_noflag
+        python3 sglang_fake_nic_layouts.py \
+            prefix|pp21|pp22|pp21_tp_mismatch|mla12_noflag|mha12_noflag
 
 Real: sglang's CommonKVManager / Sender / Receiver / BootstrapServer from
 the pinned snapshot under kvwire's classes (get_kv_class), its rank
@@ -34,10 +35,14 @@ Scenarios:
   pp22    prefill PP 2 -> decode PP 2: stage to stage;
   pp21_tp_mismatch  prefill PP 2 with attn TP 1 -> decode PP 1 with attn
           TP 2 is refused on decode, the reason naming the sizes;
-  tp12_noflag  MLA, prefill TP 1 not told decode's TP (no
-          --disaggregation-decode-tp), decode TP 2: one decode rank is
-          served, the other fails at once, naming the flag (not served:
-          kvwire's request does not carry decode's rank count).
+  mla12_noflag  MLA, prefill TP 1 not told decode's TP (no
+          --disaggregation-decode-tp), decode TP 2: each decode rank's
+          kvwire request says 2 decode ranks ask (sglang's
+          required_dst_info_num), the prefill rank's sender learns it and
+          serves the latent whole to both, each its own metadata;
+  mha12_noflag  the same for MHA: prefill TP 1 holds the model's 4 KV
+          heads, each decode rank of TP 2 gets its 2 (gathered from
+          prefill's pages).
 """
 import json
 import os
@@ -96,11 +101,12 @@ class Rank:
     """One rank's KV pool (K layers then V layers over `layers`) and aux."""
 
     def __init__(self, mode, layers, fill, pp_size=1, pp_rank=0, attn_tp=1, port=0,
-                 tp_rank=0, mla=False):
+                 tp_rank=0, mla=False, heads=HEADS, item=ITEM):
         self.layers = list(layers)
+        self.item = item  # bytes of a page (a token) of one layer: heads x head bytes
         rng = np.random.default_rng(100 + pp_rank)
-        mk = (lambda: rng.integers(1, 256, POOL * ITEM, dtype=np.uint8)) if fill else (
-            lambda: np.zeros(POOL * ITEM, dtype=np.uint8))
+        mk = (lambda: rng.integers(1, 256, POOL * item, dtype=np.uint8)) if fill else (
+            lambda: np.zeros(POOL * item, dtype=np.uint8))
         self.k = [mk() for _ in self.layers]
         self.v = [mk() for _ in self.layers]
         self.aux = [np.zeros(AUX_SLOTS, dtype=np.int64)]
@@ -110,9 +116,9 @@ class Rank:
         a.pp_rank, a.prefill_start_layer = pp_rank, self.layers[0]
         a.engine_rank = tp_rank
         a.kv_data_ptrs, a.kv_data_lens = [x.ctypes.data for x in kv], [x.nbytes for x in kv]
-        a.kv_item_lens = [ITEM] * len(kv)
+        a.kv_item_lens = [item] * len(kv)
         if mode == P and not mla:
-            a.kv_head_num, a.total_kv_head_num = HEADS, HEADS * attn_tp
+            a.kv_head_num, a.total_kv_head_num = heads, heads * attn_tp
         a.aux_data_ptrs = [x.ctypes.data for x in self.aux]
         a.aux_data_lens = [x.nbytes for x in self.aux]
         a.aux_item_lens = [x.nbytes // AUX_SLOTS for x in self.aux]
@@ -123,7 +129,7 @@ class Rank:
         set_rank(attn_tp_size=attn_tp, attn_tp_rank=tp_rank)
         from sglang.srt.configs import model_config
 
-        model_config.set_model(HEADS * attn_tp)
+        model_config.set_model(heads * attn_tp)
         sa = ServerArgs(host=IP_P, port=30000, disaggregation_bootstrap_port=port,
                         disaggregation_transfer_backend="kvwire", tp_size=attn_tp, dp_size=1,
                         pp_size=pp_size)
@@ -131,7 +137,7 @@ class Rank:
 
     def page(self, kind, layer, pg):
         buf = (self.k if kind == "k" else self.v)[self.layers.index(layer)]
-        return buf[pg * ITEM:(pg + 1) * ITEM]
+        return buf[pg * self.item:(pg + 1) * self.item]
 
 
 def wait(cond, secs, what):
@@ -147,24 +153,31 @@ def pp_layers(pp_size, rank):
     return range(rank * per, LAYERS if rank == pp_size - 1 else (rank + 1) * per)
 
 
-def run_tp12_noflag(out, port, addr):
-    """MLA, prefill TP 1 without --disaggregation-decode-tp, decode TP 2:
-    both decode ranks ask the one prefill rank for the room; it serves one,
-    the other fails at once, its reason naming the flag."""
-    pre = Rank(P, range(LAYERS), True, port=port, mla=True)
-    dec = [Rank(D, range(LAYERS), False, attn_tp=2, tp_rank=t, mla=True) for t in range(2)]
+def run_fanout_noflag(out, port, addr, mla):
+    """Prefill TP 1 without --disaggregation-decode-tp, decode TP 2: both
+    decode ranks ask the one prefill rank for the room, each request saying
+    2 decode ranks ask; the prefill rank's sender learns it and serves both
+    (MLA: the latent whole to each; MHA: each decode rank its 2 of the 4
+    heads), each its own metadata. Every byte checked on both."""
+    npages = 2
+    pre = Rank(P, range(LAYERS), True, port=port, mla=mla, heads=2 * HEADS)
+    dec = [Rank(D, range(LAYERS), False, attn_tp=2, tp_rank=t, mla=mla,
+                item=ITEM if mla else ITEM // 2) for t in range(2)]
     try:
+        pre.aux[0][2] = 1000  # the metadata prefill sends (aux item 2)
         s = Sender(mgr=pre.mgr, bootstrap_addr=addr, bootstrap_room=ROOM, dest_tp_ranks=[0],
                    pp_rank=0)
+        out["prefill_decode_receivers"] = pre.mgr.decode_receivers  # None: learned per room
         recvs = [Receiver(mgr=d.mgr, bootstrap_addr=addr, bootstrap_room=ROOM) for d in dec]
         for d in dec:
             wait(lambda: d.mgr.try_ensure_parallel_info(addr), 20, "parallel info")
+        dst_pages, src_pages = np.array([1, 2]), np.array([3, 4])
         for r in recvs:
             r.init(0)
-            r.send_metadata(np.array([1, 2], dtype=np.int64), 1)
+            r.send_metadata(dst_pages.astype(np.int64), 1)
         wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput")
-        s.init(2, 2)
-        s.send(np.array([3, 4], dtype=np.int64))
+        s.init(npages, 2)
+        s.send(src_pages.astype(np.int64))
         end = time.monotonic() + 20
         polls = [int(r.poll()) for r in recvs]
         while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
@@ -173,6 +186,8 @@ def run_tp12_noflag(out, port, addr):
             time.sleep(0.002)
             polls = [int(r.poll()) for r in recvs]
         out["decode_polls"] = polls
+        wait(lambda: s.poll() in (KVPoll.Success, KVPoll.Failed), 20, "prefill ended")
+        out["prefill_end"] = [int(s.poll())]
         out["reasons"] = []
         for r, p in zip(recvs, polls):
             if p == KVPoll.Failed:
@@ -180,6 +195,21 @@ def run_tp12_noflag(out, port, addr):
                     r.failure_exception()
                 except Exception as e:
                     out["reasons"].append(str(e))
+        # each decode rank's every page: MLA prefill's whole item, MHA the
+        # slice of its heads (NHD, one token a page: heads contiguous)
+        bad, checked = 0, 0
+        for t, d in enumerate(dec):
+            for layer in d.layers:
+                for kind in (("k",) if mla else ("k", "v")):
+                    for j in range(npages):
+                        got = d.page(kind, layer, int(dst_pages[j]))
+                        want = pre.page(kind, layer, int(src_pages[j]))
+                        if not mla:
+                            want = want[t * d.item:(t + 1) * d.item]
+                        bad += int((got != want).sum())
+                        checked += got.size
+        out["bytes_checked"], out["bytes_wrong"] = checked, bad
+        out["decode_aux"] = [int(d.aux[0][1]) for d in dec]
         for x in recvs + [s]:
             x.clear()
     finally:
@@ -188,8 +218,8 @@ def run_tp12_noflag(out, port, addr):
 
 
 def run(out, port, addr):
-    if SCENARIO == "tp12_noflag":
-        return run_tp12_noflag(out, port, addr)
+    if SCENARIO in ("mla12_noflag", "mha12_noflag"):
+        return run_fanout_noflag(out, port, addr, SCENARIO == "mla12_noflag")
     prefix_pages = 2 if SCENARIO == "prefix" else 0
     npages = 6
     pp_p = 1 if SCENARIO == "prefix" else 2

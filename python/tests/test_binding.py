@@ -16,7 +16,7 @@ def test_import_and_library():
     feats = kvwire.features()
     assert set(feats) == {"groups", "init_indices", "send_part", "send_state", "metrics",
                           "send_after", "state_lists", "receiver_ranks", "sender_fanout",
-                          "verify_digests", "metrics_text"}
+                          "verify_digests", "metrics_text", "sender_learn"}
     assert feats["state_lists"]
 
 
@@ -436,6 +436,73 @@ def test_sender_fanout_reaches_c(monkeypatch, fake_engine):
 def test_sender_fanout_in_the_real_library():
     """The library this binding loads exports the call."""
     assert kvwire.features()["sender_fanout"]
+
+
+def test_sender_learn_reaches_c(monkeypatch, fake_engine):
+    """Engine.sender(room, receivers=None) calls kvw_sender_create_learn
+    with the room (the count comes from decode's requests); the library's
+    refusal comes back as an Error naming the call; an older library
+    without it raises KVW_ERR_UNSUPPORTED."""
+    seen = []
+
+    def create(eh, room, hp):
+        seen.append(room)
+        hp._obj.value = 79
+        return 0
+
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_create_learn", create)
+    s = fake_engine.sender(46, receivers=None)
+    assert seen == [46] and s._cell.h == 79 and s.receivers is None
+    s._cell = None  # never destroy the dummy handle
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_create_learn",
+                        lambda *a: int(kvwire.Status.ERR_EXISTS))
+    with pytest.raises(kvwire.Error) as ei:
+        fake_engine.sender(47, receivers=None)
+    assert ei.value.status == kvwire.Status.ERR_EXISTS
+    assert "kvw_sender_create_learn(room 47)" in str(ei.value)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_sender_create_learn", None)
+    with pytest.raises(kvwire.Error) as ei:
+        fake_engine.sender(48, receivers=None)
+    assert ei.value.status == kvwire.Status.ERR_UNSUPPORTED
+
+
+def test_room_receivers_reach_c(monkeypatch, fake_engine):
+    """Receiver.set_room_receivers(n) calls kvw_receiver_set_room_receivers
+    on the receiver's handle; n above KVW_MAX_DECODE_RECEIVERS is refused
+    before C, the library's refusal (after init: KVW_ERR_STATE) comes back
+    as an Error naming the call."""
+    seen = []
+
+    def create_at(eh, addr, rank, room, hp):
+        hp._obj.value = 80
+        return 0
+
+    def say(h, n):
+        seen.append((h, n))
+        return 0
+
+    from kvwire import _sglang_lib
+
+    monkeypatch.setitem(_sglang_lib._fns, "kvw_receiver_create_at", create_at)
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_set_room_receivers", say)
+    r = _sglang_lib.EndpointReceiver(fake_engine, "tcp://127.0.0.1:1", 0, 49)
+    r.set_room_receivers(2)
+    assert seen == [(80, 2)]
+    with pytest.raises(ValueError):
+        r.set_room_receivers(65)
+    assert seen == [(80, 2)]
+    monkeypatch.setitem(kvwire._L.optional, "kvw_receiver_set_room_receivers",
+                        lambda *a: int(kvwire.Status.ERR_STATE))
+    with pytest.raises(kvwire.Error) as ei:
+        r.set_room_receivers(2)
+    assert ei.value.status == kvwire.Status.ERR_STATE
+    assert "kvw_receiver_set_room_receivers(room 49, 2)" in str(ei.value)
+    r._cell = None  # never destroy the dummy handle
+
+
+def test_sender_learn_in_the_real_library():
+    """The library this binding loads exports both calls."""
+    assert kvwire.features()["sender_learn"]
 
 
 def test_verify_config_and_status():

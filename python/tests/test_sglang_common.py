@@ -274,11 +274,13 @@ def test_tp_refusals_name_both_sizes(sg, monkeypatch):
     r.recvs = []
 
 
-def test_prefill_decode_receivers_from_sglangs_decode_tp(sg):
+def test_prefill_decode_receivers_from_sglangs_decode_tp(sg, monkeypatch):
     """Prefill serves each room to decode attn TP / prefill attn TP decode
     ranks, decode's sizes from sglang's --disaggregation-decode-tp / -dp
-    (set on prefill only; unset: one); a size that is no multiple, or a
-    hybrid MHA model's state with different sizes, is refused at creation."""
+    (set on prefill only; unset: None, each room's sender learns the count
+    from decode's requests, or 1 with a library that cannot); a size that
+    is no multiple, or a hybrid MHA model's state with different sizes, is
+    refused at creation."""
     import types
 
     from kvwire.sglang import conn
@@ -286,7 +288,12 @@ def test_prefill_decode_receivers_from_sglangs_decode_tp(sg):
     m = conn.KVWireKVManager.__new__(conn.KVWireKVManager)
     m.attn_tp_size, m.state_groups, m.is_mla_backend = 1, {}, False
     sa = types.SimpleNamespace
-    assert m._decode_receivers(sa()) == 1
+    assert m._decode_receivers(sa()) is None  # learned per room
+    with monkeypatch.context() as mp:
+        import kvwire
+
+        mp.setitem(kvwire._L.optional, "kvw_sender_create_learn", None)  # a 1.4 library
+        assert m._decode_receivers(sa()) == 1
     assert m._decode_receivers(sa(disaggregation_decode_tp=1)) == 1
     assert m._decode_receivers(sa(disaggregation_decode_tp=4)) == 4
     assert m._decode_receivers(sa(disaggregation_decode_tp=4, disaggregation_decode_dp=2)) == 2

@@ -150,18 +150,23 @@ def check_pp21_tp_mismatch(r):
     assert "prefill attn TP size 1 != decode attn TP size 2" in r["reason"], r
 
 
-def check_tp12_noflag(r):
-    """Not served: prefill TP 1 not told decode's TP 2 (no
-    --disaggregation-decode-tp) serves one decode rank per room; the other
-    fails at once (never a hang), its reason naming the flag. (sglang's
-    all-reduced poll then fails the room on both decode ranks.)"""
-    assert sorted(r["decode_polls"]) == [FAILED, SUCCESS], r
-    assert len(r["reasons"]) == 1 and "--disaggregation-decode-tp" in r["reasons"][0], r
-    assert "KVW_ERR_EXISTS" in r["reasons"][0], r
+def check_noflag(r):
+    """Served: prefill TP 1 not told decode's TP 2 (no
+    --disaggregation-decode-tp) learns from each room's kvwire requests
+    that 2 decode ranks read it, and serves both: every byte right on both
+    decode ranks (MLA the latent, MHA each its 2 heads), each its own
+    metadata, prefill Success."""
+    assert r["prefill_decode_receivers"] is None, r
+    assert r["decode_polls"] == [SUCCESS] * 2 and r["prefill_end"] == [SUCCESS], r
+    assert r["reasons"] == [], r
+    want = 4 * 2 * 256 if r["scenario"] == "mla12_noflag" else 4 * 2 * 2 * 128
+    assert r["bytes_checked"] == 2 * want and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1000, 1000], r
 
 
 LAYOUTS = {"prefix": check_prefix, "pp21": check_pp21, "pp22": check_pp22,
-           "pp21_tp_mismatch": check_pp21_tp_mismatch, "tp12_noflag": check_tp12_noflag}
+           "pp21_tp_mismatch": check_pp21_tp_mismatch, "mla12_noflag": check_noflag,
+           "mha12_noflag": check_noflag}
 
 
 @pytest.mark.parametrize("scenario", sorted(LAYOUTS))

@@ -108,6 +108,13 @@ static uint16_t msg_version(const kvw_msg_t *m)
 
 enum { OFFER_LEN = 2 + 2 + 4 }; /* wire 12: min, max, capabilities */
 
+/* Wire 12: the bytes after a REQUEST's state lists (its decode receiver
+ * count, with KVW_WIRE_REQ_RECEIVERS). */
+static size_t request_trailer(const kvw_msg_t *m)
+{
+    return m->u.request.heads_flags & KVW_WIRE_REQ_RECEIVERS ? 4 : 0;
+}
+
 /* Whether a HELLO or HELLO_ACK carries its offer as the reason string: a
  * version-11 message that offers one and is no refusal. */
 static int offer_as_text(const kvw_msg_t *m)
@@ -191,7 +198,7 @@ size_t kvw__wire_size(const kvw_msg_t *m)
     case KVW_MSG_REQUEST:
         body = 8 + 4 + 4 + 4 + 4 + KVW_WIRE_HEADS_LEN +
                8 * ((size_t)m->u.request.num_pages + m->u.request.num_state) + 4 +
-               4 * (size_t)m->u.request.num_state_lists;
+               4 * (size_t)m->u.request.num_state_lists + request_trailer(m);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -311,6 +318,8 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
         put_le(w, m->u.request.num_state_lists, 4);
         for (uint32_t i = 0; i < m->u.request.num_state_lists; i++)
             put_le(w, m->u.request.state_counts[i], 4);
+        if (request_trailer(m)) /* wire 12 */
+            put_le(w, m->u.request.room_receivers, 4);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -356,6 +365,7 @@ static void encode_body(writer_t *w, const kvw_msg_t *m)
 }
 
 static int state_lists_bad(const kvw_msg_t *m, char *reason, size_t rsize);
+static int request_receivers_bad(const kvw_msg_t *m, char *reason, size_t rsize);
 
 kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -372,7 +382,7 @@ kvw_status_t kvw__wire_encode(const kvw_msg_t *m, uint8_t *buf, size_t cap, size
         return KVW_ERR_INVALID;
     if (m->type == KVW_MSG_REQUEST &&
         ((uint64_t)m->u.request.num_pages + m->u.request.num_state > KVW_WIRE_MAX_PAGES ||
-         state_lists_bad(m, NULL, 0)))
+         state_lists_bad(m, NULL, 0) || request_receivers_bad(m, NULL, 0)))
         return KVW_ERR_INVALID;
     size_t size = kvw__wire_size(m);
     if (size > cap || size > KVW_WIRE_MAX_MSG)
@@ -571,17 +581,45 @@ static int state_lists_bad(const kvw_msg_t *m, char *reason, size_t rsize)
     return 0;
 }
 
+/* Wire 12: a decode receiver count only in a version-12 REQUEST, with
+ * its flag, and 1..KVW_MAX_DECODE_RECEIVERS. 0, or -1 with why. */
+static int request_receivers_bad(const kvw_msg_t *m, char *reason, size_t rsize)
+{
+    uint32_t n = m->u.request.room_receivers;
+    if (!request_trailer(m)) {
+        if (!n)
+            return 0;
+        fail(reason, rsize, "REQUEST: %u decode receivers without their flag", n);
+        return -1;
+    }
+    if (msg_version(m) < 12) {
+        fail(reason, rsize, "REQUEST: a decode receiver count in a version-%u message",
+             msg_version(m));
+        return -1;
+    }
+    if (!n || n > KVW_MAX_DECODE_RECEIVERS) {
+        fail(reason, rsize, "REQUEST: %u decode receivers for the room, not 1..%u", n,
+             KVW_MAX_DECODE_RECEIVERS);
+        return -1;
+    }
+    return 0;
+}
+
 /* Wire 6: the state lists after the indices. */
 static kvw_status_t decode_state_lists(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
 {
     m->u.request.num_state_lists = (uint32_t)get_le(r, 4);
     if (r->short_read || m->u.request.num_state_lists > KVW_WIRE_MAX_GROUPS ||
-        remaining(r) != 4 * (size_t)m->u.request.num_state_lists)
+        remaining(r) != 4 * (size_t)m->u.request.num_state_lists + request_trailer(m))
         return fail(reason, rsize, "REQUEST: state lists do not match %zu body bytes",
                     remaining(r));
     for (uint32_t i = 0; i < m->u.request.num_state_lists; i++)
         m->u.request.state_counts[i] = (uint32_t)get_le(r, 4);
-    return state_lists_bad(m, reason, rsize) ? KVW_ERR_PROTOCOL : KVW_OK;
+    if (request_trailer(m)) /* wire 12 */
+        m->u.request.room_receivers = (uint32_t)get_le(r, 4);
+    if (state_lists_bad(m, reason, rsize) || request_receivers_bad(m, reason, rsize))
+        return KVW_ERR_PROTOCOL;
+    return KVW_OK;
 }
 
 static kvw_status_t decode_request(reader_t *r, kvw_msg_t *m, char *reason, size_t rsize)
@@ -779,6 +817,8 @@ const char *kvw__wire_request_lacks(const kvw_msg_t *m, uint32_t caps)
         return "landing buffer";
     if (flags & KVW_WIRE_HEADS_RANGE && !(caps & KVW_WIRE_CAP_HEADS))
         return "head slicing";
+    if (flags & KVW_WIRE_REQ_RECEIVERS && !(caps & KVW_WIRE_CAP_FANOUT))
+        return "the decode receiver count";
     return NULL;
 }
 

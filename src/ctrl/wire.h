@@ -24,7 +24,9 @@
  * an offer (the lowest and highest version the sender speaks, its
  * capabilities), and a connection speaks the highest version both ends
  * speak with the capabilities both have (docs/control-plane.md,
- * "Versions and capabilities"). */
+ * "Versions and capabilities"); a version-12 REQUEST may say how many
+ * decode receivers ask for the room (KVW_WIRE_REQ_RECEIVERS, capability
+ * KVW_WIRE_CAP_FANOUT). */
 #define KVW_WIRE_VERSION 12     /* the newest version this build speaks */
 #define KVW_WIRE_VERSION_MIN 11 /* the oldest: 1.4.0's, which demands its own exactly */
 /* A message's header names the version of its own format: every message
@@ -39,8 +41,10 @@ enum {
     KVW_WIRE_CAP_CLOSING = 2u, /* CLOSING, the orderly end of a connection */
     KVW_WIRE_CAP_LANDING = 4u, /* decode's landing buffer (KVW_WIRE_HEADS_LANDING) */
     KVW_WIRE_CAP_HEADS = 8u,   /* head slicing: REQUEST's head range (KVW_WIRE_HEADS_RANGE) */
-    KVW_WIRE_CAPS_V11 = 15u,   /* what every wire-11 peer has */
-    KVW_WIRE_CAPS_ALL = 15u,   /* every capability this build has */
+    /* Wire 12: REQUEST's decode receiver count (KVW_WIRE_REQ_RECEIVERS) */
+    KVW_WIRE_CAP_FANOUT = 16u,
+    KVW_WIRE_CAPS_V11 = 15u, /* what every wire-11 peer has */
+    KVW_WIRE_CAPS_ALL = 31u, /* every capability this build has */
 };
 /* The versions one side speaks and its capabilities (max 0: no offer). */
 typedef struct kvw_wire_offer {
@@ -90,7 +94,11 @@ enum {
      * checks the request's bytes (config verify) and waits for prefill's
      * DIGEST; prefill must verify too, or the request fails. */
     KVW_WIRE_REQ_VERIFY = 8u,
-    KVW_WIRE_HEADS_FLAGS = 15u, /* every known flag */
+    /* Wire 12 (capability KVW_WIRE_CAP_FANOUT), a version-12 REQUEST only:
+     * room_receivers follows the state lists, how many decode receivers
+     * ask this prefill rank for the room (1..KVW_MAX_DECODE_RECEIVERS). */
+    KVW_WIRE_REQ_RECEIVERS = 16u,
+    KVW_WIRE_HEADS_FLAGS = 31u, /* every known flag */
 };
 /* REPLAY_ANSWER's answers. */
 enum {
@@ -102,7 +110,7 @@ enum {
  * drops anything longer before we buffer it. */
 #define KVW_WIRE_MAX_MSG                                                                           \
     (KVW_WIRE_HEADER_LEN + 24u + KVW_WIRE_HEADS_LEN + 8u * KVW_WIRE_MAX_PAGES +                    \
-     KVW_WIRE_STATE_LISTS_MAX_LEN)
+     KVW_WIRE_STATE_LISTS_MAX_LEN + 4u)
 /* REQUEST's state lists (after its indices): a count, then one count of
  * indices per state group. */
 #define KVW_WIRE_STATE_LISTS_MAX_LEN (4u + 4u * KVW_WIRE_MAX_GROUPS)
@@ -247,6 +255,10 @@ typedef struct kvw_msg {
              * groups, their counts summing to num_state). */
             uint32_t num_state_lists;
             uint32_t state_counts[KVW_WIRE_MAX_GROUPS];
+            /* Wire 12, with KVW_WIRE_REQ_RECEIVERS: the decode receivers
+             * that ask this prefill rank for the room (this one
+             * included); 0 without the flag (not said). */
+            uint32_t room_receivers;
         } request;
         struct {
             uint64_t room;
@@ -304,7 +316,8 @@ kvw_status_t kvw__wire_decode(const uint8_t *buf, size_t len, kvw_msg_t *m_p, ch
                               size_t reason_size);
 void kvw__wire_free(kvw_msg_t *m);
 /* The capability a REQUEST uses that caps (a connection's) lacks, by its
- * name ("verify", "landing buffer", "head slicing"), or NULL. */
+ * name ("verify", "landing buffer", "head slicing", "the decode receiver
+ * count"), or NULL. */
 const char *kvw__wire_request_lacks(const kvw_msg_t *m, uint32_t caps);
 /* Agree on a connection: the highest version both offers speak and the
  * capabilities both have (agreed->min == agreed->max == that version). No

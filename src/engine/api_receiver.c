@@ -97,6 +97,18 @@ kvw_status_t kvw_receiver_metrics(const kvw_receiver_t *rc, kvw_req_metrics_t *m
     return KVW_OK;
 }
 
+kvw_status_t kvw_receiver_set_room_receivers(kvw_receiver_t *rc, uint32_t n)
+{
+    if (!rc || n > KVW_MAX_DECODE_RECEIVERS)
+        return KVW_ERR_INVALID;
+    kvw_engine_t *e = rc->req.engine;
+    pthread_mutex_lock(&e->lock);
+    kvw_status_t st = rc->req.rx.set ? kvw__rxset_set_room_receivers_locked(rc->req.rx.set, n)
+                                     : kvw__receiver_set_room_receivers_locked(&rc->req, n);
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
 kvw_status_t kvw_receiver_abort(kvw_receiver_t *rc)
 {
     if (!rc)

@@ -29,6 +29,13 @@ kvw_status_t kvw_sender_create_fanout(kvw_engine_t *e, uint64_t room, uint32_t n
     return kvw__txset_create(e, room, n, (kvw_req_t **)sender_p);
 }
 
+kvw_status_t kvw_sender_create_learn(kvw_engine_t *e, uint64_t room, kvw_sender_t **sender_p)
+{
+    if (!e || !sender_p || e->role != KVW_ROLE_PREFILL)
+        return KVW_ERR_INVALID;
+    return kvw__txset_create(e, room, 0, (kvw_req_t **)sender_p);
+}
+
 kvw_status_t kvw_sender_init(kvw_sender_t *s, size_t num_pages, uint32_t aux_index)
 {
     if (!s)

@@ -288,6 +288,9 @@ typedef struct kvw_req_tx {
      * (lock) by the set's destroy; NULL for a plain sender. */
     struct kvw_txset *set;
     uint32_t set_index;
+    /* (lock, fixed once have_dst) The decode receivers decode's REQUEST
+     * says ask for the room (wire 12); 0: it did not say. */
+    uint32_t room_receivers;
     /* (lock) The set's hook, set and cleared with `set`: r failed, the
      * set fails its other members (kvw__txset_member_failed_locked). */
     void (*member_failed_locked)(kvw_req_t *r);
@@ -335,6 +338,10 @@ typedef struct kvw_req_rx {
     void (*member_failed_locked)(kvw_req_t *r);
     bool heads_set, no_rest;
     kvw_head_range_t heads;
+    /* (lock, fixed once the REQUEST left) How many decode receivers ask
+     * this prefill rank for the room (kvw_receiver_set_room_receivers);
+     * 0: not said. Sent on connections with KVW_WIRE_CAP_FANOUT. */
+    uint32_t room_receivers;
     /* (lock) Landing (path (b), landing.c): land_len bytes of the engine's
      * landing buffer from land_off hold this member's heads until the
      * scatter into the rows; 0: none (its writes land in the rows). Freed
@@ -727,6 +734,11 @@ kvw_status_t kvw__rxset_failure(kvw_rxset_t *set, const char **reason_p);
 kvw_status_t kvw__rxset_abort(kvw_rxset_t *set);
 kvw_status_t kvw__rxset_metrics(kvw_rxset_t *set, kvw_req_metrics_t *m);
 void kvw__rxset_destroy(kvw_rxset_t *set);
+/* (lock) kvw_receiver_set_room_receivers on a set: every member. */
+kvw_status_t kvw__rxset_set_room_receivers_locked(kvw_rxset_t *set, uint32_t n);
+/* (lock) receiver.c: r's REQUEST will say n decode receivers ask for the
+ * room; KVW_ERR_STATE once it is due (init) or r ended. */
+kvw_status_t kvw__receiver_set_room_receivers_locked(kvw_req_t *r, uint32_t n);
 /* (lock) A member failed: abort the others, keep the first reason. */
 void kvw__rxset_member_failed_locked(kvw_req_t *r);
 /* (lock) May r's REQUEST go? Always for a plain receiver; for a member,
@@ -803,7 +815,8 @@ void kvw__sender_adopt_locked(kvw_req_t *r);
  * (its member 0) land here. */
 typedef struct kvw_txset kvw_txset_t;
 /* A set of n >= 2 members for room (kvw_sender_create_fanout): *first_p
- * is member 0, whose handle is the caller's. */
+ * is member 0, whose handle is the caller's. n 0 (kvw_sender_create_learn):
+ * the first decode REQUEST for the room says how many members it has. */
 kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_req_t **first_p);
 kvw_status_t kvw__txset_init(kvw_txset_t *set, size_t num_pages, uint32_t aux_index);
 kvw_status_t kvw__txset_send_part(kvw_txset_t *set, const kvw_part_t *part, void *event);
@@ -821,11 +834,13 @@ void kvw__txset_destroy(kvw_txset_t *set);
 /* (lock) A member failed: fail the others (each tells its decode receiver
  * once its writes drained), keep the first reason. */
 void kvw__txset_member_failed_locked(kvw_req_t *r);
-/* (lock) The member of r's set that decode engine p's REQUEST (token)
- * is for: *r_p the member p claimed already (*resend: the same token), or
- * one nobody claimed; NULL and why when p claimed one with another token,
- * or every member is claimed. */
-kvw_status_t kvw__txset_claim_locked(kvw_txset_t *set, const kvw_peer_t *p, uint32_t token,
+/* (lock) The member of r's set that decode engine p's REQUEST m is for:
+ * *r_p the member p claimed already (*resend: the same token), or one
+ * nobody claimed; NULL and why when p claimed one with another token, or
+ * every member is claimed, or m's decode receiver count disagrees with
+ * the set's (which fails the room). A set still learning its count
+ * learns it from m (members added: the one allocation per room). */
+kvw_status_t kvw__txset_claim_locked(kvw_txset_t *set, const kvw_peer_t *p, const kvw_msg_t *m,
                                      kvw_req_t **r_p, bool *resend, char *why, size_t size);
 /* (lock) The member of r's set that p claimed, else one nobody claimed,
  * else NULL (an ABORT from decode engine p). */

@@ -594,6 +594,16 @@ static void send_request_locked(kvw_engine_t *e, kvw_req_t *r)
     }
     if (r->rx.verify) /* wire 11: prefill sends its digest (engine/verify.h) */
         m.u.request.heads_flags |= KVW_WIRE_REQ_VERIFY;
+    if (r->rx.room_receivers && r->peer->wire_version >= 12 &&
+        r->peer->wire_caps & KVW_WIRE_CAP_FANOUT) {
+        /* Wire 12: how many decode receivers ask for the room, so that
+         * prefill's sender learns it (kvw_sender_create_learn). A peer
+         * without the capability never sees it; its sender serves as many
+         * as its caller said. */
+        m.version = 12;
+        m.u.request.heads_flags |= KVW_WIRE_REQ_RECEIVERS;
+        m.u.request.room_receivers = r->rx.room_receivers;
+    }
     const char *lacks = kvw__wire_request_lacks(&m, r->peer->wire_caps);
     if (lacks) { /* wire 12: the connection uses only what both ends have */
         kvw__req_fail(r, KVW_ERR_UNSUPPORTED,

@@ -459,8 +459,7 @@ static bool request_target_locked(kvw_engine_t *e, kvw_peer_t *p, const kvw_msg_
     if (r && r->tx.set) {
         char why[KVW_WIRE_REASON_MAX];
         bool resend = false;
-        kvw_status_t st = kvw__txset_claim_locked(r->tx.set, p, m->u.request.token, r_p, &resend,
-                                                  why, sizeof(why));
+        kvw_status_t st = kvw__txset_claim_locked(r->tx.set, p, m, r_p, &resend, why, sizeof(why));
         if (st || resend) {
             KVW_WARN("room %llu: %s from peer %u refused%s%s", (unsigned long long)room,
                      resend ? "repeated request" : "request", p->index, st ? ": " : "",

@@ -284,3 +284,11 @@ kvw_status_t kvw__receiver_verify_one(kvw_req_t *r, uint64_t digest)
         kvw__stager_unreserve(r); /* nothing lands in its slots any more */
     return st;
 }
+
+kvw_status_t kvw__receiver_set_room_receivers_locked(kvw_req_t *r, uint32_t n)
+{
+    if (r->rx.request_due || r->rx.request_sent || kvw__req_ended(r))
+        return KVW_ERR_STATE; /* its REQUEST is due or gone */
+    r->rx.room_receivers = n;
+    return KVW_OK;
+}

@@ -62,7 +62,8 @@ kvw_status_t kvw__rxset_create(kvw_engine_t *e, const kvw_receiver_params_t *par
     size_t min = offsetof(kvw_receiver_params_t, ranks) + sizeof(p.ranks);
     if (kvw__sized_read("receiver params", &p, sizeof(p), min, params))
         return KVW_ERR_INVALID;
-    if (!p.num_ranks || p.num_ranks > KVW_MAX_PREFILL_RANKS || !p.ranks)
+    if (!p.num_ranks || p.num_ranks > KVW_MAX_PREFILL_RANKS || !p.ranks ||
+        p.room_receivers > KVW_MAX_DECODE_RECEIVERS)
         return KVW_ERR_INVALID;
     char addrs[KVW_MAX_PREFILL_RANKS][KVW_WIRE_ENDPOINT_MAX];
     for (uint32_t i = 0; i < p.num_ranks; i++) {
@@ -109,11 +110,26 @@ kvw_status_t kvw__rxset_create(kvw_engine_t *e, const kvw_receiver_params_t *par
             set->n = i + 1;
         }
     }
+    if (!st) {
+        pthread_mutex_lock(&e->lock);
+        st = kvw__rxset_set_room_receivers_locked(set, p.room_receivers);
+        pthread_mutex_unlock(&e->lock);
+    }
     if (st) {
         kvw__rxset_destroy(set);
         return st;
     }
     *first_p = set->m[0];
+    return KVW_OK;
+}
+
+kvw_status_t kvw__rxset_set_room_receivers_locked(kvw_rxset_t *set, uint32_t n)
+{
+    for (uint32_t i = 0; i < set->n; i++) {
+        kvw_status_t st = kvw__receiver_set_room_receivers_locked(set->m[i], n);
+        if (st)
+            return st;
+    }
     return KVW_OK;
 }
 

@@ -475,6 +475,7 @@ kvw_status_t kvw__sender_accept_request_locked(kvw_req_t *r, kvw_peer_t *peer, c
         memcpy(r->tx.dst_state_n, m->u.request.state_counts, nl * sizeof(uint32_t));
     r->tx.dst_aux = m->u.request.aux_index;
     r->tx.no_rest = m->u.request.heads_flags & KVW_WIRE_HEADS_NO_REST;
+    r->tx.room_receivers = m->u.request.room_receivers;
     r->token = m->u.request.token;
     kvw__req_attach_locked(r, peer);
     r->tx.have_dst = true;

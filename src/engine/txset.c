@@ -8,7 +8,17 @@
  * to every member. The set is Success once every member is; when one
  * fails, the others are failed at once (each tells its decode receiver once
  * its writes drained), and the set is Failed once every member ended, with
- * the first failure's reason naming its receiver. */
+ * the first failure's reason naming its receiver.
+ *
+ * A set made by kvw_sender_create_learn starts with member 0 alone and
+ * learns how many members it has from the first decode REQUEST for the
+ * room (its room_receivers, wire 12; 1 when it says none): the control
+ * thread adds the members then, under the engine lock, and publishes the
+ * count (`known`, release); the caller's thread reads the members only
+ * once it saw `known` (acquire), so n never changes under it. Until then
+ * the caller's calls that hand work over are refused (KVW_ERR_STATE):
+ * they would reach member 0 alone. Any request whose count disagrees with
+ * the set's fails the room. */
 #include "engine/core.h"
 #include "engine/stager.h"
 
@@ -20,10 +30,37 @@
 
 struct kvw_txset {
     kvw_engine_t *engine;
-    uint32_t n;
+    uint32_t n;          /* (lock until known) */
+    bool learn;          /* n comes from the first decode request */
+    _Atomic bool known;  /* n is final (always, unless learn) */
     kvw_set_fate_t fate; /* (lock) */
     kvw_req_t *m[];      /* member i serves the i-th decode request to claim it */
 };
+
+/* The members the caller's thread may use: every one once the count is
+ * known, else member 0 alone (the only one there is). */
+static uint32_t known_members(kvw_txset_t *set)
+{
+    return atomic_load_explicit(&set->known, memory_order_acquire) ? set->n : 1;
+}
+
+/* (lock) The decode receivers r's request said ask for the room (1 when it
+ * said none), or 0 for a record of no request (decode's ABORT). */
+static uint32_t said_receivers(const kvw_req_t *r)
+{
+    if (!r->tx.have_dst || r->tx.abort_heard)
+        return 0;
+    return r->tx.room_receivers ? r->tx.room_receivers : 1;
+}
+
+/* (lock) Why a request saying `said` receivers disagrees with the set. */
+static void disagree_reason(const kvw_txset_t *set, uint32_t said, char *why, size_t size)
+{
+    snprintf(why, size,
+             "decode receivers disagree on the room: a request says %u decode receivers ask for "
+             "it, the room's sender serves %u (%s)",
+             said, set->n, set->learn ? "the first request's count" : "its caller's count");
+}
 
 /* (lock) A request of the room no sender owns yet (decode asked first). */
 static bool is_orphan(const kvw_req_t *r)
@@ -47,6 +84,15 @@ static kvw_status_t check_room_locked(kvw_engine_t *e, uint64_t room)
     return KVW_OK;
 }
 
+/* (lock) Fail every member still live for why. */
+static void fail_all_locked(kvw_txset_t *set, kvw_status_t st, const char *why)
+{
+    kvw__set_fail_locked(&set->fate, st, "%s", why);
+    for (uint32_t i = 0; i < set->n; i++)
+        if (!kvw__req_ended(set->m[i]))
+            kvw__sender_fail_locked(set->m[i], KVW_ERR_ABORTED, why);
+}
+
 static void set_member_locked(kvw_txset_t *set, uint32_t i, kvw_req_t *r)
 {
     kvw__sender_adopt_locked(r);
@@ -54,6 +100,32 @@ static void set_member_locked(kvw_txset_t *set, uint32_t i, kvw_req_t *r)
     r->tx.member_failed_locked = kvw__txset_member_failed_locked;
     r->tx.set_index = i;
     set->m[i] = r;
+}
+
+/* (lock) A learning set's count from the requests decode engines sent
+ * before it existed: the first one's (1 when it says none), 0 when none
+ * of them is a request (an ABORT's record, or none at all). */
+static uint32_t learn_from_orphans_locked(kvw_engine_t *e, uint64_t room)
+{
+    for (kvw_req_t *r = kvw__req_find_locked(e, KVW_ROLE_PREFILL, room); r;
+         r = kvw__req_find_next_locked(r))
+        if (is_orphan(r) && !r->tx.set && said_receivers(r))
+            return said_receivers(r);
+    return 0;
+}
+
+/* (lock) Fail the room when an adopted request disagrees with the set's
+ * count (a member that said none cannot disagree). */
+static void check_counts_locked(kvw_txset_t *set)
+{
+    for (uint32_t i = 0; i < set->n && !set->fate.failed; i++) {
+        uint32_t said = set->m[i]->tx.room_receivers;
+        if (said_receivers(set->m[i]) && said && said != set->n) {
+            char why[KVW_WIRE_REASON_MAX];
+            disagree_reason(set, said, why, sizeof(why));
+            fail_all_locked(set, KVW_ERR_MISMATCH, why);
+        }
+    }
 }
 
 kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_req_t **first_p)
@@ -64,12 +136,22 @@ kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_r
                   (unsigned long long)room);
         return KVW_ERR_UNSUPPORTED;
     }
-    kvw_txset_t *set = calloc(1, sizeof(*set) + n * sizeof(kvw_req_t *));
+    bool learn = n == 0;
+    kvw_txset_t *set =
+        calloc(1, sizeof(*set) + (learn ? KVW_MAX_DECODE_RECEIVERS : n) * sizeof(kvw_req_t *));
     if (!set)
         return KVW_ERR_NO_MEMORY;
     set->engine = e;
+    set->learn = learn;
     pthread_mutex_lock(&e->lock);
     kvw_status_t st = check_room_locked(e, room);
+    if (learn) { /* known now if a decode engine asked ahead, else member 0 alone */
+        n = st ? 1 : learn_from_orphans_locked(e, room);
+        atomic_store_explicit(&set->known, n != 0, memory_order_relaxed);
+        n = n ? n : 1;
+    } else {
+        atomic_store_explicit(&set->known, true, memory_order_relaxed);
+    }
     /* Requests decode engines sent ahead (or their aborts): the first n are
      * members (a failed one fails the set), the rest refused. */
     for (kvw_req_t *r = st ? NULL : kvw__req_find_locked(e, KVW_ROLE_PREFILL, room); r;
@@ -94,6 +176,8 @@ kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_r
     for (uint32_t i = 0; !st && !set->fate.failed && i < set->n; i++)
         if (atomic_load(&set->m[i]->state) == KVW_POLL_FAILED)
             kvw__txset_member_failed_locked(set->m[i]);
+    if (!st)
+        check_counts_locked(set);
     pthread_mutex_unlock(&e->lock);
     if (st) {
         if (set->n)
@@ -106,12 +190,47 @@ kvw_status_t kvw__txset_create(kvw_engine_t *e, uint64_t room, uint32_t n, kvw_r
     return KVW_OK;
 }
 
-kvw_status_t kvw__txset_claim_locked(kvw_txset_t *set, const kvw_peer_t *p, uint32_t token,
+/* (lock) A learning set's first request says `said` receivers: add the
+ * members it lacks, then publish the count. A set that failed already
+ * (nothing to serve) learns nothing: its one member answers. */
+static kvw_status_t learn_locked(kvw_txset_t *set, uint32_t said, char *why, size_t size)
+{
+    if (set->fate.failed)
+        return KVW_OK;
+    kvw_engine_t *e = set->engine;
+    while (set->n < said) {
+        kvw_req_t *r = kvw__req_new_locked(e, KVW_ROLE_PREFILL, set->m[0]->room);
+        if (!r) {
+            snprintf(why, size, "no memory for the room's decode receiver %u of %u", set->n + 1,
+                     said);
+            fail_all_locked(set, KVW_ERR_NO_MEMORY, why);
+            return KVW_ERR_NO_MEMORY;
+        }
+        set_member_locked(set, set->n, r);
+        set->n++;
+    }
+    atomic_store_explicit(&set->known, true, memory_order_release);
+    KVW_DEBUG("room %llu: the sender serves %u decode receivers (the first request's count)",
+              (unsigned long long)set->m[0]->room, set->n);
+    return KVW_OK;
+}
+
+kvw_status_t kvw__txset_claim_locked(kvw_txset_t *set, const kvw_peer_t *p, const kvw_msg_t *msg,
                                      kvw_req_t **r_p, bool *resend, char *why, size_t size)
 {
     kvw_req_t *free_member = NULL;
+    uint32_t token = msg->u.request.token, said = msg->u.request.room_receivers;
     *r_p = NULL;
     *resend = false;
+    if (!atomic_load_explicit(&set->known, memory_order_relaxed)) {
+        kvw_status_t st = learn_locked(set, said ? said : 1, why, size);
+        if (st)
+            return st;
+    } else if (said && said != set->n && !set->fate.failed) {
+        disagree_reason(set, said, why, size);
+        fail_all_locked(set, KVW_ERR_MISMATCH, why);
+        return KVW_ERR_MISMATCH;
+    }
     for (uint32_t i = 0; i < set->n; i++) {
         kvw_req_t *m = set->m[i];
         if (m->peer == p && m->tx.have_dst) {
@@ -150,15 +269,6 @@ kvw_req_t *kvw__txset_member_of_locked(kvw_txset_t *set, const kvw_peer_t *p)
     return free_member;
 }
 
-/* (lock) Fail every member still live for why. */
-static void fail_all_locked(kvw_txset_t *set, kvw_status_t st, const char *why)
-{
-    kvw__set_fail_locked(&set->fate, st, "%s", why);
-    for (uint32_t i = 0; i < set->n; i++)
-        if (!kvw__req_ended(set->m[i]))
-            kvw__sender_fail_locked(set->m[i], KVW_ERR_ABORTED, why);
-}
-
 void kvw__txset_member_failed_locked(kvw_req_t *r)
 {
     kvw_txset_t *set = r->tx.set;
@@ -176,6 +286,8 @@ void kvw__txset_member_failed_locked(kvw_req_t *r)
  * that failed fails the others, whose calls then return KVW_ERR_STATE). */
 #define EACH_MEMBER(set, call)                                                                     \
     do {                                                                                           \
+        if (!atomic_load_explicit(&(set)->known, memory_order_acquire))                            \
+            return KVW_ERR_STATE; /* a learning set: its count is not known yet */                 \
         kvw_status_t first_ = KVW_OK;                                                              \
         for (uint32_t i_ = 0; i_ < (set)->n; i_++) {                                               \
             kvw_req_t *m = (set)->m[i_];                                                           \
@@ -209,7 +321,11 @@ kvw_status_t kvw__txset_send_state(kvw_txset_t *set, const uint64_t *state, size
 
 kvw_poll_t kvw__txset_poll(kvw_txset_t *set)
 {
-    return kvw__members_poll(set->m, set->n);
+    bool known = atomic_load_explicit(&set->known, memory_order_acquire);
+    kvw_poll_t s = kvw__members_poll(set->m, known ? set->n : 1);
+    /* A learning set is Bootstrapping until it knows its members (its
+     * member 0 may have turned WaitingForInput since `known` was read). */
+    return known || s == KVW_POLL_FAILED ? s : KVW_POLL_BOOTSTRAPPING;
 }
 
 kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p)
@@ -219,7 +335,8 @@ kvw_status_t kvw__txset_failure(kvw_txset_t *set, const char **reason_p)
 
 kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_t *aux_p)
 {
-    for (uint32_t i = 0; i < set->n; i++) { /* members are claimed in order */
+    uint32_t n = known_members(set);
+    for (uint32_t i = 0; i < n; i++) { /* members are claimed in order */
         kvw_status_t st = kvw__sender_requested_one(set->m[i], num_pages_p, aux_p);
         if (st != KVW_ERR_STATE)
             return st;
@@ -230,7 +347,8 @@ kvw_status_t kvw__txset_requested(kvw_txset_t *set, size_t *num_pages_p, uint32_
 kvw_status_t kvw__txset_metrics(kvw_txset_t *set, kvw_req_metrics_t *out)
 {
     kvw_req_metrics_t sum = {0};
-    for (uint32_t i = 0; i < set->n; i++) {
+    uint32_t n = known_members(set);
+    for (uint32_t i = 0; i < n; i++) {
         const kvw_req_t *r = set->m[i];
         uint64_t first = atomic_load(&r->tx.first_post_ns), done = atomic_load(&r->tx.done_ns);
         sum.bytes += atomic_load(&r->bytes_posted);

@@ -907,6 +907,28 @@ static void wait_table(kvw_engine_t *e, size_t n)
     assert_int_equal(pair_table_size(e), n);
 }
 
+/* The fan-out sender run_fanout makes: with the caller's count
+ * (kvw_sender_create_fanout), or learned from decode's requests
+ * (kvw_sender_create_learn; each receiver says the count). */
+static bool learn;
+
+static kvw_status_t create_fanout(uint32_t dtp, kvw_sender_t **s)
+{
+    if (learn)
+        return kvw_sender_create_learn(prefill.engine, 400, s);
+    return kvw_sender_create_fanout(prefill.engine, 400, dtp, s);
+}
+
+/* Wait until s leaves Bootstrapping (a learning sender takes work only
+ * once it knows its receivers). */
+static kvw_poll_t wait_asked(kvw_sender_t *s)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (kvw_sender_poll(s) == KVW_POLL_BOOTSTRAPPING && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    return kvw_sender_poll(s);
+}
+
 /* One prefill rank holding heads [0, heads) of total_heads serves one
  * room to dtp decode engines, each holding its slice (or, MLA, the same
  * one latent head): one fan-out sender, a receiver on each decode engine.
@@ -921,17 +943,23 @@ static void run_fanout(uint32_t dtp, bool early, const uint64_t *src, const uint
     kvw_sender_t *s = NULL;
     kvw_receiver_t *r[MAX_DECODE];
     if (!early)
-        assert_int_equal(kvw_sender_create_fanout(prefill.engine, 400, dtp, &s), KVW_OK);
+        assert_int_equal(create_fanout(dtp, &s), KVW_OK);
+    if (learn && !early) /* nothing asked yet: no work taken */
+        assert_int_equal(kvw_sender_init(s, n, 1), KVW_ERR_STATE);
     for (uint32_t q = 0; q < dtp; q++) {
         assert_int_equal(
             kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, 400, &r[q]), KVW_OK);
+        if (learn)
+            assert_int_equal(kvw_receiver_set_room_receivers(r[q], dtp), KVW_OK);
         assert_int_equal(kvw_receiver_init(r[q], dst, n, 2), KVW_OK);
     }
     if (early) {
         wait_table(prefill.engine, dtp);
-        assert_int_equal(kvw_sender_create_fanout(prefill.engine, 400, dtp, &s), KVW_OK);
+        assert_int_equal(create_fanout(dtp, &s), KVW_OK);
         assert_int_equal(pair_table_size(prefill.engine), dtp); /* adopted, none added */
     }
+    if (learn) /* every decode engine asked: WaitingForInput */
+        assert_int_equal(wait_asked(s), KVW_POLL_WAITING_FOR_INPUT);
     assert_int_equal(kvw_sender_init(s, n, 1), KVW_OK);
     assert_int_equal(kvw_sender_send(s, src, n / 2), KVW_OK); /* chunked */
     assert_int_equal(kvw_sender_send(s, src + n / 2, n - n / 2), KVW_OK);
@@ -982,6 +1010,178 @@ static void test_fanout_mla_replicated(void **state)
     total_heads = 1;
     run_fanout(2, false, fragmented, contiguous, 8);
     run_fanout(2, true, contiguous, fragmented, 8);
+}
+
+/* No count given on prefill (sglang without --disaggregation-decode-tp):
+ * the sender learns from decode's requests how many decode engines read
+ * the room, 2 or 4, MHA (each its heads) and MLA (the latent whole to
+ * each), decode asking before or after the sender exists; every byte
+ * right on every decode engine. */
+static void test_fanout_learned(void **state)
+{
+    (void)state;
+    learn = true;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    run_fanout(2, false, fragmented, contiguous, 8);
+    run_fanout(2, true, contiguous, fragmented, 8);
+    run_fanout(4, false, contiguous, contiguous, 8);
+    total_heads = 1; /* MLA */
+    run_fanout(2, false, fragmented, contiguous, 8);
+    run_fanout(2, true, contiguous, fragmented, 8);
+    learn = false;
+}
+
+/* Two decode engines ask a learning sender for room `room`, saying
+ * `said[q]` receivers (0: say nothing) over a connection offering
+ * `offer[q]`; returns their receivers, inited. */
+static void ask_learning(uint64_t room, const uint32_t said[2], const kvw_wire_offer_t offer[2],
+                         kvw_sender_t **s, kvw_receiver_t *r[2])
+{
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    for (uint32_t q = 0; q < 2; q++) {
+        mem_open(&decode[q], KVW_ROLE_DECODE, q * 4, 4, HEAD_BYTES);
+        decode[q].engine->wire = offer[q]; /* before its first handshake */
+    }
+    assert_int_equal(kvw_sender_create_learn(prefill.engine, room, s), KVW_OK);
+    for (uint32_t q = 0; q < 2; q++) {
+        assert_int_equal(
+            kvw_receiver_create(decode[q].engine, kvw_bootstrap_addr(bs), 0, room, &r[q]), KVW_OK);
+        if (said[q])
+            assert_int_equal(kvw_receiver_set_room_receivers(r[q], said[q]), KVW_OK);
+        assert_int_equal(kvw_receiver_init(r[q], contiguous, 4, 2), KVW_OK);
+        uint64_t end = pair_now_ms() + WAIT_MS; /* decode engine 0's request is the first */
+        size_t np;
+        uint32_t aux;
+        while (q == 0 && kvw_sender_requested(*s, &np, &aux) == KVW_ERR_STATE &&
+               pair_now_ms() < end)
+            pair_sleep_ms(1);
+    }
+}
+
+static void close_learning(kvw_sender_t *s, kvw_receiver_t *r[2])
+{
+    kvw_sender_destroy(s);
+    for (uint32_t q = 0; q < 2; q++) {
+        kvw_receiver_destroy(r[q]);
+        mem_close(&decode[q]);
+    }
+    mem_close(&prefill);
+}
+
+static const kvw_wire_offer_t NEW = {KVW_WIRE_VERSION_MIN, KVW_WIRE_VERSION, KVW_WIRE_CAPS_ALL};
+/* A decode engine as 1.4.x offers (wire 11 alone): its REQUEST cannot say
+ * a count, whatever its caller set. */
+static const kvw_wire_offer_t WIRE11 = {11, 11, KVW_WIRE_CAPS_V11};
+
+/* Requests that say no count (decode engines on wire-11 connections,
+ * whose callers said 2 but whose REQUESTs cannot carry it; or whose
+ * callers said none): the learning sender serves the first decode engine
+ * as a plain sender would, every byte right, and refuses the second
+ * (KVW_ERR_LIMIT). */
+static void test_fanout_learn_unsaid(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    for (int quiet = 0; quiet < 2; quiet++) {
+        const uint32_t said[2] = {quiet ? 0 : 2, quiet ? 0 : 2};
+        const kvw_wire_offer_t offer[2] = {quiet ? NEW : WIRE11, quiet ? NEW : WIRE11};
+        kvw_sender_t *s;
+        kvw_receiver_t *r[2];
+        ask_learning(700 + (uint64_t)quiet, said, offer, &s, r);
+        assert_int_equal(kvw_sender_poll(s), KVW_POLL_WAITING_FOR_INPUT); /* one receiver */
+        assert_int_equal(wait_receiver(r[1]), KVW_POLL_FAILED);
+        const char *why = NULL;
+        assert_int_equal(kvw_receiver_failure(r[1], &why), KVW_ERR_LIMIT);
+        assert_non_null(strstr(why, "serves 1 decode receivers, all claimed"));
+        assert_int_equal(kvw_sender_init(s, 4, 1), KVW_OK);
+        assert_int_equal(kvw_sender_send(s, contiguous, 4), KVW_OK);
+        assert_int_equal(wait_receiver(r[0]), KVW_POLL_SUCCESS);
+        assert_int_equal(wrong_bytes(&decode[0], contiguous, contiguous, 4), 0);
+        assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
+        close_learning(s, r);
+    }
+}
+
+/* Counts that disagree fail the room for every receiver, the reason
+ * naming both: a learning sender told 2 by the first request and 3 by the
+ * second; a sender told 2 by its caller and 3 by a request. Nothing lands
+ * on the decode engine that asked second. */
+static void test_fanout_counts_disagree(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    const uint32_t said[2] = {2, 3};
+    const kvw_wire_offer_t offer[2] = {NEW, NEW};
+    kvw_sender_t *s;
+    kvw_receiver_t *r[2];
+    const char *why = NULL;
+    ask_learning(710, said, offer, &s, r);
+    for (uint32_t q = 0; q < 2; q++) {
+        assert_int_equal(wait_receiver(r[q]), KVW_POLL_FAILED);
+        assert_int_not_equal(kvw_receiver_failure(r[q], &why), KVW_OK);
+    }
+    assert_int_equal(kvw_receiver_failure(r[1], &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "a request says 3 decode receivers ask for it, the room's sender "
+                                "serves 2 (the first request's count)"));
+    assert_int_equal(wait_sender(s), KVW_POLL_FAILED);
+    assert_int_equal(kvw_sender_failure(s, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "says 3 decode receivers"));
+    assert_int_equal(kvw_sender_init(s, 4, 1), KVW_ERR_STATE);
+    uint64_t pl = page_len(&decode[1].heads[0]);
+    for (uint64_t b = 0; b < pl * POOL; b++)
+        assert_int_equal(decode[1].buf[0][b], CANARY);
+    close_learning(s, r);
+    /* The caller's count: a request saying another fails the room. */
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, 4, HEAD_BYTES);
+    assert_int_equal(kvw_sender_create_fanout(prefill.engine, 720, 2, &s), KVW_OK);
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), 0, 720, &r[0]),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_set_room_receivers(r[0], 3), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r[0], contiguous, 4, 2), KVW_OK);
+    assert_int_equal(wait_receiver(r[0]), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r[0], &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "says 3 decode receivers ask for it, the room's sender serves 2 "
+                                "(its caller's count)"));
+    assert_int_equal(wait_sender(s), KVW_POLL_FAILED);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r[0]);
+    mem_close(&decode[0]);
+    mem_close(&prefill);
+}
+
+/* A bad count is refused where it is given: over KVW_MAX_DECODE_RECEIVERS,
+ * after init, on a prefill engine's sender API (the wire's own checks:
+ * test_wire's test_request_receivers). */
+static void test_fanout_count_refused(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, 4, HEAD_BYTES);
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_sender_create_learn(decode[0].engine, 730, &s), KVW_ERR_INVALID);
+    assert_int_equal(kvw_sender_create_learn(NULL, 730, &s), KVW_ERR_INVALID);
+    assert_int_equal(kvw_receiver_set_room_receivers(NULL, 2), KVW_ERR_INVALID);
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), 0, 730, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_set_room_receivers(r, KVW_MAX_DECODE_RECEIVERS + 1),
+                     KVW_ERR_INVALID);
+    assert_int_equal(kvw_receiver_set_room_receivers(r, KVW_MAX_DECODE_RECEIVERS), KVW_OK);
+    assert_int_equal(kvw_receiver_set_room_receivers(r, 1), KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, 2), KVW_OK);
+    assert_int_equal(kvw_receiver_set_room_receivers(r, 2), KVW_ERR_STATE);
+    assert_int_equal(kvw_sender_create_learn(prefill.engine, 730, &s), KVW_OK);
+    assert_int_equal(kvw_sender_create_learn(prefill.engine, 730, &s), KVW_ERR_EXISTS);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+    mem_close(&decode[0]);
+    mem_close(&prefill);
 }
 
 /* 1 -> 2; decode engine 1 goes (its receiver destroyed and the engine
@@ -1150,6 +1350,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_fanout_receiver_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fanout_receiver_aborts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fanout_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_learned, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_learn_unsaid, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_counts_disagree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fanout_count_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

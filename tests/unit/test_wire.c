@@ -174,6 +174,7 @@ static void assert_msg_equal(const kvw_msg_t *a, const kvw_msg_t *b)
         assert_int_equal(a->u.request.num_state_lists, b->u.request.num_state_lists);
         for (uint32_t i = 0; i < a->u.request.num_state_lists; i++)
             assert_int_equal(a->u.request.state_counts[i], b->u.request.state_counts[i]);
+        assert_int_equal(a->u.request.room_receivers, b->u.request.room_receivers);
         break;
     case KVW_MSG_REQUEST_FAILED:
     case KVW_MSG_ABORT:
@@ -1153,6 +1154,9 @@ static void test_encode_refuses(void **state)
      * REQUEST, which dwarfs the largest HELLO. */
     m.u.request.num_pages = KVW_WIRE_MAX_PAGES;
     m.u.request.num_state_lists = KVW_WIRE_MAX_GROUPS;
+    m.version = 12; /* with its decode receiver count */
+    m.u.request.heads_flags = KVW_WIRE_REQ_RECEIVERS;
+    m.u.request.room_receivers = 2;
     assert_int_equal(kvw__wire_size(&m), KVW_WIRE_MAX_MSG);
     /* State lists the encoder refuses: more than the groups, a wrong sum. */
     m = sample_request();
@@ -1301,12 +1305,75 @@ static void test_request_lacks(void **state)
     assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAP_LANDING), "head slicing");
 }
 
+/* Decode reason of a message that must be refused, which must hold want. */
+static void expect_reason(const uint8_t *buf, size_t len, const char *want)
+{
+    expect_reject(buf, len);
+    kvw_msg_t out;
+    char reason[KVW_WIRE_REASON_MAX] = "";
+    assert_int_equal(kvw__wire_decode(buf, len, &out, reason, sizeof(reason)), KVW_ERR_PROTOCOL);
+    if (!strstr(reason, want))
+        fail_msg("reason '%s' lacks '%s'", reason, want);
+}
+
+/* Wire 12: a version-12 REQUEST with KVW_WIRE_REQ_RECEIVERS says how many
+ * decode receivers ask for the room (1..KVW_MAX_DECODE_RECEIVERS), after
+ * its state lists; it round-trips, needs KVW_WIRE_CAP_FANOUT, and a count
+ * of 0 or past the limit, the flag in a version-11 message, or the count
+ * without its flag are refused with a reason, by the encoder and the
+ * decoder alike. */
+static void test_request_receivers(void **state)
+{
+    (void)state;
+    kvw_msg_t m = sample_request();
+    m.version = 12;
+    m.u.request.heads_flags = KVW_WIRE_REQ_RECEIVERS | KVW_WIRE_REQ_VERIFY;
+    for (uint32_t n = 1; n <= KVW_MAX_DECODE_RECEIVERS; n += KVW_MAX_DECODE_RECEIVERS - 1) {
+        m.u.request.room_receivers = n;
+        roundtrip(&m);
+    }
+    kvw_msg_t plain = sample_request();
+    assert_int_equal(kvw__wire_size(&m), kvw__wire_size(&plain) + 4);
+    assert_null(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_ALL));
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_ALL & ~KVW_WIRE_CAP_FANOUT),
+                        "the decode receiver count");
+    assert_string_equal(kvw__wire_request_lacks(&m, KVW_WIRE_CAPS_V11),
+                        "the decode receiver count");
+    /* The encoder refuses what the decoder would. */
+    uint8_t buf[BUF_CAP];
+    size_t len = 0;
+    m.u.request.room_receivers = 0;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    m.u.request.room_receivers = KVW_MAX_DECODE_RECEIVERS + 1;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    m.u.request.room_receivers = 2;
+    m.version = 11;
+    assert_int_equal(kvw__wire_encode(&m, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    plain.u.request.room_receivers = 2; /* without its flag */
+    assert_int_equal(kvw__wire_encode(&plain, buf, sizeof(buf), &len), KVW_ERR_INVALID);
+    /* The decoder: a good message with its count patched. */
+    m.version = 12;
+    len = encode_ok(&m, buf, sizeof(buf));
+    put32(buf + len - 4, 0);
+    expect_reason(buf, len, "REQUEST: 0 decode receivers for the room, not 1..64");
+    put32(buf + len - 4, KVW_MAX_DECODE_RECEIVERS + 1);
+    expect_reason(buf, len, "REQUEST: 65 decode receivers for the room, not 1..64");
+    put32(buf + len - 4, 2);
+    buf[4] = 11; /* the header's version */
+    expect_reason(buf, len, "a decode receiver count in a version-11 message");
+    buf[4] = 12;
+    /* Without its flag, the count is a trailing word the lists do not hold. */
+    put32(buf + KVW_WIRE_HEADER_LEN + 24, KVW_WIRE_REQ_VERIFY); /* the flags word */
+    expect_reason(buf, len, "state lists do not match");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_bs),
         cmocka_unit_test(test_roundtrip_hello),
         cmocka_unit_test(test_roundtrip_request),
+        cmocka_unit_test(test_request_receivers),
         cmocka_unit_test(test_roundtrip_request_failed),
         cmocka_unit_test(test_roundtrip_lane),
         cmocka_unit_test(test_roundtrip_replay),

@@ -33,9 +33,13 @@ decode TP > prefill TP (one prefill rank serves each room to the decode
 ranks of its range, kvw_sender_create_fanout: MLA's latent whole to each,
 MHA/GQA each decode rank's heads gathered; each gets its own aux item, as
 mooncake sends to every decode rank of transfer_infos). Prefill learns how
-many decode ranks read a room from sglang's --disaggregation-decode-tp (and
---disaggregation-decode-dp: DP attention), which sglang sets on prefill
-only; without it prefill serves one, and the others fail with a reason.
+many decode ranks read a room from each room's first kvwire request, which
+carries sglang's required_dst_info_num of the decode rank
+(kvw_receiver_set_room_receivers -> kvw_sender_create_learn, wire 12), as
+mooncake learns it from decode's messages; with sglang's
+--disaggregation-decode-tp (and --disaggregation-decode-dp: DP attention)
+on prefill the count is fixed from the flags, and a request that says
+another fails the room, naming both.
 Decode prefix reuse (decode_prefix_len > 0): decode asks only for the
 pages after its prefix, and prefill, which hands over every page
 (pop_decode_prefix_len() is 0: kvwire's request does not carry the
@@ -379,14 +383,17 @@ class KVWireKVManager(CommonKVManager):
         except Exception:  # pragma: no cover
             pass
         # Prefill: how many decode ranks read each room of this rank (decode
-        # TP > prefill TP: one fan-out sender per room). sglang's transfer
-        # metrics count MLA's replicated copy once per decode rank (mooncake
-        # resolves the factor from its own handshake, which kvwire does not
-        # run); MHA/GQA head slices are disjoint (factor 1).
-        self.decode_receivers = 1
+        # TP > prefill TP: one fan-out sender per room); None: each room's
+        # first request says (no --disaggregation-decode-tp). sglang's
+        # transfer metrics count MLA's replicated copy once per decode rank
+        # (mooncake resolves the factor from its own handshake, which kvwire
+        # does not run; get_transfer_metric takes kvwire's byte count, the
+        # sum over the decode ranks, where it has one); MHA/GQA head slices
+        # are disjoint (factor 1).
+        self.decode_receivers: Optional[int] = 1
         if self.disaggregation_mode == DisaggregationMode.PREFILL:
             self.decode_receivers = self._decode_receivers(server_args)
-        self._kv_replica_factor = self.decode_receivers if is_mla_backend else 1
+        self._kv_replica_factor = (self.decode_receivers or 1) if is_mla_backend else 1
         if self.disaggregation_mode == DisaggregationMode.DECODE:
             self._start_heartbeat_checker_thread()
         logger.info("kvwire %s rank: attn tp %d/%d dp %d/%d pp %d/%d, engine %s on %s",
@@ -396,16 +403,23 @@ class KVWireKVManager(CommonKVManager):
 
     # ------------------------------------------------------------ layout
 
-    def _decode_receivers(self, server_args: Any) -> int:
+    def _decode_receivers(self, server_args: Any) -> Optional[int]:
         """Prefill: the decode ranks that read each room of this rank: the
         decode attention TP size over this rank's, when larger. sglang sets
         --disaggregation-decode-tp (and --disaggregation-decode-dp, taken as
         DP attention: attention TP = TP / DP) on the prefill server only;
-        unset, decode is taken to have prefill's TP (one receiver)."""
+        unset: None, each room's sender learns the count from decode's first
+        request for it (kvw_sender_create_learn; 1 from a decode whose
+        request does not say). Hybrid state across TP sizes is then refused
+        per room: decode refuses it (KVWireKVReceiver._refusal, naming both
+        TP sizes) and asks this rank for nothing, which fails the room here
+        (KVWireKVSender.init)."""
         dtp = int(getattr(server_args, "disaggregation_decode_tp", None) or 0)
         ddp = int(getattr(server_args, "disaggregation_decode_dp", None) or 1)
         if dtp <= 0:
-            return 1
+            if not kvwire.features().get("sender_learn"):
+                return 1  # an older library: one decode rank per room
+            return None
         attn = dtp // ddp if ddp > 1 and dtp % ddp == 0 else dtp
         ptp = int(self.attn_tp_size or 1)
         if attn <= ptp:
@@ -642,12 +656,13 @@ class KVWireKVSender(CommonKVSender):
         # Decode prefix reuse: the request's first pages, which decode already
         # holds (decode_prefix_len) and did not ask for, are not sent.
         self._skip_pages = 0
+        n = getattr(mgr, "decode_receivers", 1)
         try:
-            n = getattr(mgr, "decode_receivers", 1)
             self.sender = mgr.engine.sender(int(bootstrap_room), receivers=n)
         except Error as e:
-            self._fail(f"cannot create the kvwire sender ({mgr.where()}, "
-                       f"{getattr(mgr, 'decode_receivers', 1)} decode receivers): {e}")
+            count = "as many decode receivers as decode's requests say" if n is None else \
+                f"{n} decode receivers"
+            self._fail(f"cannot create the kvwire sender ({mgr.where()}, {count}): {e}")
 
     def _fail(self, reason: str) -> None:
         self.kv_mgr.record_failure(self.bootstrap_room, reason)
@@ -921,6 +936,8 @@ class KVWireKVReceiver(CommonKVReceiver):
                 self._fail(f"kvwire receiver for prefill at {_endpoint(bi)}: {e}")
                 return
             self.recvs.append((r, dummy))
+            if not self._say_room_receivers(r):
+                return
             if dummy:
                 # Asked for nothing: an MLA prefill rank whose copy another
                 # one sends finishes empty; a refused layout fails there.
@@ -934,6 +951,25 @@ class KVWireKVReceiver(CommonKVReceiver):
             # nothing by an MHA/GQA decode rank, fails its side at once.
             self._fail(f"kvwire refuses room {self.bootstrap_room} ({mgr.where()}): {refuse}",
                        abort=False)
+
+    def _say_room_receivers(self, r: kvwire.Receiver) -> bool:
+        """Tell kvwire how many decode ranks ask r's prefill rank for this
+        room (sglang's required_dst_info_num: decode attn TP over prefill
+        attn TP when larger, else 1), which its request carries, so that a
+        prefill started without --disaggregation-decode-tp serves them all
+        (and one started with it checks it). False: failed. A library
+        without the call says nothing (prefill then serves one)."""
+        if not kvwire.features().get("sender_learn"):
+            return True
+        n = int(getattr(self, "required_dst_info_num", None)
+                or getattr(self.prefill_info, "required_dst_info_num", None) or 1)
+        try:
+            r.set_room_receivers(n)
+        except (Error, ValueError) as e:
+            self._fail(f"kvwire receiver for room {self.bootstrap_room}: {n} decode ranks per "
+                       f"prefill rank: {e}")
+            return False
+        return True
 
     def _pp_refusal(self, ppp: int, ptp: int) -> Optional[str]:
         """Prefill PP size ppp != decode's: why it cannot be served (None:
@@ -1087,18 +1123,19 @@ class KVWireKVReceiver(CommonKVReceiver):
 
     def _claimed_hint(self, err: Optional[Error]) -> str:
         """Decode TP > prefill TP and the room already claimed by another
-        decode rank: prefill serves one decode rank per room, since it was
-        not told decode's TP (kvwire's request does not carry decode's rank
-        count, which mooncake learns from each room's message)."""
+        decode rank: prefill serves one decode rank per room, since it
+        neither was told decode's TP nor learned it from kvwire's request
+        (a prefill or decode with kvwire before 1.5, whose request carries
+        no rank count)."""
         info = getattr(self, "prefill_info", None)
         if (err is None or err.status not in (kvwire.Status.ERR_EXISTS, kvwire.Status.ERR_LIMIT)
                 or info is None or info.attn_tp_size >= self.kv_mgr.attn_tp_size):
             return ""
         return (f" (decode attn TP size {self.kv_mgr.attn_tp_size} > prefill attn TP size "
                 f"{info.attn_tp_size}: start prefill with --disaggregation-decode-tp "
-                "(and --disaggregation-decode-dp), so that each prefill rank serves every "
-                "decode rank of its range; kvwire's request does not carry decode's rank "
-                "count)")
+                "(and --disaggregation-decode-dp) naming decode's sizes, so that each prefill "
+                "rank serves every decode rank of its range, or without it and kvwire 1.5 or "
+                "later on both sides, whose request carries decode's rank count)")
 
     def _verify_landed(self, r: kvwire.Receiver, dummy: bool) -> None:
         """Verified, with the caller's digests: once r landed, the digest of

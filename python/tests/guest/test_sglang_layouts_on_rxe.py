@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The layouts of ../sglang_fake_nic_layouts.py (decode prefix reuse,
 prefill PP 2 -> decode PP 1 and PP 2, the refused PP gather across TP sizes,
-decode TP > prefill TP without --disaggregation-decode-tp) on the test
+decode TP > prefill TP without --disaggregation-decode-tp, MLA and MHA, served) on the test
 bed's real rxe devices (prefill on KVW_TB_DEV0/IP0, decode on
 KVW_TB_DEV1/IP1) with the real libkvwire, checked as on the fake NIC
 (test_sglang_fake_nic.py's check_* functions)."""
