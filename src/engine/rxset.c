@@ -198,13 +198,14 @@ bool kvw__rxset_ready_locked(kvw_req_t *r)
     }
     kvw_head_range_t out[KVW_MAX_PREFILL_RANKS];
     char why[KVW_WIRE_REASON_MAX];
-    if (!heads_uniform(&e->layout)) /* heads to learn that no prefill rank described */
+    bool known = heads_uniform(&e->layout); /* else heads to learn no prefill rank gave */
+    if (!known)
         snprintf(why, sizeof(why),
                  "decode's KV heads are not known: they are learned from a prefill rank "
                  "describing its heads, and none of these %u did (or not the same in every "
                  "KV group)",
                  set->n);
-    if (!heads_uniform(&e->layout) ||
+    if (!known ||
         kvw__heads_assign(slot_heads(&e->layout, 0), src, set->n, out, why, sizeof(why))) {
         for (uint32_t i = 0; i < set->n; i++)
             if (!kvw__req_ended(set->m[i]))

@@ -86,7 +86,7 @@ int kvw__heads_learn(const kvw_heads_t *prefill, uint32_t page_tokens, uint32_t 
     uint64_t n = item_len / head_page;
     uint32_t first;
     if (total >= tp_size) {
-        if (n * tp_size != total) {
+        if (n > total || n * tp_size != total) { /* n > total first: no overflow */
             snprintf(why, why_size,
                      "decode's item length %llu: %llu heads (of %u B x %u tokens) x %u ranks "
                      "is not the model's %u",

@@ -1287,7 +1287,8 @@ static void wait_hello_sent(const mem_t *m, uint32_t rank)
  * that are not the model's over decode's TP (nothing learned, nothing
  * written); a second prefill rank whose heads give decode other heads
  * than the first taught (refused by decode, the heads learned kept, the
- * first rank still serving). */
+ * first rank still serving); a prefill rank describing none (nothing
+ * learned: whole pages, and no receiver over ranks). */
 static void test_learn_refusals(void **state)
 {
     (void)state;
@@ -1355,6 +1356,25 @@ static void test_learn_refusals(void **state)
     for (uint32_t g = 0; g < 2 * LAYERS; g++)
         memset(decode[0].buf[g], CANARY, decode[0].regions[g].len);
     xfer_one(&prefills[0], 0, 712);
+    mem_close(&decode[0]);
+    mem_close(&prefills[0]);
+    mem_close(&prefills[1]);
+
+    /* A prefill rank describing no heads teaches nothing: a plain receiver
+     * pairs as undescribed (whole pages of equal length), and a receiver
+     * over ranks cannot assign heads decode does not know. */
+    total_heads = 0;
+    engine_rank = 0;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    xfer_one(&prefill, 0, 720);
+    assert_int_equal(engine_heads(&decode[0]).total, 0);
+    r = create_set(&decode[0], 1, 721);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "decode's KV heads are not known"));
+    kvw_receiver_destroy(r);
 }
 
 int main(int argc, char **argv)
