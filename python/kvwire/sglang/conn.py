@@ -29,8 +29,8 @@ mooncake's dummy ranks do), MHA/GQA with prefill TP > decode TP (head
 slicing: each prefill engine describes its heads from sglang's KV args,
 each decode engine, whose KV args carry no head count, learns its own from
 prefill's handshake (its page and attention TP place; no model config is
-read), and one kvwire receiver over the prefill ranks of sglang's target range asks each
-for the heads it sends; GQA replicas owe nothing), MLA and MHA/GQA with
+read), and one kvwire receiver over the prefill ranks of sglang's target
+range asks each for the heads it sends; GQA replicas owe nothing), MLA and MHA/GQA with
 decode TP > prefill TP (one prefill rank serves each room to the decode
 ranks of its range, kvw_sender_create_fanout: MLA's latent whole to each,
 MHA/GQA each decode rank's heads gathered; each gets its own aux item, as
@@ -193,9 +193,8 @@ def _heads(args: KVArgs, nkv: int, attn_tp: Tuple[int, int]) -> Optional[kvwire.
     staging): its group then learns its heads from prefill's handshake
     (GroupHeads.learned: only the page; the engine gets the attention TP
     place), as mooncake's prefill derives decode's from decode's item
-    length; no model config is read. None
-    when the args do not say (the engine then moves whole regions, and
-    different TP sizes are refused)."""
+    length; no model config is read. None when the args do not say (the
+    engine then moves whole regions, and different TP sizes are refused)."""
     page = int(getattr(args, "page_size", 0) or 0)
     lens = list(args.kv_item_lens or [])
     if page <= 0 or not lens or nkv == 0 or any(x != lens[0] for x in lens):
