@@ -52,7 +52,7 @@ typedef struct kvw_wire_offer {
 } kvw_wire_offer_t;
 /* How a wire-11 HELLO carries an offer: as its reason string, which 1.4.0
  * reads and ignores in a HELLO that is not a refusal ("kvwire-offer 11..12
- * caps 0x0000000f"). */
+ * caps 0x0000001f"). */
 #define KVW_WIRE_OFFER_TEXT "kvwire-offer "
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
