@@ -524,7 +524,24 @@ typedef struct kvw_group {
  * a receiver over several prefill ranks (kvw_receiver_create_ranks: decode
  * TP < prefill TP); a request for heads the rank does not hold fails with
  * the ranges in its reason. Not yet: staged GPU memory
- * (KVW_GPU_PATH=staging) on a sliced connection. */
+ * (KVW_GPU_PATH=staging) on a sliced connection.
+ *
+ * Since 1.5 a decode engine may leave its heads to prefill ("learning"):
+ * an entry {total_heads 0, first_head 0, num_heads 0, head_bytes 0,
+ * page_tokens P, page_order} with the engine params' attn_tp_size set
+ * (its attn_tp_rank r of attn_tp_size t: the ranks splitting the model's
+ * heads). The first handshake with a prefill rank describing the group
+ * gives it prefill's head_bytes and total_heads; num_heads = item_len /
+ * (P * head_bytes), exactly, the same for every region of the group;
+ * first_head = r * num_heads when total_heads >= t (num_heads * t must be
+ * total_heads), else (replicated heads) num_heads 1 and first_head = r *
+ * total_heads / t, t a multiple of total_heads. Anything else refuses that
+ * handshake with the numbers in its reason; later handshakes (other
+ * prefill ranks) must give the same heads or are refused. Until learned
+ * the group pairs as undescribed (with a prefill rank that describes
+ * none). Learning needs a 1.5 prefill (a 1.4.x prefill describing its
+ * heads refuses it). An entry with total_heads 0 is "not described", as
+ * before, whenever attn_tp_size is 0 (a caller built against 1.4). */
 typedef enum { KVW_PAGE_NHD = 0, KVW_PAGE_HND = 1 } kvw_page_order_t;
 
 typedef struct kvw_group_heads {
@@ -587,6 +604,13 @@ typedef struct kvw_engine_params {
     size_t num_kv_regions;
     size_t num_group_heads;
     const size_t *group_num_regions;
+    /* Since 1.5, decode only: this engine's rank among the attn_tp_size
+     * ranks that split the model's KV heads (attention tensor parallelism),
+     * for KV groups that learn their heads from prefill (the learning entry
+     * of kvw_group_heads_t). 0, 0: none learns. Set, some KV group must
+     * learn and attn_tp_rank < attn_tp_size, else KVW_ERR_INVALID. */
+    uint32_t attn_tp_rank;
+    uint32_t attn_tp_size;
 } kvw_engine_params_t;
 
 /* Zero every field and set struct_size (inline: the caller's sizeof). */

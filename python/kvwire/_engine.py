@@ -31,6 +31,8 @@ _U64_MAX = (1 << 64) - 1
 # older library refuses a struct whose bytes past its own end are set, so
 # they are left 0 ("implied") there, and the checks below stand alone.
 _HAS_COUNTS = int(_c.kvw_version()) >= 10400
+# attn_tp_rank / attn_tp_size (heads learned from prefill) came with 1.5.
+_HAS_LEARNING = int(_c.kvw_version()) >= 10500
 
 
 def _uint(value: Any, hi: int, what: str) -> int:
@@ -212,6 +214,15 @@ class GroupHeads(NamedTuple):
     page_tokens: int
     page_order: Union[int, str] = 0
 
+    @classmethod
+    def learned(cls, page_tokens: int, page_order: Union[int, str] = 0) -> "GroupHeads":
+        """A decode KV group that learns its heads from prefill's handshake
+        (docs/head-slicing.md): only its page is given; the engine needs
+        attn_tp_rank and attn_tp_size (kvwire.Engine), and head_bytes,
+        total_heads, first_head and num_heads come from the first prefill
+        rank that describes its heads and the group's item length."""
+        return cls(0, 0, 0, 0, page_tokens, page_order)
+
 
 _PAGE_ORDERS = {"NHD": 0, "HND": 1, 0: 0, 1: 1}
 
@@ -391,6 +402,10 @@ class Engine(_Handle):
       groups: a list of Group (needs a library with buffer groups).
     group_heads: head slicing (docs/head-slicing.md), one GroupHeads or None
     per group (one for kv=, its K/V group); only KV groups describe heads.
+    A decode engine may leave its heads to prefill: GroupHeads.learned(
+    page_tokens, order) entries, with attn_tp_rank of attn_tp_size (its
+    place among the ranks splitting the model's heads; needs libkvwire
+    1.5).
     The memory stays the caller's and must outlive close().
 
     A shape the library would misread is refused before it is called:
@@ -409,7 +424,8 @@ class Engine(_Handle):
                  aux: Sequence[RegionLike] = (), groups: Optional[Sequence[Group]] = None,
                  device: Optional[str] = None, engine_rank: int = 0,
                  bootstrap_addr: Optional[str] = None, config: Optional[Config] = None,
-                 group_heads: Optional[Sequence[Optional[GroupHeads]]] = None):
+                 group_heads: Optional[Sequence[Optional[GroupHeads]]] = None,
+                 attn_tp_rank: int = 0, attn_tp_size: int = 0):
         self._keep: List[Any] = []
         self._lock = threading.RLock()
         self._children: Dict[int, _Cell] = {}
@@ -430,6 +446,13 @@ class Engine(_Handle):
             harr, nh = _group_heads(group_heads, p.num_groups or 1, self._keep)
             p.group_heads = ctypes.cast(harr, ctypes.POINTER(_lib.kvw_group_heads_t))
             p.num_group_heads = nh if _HAS_COUNTS else 0
+        if attn_tp_rank or attn_tp_size:
+            if not _HAS_LEARNING:
+                raise Error(Status.ERR_UNSUPPORTED,
+                            f"kvwire.Engine(attn_tp_size=...) needs libkvwire 1.5 or newer "
+                            f"(heads learned from prefill); {_L.path} is older")
+            p.attn_tp_rank = _uint(attn_tp_rank, _U32_MAX, "kvwire.Engine: attn_tp_rank")
+            p.attn_tp_size = _uint(attn_tp_size, _U32_MAX, "kvwire.Engine: attn_tp_size")
         cfgp = _cfg_ptr(config)
         p.config = cfgp
         h = ctypes.c_void_p()

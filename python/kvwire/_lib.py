@@ -134,6 +134,10 @@ class kvw_engine_params_t(Structure):
         ("num_kv_regions", c_size_t),
         ("num_group_heads", c_size_t),
         ("group_num_regions", POINTER(c_size_t)),
+        # 1.5: decode's attention TP place, for KV groups that learn their
+        # heads from prefill (GroupHeads.learned); 0, 0: none learns.
+        ("attn_tp_rank", c_uint32),
+        ("attn_tp_size", c_uint32),
     ]
 
 

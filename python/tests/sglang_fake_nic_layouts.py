@@ -9,7 +9,7 @@ JSON line.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
         python3 sglang_fake_nic_layouts.py \
-            prefix|pp21|pp22|pp21_tp_mismatch|mla12_noflag|mha12_noflag
+            prefix|pp21|pp22|pp21_tp_mismatch|mla12_noflag|mha12_noflag|tp21|tp12
 
 Real: sglang's CommonKVManager / Sender / Receiver / BootstrapServer from
 the pinned snapshot under kvwire's classes (get_kv_class), its rank
@@ -42,7 +42,14 @@ Scenarios:
           serves the latent whole to both, each its own metadata;
   mha12_noflag  the same for MHA: prefill TP 1 holds the model's 4 KV
           heads, each decode rank of TP 2 gets its 2 (gathered from
-          prefill's pages).
+          prefill's pages);
+  tp21    MHA (4 KV heads of 128 B), prefill attn TP 2 -> decode attn TP 1;
+  tp12    MHA, prefill attn TP 1 -> decode attn TP 2 (prefill told decode's
+          TP, --disaggregation-decode-tp 2): decode's KV args carry no head
+          count, as sglang's: each decode rank learns its heads from
+          prefill's handshake, and the model's config is never loaded
+          (sglang_stubs' ModelConfig counts and refuses a load); every head
+          of every page checked against the prefill rank holding it.
 """
 import json
 import os
@@ -101,12 +108,13 @@ class Rank:
     """One rank's KV pool (K layers then V layers over `layers`) and aux."""
 
     def __init__(self, mode, layers, fill, pp_size=1, pp_rank=0, attn_tp=1, port=0,
-                 tp_rank=0, mla=False, heads=HEADS, item=ITEM):
+                 tp_rank=0, mla=False, heads=HEADS, item=None, decode_tp=None):
         self.layers = list(layers)
-        self.item = item  # bytes of a page (a token) of one layer: heads x head bytes
-        rng = np.random.default_rng(100 + pp_rank)
-        mk = (lambda: rng.integers(1, 256, POOL * item, dtype=np.uint8)) if fill else (
-            lambda: np.zeros(POOL * item, dtype=np.uint8))
+        # bytes of a page (a token) of one layer: heads of HEAD_B bytes unless given
+        self.item = item or ITEM // HEADS * heads
+        rng = np.random.default_rng(100 + pp_rank + 10 * tp_rank)
+        mk = (lambda: rng.integers(1, 256, POOL * self.item, dtype=np.uint8)) if fill else (
+            lambda: np.zeros(POOL * self.item, dtype=np.uint8))
         self.k = [mk() for _ in self.layers]
         self.v = [mk() for _ in self.layers]
         self.aux = [np.zeros(AUX_SLOTS, dtype=np.int64)]
@@ -116,8 +124,8 @@ class Rank:
         a.pp_rank, a.prefill_start_layer = pp_rank, self.layers[0]
         a.engine_rank = tp_rank
         a.kv_data_ptrs, a.kv_data_lens = [x.ctypes.data for x in kv], [x.nbytes for x in kv]
-        a.kv_item_lens = [item] * len(kv)
-        if mode == P and not mla:
+        a.kv_item_lens = [self.item] * len(kv)
+        if mode == P and not mla:  # decode's KV args carry no head count (sglang's)
             a.kv_head_num, a.total_kv_head_num = heads, heads * attn_tp
         a.aux_data_ptrs = [x.ctypes.data for x in self.aux]
         a.aux_data_lens = [x.nbytes for x in self.aux]
@@ -127,12 +135,9 @@ class Rank:
         # each side's address on the RDMA network (read at manager creation)
         os.environ["KVWIRE_LOCAL_IP"] = IP_P if mode == P else IP_D
         set_rank(attn_tp_size=attn_tp, attn_tp_rank=tp_rank)
-        from sglang.srt.configs import model_config
-
-        model_config.set_model(heads * attn_tp)
         sa = ServerArgs(host=IP_P, port=30000, disaggregation_bootstrap_port=port,
                         disaggregation_transfer_backend="kvwire", tp_size=attn_tp, dp_size=1,
-                        pp_size=pp_size)
+                        pp_size=pp_size, disaggregation_decode_tp=decode_tp)
         self.mgr = Manager(a, mode, sa, mla)
 
     def page(self, kind, layer, pg):
@@ -160,7 +165,7 @@ def run_fanout_noflag(out, port, addr, mla):
     (MLA: the latent whole to each; MHA: each decode rank its 2 of the 4
     heads), each its own metadata. Every byte checked on both."""
     npages = 2
-    pre = Rank(P, range(LAYERS), True, port=port, mla=mla, heads=2 * HEADS)
+    pre = Rank(P, range(LAYERS), True, port=port, mla=mla, heads=2 * HEADS, item=ITEM)
     dec = [Rank(D, range(LAYERS), False, attn_tp=2, tp_rank=t, mla=mla,
                 item=ITEM if mla else ITEM // 2) for t in range(2)]
     try:
@@ -217,9 +222,86 @@ def run_fanout_noflag(out, port, addr, mla):
             r.mgr.close()
 
 
+def run_tp(out, port, addr, ptp, dtp):
+    """MHA, 4 KV heads, prefill attn TP ptp -> decode attn TP dtp: decode
+    learns its heads (its KV args carry none), never loading the model
+    config; every head of every page against the prefill rank holding it."""
+    from sglang.srt.configs import model_config
+
+    total, head_b, npages = 4, ITEM // HEADS, 6
+    pre = [Rank(P, range(LAYERS), True, attn_tp=ptp, tp_rank=t, port=port, heads=total // ptp,
+                decode_tp=dtp if dtp > ptp else None) for t in range(ptp)]
+    dec = [Rank(D, range(LAYERS), False, attn_tp=dtp, tp_rank=t, heads=total // dtp)
+           for t in range(dtp)]
+    try:
+        for t, r in enumerate(pre):
+            r.aux[0][2] = 1000 + t
+        senders = [Sender(mgr=r.mgr, bootstrap_addr=addr, bootstrap_room=ROOM, dest_tp_ranks=[0],
+                          pp_rank=0) for r in pre]
+        recvs = [Receiver(mgr=r.mgr, bootstrap_addr=addr, bootstrap_room=ROOM) for r in dec]
+        for r in dec:
+            wait(lambda: r.mgr.try_ensure_parallel_info(addr), 20, "parallel info")
+        for r in recvs:
+            r.init(0)
+        for r in recvs:
+            wait(lambda: r.poll() == KVPoll.WaitingForInput, 20, "decode WaitingForInput")
+        dst_pages = np.array([9, 3, 14, 5, 7, 1], dtype=np.int64)
+        src_pages = np.array([2, 4, 6, 8, 10, 12], dtype=np.int64)
+        for r in recvs:
+            r.send_metadata(dst_pages, 1, None)
+        for s in senders:
+            wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput")
+            s.init(npages, 2)
+        for s in senders:
+            s.send(src_pages[:3])
+            s.send(src_pages[3:])
+        end = time.monotonic() + 20
+        polls = [int(r.poll()) for r in recvs]
+        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
+            if time.monotonic() > end:
+                break
+            time.sleep(0.002)
+            polls = [int(r.poll()) for r in recvs]
+        out["decode_polls"] = polls
+        wait(lambda: all(s.poll() in (KVPoll.Success, KVPoll.Failed) for s in senders), 20,
+             "prefill ended")
+        out["prefill_end"] = [int(s.poll()) for s in senders]
+        for i, p in enumerate(polls):
+            if p == KVPoll.Failed:
+                try:
+                    recvs[i].failure_exception()
+                except Exception as e:
+                    out.setdefault("reasons", []).append(str(e))
+        bad, checked = 0, 0
+        for t, d in enumerate(dec):
+            hd, hp = total // dtp, total // ptp
+            for layer in d.layers:
+                for kind in ("k", "v"):
+                    for j in range(npages):
+                        got = d.page(kind, layer, int(dst_pages[j]))
+                        for h in range(t * hd, (t + 1) * hd):  # the model's head h
+                            k = h // hp  # the prefill rank holding it
+                            want = pre[k].page(kind, layer, int(src_pages[j]))
+                            o = (h - k * hp) * head_b
+                            g = got[(h - t * hd) * head_b:(h - t * hd + 1) * head_b]
+                            bad += int((g != want[o:o + head_b]).sum())
+                            checked += g.size
+        out["bytes_checked"], out["bytes_wrong"] = checked, bad
+        out["decode_aux"] = [int(d.aux[0][1]) for d in dec]
+        out["decode_heads"] = [list(d.mgr.heads) for d in dec]
+        out["model_config_loads"] = model_config.from_server_args_calls
+        for x in recvs + senders:
+            x.clear()
+    finally:
+        for r in pre + dec:
+            r.mgr.close()
+
+
 def run(out, port, addr):
     if SCENARIO in ("mla12_noflag", "mha12_noflag"):
         return run_fanout_noflag(out, port, addr, SCENARIO == "mla12_noflag")
+    if SCENARIO in ("tp21", "tp12"):
+        return run_tp(out, port, addr, int(SCENARIO[2]), int(SCENARIO[3]))
     prefix_pages = 2 if SCENARIO == "prefix" else 0
     npages = 6
     pp_p = 1 if SCENARIO == "prefix" else 2

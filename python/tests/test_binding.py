@@ -309,6 +309,47 @@ def test_group_heads_reach_engine_params(monkeypatch):
                       group_heads=[kvwire.GroupHeads(4, 0, 2, 128, 8, "XYZ"), None])
 
 
+def test_learned_heads_reach_engine_params(monkeypatch):
+    """GroupHeads.learned(page_tokens, order) is the learning entry (only the
+    page), and Engine(attn_tp_rank=, attn_tp_size=) fills the params' TP
+    place; left out, both are 0 (no group learns)."""
+    seen = {}
+
+    def create(pp, hp):
+        p = pp._obj
+        seen["heads"] = tuple(getattr(p.group_heads[0], f) for f, _ in
+                              kvwire._lib.kvw_group_heads_t._fields_)
+        seen["tp"] = (p.attn_tp_rank, p.attn_tp_size)
+        return int(kvwire.Status.ERR_NO_DEVICE)
+
+    monkeypatch.setattr(kvwire._c, "kvw_engine_create", create)
+    assert kvwire.GroupHeads.learned(16) == kvwire.GroupHeads(0, 0, 0, 0, 16, 0)
+    mem = [bytearray(4 * 2 * 8 * 128) for _ in range(4)]
+    kv = [kvwire.Region.of(m, 2 * 8 * 128) for m in mem]
+    with pytest.raises(kvwire.Error):
+        kvwire.Engine("decode", "127.0.0.1", kv=kv, attn_tp_rank=1, attn_tp_size=2,
+                      group_heads=[kvwire.GroupHeads.learned(8, "HND")])
+    assert seen == {"heads": (0, 0, 0, 0, 8, 1), "tp": (1, 2)}
+    with pytest.raises(kvwire.Error):
+        kvwire.Engine("decode", "127.0.0.1", kv=kv, group_heads=[(4, 0, 2, 128, 8)])
+    assert seen["tp"] == (0, 0)
+    with pytest.raises(OverflowError):
+        kvwire.Engine("decode", "127.0.0.1", kv=kv, attn_tp_rank=-1, attn_tp_size=2,
+                      group_heads=[kvwire.GroupHeads.learned(8)])
+
+
+def test_learned_heads_refused_by_the_library():
+    """The real library refuses a TP place without a learning group, and a
+    rank outside the size, before opening any device."""
+    mem = [bytearray(4 * 2 * 8 * 128) for _ in range(4)]
+    kv = [kvwire.Region.of(m, 2 * 8 * 128) for m in mem]
+    for rank, size, heads in ((0, 2, None), (2, 2, [kvwire.GroupHeads.learned(8)])):
+        with pytest.raises(kvwire.Error) as ei:
+            kvwire.Engine("decode", "127.0.0.1", kv=kv, attn_tp_rank=rank, attn_tp_size=size,
+                          group_heads=heads)
+        assert ei.value.status == kvwire.Status.ERR_INVALID
+
+
 @pytest.fixture
 def fake_engine():
     """An Engine whose calls reach the (monkeypatched) C functions: its

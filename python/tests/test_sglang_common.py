@@ -203,40 +203,37 @@ def test_state_indices_map_to_their_own_lists(sg):
 
 def test_heads_described_from_sglangs_kv_args(sg):
     """Head slicing's description of a rank's KV heads: prefill's from
-    kv_head_num / total_kv_head_num, decode's (no head count in its KV args)
-    from the model's over the attention TP size; GQA replication; none
-    (different TP sizes then refused) where the args cannot say."""
-    from sglang.srt.configs.model_config import set_model
-    from sglang.srt.runtime_context import set_rank
+    kv_head_num / total_kv_head_num, GQA replication; decode's (no head
+    count in its KV args) learned from prefill's handshake: only its page,
+    never the model's config; none (different TP sizes then refused) where
+    the args cannot say."""
+    from sglang.srt.configs import model_config
     from kvwire.sglang import conn
 
     GH = conn.kvwire.GroupHeads
     item = 4 * 2 * 128  # 4-token pages, 2 heads of 128 bytes
-    try:
-        set_rank(attn_tp_size=2, attn_tp_rank=1)
-        a = _args(kv_item_lens=[item] * 4, page_size=4, kv_head_num=2, total_kv_head_num=4)
-        assert conn._heads(a, 4, None) == GH(4, 2, 2, 128, 4, "NHD")
-        set_model(4)  # decode: the model's 4 heads over attn TP 2
-        assert conn._heads(_args(kv_item_lens=[item] * 4, page_size=4), 4, None) == \
-            GH(4, 2, 2, 128, 4, "NHD")
-        set_rank(attn_tp_size=1, attn_tp_rank=0)  # decode TP 1: all 4 heads
-        assert conn._heads(_args(kv_item_lens=[4 * 4 * 128] * 4, page_size=4), 4, None) == \
-            GH(4, 0, 4, 128, 4, "NHD")
-        set_rank(attn_tp_size=8, attn_tp_rank=5)  # GQA: 2 heads over 8 ranks
-        set_model(2)
-        assert conn._heads(_args(kv_item_lens=[4 * 128] * 4, page_size=4), 4, None) == \
-            GH(2, 1, 1, 128, 4, "NHD")
-        set_model(None)  # no model config: not described
-        assert conn._heads(_args(kv_item_lens=[item] * 4, page_size=4), 4, None) is None
-        set_rank(attn_tp_size=2, attn_tp_rank=0)
-        # a draft model's regions (other item lengths) or a size that does not divide
-        assert conn._heads(_args(kv_item_lens=[item, item, 256, 256], page_size=4,
-                                 kv_head_num=2), 4, None) is None
-        assert conn._heads(_args(kv_item_lens=[100] * 4, page_size=4, kv_head_num=2), 4,
-                           None) is None
-    finally:
-        set_rank()
-        set_model(None)
+    calls = model_config.from_server_args_calls
+    a = _args(kv_item_lens=[item] * 4, page_size=4, kv_head_num=2, total_kv_head_num=4)
+    assert conn._heads(a, 4, (2, 1)) == GH(4, 2, 2, 128, 4, "NHD")
+    assert conn._heads(_args(kv_item_lens=[item] * 4, page_size=4, kv_head_num=2), 4,
+                       (2, 1)) == GH(4, 2, 2, 128, 4, "NHD")  # total: heads x TP
+    # decode: learned, whatever its TP place (the engine gets it)
+    learned = GH.learned(4, "NHD")
+    assert learned == GH(0, 0, 0, 0, 4, "NHD")
+    for tp in ((2, 1), (1, 0), (8, 5)):
+        assert conn._heads(_args(kv_item_lens=[item] * 4, page_size=4), 4, tp) == learned
+    # GQA: 2 heads over 8 ranks, prefill rank 5 holds head 1
+    assert conn._heads(_args(kv_item_lens=[4 * 128] * 4, page_size=4, kv_head_num=1,
+                             total_kv_head_num=2), 4, (8, 5)) == GH(2, 1, 1, 128, 4, "NHD")
+    # a draft model's regions (other item lengths) or a size that does not divide
+    assert conn._heads(_args(kv_item_lens=[item, item, 256, 256], page_size=4,
+                             kv_head_num=2), 4, (2, 0)) is None
+    assert conn._heads(_args(kv_item_lens=[item, item, 256, 256], page_size=4), 4,
+                       (2, 0)) is None
+    assert conn._heads(_args(kv_item_lens=[100] * 4, page_size=4, kv_head_num=2), 4,
+                       (2, 0)) is None
+    assert conn._heads(_args(kv_item_lens=[102] * 4, page_size=4), 4, (2, 0)) is None
+    assert model_config.from_server_args_calls == calls  # no model config read
 
 
 def test_tp_refusals_name_both_sizes(sg, monkeypatch):

@@ -164,9 +164,35 @@ def check_noflag(r):
     assert r["decode_aux"] == [1000, 1000], r
 
 
+def check_learned_heads(r, decode_ranks, prefill_ranks):
+    """MHA across attention TP sizes with decode's KV args carrying no head
+    count (as sglang's): each decode rank described only its page and
+    learned its heads from prefill's handshake; the model's config was
+    never loaded; every head of every page equals the prefill rank's that
+    holds it; the metadata from the rank sending it."""
+    assert r["model_config_loads"] == 0, r
+    assert r["decode_heads"] == [[0, 0, 0, 0, 1, "NHD"]] * decode_ranks, r
+    assert r["decode_polls"] == [SUCCESS] * decode_ranks, r
+    assert r["prefill_end"] == [SUCCESS] * prefill_ranks, r
+    assert r["bytes_checked"] == 4 * 2 * 6 * 4 * 128 and r["bytes_wrong"] == 0, r
+    assert r["decode_aux"] == [1000] * decode_ranks, r
+
+
+def check_tp21(r):
+    """Prefill attn TP 2 -> decode attn TP 1: decode learns all 4 heads and
+    takes [0, 2) from prefill rank 0, [2, 4) from rank 1."""
+    check_learned_heads(r, 1, 2)
+
+
+def check_tp12(r):
+    """Prefill attn TP 1 -> decode attn TP 2 (--disaggregation-decode-tp 2
+    on prefill): decode rank t learns heads [2t, 2t + 2)."""
+    check_learned_heads(r, 2, 1)
+
+
 LAYOUTS = {"prefix": check_prefix, "pp21": check_pp21, "pp22": check_pp22,
            "pp21_tp_mismatch": check_pp21_tp_mismatch, "mla12_noflag": check_noflag,
-           "mha12_noflag": check_noflag}
+           "mha12_noflag": check_noflag, "tp21": check_tp21, "tp12": check_tp12}
 
 
 @pytest.mark.parametrize("scenario", sorted(LAYOUTS))

@@ -43,8 +43,11 @@ enum {
     KVW_WIRE_CAP_HEADS = 8u,   /* head slicing: REQUEST's head range (KVW_WIRE_HEADS_RANGE) */
     /* Wire 12: REQUEST's decode receiver count (KVW_WIRE_REQ_RECEIVERS) */
     KVW_WIRE_CAP_FANOUT = 16u,
+    /* Since 1.5: decode's HELLO may carry a learning group (below,
+     * kvw_wire_group_t), whose heads prefill derives as decode will. */
+    KVW_WIRE_CAP_LEARN_HEADS = 32u,
     KVW_WIRE_CAPS_V11 = 15u, /* what every wire-11 peer has */
-    KVW_WIRE_CAPS_ALL = 31u, /* every capability this build has */
+    KVW_WIRE_CAPS_ALL = 63u, /* every capability this build has */
 };
 /* The versions one side speaks and its capabilities (max 0: no offer). */
 typedef struct kvw_wire_offer {
@@ -53,7 +56,7 @@ typedef struct kvw_wire_offer {
 } kvw_wire_offer_t;
 /* How a wire-11 HELLO carries an offer: as its reason string, which 1.4.0
  * reads and ignores in a HELLO that is not a refusal ("kvwire-offer 11..12
- * caps 0x0000000f"). */
+ * caps 0x0000003f"). */
 #define KVW_WIRE_OFFER_TEXT "kvwire-offer "
 #define KVW_WIRE_HEADER_LEN 12
 #define KVW_WIRE_ENDPOINT_MAX 128 /* including the NUL */
@@ -177,7 +180,14 @@ typedef enum {
 } kvw_msg_type_t;
 
 /* One buffer group (kvw_group_t) as a peer sees it, with its heads
- * (kvw_group_heads_t; total_heads 0: not described). */
+ * (kvw_group_heads_t; total_heads 0: not described). A decode HELLO's
+ * learning group (KVW_WIRE_CAP_LEARN_HEADS offered; its heads come from
+ * prefill's: include/kvwire.h) is total_heads 0 and head_bytes 0 with
+ * page_tokens above 0 and its page_order; first_head then carries
+ * decode's attention TP rank and num_heads its TP size, from which prefill
+ * derives decode's heads (kvw__heads_learn) exactly as decode does from
+ * the HELLO_ACK. The layout of the message is wire 11's: a 1.4.x prefill
+ * reads the group as undescribed. */
 typedef struct kvw_wire_group {
     uint8_t kind;
     uint32_t num_layers, per_layer;

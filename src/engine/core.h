@@ -536,7 +536,16 @@ struct kvw_engine {
     kvw_engine_rail_t rail[KVW_MAX_RAILS];
     uint32_t nrails;
     kvw_layout_t layout;
-    bool layout_heads;     /* some KV group describes its heads (head slicing) */
+    bool layout_heads; /* some KV group describes its heads (head slicing) */
+    /* Decode's KV groups that learn their heads from prefill's handshake
+     * (kvw_group_heads_t's learning entry): bit g of learn_groups, learn[g]
+     * the group's page (page_tokens, order), and this engine's attention TP
+     * rank of tp_size; fixed at creation. The heads learned are written
+     * once into layout.groups[g].heads, by the control thread under lock
+     * (kvw__peer_accept_layout); until then the group reads undescribed. */
+    uint64_t learn_groups;
+    kvw_heads_t learn[KVW_LAYOUT_MAX_GROUPS];
+    uint32_t tp_rank, tp_size;
     kvw_region_t *regions; /* layout.num_regions, group by group */
     /* layout.num_regions registrations per rail: rail r's at mrs + r *
      * num_regions (kvw__rail_mrs), so mrs itself is rail 0's. */

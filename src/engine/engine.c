@@ -103,6 +103,16 @@ static kvw_status_t check_params(const kvw_engine_params_t *p)
         KVW_ERROR("engine params: at most %u buffer groups", KVW_LAYOUT_MAX_GROUPS);
         return KVW_ERR_INVALID;
     }
+    if ((p->attn_tp_size || p->attn_tp_rank) && p->role != KVW_ROLE_DECODE) {
+        KVW_ERROR("engine params: attn_tp_rank and attn_tp_size are for decode engines learning "
+                  "their heads; a prefill engine describes its own");
+        return KVW_ERR_INVALID;
+    }
+    if ((p->attn_tp_size || p->attn_tp_rank) && p->attn_tp_rank >= p->attn_tp_size) {
+        KVW_ERROR("engine params: attn_tp_rank %u is not below attn_tp_size %u", p->attn_tp_rank,
+                  p->attn_tp_size);
+        return KVW_ERR_INVALID;
+    }
     return check_counts(p);
 }
 
@@ -129,8 +139,32 @@ static uint64_t random_id(void)
 _Static_assert((int)KVW_PAGE_NHD == (int)KVW_HEADS_NHD && (int)KVW_PAGE_HND == (int)KVW_HEADS_HND,
                "public and planner page orders agree");
 
+/* Group i's entry learns its heads from prefill (the learning entry, with
+ * attn_tp_size set): kept in e->learn, the layout's heads left 0 until
+ * learned. Any other undescribed entry is all zeros from here on, so that
+ * our HELLO never shows a learning group we do not mean. */
+static kvw_status_t take_heads(kvw_engine_t *e, uint32_t i, const kvw_group_t *g, kvw_heads_t h,
+                               bool learning_on, kvw_heads_t *out)
+{
+    *out = (kvw_heads_t){0};
+    if (h.total) {
+        *out = h;
+    } else if (learning_on && kvw__heads_learning(&h)) {
+        if (g->kind != KVW_GROUP_KV || h.order > KVW_HEADS_HND) {
+            KVW_ERROR("engine params: group %u learns its heads: only kv groups do, with page "
+                      "order NHD or HND (%u)",
+                      i, h.order);
+            return KVW_ERR_INVALID;
+        }
+        e->learn_groups |= 1ull << i;
+        e->learn[i] = h;
+    }
+    return KVW_OK;
+}
+
 static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t n,
-                                 const kvw_group_heads_t *heads, uint32_t num_heads)
+                                 const kvw_group_heads_t *heads, uint32_t num_heads,
+                                 bool learning_on)
 {
     kvw_layout_group_t lg[KVW_LAYOUT_MAX_GROUPS];
     for (uint32_t i = 0; i < n; i++) {
@@ -140,10 +174,13 @@ static kvw_status_t build_layout(kvw_engine_t *e, const kvw_group_t *g, uint32_t
         }
         lg[i] =
             (kvw_layout_group_t){(uint32_t)g[i].kind, g[i].num_layers, g[i].regions_per_layer, 0};
-        if (heads && i < num_heads) /* the same fields, in the same order (plan/heads.h) */
-            lg[i].heads =
-                (kvw_heads_t){heads[i].total_heads, heads[i].first_head,  heads[i].num_heads,
-                              heads[i].head_bytes,  heads[i].page_tokens, heads[i].page_order};
+        if (heads && i < num_heads) { /* the same fields, in the same order (plan/heads.h) */
+            kvw_heads_t h = {heads[i].total_heads, heads[i].first_head,  heads[i].num_heads,
+                             heads[i].head_bytes,  heads[i].page_tokens, heads[i].page_order};
+            kvw_status_t st = take_heads(e, i, &g[i], h, learning_on, &lg[i].heads);
+            if (st)
+                return st;
+        }
     }
     char why[160];
     int rc = kvw__layout_build(&e->layout, lg, n, KVW_WIRE_MAX_REGIONS, why, sizeof(why));
@@ -158,7 +195,8 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
     kvw_group_t g[KVW_LAYOUT_MAX_GROUPS];
     uint32_t n = params_groups(p, g);
     /* The classic layout's one entry is its K/V group's. */
-    kvw_status_t st = build_layout(e, g, n, p->group_heads, p->num_groups ? n : 1);
+    kvw_status_t st =
+        build_layout(e, g, n, p->group_heads, p->num_groups ? n : 1, p->attn_tp_size != 0);
     if (st)
         return st;
     uint32_t total = e->layout.num_regions;
@@ -185,12 +223,29 @@ static kvw_status_t copy_layout(kvw_engine_t *e, const kvw_engine_params_t *p)
     for (uint32_t r = 0; r < total && !st; r++)
         items[r] = e->regions[r].item_len; /* now the item lengths, for the heads' check */
     for (uint32_t i = 0; i < n; i++)
-        e->layout_heads |= e->layout.groups[i].heads.total != 0;
+        e->layout_heads |= e->layout.groups[i].heads.total != 0 || e->learn_groups >> i & 1;
     char why[200];
     if (!st && kvw__layout_check_heads(&e->layout, items, why, sizeof(why))) {
         KVW_ERROR("engine params: %s", why);
         st = KVW_ERR_INVALID;
     }
+    for (uint32_t i = 0; i < n && !st; i++) {
+        uint64_t len;
+        if (e->learn_groups >> i & 1 &&
+            kvw__layout_group_item_len(&e->layout, i, items, &len, why, sizeof(why))) {
+            KVW_ERROR("engine params: %s", why);
+            st = KVW_ERR_INVALID;
+        }
+    }
+    if (!st && p->attn_tp_size && !e->learn_groups) {
+        KVW_ERROR("engine params: attn_tp_size is %u, but no kv group learns its heads (an "
+                  "entry of group_heads with total_heads, first_head, num_heads and head_bytes "
+                  "0 and page_tokens set)",
+                  p->attn_tp_size);
+        st = KVW_ERR_INVALID;
+    }
+    e->tp_rank = p->attn_tp_rank;
+    e->tp_size = p->attn_tp_size;
     free(items);
     return st;
 }

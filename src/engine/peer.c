@@ -219,10 +219,15 @@ void kvw__peer_hello(const kvw_peer_t *p, uint16_t type, kvw_msg_t *m)
     m->u.hello.num_groups = l->num_groups;
     for (uint32_t i = 0; i < l->num_groups; i++) {
         const kvw_layout_group_t *g = &l->groups[i];
+        /* Decode's control thread, which alone writes learned heads: a
+         * group still learning says its page and our attention TP place. */
+        kvw_heads_t h = g->heads;
+        if (!h.total && e->learn_groups >> i & 1)
+            h = (kvw_heads_t){
+                0, e->tp_rank, e->tp_size, 0, e->learn[i].page_tokens, e->learn[i].order};
         m->u.hello.groups[i] =
-            (kvw_wire_group_t){(uint8_t)g->kind,    g->num_layers,        g->per_layer,
-                               g->heads.total,      g->heads.first,       g->heads.count,
-                               g->heads.head_bytes, g->heads.page_tokens, g->heads.order};
+            (kvw_wire_group_t){(uint8_t)g->kind, g->num_layers, g->per_layer,  h.total, h.first,
+                               h.count,          h.head_bytes,  h.page_tokens, h.order};
     }
     /* Only decode's memory is a write target: prefill sends its layout
      * (lengths) but no address or rkey, and registered none for remote use. */
@@ -370,10 +375,112 @@ static kvw_status_t keep_peer_heads(kvw_peer_t *p, const kvw_layout_group_t *pee
     return KVW_OK;
 }
 
+/* The peer's groups have our shape (kind, layers, regions per layer): only
+ * then does its region table have our length and order. */
+static bool shapes_match(const kvw_layout_t *l, const kvw_layout_group_t *peer, uint32_t n)
+{
+    if (n != l->num_groups)
+        return false;
+    for (uint32_t i = 0; i < n; i++)
+        if (peer[i].kind != l->groups[i].kind || peer[i].num_layers != l->groups[i].num_layers ||
+            peer[i].per_layer != l->groups[i].per_layer)
+            return false;
+    return true;
+}
+
+/* Prefill: decode's learning groups (its HELLO, KVW_WIRE_CAP_LEARN_HEADS)
+ * get the heads decode learns from our HELLO_ACK, derived the same way
+ * from our description and decode's item lengths (items); with a group we
+ * do not describe, decode's pairs as undescribed. -1 with why. */
+static int derive_decode_heads(const kvw_peer_t *p, const kvw_msg_t *h, kvw_layout_group_t *peer,
+                               const uint64_t *items, char *why, size_t size)
+{
+    const kvw_layout_t *l = &p->engine->layout;
+    for (uint32_t i = 0; p->wire_caps & KVW_WIRE_CAP_LEARN_HEADS && i < l->num_groups; i++) {
+        const kvw_wire_group_t *b = &h->u.hello.groups[i];
+        if (b->total_heads || b->head_bytes || !b->page_tokens)
+            continue; /* described, or undescribed */
+        kvw_heads_t learning = {0, 0, 0, 0, b->page_tokens, b->page_order};
+        peer[i].heads = (kvw_heads_t){0};
+        if (l->groups[i].heads.total &&
+            kvw__layout_learn_group(l, i, &learning, &l->groups[i].heads, items, b->first_head,
+                                    b->num_heads, &peer[i].heads, why, size))
+            return -1;
+    }
+    return 0;
+}
+
+/* Decode: each of our learning groups that prefill describes learns its
+ * heads from prefill's into mine (our layout for this handshake), with
+ * our item lengths (ours); *learned when one learned now (the caller
+ * commits them once the handshake is accepted). Heads learned before
+ * must come out the same. -1 with why. */
+static int learn_heads(const kvw_peer_t *p, const kvw_layout_group_t *peer, const uint64_t *ours,
+                       kvw_layout_t *mine, bool *learned, char *why, size_t size)
+{
+    const kvw_engine_t *e = p->engine;
+    *learned = false;
+    for (uint32_t g = 0; p->wire_caps & KVW_WIRE_CAP_LEARN_HEADS && g < e->layout.num_groups; g++) {
+        if (!(e->learn_groups >> g & 1) || !peer[g].heads.total)
+            continue; /* not learning, or prefill describes none: undescribed */
+        kvw_heads_t d;
+        if (kvw__layout_learn_group(&e->layout, g, &e->learn[g], &peer[g].heads, ours, e->tp_rank,
+                                    e->tp_size, &d, why, size))
+            return -1;
+        const kvw_heads_t *had = &e->layout.groups[g].heads;
+        if (had->total && memcmp(had, &d, sizeof(d)) != 0) {
+            snprintf(why, size,
+                     "kv group %u: prefill rank %u gives decode heads [%u, %u) of %u x %u B, not "
+                     "[%u, %u) of %u x %u B as learned before",
+                     g, p->rank, d.first, d.first + d.count, d.total, d.head_bytes, had->first,
+                     had->first + had->count, had->total, had->head_bytes);
+            return -1;
+        }
+        if (!had->total) {
+            mine->groups[g].heads = d;
+            *learned = true;
+        }
+    }
+    return 0;
+}
+
+/* Decode: the heads learned in this handshake (mine) become the engine's,
+ * once, under the lock: what readers on other threads see. */
+static void commit_learned(kvw_peer_t *p, const kvw_layout_t *mine)
+{
+    kvw_engine_t *e = p->engine;
+    pthread_mutex_lock(&e->lock);
+    for (uint32_t g = 0; g < e->layout.num_groups; g++) {
+        const kvw_heads_t *h = &mine->groups[g].heads;
+        if (!(e->learn_groups >> g & 1) || e->layout.groups[g].heads.total || !h->total)
+            continue;
+        e->layout.groups[g].heads = *h;
+        KVW_INFO("kv group %u learned its heads from prefill rank %u: [%u, %u) of %u, %u bytes "
+                 "a head (attention TP rank %u of %u)",
+                 g, p->rank, h->first, h->first + h->count, h->total, h->head_bytes, e->tp_rank,
+                 e->tp_size);
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* Both sides' heads where decode learns them: prefill derives decode's,
+ * decode learns its own into mine. items: the peer's item lengths, ours:
+ * our own. -1 with why. */
+static int pair_learning(kvw_peer_t *p, const kvw_msg_t *h, kvw_layout_group_t *peer,
+                         const uint64_t *items, const uint64_t *ours, kvw_layout_t *mine,
+                         bool *learned, char *why, size_t size)
+{
+    *learned = false;
+    if (p->engine->role == KVW_ROLE_PREFILL)
+        return derive_decode_heads(p, h, peer, items, why, size);
+    return p->engine->learn_groups ? learn_heads(p, peer, ours, mine, learned, why, size) : 0;
+}
+
 /* The peer's layout must pair with ours (kvw__layout_compare): the same
  * groups, heads described alike, and the same item length region for
  * region where heads are not described, or pages would land misaligned.
- * Different head ranges make the connection sliced. */
+ * Different head ranges make the connection sliced. Decode heads learned
+ * from prefill (include/kvwire.h) are derived first, on both sides. */
 kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *why, size_t size)
 {
     const kvw_engine_t *e = p->engine;
@@ -400,25 +507,28 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
                                        {b->total_heads, b->first_head, b->num_heads, b->head_bytes,
                                         b->page_tokens, b->page_order}};
     }
-    /* The groups first: only matching groups promise a region table of
-     * our length. */
-    if (kvw__layout_compare(l, NULL, peer, h->u.hello.num_groups, NULL, why, size))
-        return KVW_ERR_MISMATCH;
     uint64_t *items = calloc(2 * (size_t)n, sizeof(*items));
     if (!items)
         return KVW_ERR_NO_MEMORY;
     uint64_t *ours = items + n;
-    for (uint32_t i = 0; i < n; i++) {
-        items[i] = h->u.hello.regions[i].item_len;
+    for (uint32_t i = 0; i < n; i++)
         ours[i] = e->regions[i].item_len;
-    }
+    kvw_layout_t mine = *l; /* ours, with the heads decode learns in this handshake */
+    bool learned = false;
     kvw_status_t st = KVW_OK;
-    char what[200];
-    if (kvw__layout_compare(l, ours, peer, h->u.hello.num_groups, items, why, size)) {
+    /* Only matching groups promise a region table of our length. */
+    bool shaped = shapes_match(l, peer, h->u.hello.num_groups);
+    for (uint32_t i = 0; shaped && i < n; i++)
+        items[i] = h->u.hello.regions[i].item_len;
+    if (shaped && pair_learning(p, h, peer, items, ours, &mine, &learned, why, size))
         st = KVW_ERR_MISMATCH;
-    } else {
+    char what[200];
+    if (!st && (kvw__layout_compare(&mine, NULL, peer, h->u.hello.num_groups, NULL, why, size) ||
+                kvw__layout_compare(&mine, ours, peer, h->u.hello.num_groups, items, why, size))) {
+        st = KVW_ERR_MISMATCH;
+    } else if (!st) {
         /* The groups match ours: the peer's region table has our shape. */
-        kvw_layout_t pl = *l;
+        kvw_layout_t pl = mine;
         memcpy(pl.groups, peer, ng * sizeof(*peer));
         if (kvw__layout_check_heads(&pl, items, what, sizeof(what))) {
             snprintf(why, size, "peer's %s", what);
@@ -439,9 +549,11 @@ kvw_status_t kvw__peer_accept_layout(kvw_peer_t *p, const kvw_msg_t *h, char *wh
     free(items);
     if (!st && e->layout_heads)
         st = keep_peer_heads(p, peer);
-    p->sliced = !st && kvw__layout_sliced(l, peer, ng);
+    p->sliced = !st && kvw__layout_sliced(&mine, peer, ng);
     if (p->sliced && e->role == KVW_ROLE_PREFILL)
         st = plan_slices(p, peer);
+    if (!st && learned)
+        commit_learned(p, &mine);
     return st;
 }
 

@@ -27,14 +27,21 @@ struct kvw_rxset {
     kvw_req_t *m[];      /* member i asks prefill rank ranks[i] */
 };
 
-/* Our heads: those of the KV group of slot 0 (every KV group must
- * describe the same heads, checked at creation). */
-static const kvw_heads_t *slot_heads(const kvw_layout_t *l, uint32_t j)
+/* The group of KV slot j. */
+static uint32_t slot_group(const kvw_layout_t *l, uint32_t j)
 {
     uint32_t r = l->kv_slots[j], g = 0;
     while (g + 1 < l->num_groups && r >= l->groups[g + 1].first)
         g++;
-    return &l->groups[g].heads;
+    return g;
+}
+
+/* Our heads: those of the KV group of slot 0 (every KV group must
+ * describe the same heads, checked at creation, and again once heads
+ * learned from prefill are known). */
+static const kvw_heads_t *slot_heads(const kvw_layout_t *l, uint32_t j)
+{
+    return &l->groups[slot_group(l, j)].heads;
 }
 
 /* Every KV group describes the same heads: one head range per request
@@ -48,6 +55,20 @@ static bool heads_uniform(const kvw_layout_t *l)
             return false;
     }
     return true;
+}
+
+/* (lock) At creation: every KV group describes the same heads, or every
+ * KV group learns them from prefill (then checked as described once all
+ * ranks are connected, kvw__rxset_ready_locked). */
+static bool heads_usable_locked(const kvw_engine_t *e)
+{
+    const kvw_layout_t *l = &e->layout;
+    if (heads_uniform(l))
+        return true;
+    for (uint32_t j = 0; j < l->kv_per_layer; j++)
+        if (!(e->learn_groups >> slot_group(l, j) & 1))
+            return false;
+    return e->learn_groups != 0;
 }
 
 static void set_free(kvw_rxset_t *set)
@@ -84,7 +105,10 @@ kvw_status_t kvw__rxset_create(kvw_engine_t *e, const kvw_receiver_params_t *par
                 (addrs[i][0] == '@' || p.ranks[j].rank == k->rank))
                 return KVW_ERR_INVALID; /* the same rank twice */
     }
-    if (!e->layout_heads || !heads_uniform(&e->layout) || kvw__stager_on(e)) {
+    pthread_mutex_lock(&e->lock); /* heads learned from prefill are written under it */
+    bool usable = e->layout_heads && heads_usable_locked(e);
+    pthread_mutex_unlock(&e->lock);
+    if (!usable || kvw__stager_on(e)) {
         KVW_ERROR("room %llu: a receiver over several prefill ranks needs every KV group to "
                   "describe the same heads, and memory registered directly (not staged)",
                   (unsigned long long)p.room);
@@ -190,7 +214,15 @@ bool kvw__rxset_ready_locked(kvw_req_t *r)
     }
     kvw_head_range_t out[KVW_MAX_PREFILL_RANKS];
     char why[KVW_WIRE_REASON_MAX];
-    if (kvw__heads_assign(slot_heads(&e->layout, 0), src, set->n, out, why, sizeof(why))) {
+    bool known = heads_uniform(&e->layout); /* else heads to learn no prefill rank gave */
+    if (!known)
+        snprintf(why, sizeof(why),
+                 "decode's KV heads are not known: they are learned from a prefill rank "
+                 "describing its heads, and none of these %u did (or not the same in every "
+                 "KV group)",
+                 set->n);
+    if (!known ||
+        kvw__heads_assign(slot_heads(&e->layout, 0), src, set->n, out, why, sizeof(why))) {
         for (uint32_t i = 0; i < set->n; i++)
             if (!kvw__req_ended(set->m[i]))
                 kvw__receiver_fail_unsent_locked(set->m[i], KVW_ERR_MISMATCH, why);

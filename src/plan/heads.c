@@ -61,6 +61,59 @@ int kvw__heads_compare(const kvw_heads_t *ours, const kvw_heads_t *peer, char *w
     return 0;
 }
 
+int kvw__heads_learn(const kvw_heads_t *prefill, uint32_t page_tokens, uint32_t order,
+                     uint64_t item_len, uint32_t tp_rank, uint32_t tp_size, kvw_heads_t *out,
+                     char *why, size_t why_size)
+{
+    uint32_t total = prefill->total, hb = prefill->head_bytes;
+    if (prefill->page_tokens != page_tokens || prefill->order != order) {
+        snprintf(why, why_size, "prefill's pages hold %u tokens (%s), decode's %u (%s)",
+                 prefill->page_tokens, order_name(prefill->order), page_tokens, order_name(order));
+        return -1;
+    }
+    if (!tp_size || tp_rank >= tp_size) {
+        snprintf(why, why_size, "decode is attention TP rank %u of %u", tp_rank, tp_size);
+        return -1;
+    }
+    uint64_t head_page = (uint64_t)page_tokens * hb;
+    if (!total || !head_page || !item_len || item_len % head_page) {
+        snprintf(why, why_size,
+                 "decode's item length %llu is no multiple of %u tokens x %u bytes a head "
+                 "(prefill's)",
+                 (unsigned long long)item_len, page_tokens, hb);
+        return -1;
+    }
+    uint64_t n = item_len / head_page;
+    uint32_t first;
+    if (total >= tp_size) {
+        if (n > total || n * tp_size != total) { /* n > total first: no overflow */
+            snprintf(why, why_size,
+                     "decode's item length %llu: %llu heads (of %u B x %u tokens) x %u ranks "
+                     "is not the model's %u",
+                     (unsigned long long)item_len, (unsigned long long)n, hb, page_tokens, tp_size,
+                     total);
+            return -1;
+        }
+        first = tp_rank * (uint32_t)n;
+    } else {
+        if (n != 1 || tp_size % total) {
+            if (n != 1)
+                snprintf(why, why_size,
+                         "the model's %u heads over %u decode ranks: each holds 1 of them, but "
+                         "decode's item length %llu holds %llu",
+                         total, tp_size, (unsigned long long)item_len, (unsigned long long)n);
+            else
+                snprintf(why, why_size,
+                         "the model's %u heads do not replicate evenly over %u decode ranks", total,
+                         tp_size);
+            return -1;
+        }
+        first = (uint32_t)((uint64_t)tp_rank * total / tp_size);
+    }
+    *out = (kvw_heads_t){total, first, (uint32_t)n, hb, page_tokens, order};
+    return 0;
+}
+
 static bool holds(const kvw_heads_t *h, uint32_t head)
 {
     return head >= h->first && head - h->first < h->count;

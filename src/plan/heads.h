@@ -54,6 +54,29 @@ typedef struct kvw_head_range {
  * page_tokens * count * head_bytes. 0, or -1 with the reason in why. */
 int kvw__heads_check(const kvw_heads_t *h, uint64_t item_len, char *why, size_t why_size);
 
+/* A decode group that learns its heads from prefill's handshake (the
+ * public kvw_group_heads_t's learning entry, docs/head-slicing.md): it
+ * knows only its page (page_tokens, order); total, count and head_bytes
+ * are 0 until learned. */
+static inline int kvw__heads_learning(const kvw_heads_t *h)
+{
+    return !h->total && !h->first && !h->count && !h->head_bytes && h->page_tokens;
+}
+
+/* A decode rank's heads learned from a prefill rank's description, as
+ * sglang sizes its pools: decode's pages hold page_tokens tokens (prefill's
+ * too) in the same order, and its item length (item_len bytes a page)
+ * holds n = item_len / (page_tokens * prefill's head_bytes) heads, so n
+ * must divide exactly; decode is rank tp_rank of tp_size ranks splitting
+ * the model's heads: first = tp_rank * n when the model has at least
+ * tp_size heads (n * tp_size must be the model's), else each head is
+ * replicated (n 1, tp_size a multiple of the heads) and first = tp_rank *
+ * total / tp_size. 0 with *out, or -1 with the numbers that disagree in
+ * why (never a guess). */
+int kvw__heads_learn(const kvw_heads_t *prefill, uint32_t page_tokens, uint32_t order,
+                     uint64_t item_len, uint32_t tp_rank, uint32_t tp_size, kvw_heads_t *out,
+                     char *why, size_t why_size);
+
 /* Two sides can exchange heads when they agree on what the model is: the
  * head count, the bytes of a head, the page size and the page layout (a
  * described region never pairs with an undescribed one). Their head

@@ -222,6 +222,41 @@ int kvw__layout_check_heads(const kvw_layout_t *l, const uint64_t *item_len, cha
     return 0;
 }
 
+int kvw__layout_group_item_len(const kvw_layout_t *l, uint32_t g, const uint64_t *item_len,
+                               uint64_t *len, char *why, size_t why_size)
+{
+    const kvw_layout_group_t *lg = &l->groups[g];
+    for (uint32_t r = lg->first + 1; r < lg->first + lg->num_layers * lg->per_layer; r++)
+        if (item_len[r] != item_len[lg->first]) {
+            char where[96];
+            kvw__layout_describe(l, r, where, sizeof(where));
+            snprintf(why, why_size,
+                     "%s: item length %llu, the group's first region %llu: a group learning "
+                     "its heads has one item length",
+                     where, (unsigned long long)item_len[r],
+                     (unsigned long long)item_len[lg->first]);
+            return -1;
+        }
+    *len = item_len[lg->first];
+    return 0;
+}
+
+int kvw__layout_learn_group(const kvw_layout_t *l, uint32_t g, const kvw_heads_t *learning,
+                            const kvw_heads_t *prefill, const uint64_t *item_len, uint32_t tp_rank,
+                            uint32_t tp_size, kvw_heads_t *out, char *why, size_t why_size)
+{
+    uint64_t len;
+    char what[200];
+    if (kvw__layout_group_item_len(l, g, item_len, &len, why, why_size))
+        return -1;
+    if (kvw__heads_learn(prefill, learning->page_tokens, learning->order, len, tp_rank, tp_size,
+                         out, what, sizeof(what))) {
+        snprintf(why, why_size, "kv group %u: %s", g, what);
+        return -1;
+    }
+    return 0;
+}
+
 int kvw__layout_compare(const kvw_layout_t *ours, const uint64_t *our_items,
                         const kvw_layout_group_t *peer, uint32_t peer_groups,
                         const uint64_t *peer_items, char *why, size_t why_size)

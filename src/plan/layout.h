@@ -80,6 +80,20 @@ int kvw__layout_state_of_region(const kvw_layout_t *l, uint32_t r);
 /* Which group, layer and region of it region r is ("kv group 0, layer 3,
  * region 1"), for messages. */
 void kvw__layout_describe(const kvw_layout_t *l, uint32_t r, char *buf, size_t size);
+/* Group g's one item length: every region of it must have the same (a
+ * group learning its heads, kvw__heads_learn, derives them from it). 0
+ * with *len, or -1 naming the region that differs in why. */
+int kvw__layout_group_item_len(const kvw_layout_t *l, uint32_t g, const uint64_t *item_len,
+                               uint64_t *len, char *why, size_t why_size);
+
+/* Decode's learning group g (its page in `learning`) learns its heads
+ * from prefill's description of the group and the group's item lengths
+ * (item_len[], decode's, by region): kvw__heads_learn over its one item
+ * length. 0 with *out, or -1 with why ("kv group 0: ..."). */
+int kvw__layout_learn_group(const kvw_layout_t *l, uint32_t g, const kvw_heads_t *learning,
+                            const kvw_heads_t *prefill, const uint64_t *item_len, uint32_t tp_rank,
+                            uint32_t tp_size, kvw_heads_t *out, char *why, size_t why_size);
+
 /* Each described group's regions hold exactly its heads: item_len (by
  * region index) is page_tokens * heads * head_bytes. 0, or -1 with why. */
 int kvw__layout_check_heads(const kvw_layout_t *l, const uint64_t *item_len, char *why,

@@ -851,6 +851,59 @@ static void test_layout_heads(void **state)
     assert_string_equal(why, "aux group 1 describes heads: only kv groups do");
 }
 
+/* kvw__heads_learn: a decode rank's heads from prefill's description, its
+ * item length and its attention TP place, as sglang sizes its pools; and
+ * each inconsistency refused with the numbers. */
+static void learn_ok(const kvw_heads_t *pre, uint64_t item_len, uint32_t rank, uint32_t size,
+                     uint32_t first, uint32_t count)
+{
+    kvw_heads_t out;
+    char why[200] = "";
+    assert_int_equal(kvw__heads_learn(pre, pre->page_tokens, pre->order, item_len, rank, size, &out,
+                                      why, sizeof(why)),
+                     0);
+    kvw_heads_t want = {pre->total, first, count, pre->head_bytes, pre->page_tokens, pre->order};
+    assert_memory_equal(&out, &want, sizeof(out));
+}
+
+static void learn_refused(const kvw_heads_t *pre, uint32_t page_tokens, uint64_t item_len,
+                          uint32_t rank, uint32_t size, const char *reason)
+{
+    kvw_heads_t out;
+    char why[200] = "";
+    assert_int_equal(kvw__heads_learn(pre, page_tokens, pre->order, item_len, rank, size, &out, why,
+                                      sizeof(why)),
+                     -1);
+    if (!strstr(why, reason))
+        fail_msg("\"%s\" lacks \"%s\"", why, reason);
+}
+
+static void test_learn(void **state)
+{
+    (void)state;
+    kvw_heads_t pre = {8, 4, 4, 256, 16, KVW_HEADS_NHD}; /* prefill rank 1 of TP 2 */
+    learn_ok(&pre, 16 * 8 * 256, 0, 1, 0, 8);            /* decode TP 1: all 8 */
+    learn_ok(&pre, 16 * 4 * 256, 1, 2, 4, 4);            /* equal TP */
+    learn_ok(&pre, 16 * 2 * 256, 3, 4, 6, 2);            /* decode TP 4 */
+    kvw_heads_t gqa = {2, 1, 1, 128, 4, KVW_HEADS_HND};  /* 2 heads over prefill TP 8 */
+    learn_ok(&gqa, 4 * 128, 5, 8, 1, 1);                 /* decode rank 5 of 8: head 1 */
+    learn_ok(&gqa, 4 * 128, 1, 2, 1, 1);                 /* TP 2: one head each */
+    kvw_heads_t one = {1, 0, 1, 512, 4, KVW_HEADS_NHD};
+    learn_ok(&one, 4 * 512, 1, 2, 0, 1); /* 1 head on decode TP 2: replicated */
+    learn_refused(&pre, 16, 16 * 3 * 256 + 8, 0, 1, "no multiple of 16 tokens x 256 bytes");
+    learn_refused(&pre, 16, 16 * 4 * 256, 0, 1,
+                  "4 heads (of 256 B x 16 tokens) x 1 ranks is not the model's 8");
+    learn_refused(&pre, 16, 16 * 16 * 256, 0, 1, "16 heads (of 256 B x 16 tokens)");
+    learn_refused(&pre, 8, 8 * 4 * 256, 0, 2, "prefill's pages hold 16 tokens (NHD), decode's 8");
+    learn_refused(&pre, 16, 16 * 4 * 256, 2, 2, "decode is attention TP rank 2 of 2");
+    learn_refused(&pre, 16, 16 * 4 * 256, 0, 0, "decode is attention TP rank 0 of 0");
+    learn_refused(&gqa, 4, 2 * 4 * 128, 0, 4, "each holds 1 of them, but decode's item length");
+    learn_refused(&gqa, 4, 4 * 128, 0, 3, "the model's 2 heads do not replicate evenly over 3");
+    kvw_heads_t none = {0};
+    none.page_tokens = 16;
+    learn_refused(&none, 16, 16 * 256, 0, 1, "no multiple");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -868,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_gqa_mla_bytes),
         cmocka_unit_test(test_slice_over_max_msg),
         cmocka_unit_test(test_layout_heads),
+        cmocka_unit_test(test_learn),
         cmocka_unit_test_setup_teardown(test_nic_splits, nic_setup, nic_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

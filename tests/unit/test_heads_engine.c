@@ -54,6 +54,11 @@ static uint32_t engine_rank;         /* the next prefill engine's rank */
  * CUDA seam installed) instead of host memory. */
 static uint32_t landing_mib = 64;
 static bool decode_gpu;
+/* Decode engines opened from now on learn their heads from prefill
+ * (learn_tp: their attention TP size; 0: they describe them), decode_rank
+ * being the next one's attention TP rank. m->heads stays what they should
+ * learn: the bytes are checked against it. */
+static uint32_t learn_tp, decode_rank;
 
 static uint64_t page_len(const kvw_group_heads_t *h)
 {
@@ -103,6 +108,8 @@ static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, 
     kvw_config_t c = cfg;
     if (role == KVW_ROLE_DECODE)
         c.landing_mib = landing_mib;
+    bool learning = role == KVW_ROLE_DECODE && learn_tp;
+    kvw_group_heads_t learn_heads[2] = {{0, 0, 0, 0, page_tokens, order}, {0}};
     kvw_engine_params_t p = {.struct_size = sizeof(kvw_engine_params_t),
                              .role = role,
                              .device = role == KVW_ROLE_PREFILL ? "fake0" : "fake1",
@@ -113,7 +120,9 @@ static void mem_open(mem_t *m, kvw_role_t role, uint32_t first, uint32_t count, 
                              .engine_rank = role == KVW_ROLE_PREFILL ? engine_rank : 0,
                              .num_groups = 2,
                              .groups = m->groups,
-                             .group_heads = m->heads};
+                             .group_heads = learning ? learn_heads : m->heads,
+                             .attn_tp_rank = learning ? decode_rank : 0,
+                             .attn_tp_size = learning ? learn_tp : 0};
     assert_int_equal(kvw_engine_create(&p, &m->engine), KVW_OK);
 }
 
@@ -152,6 +161,7 @@ static int teardown(void **state)
             mem_close(&prefills[k]);
     total_heads = HEADS;
     engine_rank = 0;
+    learn_tp = decode_rank = 0;
     landing_mib = 64;
     decode_gpu = false;
     kvw__cuda_set_ops(NULL);
@@ -214,14 +224,39 @@ static size_t wrong_bytes(const mem_t *m, const uint64_t *src, const uint64_t *d
     return wrong;
 }
 
+/* Decode engine m's KV group's heads as the engine has them now (learned
+ * ones are written under the engine lock). */
+static kvw_heads_t engine_heads(const mem_t *m)
+{
+    pthread_mutex_lock(&m->engine->lock);
+    kvw_heads_t h = m->engine->layout.groups[0].heads;
+    pthread_mutex_unlock(&m->engine->lock);
+    return h;
+}
+
+/* A decode engine that learned its heads has exactly those it should. */
+static void assert_learned(const mem_t *m)
+{
+    const kvw_group_heads_t *w = &m->heads[0];
+    kvw_heads_t h = engine_heads(m);
+    assert_int_equal(h.total, w->total_heads);
+    assert_int_equal(h.first, w->first_head);
+    assert_int_equal(h.count, w->num_heads);
+    assert_int_equal(h.head_bytes, w->head_bytes);
+    assert_int_equal(h.page_tokens, w->page_tokens);
+    assert_int_equal(h.order, w->page_order);
+}
+
 /* Prefill holds all 8 heads; decode_tp decode engines hold 8 / decode_tp
  * each; one request per decode engine moves n pages. */
 static void run_split(uint32_t decode_tp, const uint64_t *src, const uint64_t *dst, size_t n)
 {
     uint32_t per = HEADS / decode_tp;
     mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
-    for (uint32_t q = 0; q < decode_tp; q++)
+    for (uint32_t q = 0; q < decode_tp; q++) {
+        decode_rank = q;
         mem_open(&decode[q], KVW_ROLE_DECODE, q * per, per, HEAD_BYTES);
+    }
     kvw_sender_t *s[MAX_DECODE];
     kvw_receiver_t *r[MAX_DECODE];
     for (uint32_t q = 0; q < decode_tp; q++) {
@@ -239,6 +274,7 @@ static void run_split(uint32_t decode_tp, const uint64_t *src, const uint64_t *d
         assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
         assert_int_equal(wait_sender(s[q]), KVW_POLL_SUCCESS);
         assert_int_equal(wrong_bytes(&decode[q], src, dst, n), 0);
+        assert_learned(&decode[q]);
         kvw_req_metrics_t mt;
         assert_int_equal(kvw_sender_metrics(s[q], &mt), KVW_OK);
         /* Each decode engine got its share of every page, and the aux item. */
@@ -387,8 +423,10 @@ static void open_multi(uint32_t ptp, uint32_t dtp)
         mem_open(&prefills[k], KVW_ROLE_PREFILL, first, count, HEAD_BYTES);
     }
     uint32_t per = total_heads / dtp;
-    for (uint32_t q = 0; q < dtp; q++)
+    for (uint32_t q = 0; q < dtp; q++) {
+        decode_rank = q;
         mem_open(&decode[q], KVW_ROLE_DECODE, q * per, per, HEAD_BYTES);
+    }
 }
 
 static void close_multi(uint32_t ptp, uint32_t dtp)
@@ -440,6 +478,7 @@ static void xfer_multi(uint32_t ptp, uint32_t dtp, const uint64_t *src, const ui
     for (uint32_t q = 0; q < dtp; q++) {
         assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
         assert_int_equal(wrong_bytes(&decode[q], src, dst, n), 0);
+        assert_learned(&decode[q]);
         /* Who owes what: kvw__heads_assign over the ranks in list order. */
         kvw_heads_t want = {total_heads, q * per, per, HEAD_BYTES, page_tokens, order};
         kvw_heads_t have[MAX_PREFILL];
@@ -938,8 +977,10 @@ static void run_fanout(uint32_t dtp, bool early, const uint64_t *src, const uint
     uint32_t per = total_heads == 1 ? 1 : total_heads / dtp;
     uint32_t hb = total_heads == 1 ? 4 * HEAD_BYTES : HEAD_BYTES;
     mem_open(&prefill, KVW_ROLE_PREFILL, 0, total_heads, hb);
-    for (uint32_t q = 0; q < dtp; q++)
+    for (uint32_t q = 0; q < dtp; q++) {
+        decode_rank = q;
         mem_open(&decode[q], KVW_ROLE_DECODE, total_heads == 1 ? 0 : q * per, per, hb);
+    }
     kvw_sender_t *s = NULL;
     kvw_receiver_t *r[MAX_DECODE];
     if (!early)
@@ -967,6 +1008,7 @@ static void run_fanout(uint32_t dtp, bool early, const uint64_t *src, const uint
     for (uint32_t q = 0; q < dtp; q++) {
         assert_int_equal(wait_receiver(r[q]), KVW_POLL_SUCCESS);
         assert_int_equal(wrong_bytes(&decode[q], src, dst, n), 0); /* every head, aux, canary */
+        assert_learned(&decode[q]);
         want += 2 * LAYERS * n * page_len(&decode[q].heads[0]) + AUX_ITEM;
     }
     assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
@@ -1326,6 +1368,215 @@ static void test_fanout_refusals(void **state)
         kvw_receiver_destroy(r[q]);
 }
 
+/* ------------------------------------------- heads learned from prefill */
+
+/* Decode engines describe only their pages (4 or 16 tokens, NHD or HND)
+ * and their attention TP place; each learns its heads from prefill's
+ * handshake (assert_learned) and every head of every token lands where it
+ * belongs: equal TP (1:1), decode TP 2 over prefill TP 1 (one plain sender
+ * per decode rank, and one fan-out sender for both), prefill TP 2 ->
+ * decode TP 1 (a receiver over both prefill ranks, landed and copied). */
+static void test_learn_heads(void **state)
+{
+    (void)state;
+    for (order = KVW_PAGE_NHD; order <= KVW_PAGE_HND; order++)
+        for (page_tokens = 4; page_tokens <= 16; page_tokens *= 4) {
+            learn_tp = 1;
+            engine_rank = 0; /* the one prefill engine's (open_multi leaves it at 1) */
+            run_split(1, fragmented, contiguous, 8);
+            run_multi(2, 1, contiguous, fragmented, 8);
+            learn_tp = 2;
+            engine_rank = 0;
+            run_split(2, contiguous, fragmented, 8);
+            run_fanout(2, false, fragmented, contiguous, 8);
+            run_fanout(2, true, contiguous, contiguous, 8);
+        }
+}
+
+/* GQA with fewer KV heads than decode ranks: the model's 1 head of 128 B
+ * on decode TP 2, replicated: each decode rank learns head [0, 1) and
+ * gets it whole from the one prefill rank (fan-out sender). */
+static void test_learn_gqa_replicated(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    total_heads = 1;
+    learn_tp = 2;
+    run_fanout(2, false, fragmented, contiguous, 8);
+    run_fanout(2, true, contiguous, fragmented, 8);
+}
+
+/* A learning decode engine (in decode[0]'s memory) with the given TP
+ * place and heads array: what kvw_engine_create says. */
+static kvw_status_t create_learning(kvw_role_t role, const kvw_group_heads_t *heads, uint32_t rank,
+                                    uint32_t size)
+{
+    kvw_engine_params_t p = {.struct_size = sizeof(p),
+                             .role = role,
+                             .device = "fake1",
+                             .local_ip = "127.0.0.1",
+                             .bootstrap_addr =
+                                 role == KVW_ROLE_PREFILL ? kvw_bootstrap_addr(bs) : NULL,
+                             .config = &cfg,
+                             .engine_rank = 5,
+                             .num_groups = 2,
+                             .groups = decode[0].groups,
+                             .group_heads = heads,
+                             .attn_tp_rank = rank,
+                             .attn_tp_size = size};
+    kvw_engine_t *e = NULL;
+    kvw_status_t st = kvw_engine_create(&p, &e);
+    if (!st)
+        kvw_engine_destroy(e);
+    return st;
+}
+
+/* Receiver for room at decode[0] from prefill rank `rank`: it fails, with
+ * KVW_ERR_MISMATCH and `want` in its reason. */
+static void expect_refused(uint32_t rank, uint64_t room, const char *want)
+{
+    kvw_receiver_t *r;
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), rank, room, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    if (!strstr(why, want))
+        fail_msg("reason \"%s\" lacks \"%s\"", why, want);
+    kvw_receiver_destroy(r);
+}
+
+/* One request of 4 pages from prefill engine pm (rank `rank`) to
+ * decode[0]: every byte. */
+static void xfer_one(mem_t *pm, uint32_t rank, uint64_t room)
+{
+    kvw_sender_t *s;
+    kvw_receiver_t *r;
+    assert_int_equal(kvw_sender_create(pm->engine, room, &s), KVW_OK);
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), rank, room, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, fragmented, 4, 2), KVW_OK);
+    assert_int_equal(kvw_sender_init(s, 4, 1), KVW_OK);
+    assert_int_equal(kvw_sender_send(s, contiguous, 4), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_SUCCESS);
+    assert_int_equal(wait_sender(s), KVW_POLL_SUCCESS);
+    assert_int_equal(wrong_bytes(&decode[0], contiguous, fragmented, 4), 0);
+    kvw_sender_destroy(s);
+    kvw_receiver_destroy(r);
+}
+
+/* Wait until decode engine m sent its HELLO to prefill rank `rank`. */
+static void wait_hello_sent(const mem_t *m, uint32_t rank)
+{
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    for (;;) {
+        for (uint32_t i = 0; i < m->engine->peer_slots; i++) {
+            kvw_peer_t *p = kvw__peer_at(m->engine, i);
+            if (p && p->rank == rank && atomic_load(&p->state) == PEER_HELLO)
+                return;
+        }
+        assert_true(pair_now_ms() < end);
+        pair_sleep_ms(1);
+    }
+}
+
+/* What learning refuses: bad parameters at creation; at the handshake an
+ * item length that is no whole number of prefill's heads, or whole heads
+ * that are not the model's over decode's TP (nothing learned, nothing
+ * written); a second prefill rank whose heads give decode other heads
+ * than the first taught (refused by decode, the heads learned kept, the
+ * first rank still serving); a prefill rank describing none (nothing
+ * learned: whole pages, and no receiver over ranks). */
+static void test_learn_refusals(void **state)
+{
+    (void)state;
+    order = KVW_PAGE_NHD;
+    page_tokens = 4;
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES); /* its memory, for the params */
+    kvw_group_heads_t learning[2] = {{0, 0, 0, 0, 4, KVW_PAGE_NHD}, {0}};
+    kvw_group_heads_t aux_learns[2] = {{0}, {0, 0, 0, 0, 4, KVW_PAGE_NHD}};
+    assert_int_equal(create_learning(KVW_ROLE_DECODE, learning, 2, 2), KVW_ERR_INVALID);
+    assert_int_equal(create_learning(KVW_ROLE_DECODE, NULL, 0, 1), KVW_ERR_INVALID);
+    assert_int_equal(create_learning(KVW_ROLE_DECODE, aux_learns, 0, 1), KVW_ERR_INVALID);
+    assert_int_equal(create_learning(KVW_ROLE_PREFILL, learning, 0, 1), KVW_ERR_INVALID);
+    mem_close(&decode[0]);
+
+    learn_tp = 1;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    /* 3 heads of 24 B: 288 B a page, no whole number of 32-byte heads. */
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, 3, 24);
+    assert_int_equal(engine_heads(&decode[0]).total, 0); /* nothing known before */
+    expect_refused(0, 700, "decode's item length 288 is no multiple of 4 tokens x 32 bytes a head");
+    assert_int_equal(engine_heads(&decode[0]).total, 0);
+    mem_close(&decode[0]);
+    /* 4 whole heads, but decode says TP 1 of a model of 8. */
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, 4, HEAD_BYTES);
+    expect_refused(0, 701, "4 heads (of 32 B x 4 tokens) x 1 ranks is not the model's 8");
+    assert_int_equal(engine_heads(&decode[0]).total, 0);
+    uint64_t pl = page_len(&decode[0].heads[0]);
+    for (uint64_t b = 0; b < pl * POOL; b++)
+        assert_int_equal(decode[0].buf[0][b], CANARY);
+    mem_close(&decode[0]);
+    mem_close(&prefill);
+
+    /* Rank 0 holds the model's 8 heads of 32 B; rank 1 claims a model of
+     * 16 heads of 16 B (the same page length). */
+    engine_rank = 0;
+    mem_open(&prefills[0], KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    engine_rank = 1;
+    total_heads = 16;
+    mem_open(&prefills[1], KVW_ROLE_PREFILL, 0, 16, HEAD_BYTES / 2);
+    total_heads = HEADS;
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    /* Rank 1 gets decode's HELLO (heads still to learn) but answers only
+     * once rank 0 taught decode (its engine lock held meanwhile, which its
+     * control thread waits for): decode refuses rank 1's answer. */
+    pthread_mutex_lock(&prefills[1].engine->lock);
+    kvw_receiver_t *r;
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_create(decode[0].engine, kvw_bootstrap_addr(bs), 1, 711, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    wait_hello_sent(&decode[0], 1);
+    xfer_one(&prefills[0], 0, 710);
+    assert_learned(&decode[0]);
+    pthread_mutex_unlock(&prefills[1].engine->lock);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "prefill rank 1 gives decode heads [0, 16) of 16 x 16 B, not [0, "
+                                "8) of 8 x 32 B as learned before"));
+    kvw_receiver_destroy(r);
+    assert_learned(&decode[0]);
+    /* Sent after learning, decode's HELLO names its heads: rank 1 refuses. */
+    expect_refused(1, 711, "kv group 0: model KV heads: peer 8, ours 16");
+    assert_learned(&decode[0]);
+    memset(decode[0].buf[2 * LAYERS], CANARY, AUX_ITEM * 4);
+    for (uint32_t g = 0; g < 2 * LAYERS; g++)
+        memset(decode[0].buf[g], CANARY, decode[0].regions[g].len);
+    xfer_one(&prefills[0], 0, 712);
+    mem_close(&decode[0]);
+    mem_close(&prefills[0]);
+    mem_close(&prefills[1]);
+
+    /* A prefill rank describing no heads teaches nothing: a plain receiver
+     * pairs as undescribed (whole pages of equal length), and a receiver
+     * over ranks cannot assign heads decode does not know. */
+    total_heads = 0;
+    engine_rank = 0;
+    mem_open(&prefill, KVW_ROLE_PREFILL, 0, HEADS, HEAD_BYTES);
+    mem_open(&decode[0], KVW_ROLE_DECODE, 0, HEADS, HEAD_BYTES);
+    xfer_one(&prefill, 0, 720);
+    assert_int_equal(engine_heads(&decode[0]).total, 0);
+    r = create_set(&decode[0], 1, 721);
+    assert_int_equal(kvw_receiver_init(r, contiguous, 4, KVW_NO_AUX), KVW_OK);
+    assert_int_equal(wait_receiver(r), KVW_POLL_FAILED);
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "decode's KV heads are not known"));
+    kvw_receiver_destroy(r);
+}
+
 int main(int argc, char **argv)
 {
     /* An argument runs only the tests whose name contains it. */
@@ -1354,6 +1605,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_fanout_learn_unsaid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fanout_counts_disagree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fanout_count_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_learn_heads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_learn_gqa_replicated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_learn_refusals, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

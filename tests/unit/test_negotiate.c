@@ -187,6 +187,73 @@ static void test_capability_lacking_connection_works(void **state)
     assert_agreed(KVW_WIRE_VERSION, caps);
 }
 
+/* An engine of the classic layout (one layer: K, V) whose 4-token pages
+ * hold 2 heads of 32 bytes, describing them (prefill, rank 1) or learning
+ * them from prefill (decode, attention TP rank 0 of 1). */
+static kvw_engine_t *heads_engine(kvw_role_t role, uint8_t *mem[2])
+{
+    enum { ITEM = 4 * 2 * 32, POOL = 8 };
+    kvw_region_t kv[2];
+    for (int i = 0; i < 2; i++) {
+        mem[i] = calloc(POOL, ITEM);
+        assert_non_null(mem[i]);
+        kv[i] = (kvw_region_t){mem[i], POOL * ITEM, ITEM};
+    }
+    bool prefill = role == KVW_ROLE_PREFILL;
+    kvw_group_heads_t heads = prefill ? (kvw_group_heads_t){2, 0, 2, 32, 4, KVW_PAGE_NHD}
+                                      : (kvw_group_heads_t){0, 0, 0, 0, 4, KVW_PAGE_NHD};
+    kvw_engine_params_t p = {.struct_size = sizeof(p),
+                             .role = role,
+                             .device = prefill ? "fake0" : "fake1",
+                             .local_ip = "127.0.0.1",
+                             .bootstrap_addr = prefill ? kvw_bootstrap_addr(pair.bootstrap) : NULL,
+                             .config = &pair.cfg,
+                             .engine_rank = 1,
+                             .num_layers = 1,
+                             .kv_regions = kv,
+                             .group_heads = &heads,
+                             .attn_tp_size = prefill ? 0 : 1};
+    kvw_engine_t *e = NULL;
+    assert_int_equal(kvw_engine_create(&p, &e), KVW_OK);
+    return e;
+}
+
+/* A decode engine learning its heads from prefill (1.5, capability 0x20)
+ * and a prefill that lacks the capability (1.4.x: wire 11 and its
+ * capabilities only), describing its heads: prefill reads decode's
+ * learning group as undescribed and refuses the handshake, saying so;
+ * decode learns nothing. */
+static void test_learning_decode_old_prefill_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(open_pair(NEW, NEW, 0), 0);
+    uint8_t *pm[2], *dm[2];
+    kvw_engine_t *prefill = heads_engine(KVW_ROLE_PREFILL, pm);
+    kvw_engine_t *decode = heads_engine(KVW_ROLE_DECODE, dm);
+    prefill->wire = (kvw_wire_offer_t){11, 11, KVW_WIRE_CAPS_V11}; /* before any connection */
+    kvw_receiver_t *r;
+    uint64_t page = 1;
+    assert_int_equal(kvw_receiver_create(decode, kvw_bootstrap_addr(pair.bootstrap), 1, 9, &r),
+                     KVW_OK);
+    assert_int_equal(kvw_receiver_init(r, &page, 1, KVW_NO_AUX), KVW_OK);
+    uint64_t end = pair_now_ms() + WAIT_MS;
+    while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() < end)
+        pair_sleep_ms(1);
+    const char *why = NULL;
+    assert_int_equal(kvw_receiver_failure(r, &why), KVW_ERR_MISMATCH);
+    assert_non_null(strstr(why, "kv group 0: peer does not describe its heads, ours does"));
+    pthread_mutex_lock(&decode->lock);
+    assert_int_equal(decode->layout.groups[0].heads.total, 0);
+    pthread_mutex_unlock(&decode->lock);
+    kvw_receiver_destroy(r);
+    kvw_engine_destroy(decode);
+    kvw_engine_destroy(prefill);
+    for (int i = 0; i < 2; i++) {
+        free(pm[i]);
+        free(dm[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -197,6 +264,7 @@ int main(void)
         cmocka_unit_test_teardown(test_no_overlap_refused_decode_newer, close_pair),
         cmocka_unit_test_teardown(test_capability_lacking_not_used, close_pair),
         cmocka_unit_test_teardown(test_capability_lacking_connection_works, close_pair),
+        cmocka_unit_test_teardown(test_learning_decode_old_prefill_refused, close_pair),
     };
     return cmocka_run_group_tests_name("negotiate", tests, NULL, NULL);
 }

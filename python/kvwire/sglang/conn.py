@@ -26,9 +26,11 @@ Layouts: TP equal on both sides, DP attention on either side (sglang's
 mapping), MLA with prefill TP > decode TP (decode reads one prefill rank;
 the others are asked for nothing and finish with an empty final part, as
 mooncake's dummy ranks do), MHA/GQA with prefill TP > decode TP (head
-slicing: each engine describes its heads from sglang's KV args, and one
-kvwire receiver over the prefill ranks of sglang's target range asks each
-for the heads it sends; GQA replicas owe nothing), MLA and MHA/GQA with
+slicing: each prefill engine describes its heads from sglang's KV args,
+each decode engine, whose KV args carry no head count, learns its own from
+prefill's handshake (its page and attention TP place; no model config is
+read), and one kvwire receiver over the prefill ranks of sglang's target
+range asks each for the heads it sends; GQA replicas owe nothing), MLA and MHA/GQA with
 decode TP > prefill TP (one prefill rank serves each room to the decode
 ranks of its range, kvw_sender_create_fanout: MLA's latent whole to each,
 MHA/GQA each decode rank's heads gathered; each gets its own aux item, as
@@ -183,52 +185,30 @@ def _state_lists(state_indices: Optional[List], groups: Dict[int, int]) -> Dict[
     return out
 
 
-def _model_kv_heads(server_args: Any) -> int:
-    """The model's KV heads as sglang's scheduler reads them (ModelConfig
-    from the server args: the HF config), 0 if that fails. Decode's KV args
-    carry no head count (sglang sets kv_head_num on prefill only)."""
-    try:
-        from sglang.srt.configs.model_config import ModelConfig
-
-        return int(ModelConfig.from_server_args(server_args).get_total_num_kv_heads())
-    except Exception as e:  # no head description
-        # Prefill (kv_head_num in its KV args) describes its heads, and the
-        # handshake refuses a peer that does not: this decode rank then
-        # serves no MHA/GQA prefill, at equal TP either. Say so loudly.
-        logger.error("kvwire: cannot read the model's KV head count (%s): this decode rank "
-                     "does not describe its KV heads, so the handshake with a prefill rank "
-                     "that does (any MHA/GQA prefill) will fail", e)
-        return 0
-
-
-def _heads(args: KVArgs, nkv: int, server_args: Any) -> Optional[kvwire.GroupHeads]:
+def _heads(args: KVArgs, nkv: int, attn_tp: Tuple[int, int]) -> Optional[kvwire.GroupHeads]:
     """This rank's KV heads (head slicing, docs/head-slicing.md) from
-    sglang's MHA/GQA KV args: kv_head_num heads per rank (on decode, which
-    lacks it: the model's total over the attn TP size, at least 1, as
-    sglang sizes its pool); the model's total_kv_head_num, or kv_head_num x
-    attn TP size when not given; with
+    sglang's MHA/GQA KV args: kv_head_num heads per rank; the model's
+    total_kv_head_num, or kv_head_num x attn TP size when not given; with
     fewer KV heads than ranks (GQA replication) each rank holds head
-    attn_tp_rank x total / attn_tp_size. head bytes from the item length
-    (page_size tokens x heads x head bytes: sglang's MHA pools are
-    token-major, NHD). None when the args do not say (the engine then
-    moves whole regions, and different TP sizes are refused)."""
+    attn_tp_rank x total / attn_tp_size (attn_tp: size, rank). head bytes
+    from the item length (page_size tokens x heads x head bytes: sglang's
+    MHA pools are token-major, NHD). Decode's KV args carry no head count
+    (sglang sets kv_head_num on prefill, and on decode only with its own
+    staging): its group then learns its heads from prefill's handshake
+    (GroupHeads.learned: only the page; the engine gets the attention TP
+    place), as mooncake's prefill derives decode's from decode's item
+    length; no model config is read. None when the args do not say (the
+    engine then moves whole regions, and different TP sizes are refused)."""
     page = int(getattr(args, "page_size", 0) or 0)
     lens = list(args.kv_item_lens or [])
-    if page <= 0 or not lens or nkv == 0:
+    if page <= 0 or not lens or nkv == 0 or any(x != lens[0] for x in lens):
         return None
-    from sglang.srt.runtime_context import get_parallel
-
-    par = get_parallel()
-    tp, rank = int(par.attn_tp_size or 1), int(par.attn_tp_rank or 0)
+    tp, rank = attn_tp
     n = int(getattr(args, "kv_head_num", 0) or 0)
-    total = int(getattr(args, "total_kv_head_num", 0) or 0)
-    if n <= 0:
-        total = total or _model_kv_heads(server_args)
-        n = max(1, total // tp) if total > 0 else 0
-    if n <= 0:
-        return None
-    total = total or n * tp
-    if lens[0] % (page * n) or any(x != lens[0] for x in lens):
+    if n <= 0:  # decode: learned from prefill
+        return kvwire.GroupHeads.learned(page, "NHD") if lens[0] % page == 0 else None
+    total = int(getattr(args, "total_kv_head_num", 0) or 0) or n * tp
+    if lens[0] % (page * n):
         return None  # not one page of n equal heads per item: move regions whole
     if total >= tp:
         if n * tp != total:
@@ -239,6 +219,15 @@ def _heads(args: KVArgs, nkv: int, server_args: Any) -> Optional[kvwire.GroupHea
             return None
         first = rank * total // tp
     return kvwire.GroupHeads(total, first, n, lens[0] // (page * n), page, "NHD")
+
+
+def _attn_tp() -> Tuple[int, int]:
+    """(attention TP size, this rank's attention TP rank), as sglang's
+    runtime context has them (read once, at manager creation)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    return int(par.attn_tp_size or 1), int(par.attn_tp_rank or 0)
 
 
 def _layer_slice(kv: List[kvwire.Region], per_layer: int, begin: int,
@@ -365,8 +354,8 @@ class KVWireKVManager(CommonKVManager):
         # The engine exists before CommonKVManager.__init__ registers this
         # rank: its endpoint is what gets registered.
         self.kvwire_ip = _rdma_ip(server_args)
+        self._kvwire_attn_tp = _attn_tp()  # (size, rank): our heads, or what decode learns
         self._kvwire_args = (args, disaggregation_mode, bool(is_mla_backend))
-        self._server_args_for_heads = server_args
         self.engine = self._make_engine()
         self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
         if self._metrics_on:
@@ -500,7 +489,7 @@ class KVWireKVManager(CommonKVManager):
             self.state_groups[i] = len(groups)
             self.state_kinds[i] = _state_kind(types[i]) if i < len(types) else str(i)
             groups.append(kvwire.Group(kvwire.GroupKind.STATE, 1, len(regs), regs))
-        self.heads = None if is_mla else _heads(args, len(kv), self._server_args_for_heads)
+        self.heads = None if is_mla else _heads(args, len(kv), self._kvwire_attn_tp)
         cfg = kvwire.Config()
         # Verified transfers (KVW_VERIFY=1): with KV pages in GPU memory the
         # NIC reaches directly, the digests are ours (digest.py); kvwire
@@ -526,11 +515,15 @@ class KVWireKVManager(CommonKVManager):
         if device and "," in device:
             devs = [d.strip() for d in device.split(",") if d.strip()]
             device = devs[int(getattr(args, "gpu_id", 0) or 0) % len(devs)]
+        tp_rank = tp_size = 0
         if heads is not None:
             heads = heads + [None] * (len(groups) - len(heads))
+            if any(h is not None and not h.total_heads for h in heads):
+                # decode learns its heads from prefill: its attention TP place
+                tp_size, tp_rank = self._kvwire_attn_tp
         return kvwire.Engine(role, self.kvwire_ip, groups=groups, device=device,
                              engine_rank=int(getattr(args, "engine_rank", 0) or 0), config=cfg,
-                             group_heads=heads)
+                             group_heads=heads, attn_tp_rank=tp_rank, attn_tp_size=tp_size)
 
     def stage_engine(self, pp_size: int, pp_rank: int) -> kvwire.Engine:
         """Decode (PP 1) gathering prefill PP stages: the engine over the KV

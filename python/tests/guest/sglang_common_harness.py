@@ -65,7 +65,6 @@ from sglang.srt.disaggregation.base.conn import KVPoll, StateType  # noqa: E402
 from sglang.srt.disaggregation.utils import (DisaggregationMode, KVClassType,  # noqa: E402
                                              TransferBackend, get_kv_class)
 from sglang.srt.runtime_context import set_rank  # noqa: E402
-from sglang.srt.configs.model_config import set_model  # noqa: E402 (the stub's)
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 BACKEND = TransferBackend("kvwire")
@@ -188,8 +187,7 @@ def make_managers(case, side, ip, port, dev, mems):
     for d in range(dp):
         for t in range(tp):
             set_rank(attn_tp_size=tp, attn_tp_rank=t, attn_dp_size=dp, attn_dp_rank=d)
-            # decode's KV args carry no head count: the backend reads the model's
-            set_model(1 if mla else MODEL_KV_HEADS)
+            # decode's KV args carry no head count: it learns them from prefill
             kv, aux, st = mems[(d, t)]
             # engine_rank: the global TP rank, as sglang sets it.
             mgrs[(d, t)] = Manager(kv_args(case, d * tp + t, d, kv, aux, st, dev, side, tp), mode,

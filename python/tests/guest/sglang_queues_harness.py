@@ -43,9 +43,9 @@ python/tests/sglang_stubs holds the module-level stubs for the rest of sglang):
     token-major (NHD) with this rank's KV heads (the model's 4 over the
     attention TP size), get_contiguous_buf_infos() as sglang's pools
     report them.
-  - ModelConfig (sglang_stubs' configs/model_config.py): sglang loads the
-    model's HF config; here set_model() gives its KV head count, which
-    decode's KV manager reads (sglang's decode KV args carry none).
+  - ModelConfig (sglang_stubs' configs/model_config.py): never loaded by
+    kvwire's backend (decode learns its KV heads from prefill's handshake;
+    sglang's decode KV args carry none); the stub counts and refuses a load.
   - PagedAllocator: sglang's paged token-to-KV allocator (GPU kernels);
     here a free list of pages with alloc_extend() for a fresh request.
   - PrefillReqToTokenPool: sglang's ReqToTokenPool (a GPU tensor); here a
@@ -149,7 +149,6 @@ from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator  # noqa: E
 from sglang.srt.mem_cache.memory_pool import KVCache, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 from sglang.srt.runtime_context import set_rank  # noqa: E402
-from sglang.srt.configs.model_config import set_model  # noqa: E402 (the stub's)
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 BACKEND = TransferBackend("kvwire")
@@ -776,7 +775,6 @@ def prefill_case(o, case, groups, world_group):
         return True
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
-    set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
     stage = pp_stage(case, "prefill", o.rank)
     # the attention TP group (a PP stage: its own rank, one TP rank a stage)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))] if stage[1] == 1 else \
@@ -891,7 +889,6 @@ def decode_case(o, case, groups, world_group):
         return True
     tp, dp, tp_rank, dp_rank, _ = lay
     set_rank(attn_tp_size=tp, attn_tp_rank=tp_rank, attn_dp_size=dp, attn_dp_rank=dp_rank)
-    set_model(1 if CASES[case][0] else MODEL_KV_HEADS)
     group = groups[tuple(range(dp_rank * tp, dp_rank * tp + tp))]
     saved = dict(os.environ)
     if case in ("freeze22", "kill22"):  # read when the manager (and its engine) is made
