@@ -9,7 +9,8 @@ JSON line.
 
     KVWIRE_LIB=build/test/libkvwire-fakenic.so \\
         python3 sglang_fake_nic_layouts.py \
-            prefix|pp21|pp22|pp21_tp_mismatch|mla12_noflag|mha12_noflag|tp21|tp12
+            prefix|pp21|pp22|pp21_tp_mismatch|mla12_noflag|mha12_noflag|tp21|tp12|
+            hybrid12_noflag|hybrid12_noflag_whole
 
 Real: sglang's CommonKVManager / Sender / Receiver / BootstrapServer from
 the pinned snapshot under kvwire's classes (get_kv_class), its rank
@@ -50,6 +51,19 @@ Scenarios:
           prefill's handshake, and the model's config is never loaded
           (sglang_stubs' ModelConfig counts and refuses a load); every head
           of every page checked against the prefill rank holding it.
+  hybrid12_noflag  a hybrid MHA model (4 KV heads and a Mamba state group,
+          one slot per request, each rank 1/TP of a slot as sglang's),
+          prefill TP 1 without --disaggregation-decode-tp, decode TP 2:
+          refused per room (kvwire has no slicing of state items): both
+          decode ranks Failed at init, the reason naming both TP sizes and
+          the state slicing; kvwire's handshake refuses the state item
+          lengths too, so prefill hears nothing and its sender fails by
+          sglang's bootstrap timeout (2 s here); decode's pages, Mamba slots
+          and aux (a canary) never change; then a room from a prefill of TP
+          2 (its own bootstrap server) lands in them whole;
+  hybrid12_noflag_whole  the same with state items of one length on both
+          sides: the handshake passes, decode's refused receivers ask
+          prefill for nothing, and prefill's sender fails at its init.
 """
 import json
 import os
@@ -93,6 +107,8 @@ KVArgs, Manager, Sender, Receiver, Server = (get_kv_class(B, k) for k in (
     KVClassType.BOOTSTRAP_SERVER))
 POOL, ITEM, LAYERS, AUX_SLOTS, ROOM = 16, 256, 4, 4, 11
 HEADS, PAGE = 2, 1  # KV heads per rank, tokens per page
+# Mamba: request slots; conv and ssm bytes per slot of the whole model
+STATE_SLOTS, STATE_ITEMS = 4, (96, 160)
 P, D = DisaggregationMode.PREFILL, DisaggregationMode.DECODE
 
 
@@ -104,11 +120,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def mk_state(item, fill, rng):
+    n = STATE_SLOTS * item
+    return rng.integers(1, 256, n, dtype=np.uint8) if fill else np.zeros(n, dtype=np.uint8)
+
+
 class Rank:
     """One rank's KV pool (K layers then V layers over `layers`) and aux."""
 
     def __init__(self, mode, layers, fill, pp_size=1, pp_rank=0, attn_tp=1, port=0,
-                 tp_rank=0, mla=False, heads=HEADS, item=None, decode_tp=None):
+                 tp_rank=0, mla=False, heads=HEADS, item=None, decode_tp=None, state=None):
         self.layers = list(layers)
         # bytes of a page (a token) of one layer: heads of HEAD_B bytes unless given
         self.item = item or ITEM // HEADS * heads
@@ -131,6 +152,19 @@ class Rank:
         a.aux_data_lens = [x.nbytes for x in self.aux]
         a.aux_item_lens = [x.nbytes // AUX_SLOTS for x in self.aux]
         a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
+        # a hybrid model's Mamba state: conv and ssm buffers, one slot per
+        # request, sglang's StateType.MAMBA its own kvwire state group;
+        # state="split": 1/TP of each item on each rank (sglang's), "whole":
+        # each rank the whole item
+        items = [n // attn_tp if state == "split" else n for n in STATE_ITEMS]
+        self.state = [mk_state(n, fill, rng) for n in items] if state else []
+        if state:
+            from sglang.srt.disaggregation.base.conn import StateType
+
+            a.state_types = [StateType.MAMBA]
+            a.state_data_ptrs = [[x.ctypes.data for x in self.state]]
+            a.state_data_lens = [[x.nbytes for x in self.state]]
+            a.state_item_lens = [items]
         a.ib_device = DEV_P if mode == P else DEV_D
         # each side's address on the RDMA network (read at manager creation)
         os.environ["KVWIRE_LOCAL_IP"] = IP_P if mode == P else IP_D
@@ -297,7 +331,154 @@ def run_tp(out, port, addr, ptp, dtp):
             r.mgr.close()
 
 
+CANARY, AUX_CANARY = 0xA5, 0x5A5A5A5A5A5A5A5A
+
+
+def wait_end(xs, secs, what):
+    """Poll sglang's senders or receivers until each is Success or Failed."""
+    wait(lambda: all(x.poll() in (KVPoll.Success, KVPoll.Failed) for x in xs), secs, what)
+    return [int(x.poll()) for x in xs]
+
+
+def hybrid_decode_bytes(dec):
+    """Each decode rank's KV pages, Mamba slots and aux, as bytes."""
+    return [[bytes(b) for b in d.k + d.v + d.state + d.aux] for d in dec]
+
+
+def run_hybrid_noflag(out, port, addr, state):
+    """Hybrid MHA (4 KV heads and a Mamba state group), prefill attn TP 1
+    without --disaggregation-decode-tp, decode attn TP 2: kvwire cannot
+    slice state items across TP sizes, so each decode rank refuses the room
+    at init. state "whole" (state items of one length on both sides): the
+    refused receivers ask prefill for nothing, and prefill's sender, which
+    learns the room's decode ranks from their requests, fails at its init.
+    state "split" (sglang's: each rank 1/TP of the item): kvwire's
+    handshake refuses the item lengths too, the request never reaches
+    prefill, whose sender fails by sglang's bootstrap timeout (2 s here).
+    Decode's pages, state slots and aux hold a canary that must survive.
+    Then a room from a prefill of attn TP 2 (equal sizes, its own bootstrap
+    server) lands in the same pages and slot of the same decode ranks."""
+    npages, slot = 2, 1
+    dst_pages, src_pages = np.array([1, 2], dtype=np.int64), np.array([3, 4], dtype=np.int64)
+    timeout_var = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"  # read by pre's manager only
+    saved = os.environ.get(timeout_var)
+    os.environ[timeout_var] = "2"
+    pre = Rank(P, range(LAYERS), True, port=port, heads=2 * HEADS, item=ITEM, state=state)
+    if saved is None:
+        del os.environ[timeout_var]
+    else:
+        os.environ[timeout_var] = saved
+    dec = [Rank(D, range(LAYERS), False, attn_tp=2, tp_rank=t, item=ITEM // 2, state=state)
+           for t in range(2)]
+    ranks, servers = [pre] + dec, []
+    try:
+        pre.aux[0][2] = 1000
+        for d in dec:
+            for b in d.k + d.v + d.state:
+                b[:] = CANARY
+            d.aux[0][:] = AUX_CANARY
+        canary = hybrid_decode_bytes(dec)
+        s = Sender(mgr=pre.mgr, bootstrap_addr=addr, bootstrap_room=ROOM, dest_tp_ranks=[0],
+                   pp_rank=0)
+        out["prefill_decode_receivers"] = pre.mgr.decode_receivers
+        recvs = [Receiver(mgr=d.mgr, bootstrap_addr=addr, bootstrap_room=ROOM) for d in dec]
+        for d in dec:
+            wait(lambda: d.mgr.try_ensure_parallel_info(addr), 20, "parallel info")
+        t0 = time.monotonic()
+        for r in recvs:  # DecodePreallocQueue: init, then polled until not Bootstrapping
+            r.init(0)
+        wait(lambda: all(r.poll() != KVPoll.Bootstrapping for r in recvs), 20, "decode init")
+        out["decode_polls"], out["reasons"] = [int(r.poll()) for r in recvs], []
+        for r in recvs:
+            if r.poll() == KVPoll.Failed:  # sglang asks why, then frees the pages
+                try:
+                    r.failure_exception()
+                except Exception as e:
+                    out["reasons"].append(str(e))
+            else:  # served after all: hand over the pages, as sglang would
+                r.send_metadata(dst_pages, 1, [[np.array([slot])]])
+        # PrefillBootstrapQueue: polled until not Bootstrapping; WaitingForInput:
+        # init, then send_kv_chunk's send and the inflight queue's polls
+        wait(lambda: s.poll() != KVPoll.Bootstrapping, 20, "prefill bootstrapped")
+        out["prefill_bootstrapped"] = int(s.poll())
+        if s.poll() == KVPoll.WaitingForInput:
+            s.init(npages, 2)
+            s.send(src_pages, [[np.array([slot])]])
+        out["prefill_end"] = wait_end([s], 20, "prefill ended")
+        out["ms_to_prefill_end"] = round((time.monotonic() - t0) * 1000)  # reported only
+        out["prefill_reason"] = ""
+        if out["prefill_end"] == [KVPoll.Failed]:
+            try:
+                s.failure_exception()
+            except Exception as e:
+                out["prefill_reason"] = str(e)
+        for x in recvs + [s]:
+            x.clear()
+        for d in dec:  # the closer thread has destroyed the refused receivers
+            d.mgr._closer.drain()
+        now = hybrid_decode_bytes(dec)
+        out["canary_bytes"] = sum(len(b) for rank in canary for b in rank)
+        out["canary_bytes_changed"] = sum(
+            sum(x != y for x, y in zip(b0, b1))
+            for r0, r1 in zip(canary, now) for b0, b1 in zip(r0, r1))
+        hybrid_equal_tp_room(out, dec, ranks, servers, dst_pages, src_pages, slot, state)
+    finally:
+        for r in ranks:
+            r.mgr.close()
+        for sv in servers:
+            sv.close()
+
+
+def hybrid_equal_tp_room(out, dec, ranks, servers, dst_pages, src_pages, slot, state):
+    """The next room, from a prefill of attn TP 2 (equal sizes) with its own
+    bootstrap server, into the same pages and state slot of the same decode
+    ranks: each gets its prefill rank's pages, slot and metadata whole."""
+    port2 = free_port()
+    servers.append(Server(host=IP_P, port=port2))
+    addr2 = f"{IP_P}:{port2}"
+    pre2 = [Rank(P, range(LAYERS), True, attn_tp=2, tp_rank=t, port=port2, item=ITEM // 2,
+                 state=state) for t in range(2)]
+    ranks.extend(pre2)
+    for t, r in enumerate(pre2):
+        r.aux[0][2] = 2000 + t
+    senders = [Sender(mgr=r.mgr, bootstrap_addr=addr2, bootstrap_room=ROOM + 1,
+                      dest_tp_ranks=[0], pp_rank=0) for r in pre2]
+    recvs = [Receiver(mgr=d.mgr, bootstrap_addr=addr2, bootstrap_room=ROOM + 1) for d in dec]
+    for d in dec:
+        wait(lambda: d.mgr.try_ensure_parallel_info(addr2), 20, "parallel info (TP 2)")
+    for r in recvs:
+        r.init(0)
+    for r in recvs:
+        wait(lambda: r.poll() == KVPoll.WaitingForInput, 20, "decode WaitingForInput (TP 2)")
+        r.send_metadata(dst_pages, 1, [[np.array([slot])]])
+    for s in senders:
+        wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput (TP 2)")
+        s.init(len(src_pages), 2)
+        s.send(src_pages, [[np.array([slot + 1])]])
+    out["equal_tp_decode_polls"] = wait_end(recvs, 20, "decode ended (TP 2)")
+    out["equal_tp_prefill_end"] = wait_end(senders, 20, "prefill ended (TP 2)")
+    bad, checked = 0, 0
+    for d, p in zip(dec, pre2):
+        for layer in d.layers:
+            for kind in ("k", "v"):
+                for dp, sp in zip(dst_pages, src_pages):
+                    got, want = d.page(kind, layer, int(dp)), p.page(kind, layer, int(sp))
+                    bad += int((got != want).sum())
+                    checked += got.size
+        for ds, ps in zip(d.state, p.state):
+            n = ds.size // STATE_SLOTS
+            got, want = ds[slot * n:(slot + 1) * n], ps[(slot + 1) * n:(slot + 2) * n]
+            bad += int((got != want).sum())
+            checked += got.size
+    out["equal_tp_bytes_checked"], out["equal_tp_bytes_wrong"] = checked, bad
+    out["equal_tp_decode_aux"] = [int(d.aux[0][1]) for d in dec]
+    for x in recvs + senders:
+        x.clear()
+
+
 def run(out, port, addr):
+    if SCENARIO in ("hybrid12_noflag", "hybrid12_noflag_whole"):
+        return run_hybrid_noflag(out, port, addr, "whole" if "whole" in SCENARIO else "split")
     if SCENARIO in ("mla12_noflag", "mha12_noflag"):
         return run_fanout_noflag(out, port, addr, SCENARIO == "mla12_noflag")
     if SCENARIO in ("tp21", "tp12"):

@@ -190,9 +190,50 @@ def check_tp12(r):
     check_learned_heads(r, 2, 1)
 
 
+def check_hybrid12_noflag(r):
+    """Hybrid MHA (Mamba state) with prefill attn TP 1 not told decode's TP
+    2: refused per room, since kvwire does not slice state items by sglang's
+    state_dim_per_tensor. Both decode ranks end Failed at init, the reason
+    naming both TP sizes and the missing state slicing. With sglang's
+    state (hybrid12_noflag: each rank 1/TP of the item) kvwire's handshake
+    refuses the item lengths as well, so no request reaches prefill, whose
+    sender ends Failed by sglang's bootstrap timeout (2 s in the scenario,
+    300 s by default); with state items of one length on both sides
+    (hybrid12_noflag_whole) decode's refused receivers ask prefill for
+    nothing and prefill's sender (having learned the room's 2 decode ranks
+    from those requests) ends Failed at its init. Either way not one byte of
+    decode's KV pages, Mamba slots or aux (a canary) changes, and the next
+    room, from a prefill of attn TP 2, lands in the same pages and slot."""
+    whole = r["scenario"] == "hybrid12_noflag_whole"
+    assert r["prefill_decode_receivers"] is None, r
+    assert r["decode_polls"] == [FAILED] * 2 and len(r["reasons"]) == 2, r
+    for why in r["reasons"]:
+        assert "prefill attn TP size 1, decode attn TP size 2" in why, r
+        assert "not sliced across TP sizes" in why and "state_dim_per_tensor" in why, r
+    assert r["prefill_end"] == [FAILED], r
+    if whole:  # WaitingForInput: both requests came; init failed the room
+        assert r["prefill_bootstrapped"] == 2, r
+        assert "decode asked nothing of this MHA/GQA prefill rank" in r["prefill_reason"], r
+    else:  # never out of Bootstrapping: sglang's bootstrap timeout
+        assert r["prefill_bootstrapped"] == FAILED, r
+        assert "timed out after" in r["prefill_reason"], r
+        assert "in KVPoll.Bootstrapping" in r["prefill_reason"], r
+    state = 256 if whole else 128  # a Mamba slot's bytes on a decode rank (conv + ssm)
+    # 2 ranks x (4 layers x K, V x 16 pages x 128 B + 4 slots + 4 x 8 B aux)
+    assert r["canary_bytes"] == 2 * (4 * 2 * 16 * 128 + 4 * state + 32), r
+    assert r["canary_bytes_changed"] == 0, r
+    assert r["equal_tp_decode_polls"] == [SUCCESS] * 2, r
+    assert r["equal_tp_prefill_end"] == [SUCCESS] * 2, r
+    assert r["equal_tp_bytes_checked"] == 2 * (4 * 2 * 2 * 128 + state), r
+    assert r["equal_tp_bytes_wrong"] == 0, r
+    assert r["equal_tp_decode_aux"] == [2000, 2001], r
+
+
 LAYOUTS = {"prefix": check_prefix, "pp21": check_pp21, "pp22": check_pp22,
            "pp21_tp_mismatch": check_pp21_tp_mismatch, "mla12_noflag": check_noflag,
-           "mha12_noflag": check_noflag, "tp21": check_tp21, "tp12": check_tp12}
+           "mha12_noflag": check_noflag, "tp21": check_tp21, "tp12": check_tp12,
+           "hybrid12_noflag": check_hybrid12_noflag,
+           "hybrid12_noflag_whole": check_hybrid12_noflag}
 
 
 @pytest.mark.parametrize("scenario", sorted(LAYOUTS))
