@@ -93,8 +93,6 @@ def _has_rdma():
 
 @pytest.mark.skipif(_has_rdma(), reason="this host has an RDMA device")
 def test_engine_create_fails_cleanly_without_device():
-    import array
-
     mem = bytearray(4 * 1024)
     kv = [kvwire.Region.of(mem, 1024)] * 2
     for _ in range(5):

@@ -66,12 +66,11 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll, KVTransferMetric, StateType
+from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll, KVTransferMetric
 from sglang.srt.disaggregation.common.conn import (
     CommonKVBootstrapServer,
     CommonKVManager,
