@@ -326,7 +326,10 @@ static void assert_rank_refused(kvw_engine_t *d, uint32_t rank, kvw_status_t wan
     kvw_receiver_t *r;
     uint64_t dst[1] = {0};
     assert_int_equal(kvw_receiver_create(d, NOWHERE, rank, 100 + rank, &r), KVW_OK);
-    assert_int_equal(kvw_receiver_init(r, dst, 1, KVW_NO_AUX), KVW_OK);
+    /* The watch brought the value already: the lookup may fail the
+     * receiver before init, which then says it ended. */
+    kvw_status_t st = kvw_receiver_init(r, dst, 1, KVW_NO_AUX);
+    assert_true(st == KVW_OK || st == KVW_ERR_STATE);
     uint64_t t0 = pair_now_ms();
     while (kvw_receiver_poll(r) != KVW_POLL_FAILED && pair_now_ms() - t0 < 2 * WAIT_MS)
         pair_sleep_ms(5);
