@@ -45,12 +45,20 @@ scenario() {
         sleep 0.1
         n=$((n + 1))
     done
+    rm -f "$work/ready0"
     "$xfer" decode --dev "$dev1" --ip "$ip1" --bootstrap 127.0.0.1:9 --decoder-index 0 "$@" \
-        >"$work/decode0.log" 2>&1 &
+        --ready-file "$work/ready0" >"$work/decode0.log" 2>&1 &
     d0=$!
     rc=0
     if [ "$kill" != none ]; then
-        sleep 2 # decode 0 is connected and its requests run (several seconds under TCG)
+        # Kill once decode 0's first bytes landed (it found the rank through
+        # etcd and is connected): its other requests still run, however
+        # fast the guest is (a fixed sleep outlasted the run on an idle one).
+        n=0
+        until [ -e "$work/ready0" ] || ! kill -0 "$d0" 2>/dev/null || [ $n -ge 600 ]; do
+            sleep 0.05
+            n=$((n + 1))
+        done
         if ! kill -0 "$d0" 2>/dev/null; then
             echo "    decode 0 ended before the kill: nothing ran across it"
             rc=1
