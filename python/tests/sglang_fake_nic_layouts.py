@@ -187,6 +187,37 @@ def wait(cond, secs, what):
         time.sleep(0.001)
 
 
+def wait_end(xs, secs, what):
+    """Poll sglang's senders or receivers until each is Success or Failed."""
+    wait(lambda: all(x.poll() in (KVPoll.Success, KVPoll.Failed) for x in xs), secs, what)
+    return [int(x.poll()) for x in xs]
+
+
+def failure_reason(x):
+    """What sglang's failure_exception() raises for a Failed sender or receiver."""
+    try:
+        x.failure_exception()
+    except Exception as e:
+        return str(e)
+    return ""
+
+
+def end_room(out, recvs, senders):
+    """Decode's receivers polled until each ended (up to 20 s; their polls
+    recorded either way), then prefill's senders; the reasons of the
+    receivers that failed."""
+    end = time.monotonic() + 20
+    polls = [int(r.poll()) for r in recvs]
+    while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
+        if time.monotonic() > end:
+            break
+        time.sleep(0.002)
+        polls = [int(r.poll()) for r in recvs]
+    out["decode_polls"] = polls
+    out["prefill_end"] = wait_end(senders, 20, "prefill ended")
+    out["reasons"] = [failure_reason(r) for r, p in zip(recvs, polls) if p == KVPoll.Failed]
+
+
 def pp_layers(pp_size, rank):
     per = LAYERS // pp_size
     return range(rank * per, LAYERS if rank == pp_size - 1 else (rank + 1) * per)
@@ -217,23 +248,7 @@ def run_fanout_noflag(out, port, addr, mla):
         wait(lambda: s.poll() == KVPoll.WaitingForInput, 20, "prefill WaitingForInput")
         s.init(npages, 2)
         s.send(src_pages.astype(np.int64))
-        end = time.monotonic() + 20
-        polls = [int(r.poll()) for r in recvs]
-        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
-            if time.monotonic() > end:
-                break
-            time.sleep(0.002)
-            polls = [int(r.poll()) for r in recvs]
-        out["decode_polls"] = polls
-        wait(lambda: s.poll() in (KVPoll.Success, KVPoll.Failed), 20, "prefill ended")
-        out["prefill_end"] = [int(s.poll())]
-        out["reasons"] = []
-        for r, p in zip(recvs, polls):
-            if p == KVPoll.Failed:
-                try:
-                    r.failure_exception()
-                except Exception as e:
-                    out["reasons"].append(str(e))
+        end_room(out, recvs, [s])
         # each decode rank's every page: MLA prefill's whole item, MHA the
         # slice of its heads (NHD, one token a page: heads contiguous)
         bad, checked = 0, 0
@@ -289,23 +304,7 @@ def run_tp(out, port, addr, ptp, dtp):
         for s in senders:
             s.send(src_pages[:3])
             s.send(src_pages[3:])
-        end = time.monotonic() + 20
-        polls = [int(r.poll()) for r in recvs]
-        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
-            if time.monotonic() > end:
-                break
-            time.sleep(0.002)
-            polls = [int(r.poll()) for r in recvs]
-        out["decode_polls"] = polls
-        wait(lambda: all(s.poll() in (KVPoll.Success, KVPoll.Failed) for s in senders), 20,
-             "prefill ended")
-        out["prefill_end"] = [int(s.poll()) for s in senders]
-        for i, p in enumerate(polls):
-            if p == KVPoll.Failed:
-                try:
-                    recvs[i].failure_exception()
-                except Exception as e:
-                    out.setdefault("reasons", []).append(str(e))
+        end_room(out, recvs, senders)
         bad, checked = 0, 0
         for t, d in enumerate(dec):
             hd, hp = total // dtp, total // ptp
@@ -332,12 +331,6 @@ def run_tp(out, port, addr, ptp, dtp):
 
 
 CANARY, AUX_CANARY = 0xA5, 0x5A5A5A5A5A5A5A5A
-
-
-def wait_end(xs, secs, what):
-    """Poll sglang's senders or receivers until each is Success or Failed."""
-    wait(lambda: all(x.poll() in (KVPoll.Success, KVPoll.Failed) for x in xs), secs, what)
-    return [int(x.poll()) for x in xs]
 
 
 def hybrid_decode_bytes(dec):
@@ -391,10 +384,7 @@ def run_hybrid_noflag(out, port, addr, state):
         out["decode_polls"], out["reasons"] = [int(r.poll()) for r in recvs], []
         for r in recvs:
             if r.poll() == KVPoll.Failed:  # sglang asks why, then frees the pages
-                try:
-                    r.failure_exception()
-                except Exception as e:
-                    out["reasons"].append(str(e))
+                out["reasons"].append(failure_reason(r))
             else:  # served after all: hand over the pages, as sglang would
                 r.send_metadata(dst_pages, 1, [[np.array([slot])]])
         # PrefillBootstrapQueue: polled until not Bootstrapping; WaitingForInput:
@@ -406,12 +396,7 @@ def run_hybrid_noflag(out, port, addr, state):
             s.send(src_pages, [[np.array([slot])]])
         out["prefill_end"] = wait_end([s], 20, "prefill ended")
         out["ms_to_prefill_end"] = round((time.monotonic() - t0) * 1000)  # reported only
-        out["prefill_reason"] = ""
-        if out["prefill_end"] == [KVPoll.Failed]:
-            try:
-                s.failure_exception()
-            except Exception as e:
-                out["prefill_reason"] = str(e)
+        out["prefill_reason"] = failure_reason(s) if out["prefill_end"] == [KVPoll.Failed] else ""
         for x in recvs + [s]:
             x.clear()
         for d in dec:  # the closer thread has destroyed the refused receivers
@@ -502,12 +487,8 @@ def run(out, port, addr):
         for r in recvs:
             r.init(0)
         if SCENARIO == "pp21_tp_mismatch":
-            polls = [int(r.poll()) for r in recvs]
-            try:
-                recvs[0].failure_exception()
-            except Exception as e:
-                out["reason"] = str(e)
-            out["polls"] = polls
+            out["polls"] = [int(r.poll()) for r in recvs]
+            out["reason"] = failure_reason(recvs[0])
             return
         for r in recvs:
             wait(lambda: r.poll() == KVPoll.WaitingForInput, 20, "decode WaitingForInput")
@@ -525,23 +506,7 @@ def run(out, port, addr):
         for s in senders:  # send_kv_chunk from req.start_send_idx, two chunks
             s.send(src_pages[:3])
             s.send(src_pages[3:])
-        end = time.monotonic() + 20
-        polls = [int(r.poll()) for r in recvs]
-        while any(p not in (KVPoll.Success, KVPoll.Failed) for p in polls):
-            if time.monotonic() > end:
-                break
-            time.sleep(0.002)
-            polls = [int(r.poll()) for r in recvs]
-        out["decode_polls"] = polls
-        wait(lambda: all(s.poll() in (KVPoll.Success, KVPoll.Failed) for s in senders), 20,
-             "prefill ended")
-        out["prefill_end"] = [int(s.poll()) for s in senders]
-        for i, p in enumerate(polls):
-            if p == KVPoll.Failed:
-                try:
-                    recvs[i].failure_exception()
-                except Exception as e:
-                    out.setdefault("reasons", []).append(str(e))
+        end_room(out, recvs, senders)
         # every layer's every page on decode, against the prefill stage holding it
         bad, checked = 0, 0
         for d in dec:
