@@ -162,6 +162,7 @@ CASES = {
     "mha21": (False, (2, 1), (1, 1)),  # head slicing: decode takes 2 heads from each rank
     "mha12": (False, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks their heads
     "mla12": (True, (1, 1), (2, 1)),  # one prefill rank serves both decode ranks the latent
+    "mha12noflag": (False, (1, 1), (2, 1)),  # mha12, prefill not told decode's TP (NOFLAG)
     "hybrid22": (False, (2, 1), (2, 1)),  # + Mamba and SWA state (HYBRID)
     "hybrid21": (False, (2, 1), (1, 1)),  # refused: state is not sliced across TP sizes
     "freeze22": (False, (2, 1), (2, 1)),  # prefill SIGSTOPped: sglang's waiting timeout
@@ -169,6 +170,13 @@ CASES = {
     "prefix11": (False, (1, 1), (1, 1)),  # decode's radix cache holds a prefix (PREFIX_TOKENS)
     "kill22": (False, (2, 1), (2, 1)),  # last: prefill (ranks, bootstrap server) SIGKILLed
 }
+# Prefill is started without --disaggregation-decode-tp: each room's sender
+# learns decode's rank count from decode's requests (sglang's
+# required_dst_info_num in kvwire's REQUEST), as mooncake's does.
+# (MLA without the flag is served too, but prefill's sglang transfer metric
+# then counts one copy of the latent, not one per decode rank: the backend
+# cannot read the learned count yet, and this harness checks the metric.)
+NOFLAG = ("mha12noflag",)
 # Prefill's PP size per case (the prefill rank processes are its stages,
 # each attn TP 1, holding layers [stage, stage + 1)); decode PP 1.
 PP_STAGES = {"pp21": 2}
@@ -785,7 +793,7 @@ def prefill_case(o, case, groups, world_group):
         # names no room: prefill's requests end by sglang's bootstrap timeout
         os.environ["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] = str(REFUSED_BOOTSTRAP_S)
     s = PrefillSched(o, lay, port, group, groups[(o.rank,)], case in HYBRID,
-                     decode=CASES[case][2], stage=stage)
+                     decode=None if case in NOFLAG else CASES[case][2], stage=stage)
     os.environ.clear()
     os.environ.update(saved)
     bq = s.disagg_prefill_bootstrap_queue

@@ -32,8 +32,8 @@ WORLD = 2
 # One set of processes runs every case in turn (torch's import costs seconds
 # in a TCG guest); in freeze22 the test SIGSTOPs prefill, then resumes it; in
 # kill22, last, it SIGKILLs prefill.
-CASES = ("tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,hybrid22,hybrid21,prefix11,pp21,"
-         "freeze22,kill22")
+CASES = ("tp11,tp22,abort22,dpattn,mla21,mha21,mha12,mla12,mha12noflag,hybrid22,"
+         "hybrid21,prefix11,pp21,freeze22,kill22")
 
 
 def _report(text, tag):
@@ -217,6 +217,14 @@ def test_mla_1_to_2_fanout(run):
     every byte right on each; sglang's metric counts both copies (the
     harness checks it is twice one copy's pages x item bytes)."""
     _case_ok(run, "mla12", 1, 2)
+
+
+def test_mha_1_to_2_fanout_without_the_flag(run):
+    """mha12 with prefill started without --disaggregation-decode-tp: each
+    decode rank's request says how many decode ranks ask (sglang's
+    required_dst_info_num), the prefill rank's sender learns it and serves
+    both their heads; every byte right on each."""
+    _case_ok(run, "mha12noflag", 1, 2)
 
 
 def test_hybrid_mamba_swa(run):
